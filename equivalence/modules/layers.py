@@ -1,0 +1,110 @@
+"""PyTorch counterparts of refimpl.layers, written independently of the NumPy reference.
+
+Where PyTorch has the layer built in (Linear, LayerNorm, BatchNorm2d, GELU, Conv2d) the built-in *is* the
+counterpart; the modules below cover the rest.  State-dict keys equal the refimpl parameter keys.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class LayerNormChannelsFirst(nn.Module):
+    """LayerNorm over dim 1 of (B, C, H, W), computed directly (not by permuting to channels-last)."""
+
+    def __init__(self, c: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(c))
+        self.bias = nn.Parameter(torch.zeros(c))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mu = x.mean(1, keepdim=True)
+        var = (x - mu).pow(2).mean(1, keepdim=True)
+        return (x - mu) / torch.sqrt(var + self.eps) * self.weight[:, None, None] + self.bias[:, None, None]
+
+
+class Mlp(nn.Module):
+    """fc1 -> GELU -> fc2."""
+
+    def __init__(self, c: int, hidden: int, out: int | None = None, approximate: str = "none"):
+        super().__init__()
+        self.fc1 = nn.Linear(c, hidden)
+        self.act = nn.GELU(approximate=approximate)
+        self.fc2 = nn.Linear(hidden, out or c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class CPE(nn.Module):
+    """x + DWConv_kxk(x), 'same' padding (conditional positional encoding)."""
+
+    def __init__(self, c: int, k: int = 3):
+        super().__init__()
+        self.proj = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.proj(x)
+
+
+class PatchMerging(nn.Module):
+    """Swin patch merging with bottom/right zero padding of odd grids; input (B, H, W, C)."""
+
+    def __init__(self, c: int, eps: float = 1e-5):
+        super().__init__()
+        self.norm = nn.LayerNorm(4 * c, eps=eps)
+        self.reduction = nn.Linear(4 * c, 2 * c, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h, w = x.shape[1], x.shape[2]
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+        return self.reduction(self.norm(torch.cat(parts, dim=-1)))
+
+
+def window_partition(x: torch.Tensor, ws: int) -> torch.Tensor:
+    """(B, H, W, C) -> (B * nW, ws * ws, C) by unfolding each window (a different route from refimpl's
+    reshape/transpose: ``unfold`` over both grid axes)."""
+    b, h, w, c = x.shape
+    win = x.unfold(1, ws, ws).unfold(2, ws, ws)  # (B, H/ws, W/ws, C, ws, ws)
+    return win.permute(0, 1, 2, 4, 5, 3).reshape(-1, ws * ws, c)
+
+
+def window_reverse(windows: torch.Tensor, ws: int, h: int, w: int) -> torch.Tensor:
+    """(B * nW, ws * ws, C) -> (B, H, W, C) by writing each window into place."""
+    c = windows.shape[-1]
+    nh, nw = h // ws, w // ws
+    b = windows.shape[0] // (nh * nw)
+    out = windows.new_empty(b, h, w, c)
+    win = windows.reshape(b, nh, nw, ws, ws, c)
+    for i in range(nh):
+        for j in range(nw):
+            out[:, i * ws:(i + 1) * ws, j * ws:(j + 1) * ws] = win[:, i, j]
+    return out
+
+
+def shifted_window_mask(h: int, w: int, ws: int, shift: int) -> torch.Tensor:
+    """bool (nW, ws*ws, ws*ws), True where attention is allowed, derived from the roll itself rather than
+    from Swin's region slices: the token at rolled position p came from (p + shift) mod n, so it *wrapped*
+    iff p + shift >= n.  Two tokens of one window were neighbours before the roll iff, along each axis,
+    both wrapped or neither did."""
+    def wrapped(n: int) -> torch.Tensor:
+        return (torch.arange(n) + shift >= n).long()
+    lab = (wrapped(h)[:, None] * 2 + wrapped(w)[None, :]).reshape(1, h, w, 1).double()
+    lab = window_partition(lab, ws)[..., 0]
+    return lab[:, :, None] == lab[:, None, :]
+
+
+def relative_position_index(ws: int) -> torch.Tensor:
+    """Swin's (ws*ws, ws*ws) index into the ((2ws-1)^2, h) table, built with explicit loops."""
+    n = ws * ws
+    idx = torch.empty(n, n, dtype=torch.long)
+    for i in range(n):
+        for j in range(n):
+            dy = i // ws - j // ws + ws - 1
+            dx = i % ws - j % ws + ws - 1
+            idx[i, j] = dy * (2 * ws - 1) + dx
+    return idx

@@ -1,0 +1,9 @@
+"""refimpl: a float64 NumPy/SciPy reference of vision linear-attention mechanisms and their networks.
+
+Importing refimpl needs only NumPy and SciPy.  Numba and the compiled C kernels are optional accelerators
+found at run time (see :mod:`refimpl.backends`); torch is never imported by refimpl.
+"""
+
+from . import config, numerics, backends, layers  # noqa: F401
+
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Attention mechanisms, one file per family (see DESIGN.md)."""

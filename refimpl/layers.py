@@ -1,0 +1,510 @@
+"""Shared layers: the NumPy reference of the building blocks every network in the five papers uses.
+
+Shapes (used throughout):  B batch, C channels, H x W grid, N = H*W tokens, h heads, ws window size.
+Token tensors are channels-last (B, N, C) or (B, H, W, C); image tensors are channels-first (B, C, H, W),
+as in PyTorch.
+
+Parameters of composite layers are a flat mapping whose keys are the PyTorch twin's ``state_dict`` keys
+relative to the layer (``{"fc1.weight": ..., "fc1.bias": ...}``); :func:`subparams` cuts a network's mapping
+down to one layer's.  Every function also has a ``*_bound`` companion where a comparison needs one: it returns
+the :class:`refimpl.numerics.Bound` of the error model (scale S = the same computation on absolute values,
+depth k derived in its note).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from . import backends, config
+from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu
+
+__all__ = [
+    "subparams", "linear", "linear_bound", "layer_norm", "layer_norm_bound", "layer_norm_cf",
+    "layer_norm_cf_bound", "batch_norm2d", "batch_norm2d_bound", "gelu", "gelu_bound", "conv2d",
+    "conv2d_bound", "conv_padding", "depthwise_conv2d", "depthwise_conv2d_bound", "mlp", "mlp_bound",
+    "pad_to_multiple", "window_partition", "window_reverse", "shifted_window_mask",
+    "relative_position_index", "relative_position_bias", "cpe", "cpe_bound", "patch_merging",
+]
+
+
+def subparams(params: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+    """The entries of ``params`` under ``prefix`` with ``prefix + "."`` removed from their keys.
+
+    ``subparams(sd, "blocks.0.mlp")`` -> ``{"fc1.weight": ..., "fc1.bias": ..., ...}``.  Raises KeyError
+    naming the prefix when nothing matches, so a typo in a key is never silently an empty layer.
+    """
+    head = prefix + "." if prefix else ""
+    out = {k[len(head):]: v for k, v in params.items() if k.startswith(head)}
+    if not out:
+        raise KeyError(f"no parameters under prefix '{prefix}' (have e.g. {sorted(params)[:5]})")
+    return out
+
+
+def _param(p: Mapping[str, np.ndarray], key: str, where: str) -> np.ndarray:
+    if key not in p:
+        raise KeyError(f"{where}: missing parameter '{key}' (have {sorted(p)})")
+    return as_float(p[key], key)
+
+
+# ===================================================================================================
+# Linear
+# ===================================================================================================
+
+def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """y = x W^T + b (torch.nn.Linear).
+
+    x : (..., in) float; weight : (out, in); bias : (out,) or None.  Returns (..., out).
+    """
+    x = as_float(x, "x")
+    weight = as_float(weight, "weight")
+    dims = check_shapes(weight=(weight, "out in"))
+    if x.shape[-1] != dims["in"]:
+        raise ValueError(f"argument 'x': expected last dimension in={dims['in']} (weight is {weight.shape}), "
+                         f"got shape {x.shape}")
+    y = x @ weight.T
+    if bias is not None:
+        bias = as_float(bias, "bias")
+        check_shapes(dims, bias=(bias, "out"))
+        y = y + bias
+    return y
+
+
+def linear_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> Bound:
+    """Higham (3.12): |fl(xW^T + b) - (xW^T + b)| <= gamma_{n+1} (|x||W|^T + |b|), n = in_features
+    (n products and n-1 additions, plus one addition for the bias).  Rigorous for any summation order."""
+    n = np.shape(weight)[-1]
+    s = linear(np.abs(as_float(x, "x")), np.abs(weight), None if bias is None else np.abs(bias))
+    return Bound(s, n + (1 if bias is not None else 0), f"linear: gamma_(n+1), n = {n} (Higham 3.12)")
+
+
+# ===================================================================================================
+# Norms and activations
+# ===================================================================================================
+
+def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+               eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
+    """LayerNorm over the last dimension (Ba et al., 2016; torch.nn.LayerNorm):
+    y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased (1/n) variance, computed in two passes.
+    x : (..., C); weight, bias : (C,) or None."""
+    x = as_float(x, "x")
+    c = x.shape[-1]
+    mu = np.mean(x, axis=-1, keepdims=True)
+    d = x - mu
+    var = np.mean(d * d, axis=-1, keepdims=True)
+    y = d / np.sqrt(var + eps)
+    if weight is not None:
+        y = y * check_vector(weight, "weight", c)
+    if bias is not None:
+        y = y + check_vector(bias, "bias", c)
+    return y
+
+
+def check_vector(v: np.ndarray, name: str, size: int) -> np.ndarray:
+    v = as_float(v, name)
+    if v.shape != (size,):
+        raise ValueError(f"argument '{name}': expected shape ({size},), got {v.shape}")
+    return v
+
+
+def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                     eps: float = config.LAYER_NORM_EPS) -> Bound:
+    """First-order running bound for LayerNorm over n channels.
+
+    With d_i = x_i - mean and s = sqrt(var + eps):  the computed mean has absolute error <= gamma_{n+1}
+    mean|x|, which enters d_i additively but enters var only quadratically (sum_i (x_i - m)^2 is minimal
+    at the exact mean), so var has relative error <= gamma_{n+3} and s <= gamma_{n+3}/2 + 2u.  Hence
+    |err y_i| <= [(|d_i| + mean|x|) / s |w| + |b|] * gamma_k with k = n + 8 (n+1 for the mean, the
+    quotient, the sqrt, the scale and the shift).  First-order in u (products of two error terms dropped);
+    not rigorous for n u close to 1."""
+    x = as_float(x, "x")
+    n = x.shape[-1]
+    mu = np.mean(x, axis=-1, keepdims=True)
+    d = x - mu
+    s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
+    scale = (np.abs(d) + np.mean(np.abs(x), axis=-1, keepdims=True)) / s
+    if weight is not None:
+        scale = scale * np.abs(as_float(weight, "weight"))
+    if bias is not None:
+        scale = scale + np.abs(as_float(bias, "bias"))
+    return Bound(scale, n + 8, f"layer_norm over n = {n}: first-order, k = n + 8")
+
+
+def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                  eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
+    """LayerNorm over the channel axis of a channels-first (B, C, H, W) tensor (ConvNeXt-style)."""
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B C H W"))
+    return np.moveaxis(layer_norm(np.moveaxis(x, 1, -1), weight, bias, eps), -1, 1)
+
+
+def layer_norm_cf_bound(x: np.ndarray, weight, bias, eps: float = config.LAYER_NORM_EPS) -> Bound:
+    b = layer_norm_bound(np.moveaxis(as_float(x, "x"), 1, -1), weight, bias, eps)
+    return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)")
+
+
+def batch_norm2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, running_mean: np.ndarray,
+                 running_var: np.ndarray, eps: float = config.BATCH_NORM_EPS) -> np.ndarray:
+    """BatchNorm2d in eval mode (Ioffe & Szegedy, 2015): y = (x - running_mean) / sqrt(running_var + eps)
+    * weight + bias, per channel.  x : (B, C, H, W); the four vectors : (C,)."""
+    x = as_float(x, "x")
+    c = check_shapes(x=(x, "B C H W"))["C"]
+    w, b = check_vector(weight, "weight", c), check_vector(bias, "bias", c)
+    rm, rv = check_vector(running_mean, "running_mean", c), check_vector(running_var, "running_var", c)
+    col = (slice(None), None, None)
+    return (x - rm[col]) / np.sqrt(rv[col] + eps) * w[col] + b[col]
+
+
+def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BATCH_NORM_EPS) -> Bound:
+    """Eval BatchNorm is an affine map per channel; whether computed as above or folded into
+    x * scale + shift (as PyTorch does), each element sees at most 6 roundings (subtract, add eps, sqrt,
+    divide, multiply, add) on magnitudes bounded by (|x| + |rm|) / sqrt(rv + eps) |w| + |b|.  k = 6."""
+    x = as_float(x, "x")
+    col = (slice(None), None, None)
+    rm, rv = as_float(running_mean, "running_mean"), as_float(running_var, "running_var")
+    s = (np.abs(x) + np.abs(rm)[col]) / np.sqrt(rv[col] + eps) * np.abs(as_float(weight, "weight"))[col] \
+        + np.abs(as_float(bias, "bias"))[col]
+    return Bound(s, 6, "batch_norm2d eval: 6 roundings per element")
+
+
+def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:
+    """GELU(x) = x/2 (1 + erf(x/sqrt 2)).  erf (or tanh) carries ELEMENTARY_FUNCTION_ULPS ulps of error
+    relative to |erf| <= 1; the factor (1 + erf) can cancel for x << 0, so the error is bounded in absolute
+    terms by |x| (ELEMENTARY_FUNCTION_ULPS + 4) u: scale S = |x|, k = ulps + 4 (scale, add, two products).
+    Not rigorous beyond the assumed libm accuracy (see config.ELEMENTARY_FUNCTION_ULPS)."""
+    x = as_float(x, "x")
+    extra = 3 if approximate == "tanh" else 0  # the cubic polynomial inside tanh
+    return Bound(np.abs(x), config.ELEMENTARY_FUNCTION_ULPS + 4 + extra, "gelu: libm ulps + 4 on |x|")
+
+
+# ===================================================================================================
+# Convolutions (PyTorch semantics: cross-correlation, zero padding)
+# ===================================================================================================
+
+def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        return int(v), int(v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v):
+        return int(v[0]), int(v[1])
+    raise TypeError(f"argument '{name}': expected an int or a pair of ints, got {v!r}")
+
+
+def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
+                 dilation: tuple[int, int]) -> tuple[int, int, int, int]:
+    """PyTorch's padding rule as explicit (top, bottom, left, right) zero padding.
+
+    int p -> p on every side; (ph, pw) -> ph top/bottom, pw left/right; "valid" -> 0;
+    "same" (stride 1 only, as in PyTorch) -> total = dilation * (k - 1) per axis, with total // 2 on the
+    top/left and the rest on the bottom/right, so an even kernel pads one more at the bottom/right.
+    """
+    if isinstance(padding, str):
+        if padding == "valid":
+            return 0, 0, 0, 0
+        if padding == "same":
+            if stride != (1, 1):
+                raise ValueError(f"argument 'padding': 'same' requires stride 1 (as in PyTorch), got stride {stride}")
+            th, tw = dilation[0] * (kernel[0] - 1), dilation[1] * (kernel[1] - 1)
+            return th // 2, th - th // 2, tw // 2, tw - tw // 2
+        raise ValueError(f"argument 'padding': expected an int, a pair, 'same' or 'valid', got {padding!r}")
+    ph, pw = _pair(padding, "padding")
+    if ph < 0 or pw < 0:
+        raise ValueError(f"argument 'padding': expected non-negative padding, got {padding!r}")
+    return ph, ph, pw, pw
+
+
+def _output_size(n: int, k: int, s: int, d: int, lo: int, hi: int, axis: str) -> int:
+    span = d * (k - 1) + 1
+    if n + lo + hi < span:
+        raise ValueError(f"argument 'x': padded {axis} size {n + lo + hi} is smaller than the dilated kernel "
+                         f"extent {span}")
+    return (n + lo + hi - span) // s + 1
+
+
+def _validate_conv(x, weight, stride, padding, dilation, groups):
+    x = as_float(x, "x")
+    weight = as_float(weight, "weight")
+    dims = check_shapes(x=(x, "B C H W"), weight=(weight, "O Cg KH KW"))
+    groups = check_positive_int(groups, "groups")
+    if dims["C"] % groups or dims["O"] % groups:
+        raise ValueError(f"argument 'groups': in_channels {dims['C']} and out_channels {dims['O']} must both "
+                         f"be divisible by groups={groups}")
+    if dims["Cg"] != dims["C"] // groups:
+        raise ValueError(f"argument 'weight': expected shape ({dims['O']}, {dims['C'] // groups}, KH, KW) for "
+                         f"in_channels={dims['C']}, groups={groups}; got {weight.shape}")
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
+    pads = conv_padding(padding, (dims["KH"], dims["KW"]), stride, dilation)
+    return x, weight, dims, groups, stride, dilation, pads
+
+
+def _windows(xp: np.ndarray, kernel, stride, dilation, out_hw) -> np.ndarray:
+    """(B, C, Hp, Wp) -> read-only view (B, C, OH, OW, KH, KW) of the receptive fields."""
+    span = (dilation[0] * (kernel[0] - 1) + 1, dilation[1] * (kernel[1] - 1) + 1)
+    win = sliding_window_view(xp, span, axis=(2, 3))[..., ::dilation[0], ::dilation[1]]
+    return win[:, :, ::stride[0], ::stride[1]][:, :, :out_hw[0], :out_hw[1]]
+
+
+def conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride=1, padding=0,
+           groups: int = 1, dilation=1) -> np.ndarray:
+    """2-D convolution (cross-correlation) with PyTorch's semantics (torch.nn.functional.conv2d).
+
+    out[b, o, i, j] = bias[o] + sum_{c in group(o), u, v} w[o, c, u, v] x_pad[b, c, i*sh + u*dh, j*sw + v*dw]
+
+    x : (B, C, H, W); weight : (O, C / groups, KH, KW); bias : (O,) or None; stride, dilation : int or pair;
+    padding : int, pair, "same" or "valid" (see :func:`conv_padding`).  Returns (B, O, OH, OW) with
+    OH = (H + pad_top + pad_bottom - dh (KH - 1) - 1) // sh + 1.
+    """
+    x, weight, dims, g, stride, dilation, pads = _validate_conv(x, weight, stride, padding, dilation, groups)
+    kh, kw = dims["KH"], dims["KW"]
+    oh = _output_size(dims["H"], kh, stride[0], dilation[0], pads[0], pads[1], "height")
+    ow = _output_size(dims["W"], kw, stride[1], dilation[1], pads[2], pads[3], "width")
+    xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[1]), (pads[2], pads[3])))
+    win = _windows(xp, (kh, kw), stride, dilation, (oh, ow))
+    bsz, cg, og = dims["B"], dims["C"] // g, dims["O"] // g
+    win = win.reshape(bsz, g, cg, oh, ow, kh, kw)
+    w = weight.reshape(g, og, cg, kh, kw)
+    out = np.einsum("bgcijuv,gocuv->bgoij", win, w, optimize=True).reshape(bsz, dims["O"], oh, ow)
+    if bias is not None:
+        out = out + check_vector(bias, "bias", dims["O"])[:, None, None]
+    return out
+
+
+def conv2d_bound(x, weight, bias=None, stride=1, padding=0, groups=1, dilation=1) -> Bound:
+    """gamma_{n+1} on the convolution of absolute values, n = (C / groups) KH KW (a dot product per
+    output; +1 for the bias).  Rigorous for any summation order (Higham 3.12)."""
+    w = np.abs(as_float(weight, "weight"))
+    s = conv2d(np.abs(as_float(x, "x")), w, None if bias is None else np.abs(as_float(bias, "bias")),
+               stride, padding, groups, dilation)
+    n = int(np.prod(w.shape[1:]))
+    return Bound(s, n + (1 if bias is not None else 0), f"conv2d: gamma_(n+1), n = {n}")
+
+
+def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride=1,
+                     padding=0, dilation=1) -> np.ndarray:
+    """Depthwise 2-D convolution: ``conv2d(..., groups=C)`` with one KH x KW filter per channel.
+
+    out[b, c, i, j] = bias[c] + sum_{u, v} w[c, 0, u, v] x_pad[b, c, i*sh + u*dh, j*sw + v*dw]
+
+    x : (B, C, H, W); weight : (C, 1, KH, KW), odd or even KH, KW; bias : (C,) or None; padding as in
+    :func:`conv_padding` (PyTorch semantics, "same" pads an even kernel one more at the bottom/right).
+    Used by LCM (L2ViT), DWC (FLatten), CPE, LePE (RALA) and the Castling conv branch.
+    Computed by the backend selected with :func:`refimpl.backends.use`; the NumPy definition is
+    :func:`_depthwise_conv2d_numpy`, which every accelerated kernel must match.
+    """
+    x = as_float(x, "x")
+    weight = as_float(weight, "weight")
+    dims = check_shapes(x=(x, "B C H W"), weight=(weight, "C 1 KH KW"))
+    if bias is not None:
+        bias = check_vector(bias, "bias", dims["C"])
+    stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+    if min(stride) < 1 or min(dilation) < 1:
+        raise ValueError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
+    pads = conv_padding(padding, (dims["KH"], dims["KW"]), stride, dilation)
+    _output_size(dims["H"], dims["KH"], stride[0], dilation[0], pads[0], pads[1], "height")
+    _output_size(dims["W"], dims["KW"], stride[1], dilation[1], pads[2], pads[3], "width")
+    if dilation != (1, 1):  # kernels implement dilation 1 only; the definition covers every case
+        return _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation)
+    return backends.get("depthwise_conv2d")(x, weight, bias, stride, pads)
+
+
+@backends.register("depthwise_conv2d", "numpy")
+def _depthwise_conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
+                            stride: tuple[int, int], pads: tuple[int, int, int, int],
+                            dilation: tuple[int, int] = (1, 1), out: np.ndarray | None = None) -> np.ndarray:
+    """The NumPy definition of the depthwise-conv kernel (validated arguments; the specification of the C
+    and Numba kernels).  Accumulates the KH KW shifted, strided slices of the zero-padded input in
+    row-major (u, v) order, then adds the bias."""
+    _, c, h, w = x.shape
+    kh, kw = weight.shape[2], weight.shape[3]
+    sh, sw = stride
+    top, bottom, left, right = pads
+    oh = (h + top + bottom - dilation[0] * (kh - 1) - 1) // sh + 1
+    ow = (w + left + right - dilation[1] * (kw - 1) - 1) // sw + 1
+    xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    acc = np.zeros((x.shape[0], c, oh, ow), dtype=x.dtype)
+    for u in range(kh):
+        for v in range(kw):
+            r0, c0 = u * dilation[0], v * dilation[1]
+            patch = xp[:, :, r0:r0 + (oh - 1) * sh + 1:sh, c0:c0 + (ow - 1) * sw + 1:sw]
+            acc += weight[:, 0, u, v][None, :, None, None] * patch
+    if bias is not None:
+        acc += bias[None, :, None, None]
+    if out is not None:
+        out[...] = acc
+        return out
+    return acc
+
+
+def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1) -> Bound:
+    """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12)."""
+    w = np.abs(as_float(weight, "weight"))
+    s = _depthwise_conv2d_numpy(np.abs(as_float(x, "x")), w,
+                                None if bias is None else np.abs(as_float(bias, "bias")),
+                                _pair(stride, "stride"),
+                                conv_padding(padding, w.shape[2:], _pair(stride, "stride"), _pair(dilation, "dilation")),
+                                _pair(dilation, "dilation"))
+    n = w.shape[2] * w.shape[3]
+    return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}")
+
+
+# ===================================================================================================
+# MLP
+# ===================================================================================================
+
+def mlp(x: np.ndarray, p: Mapping[str, np.ndarray], approximate: str = "none") -> np.ndarray:
+    """Transformer MLP: fc2(GELU(fc1(x))) (Vaswani et al., 2017; ViT).  x : (..., C);
+    p : {"fc1.weight": (Hd, C), "fc1.bias": (Hd,), "fc2.weight": (C_out, Hd), "fc2.bias": (C_out,)}."""
+    h = linear(x, _param(p, "fc1.weight", "mlp"), p.get("fc1.bias"))
+    return linear(gelu(h, approximate), _param(p, "fc2.weight", "mlp"), p.get("fc2.bias"))
+
+
+def mlp_bound(x: np.ndarray, p: Mapping[str, np.ndarray], approximate: str = "none") -> Bound:
+    """Propagates fc1's bound S1 through GELU (Lipschitz constant config.GELU_LIPSCHITZ) into fc2:
+    S = |W2| (L S1 + |GELU(h)|) + |b2|, k = k_fc1 + k_gelu + k_fc2 (first-order)."""
+    b1 = linear_bound(x, p["fc1.weight"], p.get("fc1.bias"))
+    h = linear(x, p["fc1.weight"], p.get("fc1.bias"))
+    g = gelu(h, approximate)
+    bg = gelu_bound(h, approximate)
+    k1 = b1.k + bg.k
+    inner = config.GELU_LIPSCHITZ * np.asarray(b1.scale) + np.abs(g)
+    b2 = linear_bound(g, p["fc2.weight"], p.get("fc2.bias"))
+    s = linear(inner, np.abs(p["fc2.weight"]), None if p.get("fc2.bias") is None else np.abs(p["fc2.bias"]))
+    return Bound(np.maximum(s, b2.scale), k1 + b2.k, f"mlp: fc1 ({b1.k}) + gelu ({bg.k}) + fc2 ({b2.k})")
+
+
+# ===================================================================================================
+# Windows and relative positions (Swin Transformer, Liu et al., 2021)
+# ===================================================================================================
+
+def pad_to_multiple(x: np.ndarray, ws: int | tuple[int, int]) -> tuple[np.ndarray, tuple[int, int]]:
+    """Zero-pad a (B, H, W, C) map at the bottom and right to multiples of the window (Swin's rule).
+    Returns the padded map and (Hp, Wp)."""
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B H W C"))
+    wh, ww = _pair(ws, "ws")
+    h, w = x.shape[1], x.shape[2]
+    ph, pw = (-h) % wh, (-w) % ww
+    if ph or pw:
+        x = np.pad(x, ((0, 0), (0, ph), (0, pw), (0, 0)))
+    return x, (h + ph, w + pw)
+
+
+def window_partition(x: np.ndarray, ws: int | tuple[int, int]) -> np.ndarray:
+    """(B, H, W, C) with H, W multiples of the window -> (B * nW, wh * ww, C), windows in row-major order
+    over the grid and tokens in row-major order inside each window."""
+    x = np.asarray(x)
+    check_shapes(x=(x, "B H W C"))
+    wh, ww = _pair(ws, "ws")
+    b, h, w, c = x.shape
+    if h % wh or w % ww:
+        raise ValueError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww}; "
+                         f"pad it first with pad_to_multiple")
+    x = x.reshape(b, h // wh, wh, w // ww, ww, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: np.ndarray, ws: int | tuple[int, int], h: int, w: int) -> np.ndarray:
+    """Inverse of :func:`window_partition`: (B * nW, wh * ww, C) -> (B, H, W, C)."""
+    windows = np.asarray(windows)
+    wh, ww = _pair(ws, "ws")
+    if h % wh or w % ww:
+        raise ValueError(f"arguments 'h', 'w': grid {h}x{w} is not a multiple of the window {wh}x{ww}")
+    nw = (h // wh) * (w // ww)
+    check_shapes(windows=(windows, "BnW n C"), sizes={"n": wh * ww})
+    if windows.shape[0] % nw:
+        raise ValueError(f"argument 'windows': leading size {windows.shape[0]} is not a multiple of the "
+                         f"{nw} windows of a {h}x{w} grid")
+    b, c = windows.shape[0] // nw, windows.shape[-1]
+    x = windows.reshape(b, h // wh, w // ww, wh, ww, c).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(b, h, w, c)
+
+
+def shifted_window_mask(h: int, w: int, ws: int | tuple[int, int], shift: int | tuple[int, int]) -> np.ndarray:
+    """Which token pairs of each window may attend to each other after Swin's cyclic shift.
+
+    The (already padded) h x w grid is cut into 3 x 3 regions by the offsets (-ws, -shift) per axis; after
+    rolling the grid by -shift a window can contain tokens from different regions, which were not
+    neighbours before the roll.  Returns bool (nW, wh*ww, wh*ww): True where both tokens lie in the same
+    region (attention allowed).  With shift 0 everything is True.
+    """
+    wh, ww = _pair(ws, "ws")
+    sh, sw = _pair(shift, "shift")
+    if h % wh or w % ww:
+        raise ValueError(f"arguments 'h', 'w': grid {h}x{w} must be a multiple of the window {wh}x{ww}")
+    if not (0 <= sh < wh and 0 <= sw < ww):
+        raise ValueError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
+    region = np.zeros((1, h, w, 1))
+    label = 0
+    for hs in (slice(0, -wh), slice(-wh, -sh if sh else None), slice(-sh, None) if sh else slice(0, 0)):
+        for wsl in (slice(0, -ww), slice(-ww, -sw if sw else None), slice(-sw, None) if sw else slice(0, 0)):
+            region[:, hs, wsl, :] = label
+            label += 1
+    lab = window_partition(region, (wh, ww))[..., 0]  # (nW, n)
+    return lab[:, :, None] == lab[:, None, :]
+
+
+def relative_position_index(wh: int, ww: int | None = None) -> np.ndarray:
+    """Swin's relative-position index: (wh*ww, wh*ww) ints into a ((2wh-1)(2ww-1), h) bias table.
+
+    For tokens i = (yi, xi), j = (yj, xj) in a window: index = (yi - yj + wh - 1) (2 ww - 1) + (xi - xj + ww - 1).
+    """
+    ww = wh if ww is None else ww
+    wh, ww = check_positive_int(wh, "wh"), check_positive_int(ww, "ww")
+    ys, xs = np.meshgrid(np.arange(wh), np.arange(ww), indexing="ij")
+    ys, xs = ys.ravel(), xs.ravel()
+    dy = ys[:, None] - ys[None, :] + wh - 1
+    dx = xs[:, None] - xs[None, :] + ww - 1
+    return dy * (2 * ww - 1) + dx
+
+
+def relative_position_bias(table: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Look up the bias: table ((2wh-1)(2ww-1), h) and index (n, n) -> (h, n, n)."""
+    table = as_float(table, "table")
+    check_shapes(table=(table, "T h"))
+    index = np.asarray(index)
+    if index.dtype.kind not in "iu":
+        raise TypeError(f"argument 'index': expected an integer array, got {index.dtype}")
+    if index.size and (index.min() < 0 or index.max() >= table.shape[0]):
+        raise ValueError(f"argument 'index': entries must lie in [0, {table.shape[0]}), got "
+                         f"[{index.min()}, {index.max()}]")
+    return np.moveaxis(table[index], -1, 0)
+
+
+# ===================================================================================================
+# Conditional positional encoding and patch merging
+# ===================================================================================================
+
+def cpe(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
+    """Conditional positional encoding (Chu et al., 2021): x + DWConv_kxk(x) with 'same' zero padding.
+    x : (B, C, H, W); weight : (C, 1, k, k), k odd (3 in the papers); bias : (C,) or None."""
+    x = as_float(x, "x")
+    weight = as_float(weight, "weight")
+    k = weight.shape[-1]
+    if weight.ndim != 4 or weight.shape[-2] != k or k % 2 == 0:
+        raise ValueError(f"argument 'weight': expected (C, 1, k, k) with odd k, got {weight.shape}")
+    return x + depthwise_conv2d(x, weight, bias, padding=k // 2)
+
+
+def cpe_bound(x, weight, bias=None) -> Bound:
+    """The depthwise-conv bound on |x| plus one rounding for the residual addition on |x|."""
+    b = depthwise_conv2d_bound(x, weight, bias, padding=np.shape(weight)[-1] // 2)
+    return Bound(np.asarray(b.scale) + np.abs(as_float(x, "x")), b.k + 1, b.note + " + residual")
+
+
+def patch_merging(x: np.ndarray, p: Mapping[str, np.ndarray], eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
+    """Swin patch merging: (B, H, W, C) -> (B, ceil(H/2), ceil(W/2), 2C).
+
+    Odd H or W are zero-padded at the bottom/right first; the 2 x 2 neighbours are concatenated in the
+    order (0,0), (1,0), (0,1), (1,1) (row, col offsets), then LayerNorm(4C) and a bias-free Linear 4C -> 2C.
+    p : {"norm.weight", "norm.bias", "reduction.weight"}.
+    """
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B H W C"))
+    x, _ = pad_to_multiple(x, 2)
+    x = np.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1)
+    x = layer_norm(x, p.get("norm.weight"), p.get("norm.bias"), eps)
+    return linear(x, _param(p, "reduction.weight", "patch_merging"))

@@ -1,0 +1,1 @@
+"""Networks of the papers, one file per paper, and the registry of named models."""
