@@ -1,0 +1,255 @@
+"""PyTorch twin of refimpl.attention.rala: RALA (rank-augmented linear attention) and the RAVLT block.
+
+Reference: Fan, Huang & He, "Breaking the Low-Rank Dilemma of Linear Attention" (CVPR 2025), Eq. 2-4 and
+6, §3.2; the ``official`` options follow the authors' released code (see refimpl.attention.rala).
+
+The modules take the same frozen :class:`refimpl.attention.rala.RALAConfig` /
+:class:`RAVLTBlockConfig` as the reference, and their ``state_dict`` keys and shapes are exactly
+:func:`refimpl.attention.rala.rala_param_shapes` / :func:`ravlt_block_param_shapes`.  With the official
+options the arithmetic follows the released code's order of operations (channels-first 1 x 1 convs, one
+fused "qkvo" conv, k * softmax * N, K and V each scaled by (HW)^(-1/2), the reciprocal of the normaliser
+times the numerator), so the equivalence tests check that order against the reference's exact
+arithmetic.  Two deliberate differences from the released code's arithmetic (same real function, better
+accuracy, documented in docs/rala.md): kappa(x) = ELU(x) + 1 is evaluated as x + 1 / exp(x) instead of
+(exp(x) - 1) + 1, and the RoPE tables are computed in float64 and rounded once to the module's dtype.
+"""
+
+from __future__ import annotations
+
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
+
+__all__ = ["kappa", "rope_2d_tables", "apply_rope_2d", "rala_core", "RALAttention", "RAVLTFFN", "RAVLTBlock"]
+
+
+def kappa(x: torch.Tensor, kernel: str = "elu1") -> torch.Tensor:
+    """kappa = ELU + 1 as x + 1 (x > 0) / exp(x) (x <= 0), or ReLU (RALA §3.2, Table 9)."""
+    if kernel == "relu":
+        return F.relu(x)
+    return torch.where(x > 0, x + 1.0, torch.exp(torch.clamp(x, max=0.0)))
+
+
+def rope_2d_tables(h: int, w: int, head_dim: int, base: float, dtype: torch.dtype,
+                   device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cos, sin), each (h*w, head_dim), of the released code's 2-D RoPE, computed in float64 then rounded.
+
+    Channel c belongs to pair c // 2; the first d/4 pairs use the row index, the rest the column index,
+    with frequencies base^(-q/(d/4 - 1)), q = 0 .. d/4 - 1.
+    """
+    n = head_dim // 4
+    q = torch.arange(n, dtype=torch.float64)
+    t = q / (n - 1) if n > 1 else torch.zeros(1, dtype=torch.float64)
+    freq = torch.pow(torch.tensor(base, dtype=torch.float64), -t)
+    freq = freq.repeat_interleave(2)                                  # (d/2,) one per channel of a half
+    row = torch.arange(h, dtype=torch.float64)[:, None, None] * freq  # (h, 1, d/2)
+    col = torch.arange(w, dtype=torch.float64)[None, :, None] * freq  # (1, w, d/2)
+    ang = torch.cat([row.expand(h, w, -1), col.expand(h, w, -1)], dim=-1).reshape(h * w, head_dim)
+    return torch.cos(ang).to(dtype=dtype, device=device), torch.sin(ang).to(dtype=dtype, device=device)
+
+
+def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
+    """(x_2p, x_2p+1) -> (-x_2p+1, x_2p)."""
+    return torch.stack([-x[..., 1::2], x[..., 0::2]], dim=-1).flatten(-2)
+
+
+def apply_rope_2d(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos + _rotate_pairs(x) * sin
+
+
+def rala_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: RALAConfig,
+              hw: tuple[int, int] | None = None, taps: dict | None = None) -> torch.Tensor:
+    """q, k, v : (B, h, N, d) -> (B, h, N, d); the twin of refimpl.attention.rala.rala_core."""
+    t = taps if taps is not None else {}
+    n, d = q.shape[-2], q.shape[-1]
+    kq = kappa(q, cfg.kernel)
+    kk = kappa(k, cfg.kernel)
+    if cfg.reweight:
+        q_mean = (q if cfg.global_query == "q" else kq).mean(dim=-2, keepdim=True)      # (B, h, 1, d)
+        if cfg.alpha_scale == "head_dim":
+            q_mean = d ** -0.5 * q_mean
+        eff = torch.softmax(q_mean @ kk.transpose(-1, -2), dim=-1).transpose(-1, -2)    # (B, h, N, 1)
+        kw = kk * eff * n
+        t["alpha"] = (eff * n)[..., 0]
+    else:
+        kw = kk
+    t["k_weighted"] = kw
+    if cfg.rope:
+        cos, sin = rope_2d_tables(hw[0], hw[1], d, cfg.rope_base, q.dtype, q.device)
+        qn, kn = apply_rope_2d(kq, cos, sin), apply_rope_2d(kw, cos, sin)
+    else:
+        qn, kn = kq, kw
+    if cfg.token_scaling == "mean":
+        s = n ** -0.5
+        kn_s, v_s = kn * s, v * s
+        den = kq @ kw.mean(dim=-2, keepdim=True).transpose(-1, -2)                      # (B, h, N, 1)
+    else:
+        kn_s, v_s = kn, v
+        den = kq @ kw.sum(dim=-2, keepdim=True).transpose(-1, -2)
+    if cfg.eps:
+        den = den + cfg.eps
+    if cfg.order == "linear":
+        num = qn @ (kn_s.transpose(-1, -2) @ v_s)
+    else:
+        num = (qn @ kn_s.transpose(-1, -2)) @ v_s
+    t["numerator"], t["denominator"] = num, den[..., 0]
+    if cfg.token_scaling == "mean":
+        out = num * (1.0 / den)                      # the released code: q @ kv * z, z = 1 / (den + eps)
+    else:
+        out = num / den
+    t["out"] = out
+    return out
+
+
+def _proj(layout: str, cin: int, cout: int, bias: bool) -> nn.Module:
+    return nn.Linear(cin, cout, bias=bias) if layout == "tokens" else nn.Conv2d(cin, cout, 1, bias=bias)
+
+
+class RALAttention(nn.Module):
+    """The RALA layer (twin of refimpl.attention.rala.rala_attention).
+
+    forward(x, taps=None): x (B, H, W, C) for layout "tokens", (B, C, H, W) for "channels_first"; returns
+    the same shape.  taps receives "q", "k", "v" (B,h,N,d), "core" (B,N,C), "gate", "out".
+    """
+
+    def __init__(self, cfg: RALAConfig):
+        super().__init__()
+        self.cfg = cfg
+        c, lay = cfg.dim, cfg.layout
+        if cfg.gate_source == "qkvo":
+            self.qkvo = _proj(lay, c, 4 * c, cfg.qkv_bias)
+        else:
+            self.qkv = _proj(lay, c, 3 * c, cfg.qkv_bias)
+            if cfg.gate == "linear":
+                self.phi = _proj(lay, c, c, cfg.qkv_bias)
+        if cfg.lepe_kernel:
+            kl = cfg.lepe_kernel
+            self.lepe = nn.Conv2d(c, c, kl, 1, kl // 2, groups=c)
+        if cfg.out_proj:
+            self.proj = _proj(lay, c, c, True)
+
+    def forward(self, x: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
+        t = taps if taps is not None else {}
+        cfg, c, nh = self.cfg, self.cfg.dim, self.cfg.num_heads
+        if cfg.layout == "channels_first":
+            bsz, _, h, w = x.shape
+            p = self.qkvo(x) if cfg.gate_source == "qkvo" else self.qkv(x)            # (B, mC, H, W)
+            # 'b (m n d) h w -> m b n (h w) d'
+            heads = p[:, :3 * c].reshape(bsz, 3, nh, c // nh, h * w).permute(1, 0, 2, 4, 3)
+            q, k, v = heads[0], heads[1], heads[2]
+            v_grid = p[:, 2 * c:3 * c]
+            if cfg.gate_source == "qkvo":
+                gate = p[:, 3 * c:]
+            elif cfg.gate == "linear":
+                gate = self.phi(x)
+            elif cfg.gate == "identity":
+                gate = x
+            elif cfg.gate == "tanh":
+                gate = torch.tanh(x)
+            else:
+                gate = None
+        else:
+            bsz, h, w, _ = x.shape
+            tok = x.reshape(bsz, h * w, c)
+            p = self.qkv(tok)
+            heads = p.reshape(bsz, h * w, 3, nh, c // nh).permute(2, 0, 3, 1, 4)
+            q, k, v = heads[0], heads[1], heads[2]
+            v_grid = p[..., 2 * c:].transpose(1, 2).reshape(bsz, c, h, w)
+            gate = {"linear": lambda: self.phi(tok), "identity": lambda: tok, "tanh": lambda: torch.tanh(tok),
+                    "none": lambda: None}[cfg.gate]()
+        t["q"], t["k"], t["v"] = q, k, v
+        y = rala_core(q, k, v, cfg, (h, w))                                            # (B, h, N, d)
+        if cfg.layout == "channels_first":
+            y = y.permute(0, 1, 3, 2).reshape(bsz, c, h, w)       # 'b n (h w) d -> b (n d) h w'
+        else:
+            y = y.permute(0, 2, 1, 3).reshape(bsz, h * w, c)
+        t["core"] = y
+        if cfg.lepe_kernel:
+            lepe = self.lepe(v_grid)
+            y = y + (lepe if cfg.layout == "channels_first" else lepe.reshape(bsz, c, h * w).transpose(1, 2))
+        if gate is not None:
+            y = y * gate
+        t["gate"] = gate
+        if cfg.out_proj:
+            y = self.proj(y)
+        out = y if cfg.layout == "channels_first" else y.reshape(bsz, h, w, c)
+        t["out"] = out
+        return out
+
+
+class RAVLTFFN(nn.Module):
+    """fc1 -> GELU -> (h + DWConv3x3(h)) -> fc2 (twin of refimpl.attention.rala.ravlt_ffn)."""
+
+    def __init__(self, cfg: RAVLTBlockConfig):
+        super().__init__()
+        self.cfg = cfg
+        c, hd, lay = cfg.attn.dim, cfg.hidden, cfg.attn.layout
+        self.fc1 = _proj(lay, c, hd, True)
+        if cfg.ffn_dwconv:
+            self.dwconv = nn.Conv2d(hd, hd, 3, 1, 1, groups=hd)
+        self.fc2 = _proj(lay, hd, c, True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        cf = self.cfg.attn.layout == "channels_first"
+        hid = F.gelu(self.fc1(x))
+        if self.cfg.ffn_dwconv:
+            if cf:
+                hid = hid + self.dwconv(hid)
+            else:
+                g = hid.permute(0, 3, 1, 2)
+                hid = hid + self.dwconv(g).permute(0, 2, 3, 1)
+        return self.fc2(hid)
+
+
+class _ChannelNorm(nn.LayerNorm):
+    """LayerNorm over C of a (B, C, H, W) tensor (the released code's LayerNorm2d; state_dict keys
+    "weight", "bias" as nn.LayerNorm)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class RAVLTBlock(nn.Module):
+    """CPE, pre-norm RALA, pre-norm FFN (twin of refimpl.attention.rala.ravlt_block).
+
+    forward(x, taps=None): taps receives "cpe", "norm1", "attn", "res1", "norm2", "ffn", "out".
+    """
+
+    def __init__(self, cfg: RAVLTBlockConfig):
+        super().__init__()
+        self.cfg = cfg
+        c = cfg.attn.dim
+        if cfg.cpe_kernel:
+            self.pos = nn.Conv2d(c, c, cfg.cpe_kernel, 1, cfg.cpe_kernel // 2, groups=c)
+        norm = _ChannelNorm if cfg.attn.layout == "channels_first" else nn.LayerNorm
+        self.norm1 = norm(c, eps=cfg.norm_eps)
+        self.attn = RALAttention(cfg.attn)
+        self.norm2 = norm(c, eps=cfg.norm_eps)
+        self.ffn = RAVLTFFN(cfg)
+        if cfg.layerscale:
+            shape = (1, c, 1, 1) if cfg.attn.layout == "channels_first" else (c,)
+            self.gamma_1 = nn.Parameter(torch.ones(shape))
+            self.gamma_2 = nn.Parameter(torch.ones(shape))
+
+    def forward(self, x: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
+        t = taps if taps is not None else {}
+        cf = self.cfg.attn.layout == "channels_first"
+        if self.cfg.cpe_kernel:
+            x = x + (self.pos(x) if cf else self.pos(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1))
+        t["cpe"] = x
+        n1 = self.norm1(x)
+        t["norm1"] = n1
+        a = self.attn(n1)
+        t["attn"] = a
+        x = x + (self.gamma_1 * a if self.cfg.layerscale else a)
+        t["res1"] = x
+        n2 = self.norm2(x)
+        t["norm2"] = n2
+        f = self.ffn(n2)
+        t["ffn"] = f
+        out = x + (self.gamma_2 * f if self.cfg.layerscale else f)
+        t["out"] = out
+        return out

@@ -1,0 +1,1033 @@
+"""RALA, rank-augmented linear attention, and the RAVLT block.
+
+Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025
+(seed 002).  Equation numbers below are the paper's.
+
+Shapes: B batch, H x W token grid, N = H W tokens (row-major: token i sits at row i // W, column i % W),
+C channels, h heads, d = C / h head dim.  Per head, q, k, v are (B, h, N, d).
+
+The mechanism, per head (kappa the kernel feature map, ELU + 1 by default, §3.2 "Design of the block"):
+
+    Q_g     = (1/N) sum_i Q_i                                                         (Eq. 4, first line)
+    alpha_j = N exp(Q_g kappa(K_j)^T) / sum_m exp(Q_g kappa(K_m)^T)                   (Eq. 4)
+    B       = sum_j alpha_j kappa(K_j)^T V_j,      sum_j alpha_j = N                  (Eq. 3)
+    Y_i     = phi(X_i) (.) [kappa(Q_i) B / (kappa(Q_i) sum_j alpha_j kappa(K_j)^T)]   (Eq. 6 with Eq. 2's
+                                                                                        normaliser)
+
+phi is a linear projection (§3.2), or the identity or tanh (Table 9).  Eq. 6 as printed has no
+denominator; Eq. 2 has one and §3.2 says the scalar denominator does not affect the rank, so the
+reference keeps it (both the paper preset and the released code normalise).
+
+The RAVLT block (§3.2, Fig. 6): x <- x + DWConv3x3(x) (CPE), x <- x + RALA(LN(x)), x <- x + FFN(LN(x)).
+The paper's text gives "CPE, attention, FFN" and "the classic Transformer block"; Fig. 6 is not in the
+text, so the norm placement (pre-norm, LayerNorm over channels) is taken from the released code and is
+the same in both presets.
+
+Presets (:meth:`RALAConfig.preset`, :meth:`RAVLTBlockConfig.preset`): ``"paper"`` computes the equations
+above; ``"official"`` computes what the authors' released code computes, every departure a named option:
+
+- ``alpha_scale="head_dim"``: the alpha softmax logits are multiplied by d^(-1/2);
+- ``global_query="kappa_q"``: Q_g is the mean of kappa(Q), not of Q;
+- ``rope=True``: a 2-D rotary position encoding of kappa(Q_i) and alpha_j kappa(K_j) in the *numerator*
+  only, on interleaved channel pairs (2p, 2p+1); pairs p < d/4 rotate by (row of the token) * omega_p,
+  pairs p >= d/4 by (column) * omega_(p - d/4), omega_p = base^(-p/(d/4 - 1)).  The normaliser uses the
+  unrotated vectors;
+- ``token_scaling="mean"``: K and V are each scaled by (HW)^(-1/2) in the KV product and the normaliser
+  uses mean_j alpha_j kappa(K_j), so numerator and denominator carry the same 1/N (a no-op in exact
+  arithmetic, which matters only together with ``eps``);
+- ``eps=1e-6`` added to that normaliser;
+- ``lepe_kernel=5``: a 5 x 5 depthwise conv of V (LePE) added to the attention output before the gate;
+- ``gate_source="qkvo"``: the gate phi(X) is the fourth C-channel block of the same 1 x 1 conv that makes
+  Q, K and V (a linear projection, no activation), and ``out_proj=True``: a 1 x 1 output projection after
+  the gate;
+- ``layout="channels_first"``: (B, C, H, W) tensors and 1 x 1 conv weights (C_out, C_in, 1, 1);
+- block: ``ffn_dwconv=True`` (the FFN is fc1 -> GELU -> h + DWConv3x3(h) -> fc2), ``norm_eps=1e-6``,
+  ``mlp_ratio=3``.
+
+Numerics: kappa(x) = ELU(x) + 1 is evaluated as x + 1 (x > 0) and exp(x) (x <= 0), the same real
+function; computing it literally as (exp(x) - 1) + 1, as ``F.elu(x) + 1`` does, loses all relative
+accuracy for x << 0 (see docs/rala.md).  The error bounds (:func:`rala_core_bound`,
+:func:`rala_attention_bound`, :func:`ravlt_ffn_bound`) propagate a rigorous running bound on the absolute
+error, stage by stage, for a computation in the tested precision T; see "Error model" at the bottom.
+
+Contents, top to bottom: configurations and presets; helpers (kernel, RoPE, layout); the attention core;
+the attention layer; the RAVLT block; parameter shapes; the error model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import config, layers, numerics
+from .linear import feature_map
+
+__all__ = [
+    "RALAConfig", "RAVLTBlockConfig", "kappa", "rope_2d_angles", "apply_rope_2d", "reweighting_coefficients",
+    "kv_buffer", "rala_core", "rala_attention", "ravlt_ffn", "ravlt_block", "rala_param_shapes",
+    "ravlt_block_param_shapes", "rala_core_bound", "rala_attention_bound", "ravlt_ffn_bound",
+    "residual_bound", "ravlt_cpe",
+]
+
+# ===================================================================================================
+# Configurations and presets
+# ===================================================================================================
+
+_KERNELS = ("elu1", "relu")
+_GLOBAL_QUERIES = ("q", "kappa_q")
+_ALPHA_SCALES = ("none", "head_dim")
+_TOKEN_SCALINGS = ("sum", "mean")
+_GATES = ("linear", "identity", "tanh", "none")
+_GATE_SOURCES = ("separate", "qkvo")
+_LAYOUTS = ("tokens", "channels_first")
+_ORDERS = ("linear", "quadratic")
+
+
+def _choice(value: Any, name: str, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"RALAConfig.{name}: expected one of {allowed}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RALAConfig:
+    """Options of the RALA attention layer (every departure of the released code is one field).
+
+    Fields (paper preset value first):
+    dim, num_heads : C and h; d = C / h.
+    kernel : "elu1" (kappa = ELU + 1, §3.2) | "relu" (Table 9 ablation).
+    reweight : True (alpha of Eq. 4 in Eq. 3) | False (alpha = 1: "w/o KV aug", Table 9).
+    global_query : "q" (Q_g = mean Q, Eq. 4) | "kappa_q" (official: mean kappa(Q)).
+    alpha_scale : "none" (Eq. 4) | "head_dim" (official: d^(-1/2) inside the alpha softmax).
+    rope : False | True (official: 2-D RoPE on the numerator only; needs d % 4 == 0).
+    rope_base : base of the RoPE frequencies (config.RALA_ROPE_BASE).
+    token_scaling : "sum" (Eq. 2-3) | "mean" (official: (HW)^(-1/2) on K and V, mean in the normaliser).
+    eps : 0.0 (Eq. 2) | config.RALA_OFFICIAL_EPS (official), added to the normaliser.
+    gate : phi of Eq. 6: "linear" (§3.2) | "identity" | "tanh" (Table 9) | "none" ("w/o out aug").
+    gate_source : "separate" (its own Linear, key "phi") | "qkvo" (official: 4th C-block of the fused
+        projection "qkvo"; requires gate="linear").
+    lepe_kernel : 0 (none) | 5 (official LePE on V, added before the gate).
+    out_proj : False (Eq. 6 is the output) | True (official: 1 x 1 projection "proj" after the gate).
+    layout : "tokens" ((B, H, W, C), Linear weights (out, in)) | "channels_first" (official: (B, C, H, W),
+        1 x 1 conv weights (out, in, 1, 1)).
+    qkv_bias : whether the fused projection (and phi) has a bias (True in both presets).
+    order : "linear" (kappa(Q) (sum_j ...), O(N d^2)) | "quadratic" ((kappa(Q) kappa(K)^T) V, O(N^2 d)).
+    """
+
+    dim: int
+    num_heads: int
+    kernel: str = "elu1"
+    reweight: bool = True
+    global_query: str = "q"
+    alpha_scale: str = "none"
+    rope: bool = False
+    rope_base: float = config.RALA_ROPE_BASE
+    token_scaling: str = "sum"
+    eps: float = 0.0
+    gate: str = "linear"
+    gate_source: str = "separate"
+    lepe_kernel: int = 0
+    out_proj: bool = False
+    layout: str = "tokens"
+    qkv_bias: bool = True
+    order: str = "linear"
+
+    def __post_init__(self) -> None:
+        numerics.check_positive_int(self.dim, "dim")
+        numerics.check_positive_int(self.num_heads, "num_heads")
+        if self.dim % self.num_heads:
+            raise ValueError(f"RALAConfig: dim={self.dim} is not divisible by num_heads={self.num_heads}")
+        _choice(self.kernel, "kernel", _KERNELS)
+        _choice(self.global_query, "global_query", _GLOBAL_QUERIES)
+        _choice(self.alpha_scale, "alpha_scale", _ALPHA_SCALES)
+        _choice(self.token_scaling, "token_scaling", _TOKEN_SCALINGS)
+        _choice(self.gate, "gate", _GATES)
+        _choice(self.gate_source, "gate_source", _GATE_SOURCES)
+        _choice(self.layout, "layout", _LAYOUTS)
+        _choice(self.order, "order", _ORDERS)
+        if self.gate_source == "qkvo" and self.gate != "linear":
+            raise ValueError(f"RALAConfig: gate_source='qkvo' makes phi a linear projection; got gate={self.gate!r}")
+        if self.rope and self.head_dim % 4:
+            raise ValueError(f"RALAConfig: rope=True needs head_dim % 4 == 0 (row and column halves of "
+                             f"channel pairs), got head_dim={self.head_dim}")
+        if self.lepe_kernel < 0 or (self.lepe_kernel and self.lepe_kernel % 2 == 0):
+            raise ValueError(f"RALAConfig.lepe_kernel: expected 0 or an odd size, got {self.lepe_kernel}")
+        if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
+            raise ValueError(f"RALAConfig.eps: expected a number >= 0, got {self.eps!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def preset(cls, name: str = "paper", **overrides: Any) -> "RALAConfig":
+        """``"paper"`` (the equations) or ``"official"`` (the released code); ``dim`` and ``num_heads`` are
+        required overrides, any other field may be overridden too."""
+        if name == "paper":
+            base: dict[str, Any] = {}
+        elif name == "official":
+            base = dict(global_query="kappa_q", alpha_scale="head_dim", rope=True, token_scaling="mean",
+                        eps=config.RALA_OFFICIAL_EPS, gate="linear", gate_source="qkvo",
+                        lepe_kernel=config.RALA_OFFICIAL_LEPE_KERNEL, out_proj=True, layout="channels_first")
+        else:
+            raise ValueError(f"RALAConfig.preset: expected 'paper' or 'official', got {name!r}")
+        base.update(overrides)
+        return cls(**base)
+
+
+@dataclasses.dataclass(frozen=True)
+class RAVLTBlockConfig:
+    """Options of the RAVLT block: CPE, pre-norm RALA, pre-norm FFN, each with a residual (§3.2, Fig. 6).
+
+    attn : the :class:`RALAConfig` (its ``layout`` is the block's layout).
+    mlp_ratio : FFN hidden width / C (config.RALA_PAPER_MLP_RATIO; official RALA_OFFICIAL_MLP_RATIO).
+    norm_eps : LayerNorm eps (config.LAYER_NORM_EPS; official RALA_OFFICIAL_NORM_EPS).
+    cpe_kernel : CPE depthwise kernel (3, §3.2), 0 = no CPE ("w/o CPE", Table 9).
+    ffn_dwconv : False (fc1 -> GELU -> fc2) | True (official: a 3 x 3 depthwise conv with residual after
+        the GELU).
+    layerscale : False | True (official: every registered RAVLT model scales both branches by learned
+        per-channel factors "gamma_1", "gamma_2" before the residual additions).
+    """
+
+    attn: RALAConfig
+    mlp_ratio: float = config.RALA_PAPER_MLP_RATIO
+    norm_eps: float = config.LAYER_NORM_EPS
+    cpe_kernel: int = config.RALA_CPE_KERNEL
+    ffn_dwconv: bool = False
+    layerscale: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attn, RALAConfig):
+            raise TypeError(f"RAVLTBlockConfig.attn: expected a RALAConfig, got {type(self.attn).__name__}")
+        if self.hidden < 1:
+            raise ValueError(f"RAVLTBlockConfig.mlp_ratio: hidden width int(mlp_ratio * dim) must be >= 1, "
+                             f"got {self.mlp_ratio} * {self.attn.dim}")
+        if self.cpe_kernel < 0 or (self.cpe_kernel and self.cpe_kernel % 2 == 0):
+            raise ValueError(f"RAVLTBlockConfig.cpe_kernel: expected 0 or an odd size, got {self.cpe_kernel}")
+
+    @property
+    def hidden(self) -> int:
+        return int(self.mlp_ratio * self.attn.dim)
+
+    @classmethod
+    def preset(cls, name: str = "paper", **overrides: Any) -> "RAVLTBlockConfig":
+        """``"paper"`` or ``"official"``.  Overrides naming RALAConfig fields (dim, num_heads, order, ...)
+        go to the attention config; the others to the block."""
+        block_fields = {f.name for f in dataclasses.fields(cls)} - {"attn"}
+        attn_over = {k: v for k, v in overrides.items() if k not in block_fields}
+        block_over = {k: v for k, v in overrides.items() if k in block_fields}
+        attn = RALAConfig.preset(name, **attn_over)
+        base: dict[str, Any] = {}
+        if name == "official":
+            base = dict(mlp_ratio=config.RALA_OFFICIAL_MLP_RATIO, norm_eps=config.RALA_OFFICIAL_NORM_EPS,
+                        ffn_dwconv=True, layerscale=True)
+        base.update(block_over)
+        return cls(attn=attn, **base)
+
+
+# ===================================================================================================
+# Helpers: kernel, RoPE, layout
+# ===================================================================================================
+
+def kappa(x: Any, kernel: str = "elu1") -> np.ndarray:
+    """The kernel feature map kappa of Eq. 2.
+
+    x : float array, any shape.  kernel : "elu1" (ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise, §3.2;
+    evaluated in that form, which keeps relative accuracy as x -> -inf) or "relu" (Table 9).
+    Returns an array of x's shape, non-negative.
+
+    References: RALA §3.2 and Table 9; Katharopoulos et al. (2020) Eq. 7.
+    """
+    _choice(kernel, "kernel", _KERNELS)
+    return feature_map(numerics.as_float(x, "x"), kernel)
+
+
+def rope_2d_angles(h: int, w: int, head_dim: int, base: float = config.RALA_ROPE_BASE) -> np.ndarray:
+    """Rotation angle of every (token, channel) of the released code's 2-D RoPE.
+
+    Channel pairs (2p, 2p+1), p = 0 .. d/2 - 1, share one angle.  With n = d/4 frequencies
+    omega_q = base^(-q/(n-1)) (omega_0 = 1 when n = 1): pair p < n rotates by row(i) * omega_p and pair
+    p >= n by col(i) * omega_(p-n), row(i) = i // W, col(i) = i % W.
+
+    Returns float64 (N, d) with N = h w.  Raises ValueError unless d % 4 == 0.
+
+    References: RALA released code (preset "official"); Su et al., RoFormer (2021), Eq. 34 (the 1-D form).
+    """
+    h = numerics.check_positive_int(h, "h")
+    w = numerics.check_positive_int(w, "w")
+    head_dim = numerics.check_positive_int(head_dim, "head_dim")
+    if head_dim % 4:
+        raise ValueError(f"argument 'head_dim': 2-D RoPE needs a multiple of 4, got {head_dim}")
+    n = head_dim // 4
+    t = np.arange(n, dtype=np.float64) / (n - 1) if n > 1 else np.zeros(1)
+    omega = float(base) ** (-t)                                           # (n,)
+    rows = np.repeat(np.arange(h, dtype=np.float64), w)                   # (N,) row of token i
+    cols = np.tile(np.arange(w, dtype=np.float64), h)                     # (N,) column of token i
+    pair_angle = np.concatenate([rows[:, None] * omega, cols[:, None] * omega], axis=1)   # (N, d/2)
+    return np.repeat(pair_angle, 2, axis=1)                               # (N, d)
+
+
+def apply_rope_2d(x: Any, angles: Any) -> np.ndarray:
+    """Rotate interleaved channel pairs: (x_2p, x_2p+1) -> (x_2p cos - x_2p+1 sin, x_2p+1 cos + x_2p sin).
+
+    x : (..., N, d) float; angles : (N, d) float from :func:`rope_2d_angles` (both channels of a pair carry
+    the same angle).  Returns an array of x's shape.
+
+    References: RoFormer Eq. 34; RALA released code (preset "official").
+    """
+    x = numerics.as_float(x, "x")
+    angles = numerics.as_float(angles, "angles")
+    if x.ndim < 2 or x.shape[-2:] != angles.shape or angles.shape[-1] % 2:
+        raise ValueError(f"argument 'angles': expected shape (N, d) = {x.shape[-2:]} with d even, "
+                         f"got {angles.shape}")
+    c, s = np.cos(angles), np.sin(angles)
+    xe, xo = x[..., 0::2], x[..., 1::2]
+    out = np.empty_like(x)
+    out[..., 0::2] = xe * c[:, 0::2] - xo * s[:, 0::2]
+    out[..., 1::2] = xo * c[:, 1::2] + xe * s[:, 1::2]
+    return out
+
+
+def _grid_to_tokens(x: np.ndarray, layout: str) -> tuple[np.ndarray, int, int]:
+    """(B, H, W, C) or (B, C, H, W) -> (B, N, C) tokens, H, W."""
+    if layout == "tokens":
+        b, h, w, c = x.shape
+        return x.reshape(b, h * w, c), h, w
+    b, c, h, w = x.shape
+    return x.reshape(b, c, h * w).transpose(0, 2, 1), h, w
+
+
+def _tokens_to_grid(t: np.ndarray, h: int, w: int, layout: str) -> np.ndarray:
+    b, n, c = t.shape
+    if layout == "tokens":
+        return t.reshape(b, h, w, c)
+    return t.transpose(0, 2, 1).reshape(b, c, h, w)
+
+
+def _tokens_to_cf(t: np.ndarray, h: int, w: int) -> np.ndarray:
+    return _tokens_to_grid(t, h, w, "channels_first")
+
+
+def _split_heads(t: np.ndarray, heads: int) -> np.ndarray:
+    """(B, N, C) -> (B, h, N, d), channel h*d + e -> head h, channel e."""
+    b, n, c = t.shape
+    return t.reshape(b, n, heads, c // heads).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(y: np.ndarray) -> np.ndarray:
+    b, h, n, d = y.shape
+    return y.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def _weight2d(w: np.ndarray, layout: str, key: str, out: int, inp: int) -> np.ndarray:
+    """A projection weight as (out, in): Linear (out, in) in the tokens layout, 1 x 1 conv (out, in, 1, 1)
+    channels-first (a 1 x 1 convolution is the same linear map applied at every pixel)."""
+    w = numerics.as_float(w, key)
+    want = (out, inp) if layout == "tokens" else (out, inp, 1, 1)
+    if w.shape != want:
+        raise ValueError(f"parameter '{key}': expected shape {want} for layout={layout!r}, got {w.shape}")
+    return w.reshape(out, inp)
+
+
+def _param(params: Mapping[str, Any], key: str) -> np.ndarray:
+    if key not in params:
+        raise KeyError(f"missing parameter '{key}' (have {sorted(params)})")
+    return numerics.as_float(params[key], key)
+
+
+def _check_grid(x: Any, layout: str, dim: int, name: str = "x") -> np.ndarray:
+    x = numerics.as_float(x, name)
+    spec = "B H W C" if layout == "tokens" else "B C H W"
+    numerics.check_shapes({"C": dim}, **{name: (x, spec)})
+    return x
+
+
+# ===================================================================================================
+# The attention core (per head, after the projections)
+# ===================================================================================================
+
+def reweighting_coefficients(q_global: Any, kappa_k: Any, scale: float = 1.0) -> np.ndarray:
+    """alpha_j = N softmax_j(scale * Q_g kappa(K_j)^T)  (Eq. 4; scale = 1 in the paper).
+
+    q_global : (B, h, 1, d); kappa_k : (B, h, N, d).  Returns (B, h, N), positive, summing to N over j
+    (to rounding).  Softmax by max-subtraction (numerics.softmax), so no logit overflows.
+
+    References: RALA Eq. 3-4.
+    """
+    q_global = numerics.as_float(q_global, "q_global")
+    kappa_k = numerics.as_float(kappa_k, "kappa_k")
+    sz = numerics.check_shapes(q_global=(q_global, "B h 1 d"), kappa_k=(kappa_k, "B h N d"))
+    scores = scale * (q_global @ kappa_k.swapaxes(-1, -2))[..., 0, :]
+    return sz["N"] * numerics.softmax(scores, axis=-1)
+
+
+def kv_buffer(alpha: Any, kappa_k: Any, v: Any) -> np.ndarray:
+    """The reweighted KV buffer B = sum_j alpha_j kappa(K_j)^T V_j  (Eq. 3).
+
+    alpha : (B, h, N); kappa_k : (B, h, N, d); v : (B, h, N, e).  Returns (B, h, d, e).
+
+    References: RALA Eq. 3 (alpha = 1 gives Eq. 2's buffer).
+    """
+    alpha = numerics.as_float(alpha, "alpha")
+    kappa_k = numerics.as_float(kappa_k, "kappa_k")
+    v = numerics.as_float(v, "v")
+    numerics.check_shapes(alpha=(alpha, "B h N"), kappa_k=(kappa_k, "B h N d"), v=(v, "B h N e"))
+    return np.einsum("bhn,bhnd,bhne->bhde", alpha, kappa_k, v, optimize=True)
+
+
+def _quadratic_guard(bsz: int, heads: int, n: int, max_elements: int | None) -> None:
+    limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
+    if bsz * heads * n * n > limit:
+        raise ValueError(
+            f"rala_core(order='quadratic'): the N x N matrix would have B*h*N*N = {bsz * heads * n * n} "
+            f"elements, above max_elements = {limit} (config.QUADRATIC_MAX_ELEMENTS); use order='linear' "
+            f"(RALAConfig(order='linear')), which computes the same attention in O(N d^2)")
+
+
+def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | None = None, *,
+              taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """Reweighted linear attention per head: kappa(Q_i) B / (kappa(Q_i) sum_j alpha_j kappa(K_j)^T).
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, d) float (the projections, before kappa).
+    cfg : :class:`RALAConfig` (kernel, reweight, global_query, alpha_scale, rope, token_scaling, eps,
+        order are used).
+    hw : (H, W) with H W = N, required when cfg.rope.
+    taps : optional dict; receives "kappa_q", "kappa_k" (B,h,N,d), "q_global" (B,h,1,d), "scores",
+        "alpha" (B,h,N), "k_weighted" = alpha_j kappa(K_j) (B,h,N,d), with rope "q_rot", "k_rot",
+        "kv" (B,h,d,d; linear order) or "attn" (B,h,N,N numerator weights; quadratic order), "numerator"
+        (B,h,N,d), "key_sum" (B,h,d), "denominator" (B,h,N), "out".
+    max_elements : cap on B h N^2 for the quadratic order (default config.QUADRATIC_MAX_ELEMENTS).
+
+    Returns
+    -------
+    (B, h, N, d) float64.  A zero normaliser (relu kernel with a dead query row; eps = 0) gives 0/0 = NaN,
+    as IEEE arithmetic says.
+
+    References
+    ----------
+    RALA Eq. 2 (normaliser), Eq. 3 (B), Eq. 4 (Q_g, alpha), Eq. 6 (before the gate); options: released code.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
+    n, d = sz["N"], sz["d"]
+    t = taps if taps is not None else {}
+
+    kq = kappa(q, cfg.kernel)
+    kk = kappa(k, cfg.kernel)
+    t["kappa_q"], t["kappa_k"] = kq, kk
+
+    # Eq. 4: the global query and the reweighting coefficients.
+    if cfg.reweight:
+        q_g = np.mean(q if cfg.global_query == "q" else kq, axis=-2, keepdims=True)
+        scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
+        alpha = reweighting_coefficients(q_g, kk, scale)
+        t["q_global"], t["scores"] = q_g, scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
+    else:
+        alpha = np.ones(q.shape[:-1], dtype=q.dtype)
+    t["alpha"] = alpha
+    kw = alpha[..., None] * kk                          # alpha_j kappa(K_j)
+    t["k_weighted"] = kw
+
+    # Numerator operands: rotated (official) or not.
+    if cfg.rope:
+        if hw is None or hw[0] * hw[1] != n:
+            raise ValueError(f"argument 'hw': rope needs the grid (H, W) with H*W = N = {n}, got {hw}")
+        ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
+        qn, kn = apply_rope_2d(kq, ang), apply_rope_2d(kw, ang)
+        t["q_rot"], t["k_rot"] = qn, kn
+    else:
+        qn, kn = kq, kw
+    # (HW)^(-1/2) on K and V (official) = 1/N on the numerator; the normaliser then uses the mean.
+    norm = 1.0 / n if cfg.token_scaling == "mean" else 1.0
+
+    if cfg.order == "linear":
+        kv = norm * (kn.swapaxes(-1, -2) @ v)           # Eq. 3: B, (B, h, d, d)
+        t["kv"] = kv
+        num = qn @ kv
+    else:
+        _quadratic_guard(sz["B"], sz["h"], n, max_elements)
+        a = norm * (qn @ kn.swapaxes(-1, -2))           # (B, h, N, N)
+        t["attn"] = a
+        num = a @ v
+    key_sum = norm * np.sum(kw, axis=-2)                # sum_j (or mean_j) alpha_j kappa(K_j), unrotated
+    den = np.einsum("bhnd,bhd->bhn", kq, key_sum)       # Eq. 2's normaliser
+    if cfg.eps:
+        den = den + cfg.eps
+    t["numerator"], t["key_sum"], t["denominator"] = num, key_sum, den
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = num / den[..., None]
+    t["out"] = out
+    return out
+
+
+# ===================================================================================================
+# The attention layer
+# ===================================================================================================
+
+def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: dict | None = None,
+                   max_elements: int | None = None) -> np.ndarray:
+    """The RALA layer: projections, the reweighted core, (LePE), the gate phi(X) of Eq. 6, (projection).
+
+    Parameters
+    ----------
+    x : (B, H, W, C) (layout "tokens") or (B, C, H, W) (layout "channels_first") float.
+    params : flat mapping keyed like the PyTorch twin's state_dict (see :func:`rala_param_shapes`):
+        "qkv.weight"/"qkv.bias" (3C rows: Q, K, V blocks, each head-major) and, for gate "linear",
+        "phi.weight"/"phi.bias"; or (gate_source "qkvo") "qkvo.weight"/"qkvo.bias" (4C rows: Q, K, V, gate);
+        "lepe.weight" (C, 1, k, k)/"lepe.bias" when lepe_kernel; "proj.weight"/"proj.bias" when out_proj.
+    cfg : :class:`RALAConfig`.
+    taps : optional dict; receives "q", "k", "v" (B,h,N,d), "gate" (B,N,C), "core" (B,N,C, merged heads),
+        "lepe" (B,N,C), "pre_gate", "gated", "out" (layout of x) and the core's taps prefixed "core.".
+    max_elements : as :func:`rala_core`.
+
+    Returns
+    -------
+    Array of x's shape and layout.
+
+    References
+    ----------
+    RALA Eq. 2-4, 6, §3.2 (phi a linear projection), Table 9 (identity, tanh, "w/o out aug"); released
+    code for the official options.
+    """
+    x = _check_grid(x, cfg.layout, cfg.dim)
+    c, heads = cfg.dim, cfg.num_heads
+    tok, h, w = _grid_to_tokens(x, cfg.layout)
+    t = taps if taps is not None else {}
+
+    q, k, v, g = _projections(tok, params, cfg)
+    qh, kh, vh = (_split_heads(a, heads) for a in (q, k, v))
+    t["q"], t["k"], t["v"], t["gate"] = qh, kh, vh, g
+
+    core_taps: dict = {}
+    y = _merge_heads(rala_core(qh, kh, vh, cfg, (h, w), taps=core_taps, max_elements=max_elements))
+    t.update({"core." + name: val for name, val in core_taps.items()})
+    t["core"] = y
+    if cfg.lepe_kernel:
+        kl = cfg.lepe_kernel
+        lepe = layers.depthwise_conv2d(_tokens_to_cf(v, h, w), _param(params, "lepe.weight"),
+                                       _param(params, "lepe.bias") if "lepe.bias" in params else None,
+                                       padding=kl // 2)
+        lepe = lepe.reshape(lepe.shape[0], c, h * w).transpose(0, 2, 1)
+        t["lepe"] = lepe
+        y = y + lepe
+    t["pre_gate"] = y
+    if g is not None:
+        y = g * y                                       # Eq. 6: phi(X_i) (.) (...)
+    t["gated"] = y
+    if cfg.out_proj:
+        y = layers.linear(y, _weight2d(params["proj.weight"], cfg.layout, "proj.weight", c, c),
+                          params.get("proj.bias"))
+    out = _tokens_to_grid(y, h, w, cfg.layout)
+    t["out"] = out
+    return out
+
+
+def _projections(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig):
+    """Q, K, V (B, N, C) and the gate phi(X) (B, N, C) or None."""
+    c = cfg.dim
+    if cfg.gate_source == "qkvo":
+        wt = _weight2d(_param(params, "qkvo.weight"), cfg.layout, "qkvo.weight", 4 * c, c)
+        p = layers.linear(tok, wt, params.get("qkvo.bias"))
+        return p[..., :c], p[..., c:2 * c], p[..., 2 * c:3 * c], p[..., 3 * c:]
+    wt = _weight2d(_param(params, "qkv.weight"), cfg.layout, "qkv.weight", 3 * c, c)
+    p = layers.linear(tok, wt, params.get("qkv.bias"))
+    if cfg.gate == "linear":
+        g = layers.linear(tok, _weight2d(_param(params, "phi.weight"), cfg.layout, "phi.weight", c, c),
+                          params.get("phi.bias"))
+    elif cfg.gate == "identity":
+        g = tok
+    elif cfg.gate == "tanh":
+        g = np.tanh(tok)
+    else:
+        g = None
+    return p[..., :c], p[..., c:2 * c], p[..., 2 * c:], g
+
+
+# ===================================================================================================
+# The RAVLT block
+# ===================================================================================================
+
+def _norm(x: np.ndarray, p: Mapping[str, Any], prefix: str, cfg: RAVLTBlockConfig) -> np.ndarray:
+    wgt, bias = _param(p, prefix + ".weight"), _param(p, prefix + ".bias")
+    if cfg.attn.layout == "tokens":
+        return layers.layer_norm(x, wgt, bias, cfg.norm_eps)
+    return layers.layer_norm_cf(x, wgt, bias, cfg.norm_eps)
+
+
+def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps: dict | None = None) -> np.ndarray:
+    """The block's FFN: fc2(GELU(fc1 x)), or with ``ffn_dwconv`` fc2(h + DWConv3x3(h)), h = GELU(fc1 x).
+
+    x : (B, H, W, C) or (B, C, H, W) (cfg.attn.layout).  params : "fc1.weight" (Hd, C[, 1, 1]), "fc1.bias",
+    "dwconv.weight" (Hd, 1, 3, 3), "dwconv.bias" (with ffn_dwconv), "fc2.weight" (C, Hd[, 1, 1]), "fc2.bias".
+    taps : "hidden" (after GELU), "dw" (after the conv residual), "out".  Returns x's shape.
+
+    References: RALA §3.2 ("classic Transformer block ... FFN"); released code for ffn_dwconv.
+    """
+    layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
+    x = _check_grid(x, layout, c)
+    tok, h, w = _grid_to_tokens(x, layout)
+    t = taps if taps is not None else {}
+    hid = numerics.gelu(layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
+                                      params.get("fc1.bias")))
+    t["hidden"] = hid
+    if cfg.ffn_dwconv:
+        conv = layers.depthwise_conv2d(_tokens_to_cf(hid, h, w), _param(params, "dwconv.weight"),
+                                       params.get("dwconv.bias"), padding=1)
+        hid = hid + conv.reshape(conv.shape[0], hd, h * w).transpose(0, 2, 1)
+        t["dw"] = hid
+    y = layers.linear(hid, _weight2d(_param(params, "fc2.weight"), layout, "fc2.weight", c, hd),
+                      params.get("fc2.bias"))
+    out = _tokens_to_grid(y, h, w, layout)
+    t["out"] = out
+    return out
+
+
+def ravlt_cpe(x: np.ndarray, params: Mapping[str, Any], cfg: RAVLTBlockConfig) -> np.ndarray:
+    """x + DWConv_kxk(x) (CPE, Chu et al.; RALA §3.2) in the block's layout; the identity if cpe_kernel = 0."""
+    if not cfg.cpe_kernel:
+        return x
+    cf = x if cfg.attn.layout == "channels_first" else np.moveaxis(x, -1, 1)
+    out = layers.cpe(cf, _param(params, "pos.weight"), params.get("pos.bias"))
+    return out if cfg.attn.layout == "channels_first" else np.moveaxis(out, 1, -1)
+
+
+def _layerscale(y: np.ndarray, params: Mapping[str, Any], key: str, cfg: RAVLTBlockConfig) -> np.ndarray:
+    """gamma (.) y with gamma (1, C, 1, 1) channels-first or (C,) tokens; the identity without layerscale."""
+    if not cfg.layerscale:
+        return y
+    g = _param(params, key)
+    want = (1, cfg.attn.dim, 1, 1) if cfg.attn.layout == "channels_first" else (cfg.attn.dim,)
+    if g.shape != want:
+        raise ValueError(f"parameter '{key}': expected shape {want}, got {g.shape}")
+    return g * y
+
+
+def ravlt_block(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps: dict | None = None,
+                max_elements: int | None = None) -> np.ndarray:
+    """The RAVLT block: x1 = CPE(x); x2 = x1 + RALA(LN1(x1)); out = x2 + FFN(LN2(x2)) (with layerscale:
+    x1 + gamma_1 (.) RALA(...), x2 + gamma_2 (.) FFN(...)).
+
+    Parameters
+    ----------
+    x : (B, H, W, C) or (B, C, H, W) float (cfg.attn.layout).
+    params : "pos.weight" (C,1,3,3), "pos.bias", "norm1.weight"/"norm1.bias" (C,), "attn.*" (see
+        :func:`rala_attention`), "norm2.*", "ffn.*" (see :func:`ravlt_ffn`), "gamma_1"/"gamma_2" with
+        layerscale.
+    cfg : :class:`RAVLTBlockConfig`.
+    taps : "cpe", "norm1", "attn", "res1", "norm2", "ffn", "out", and the layer's taps prefixed "attn.".
+
+    Returns
+    -------
+    Array of x's shape.
+
+    References
+    ----------
+    RALA §3.2 "Design of the block" and Fig. 6; CPE: Chu et al. (2023).
+    """
+    x = _check_grid(x, cfg.attn.layout, cfg.attn.dim)
+    t = taps if taps is not None else {}
+    x1 = ravlt_cpe(x, params, cfg)
+    t["cpe"] = x1
+    n1 = _norm(x1, params, "norm1", cfg)
+    t["norm1"] = n1
+    attn_taps: dict = {}
+    a = rala_attention(n1, layers.subparams(params, "attn"), cfg.attn, taps=attn_taps, max_elements=max_elements)
+    t.update({"attn." + name: val for name, val in attn_taps.items()})
+    t["attn"] = a
+    x2 = x1 + _layerscale(a, params, "gamma_1", cfg)
+    t["res1"] = x2
+    n2 = _norm(x2, params, "norm2", cfg)
+    t["norm2"] = n2
+    f = ravlt_ffn(n2, layers.subparams(params, "ffn"), cfg)
+    t["ffn"] = f
+    out = x2 + _layerscale(f, params, "gamma_2", cfg)
+    t["out"] = out
+    return out
+
+
+# ===================================================================================================
+# Parameter shapes (the keys and shapes of the PyTorch twins' state_dicts)
+# ===================================================================================================
+
+def rala_param_shapes(cfg: RALAConfig) -> dict[str, tuple[int, ...]]:
+    """{state_dict key: shape} of the RALA layer for ``cfg``."""
+    c = cfg.dim
+    tail = () if cfg.layout == "tokens" else (1, 1)
+    out: dict[str, tuple[int, ...]] = {}
+    if cfg.gate_source == "qkvo":
+        out["qkvo.weight"] = (4 * c, c) + tail
+        if cfg.qkv_bias:
+            out["qkvo.bias"] = (4 * c,)
+    else:
+        out["qkv.weight"] = (3 * c, c) + tail
+        if cfg.qkv_bias:
+            out["qkv.bias"] = (3 * c,)
+        if cfg.gate == "linear":
+            out["phi.weight"] = (c, c) + tail
+            if cfg.qkv_bias:
+                out["phi.bias"] = (c,)
+    if cfg.lepe_kernel:
+        out["lepe.weight"] = (c, 1, cfg.lepe_kernel, cfg.lepe_kernel)
+        out["lepe.bias"] = (c,)
+    if cfg.out_proj:
+        out["proj.weight"] = (c, c) + tail
+        out["proj.bias"] = (c,)
+    return out
+
+
+def ravlt_block_param_shapes(cfg: RAVLTBlockConfig) -> dict[str, tuple[int, ...]]:
+    """{state_dict key: shape} of the RAVLT block for ``cfg``."""
+    c, hd = cfg.attn.dim, cfg.hidden
+    tail = () if cfg.attn.layout == "tokens" else (1, 1)
+    out: dict[str, tuple[int, ...]] = {}
+    if cfg.cpe_kernel:
+        out["pos.weight"] = (c, 1, cfg.cpe_kernel, cfg.cpe_kernel)
+        out["pos.bias"] = (c,)
+    out["norm1.weight"], out["norm1.bias"] = (c,), (c,)
+    out.update({"attn." + k: s for k, s in rala_param_shapes(cfg.attn).items()})
+    out["norm2.weight"], out["norm2.bias"] = (c,), (c,)
+    out["ffn.fc1.weight"], out["ffn.fc1.bias"] = (hd, c) + tail, (hd,)
+    if cfg.ffn_dwconv:
+        out["ffn.dwconv.weight"], out["ffn.dwconv.bias"] = (hd, 1, 3, 3), (hd,)
+    out["ffn.fc2.weight"], out["ffn.fc2.bias"] = (c, hd) + tail, (c,)
+    if cfg.layerscale:
+        ls = (1, c, 1, 1) if cfg.attn.layout == "channels_first" else (c,)
+        out["gamma_1"], out["gamma_2"] = ls, ls
+    return out
+
+
+# ===================================================================================================
+# Error model
+# ===================================================================================================
+#
+# A running bound on the absolute error of a computation in precision T, propagated stage by stage from
+# the inputs (exact: the comparison rounds them to T first) to the output.  Every intermediate x carries
+# E_x >= |fl_T(x) - x| element-wise.  Model (Higham 2002, eq. 2.8, gradual underflow): a product,
+# quotient or library function result is (exact)(1 + delta) + eta, |delta| <= u, |eta| <= eta_T (half the
+# smallest subnormal; c eta_T for a library function); additions and subtractions are exact in the
+# subnormal range.  Rules (|.| element-wise; A+ = |A| + E_A; c = config.ELEMENTARY_FUNCTION_ULPS):
+#
+#   contraction with n roundings per term and p products per term, m terms (matmul, einsum):
+#       E = gamma_n (A+)(B+) + E_A (B+) + |A| E_B + p m eta
+#       (|fl(A'B') - A'B'| <= gamma_n |A'||B'| for any summation order - BLAS, GPU, threads - and
+#       |A'B' - AB| <= E_A |B'| + |A| E_B); three factors: gamma_n (A+)(B+)(C+) + E_A (B+)(C+)
+#       + |A| E_B (C+) + |A||B| E_C + p m eta;
+#   a product with a constant rounded to T: two more roundings in n;
+#   exp: |exp(x')(1 + c u) - exp(x)| <= exp(x) (exp(E_x)(1 + c u) - 1) + c eta;
+#   quotient y = a / b with r roundings: E = (1 + gamma_r)(E_a + |y| E_b) / (|b| - E_b) + gamma_r |y|
+#       + r eta, and +inf where E_b >= |b| (rounding may reach a zero normaliser: no bound exists).
+#
+# The result is returned as Bound(scale = E / gamma_K(u), k = K) so that the comparison's gamma_K(u) *
+# scale is E exactly; K, the depth of the longest chain of roundings, is reported in the note (the
+# comparison adds K eta_T on top).  Rigorous except for the libm accuracy assumption
+# (config.ELEMENTARY_FUNCTION_ULPS) and the RoPE table's float64 accuracy (config.RALA_ROPE_TABLE_ULPS).
+# The linear and quadratic orders share one bound: each term of kappa(Q_i) kappa(K_j)^T V_j passes
+# through the same number of roundings (N + d) and products (2) in either association.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prec:
+    """The tested precision: unit roundoff u and underflow unit eta."""
+
+    u: float
+    eta: float
+
+    @classmethod
+    def of(cls, dtype: Any) -> "_Prec":
+        return cls(numerics.unit_roundoff(dtype), numerics.underflow_eta(dtype))
+
+    def g(self, n: float) -> float:
+        return numerics.gamma(n, self.u)
+
+
+def _e_contract(spec: str, a, ea, b, eb, n: int, m: int, pr: _Prec) -> np.ndarray:
+    """Error of einsum(spec, a, b) (m products per output, n roundings per term)."""
+    ap, bp = np.abs(a) + ea, np.abs(b) + eb
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (pr.g(n) * np.einsum(spec, ap, bp, optimize=True) + np.einsum(spec, ea, bp, optimize=True)
+                + np.einsum(spec, np.abs(a), eb, optimize=True) + m * pr.eta)
+
+
+def _e_contract3(spec: str, a, ea, b, eb, c, ec, n: int, m: int, pr: _Prec) -> np.ndarray:
+    """Error of einsum(spec, a, b, c) (m terms per output, 2 products and n roundings per term)."""
+    ap, bp, cp = np.abs(a) + ea, np.abs(b) + eb, np.abs(c) + ec
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (pr.g(n) * np.einsum(spec, ap, bp, cp, optimize=True)
+                + np.einsum(spec, ea, bp, cp, optimize=True)
+                + np.einsum(spec, np.abs(a), eb, cp, optimize=True)
+                + np.einsum(spec, np.abs(a), np.abs(b), ec, optimize=True) + 2 * m * pr.eta)
+
+
+def _e_product(a, ea, b, eb, pr: _Prec) -> np.ndarray:
+    """Error of the element-wise product a * b (one rounding)."""
+    ap, bp = np.abs(a) + ea, np.abs(b) + eb
+    return pr.g(1) * ap * bp + ea * bp + np.abs(a) * eb + pr.eta
+
+
+def _e_sum2(a, ea, b, eb, pr: _Prec) -> np.ndarray:
+    """Error of a + b (one rounding, no underflow term: additions are exact in the subnormal range)."""
+    return ea + eb + pr.u * (np.abs(a) + np.abs(b) + ea + eb)
+
+
+def _e_quotient(y, a_err, b, b_err, pr: _Prec, roundings: int = 2) -> np.ndarray:
+    low = np.abs(b) - b_err
+    gr = pr.g(roundings)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = (1 + gr) * (a_err + np.abs(y) * b_err) / low + gr * np.abs(y) + roundings * pr.eta
+    return np.where(low > 0, e, np.inf)
+
+
+def _e_linear(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
+    """fl(x W^T + b) with x carrying E_x: gamma_{n+1}((|x| + E_x)|W|^T + |b|) + E_x |W|^T + n eta."""
+    n = wgt.shape[1]
+    aw = np.abs(wgt)
+    s = (np.abs(x) + ex) @ aw.T
+    if bias is not None:
+        s = s + np.abs(bias)
+    return pr.g(n + (1 if bias is not None else 0)) * s + ex @ aw.T + n * pr.eta
+
+
+def _e_depthwise(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
+    """'same'-padded depthwise conv (B, C, H, W) of x carrying E_x: gamma_{k^2+1} on magnitudes, the
+    propagated E_x, k^2 eta."""
+    kk = wgt.shape[2] * wgt.shape[3]
+    aw = np.abs(wgt)
+    pad = wgt.shape[-1] // 2
+    s = layers.depthwise_conv2d(np.abs(x) + ex, aw, None if bias is None else np.abs(bias), padding=pad)
+    prop = layers.depthwise_conv2d(ex, aw, None, padding=pad)
+    return pr.g(kk + (1 if bias is not None else 0)) * s + prop + kk * pr.eta
+
+
+def _e_kappa(x, ex, kernel: str, pr: _Prec) -> np.ndarray:
+    """kappa(x') vs kappa(x) with |x' - x| <= E_x, kappa evaluated as x + 1 / exp(x) (elu1) or max(x, 0)."""
+    if kernel == "relu":
+        return ex                                              # 1-Lipschitz and exact
+    c, u = config.ELEMENTARY_FUNCTION_ULPS, pr.u
+    with np.errstate(over="ignore", invalid="ignore"):
+        pos = ex + u * (np.abs(x + 1.0) + ex)                  # x' + 1, one rounding
+        neg = np.exp(np.minimum(x, 0.0)) * (np.exp(ex) * (1 + c * u) - 1.0) + c * pr.eta
+        # |x| <= E_x: x' may fall on the other branch; |(x + 1) - exp(x)| <= x^2 / 2 there.
+        return np.where(np.abs(x) <= ex, np.maximum(pos, neg) + ex * ex, np.where(x > 0, pos, neg))
+
+
+def _e_rope(x, ex, angles, pr: _Prec) -> np.ndarray:
+    """Rotation of pairs with a table computed in float64 and rounded once to T:
+    |table - exact| <= u |entry| + eta + gamma_R(u_64)(1 + |theta|), R = config.RALA_ROPE_TABLE_ULPS."""
+    c, s = np.cos(angles), np.sin(angles)
+    t_err = numerics.gamma(config.RALA_ROPE_TABLE_ULPS, numerics.unit_roundoff("float64")) * (1.0 + np.abs(angles))
+    ec, es = pr.u * np.abs(c) + pr.eta + t_err, pr.u * np.abs(s) + pr.eta + t_err
+    xe, xo, ee, eo = x[..., 0::2], x[..., 1::2], ex[..., 0::2], ex[..., 1::2]
+    ce, se, ece, ese = c[:, 0::2], s[:, 0::2], ec[:, 0::2], es[:, 0::2]   # a pair's two channels share theta
+    g2 = pr.g(2)
+
+    def pair(a, ea, b, eb):  # a cos -/+ b sin: 2 products, 1 sum
+        return (g2 * ((np.abs(a) + ea) * (np.abs(ce) + ece) + (np.abs(b) + eb) * (np.abs(se) + ese))
+                + ea * (np.abs(ce) + ece) + np.abs(a) * ece + eb * (np.abs(se) + ese) + np.abs(b) * ese
+                + 2 * pr.eta)
+
+    out = np.empty_like(ex)
+    out[..., 0::2] = pair(xe, ee, xo, eo)
+    out[..., 1::2] = pair(xo, eo, xe, ee)
+    return out
+
+
+def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np.ndarray, int]:
+    """(E_out, K) for :func:`rala_core` computed in precision pr, inputs carrying errors eq, ek, ev."""
+    bsz, heads, n, d = q.shape
+    c, u = config.ELEMENTARY_FUNCTION_ULPS, pr.u
+    kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
+    ekq, ekk = _e_kappa(q, eq, cfg.kernel, pr), _e_kappa(k, ek, cfg.kernel, pr)
+    depth = c + 1
+
+    if cfg.reweight:
+        src, esrc = (q, eq) if cfg.global_query == "q" else (kq, ekq)
+        q_g = np.mean(src, axis=-2, keepdims=True)
+        # mean: a sum of n terms (gamma_{n-1}) and one division
+        eqg = (np.sum(esrc, axis=-2, keepdims=True) * (1 + u)
+               + pr.g(n) * np.sum(np.abs(src) + esrc, axis=-2, keepdims=True)) / n + pr.eta
+        scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
+        n_s = d + (2 if scale != 1.0 else 0)                   # the rounded scale and its product
+        s = scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
+        es = scale * _e_contract("bhxd,bhnd->bhxn", q_g, eqg, kk, ekk, n_s, 2 * d, pr)[..., 0, :]
+        # softmax by max-subtraction: the shift cancels in the ratio; fl(s'_j - m') adds u |s'_j - m'|.
+        # Relative error of alpha_j = N e_j / sum e: exp(delta_j + max delta)(1 + c u)(1 + gamma_3) /
+        # ((1 - c u)(1 - gamma_n)) - 1 (the quotient, x N and one spare rounding); underflowing exp terms
+        # add c eta each, divided by sum e >= 1 (it contains exp(0) = 1) and multiplied by N.
+        m = np.max(s, axis=-1, keepdims=True)
+        es_max = np.max(es, axis=-1, keepdims=True)
+        delta = es + u * (np.abs(s - m) + es + es_max)
+        with np.errstate(over="ignore", invalid="ignore"):
+            fac = (np.exp(delta + np.max(delta, axis=-1, keepdims=True)) * (1 + c * u) * (1 + pr.g(3))
+                   / ((1 - c * u) * (1 - pr.g(n))))
+        alpha = n * numerics.softmax(s, axis=-1)
+        ealpha = alpha * (fac - 1.0) + n * (c + 3) * pr.eta * (1.0 + alpha)
+        depth += n + 1 + n_s + c + n + 3
+    else:
+        alpha, ealpha = np.ones(q.shape[:-1]), np.zeros(q.shape[:-1])
+    kw = alpha[..., None] * kk
+    ekw = _e_product(alpha[..., None], ealpha[..., None], kk, ekk, pr) + pr.eta   # k * softmax * N: 2 products
+    depth += 2
+
+    if cfg.rope:
+        ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
+        qn, kn = apply_rope_2d(kq, ang), apply_rope_2d(kw, ang)
+        eqn, ekn = _e_rope(kq, ekq, ang, pr), _e_rope(kw, ekw, ang, pr)
+        depth += 3
+    else:
+        qn, kn, eqn, ekn = kq, kw, ekq, ekw
+
+    mean = cfg.token_scaling == "mean"
+    norm = 1.0 / n if mean else 1.0
+    # numerator: sum_a sum_j qn_ia kn_ja v_je; n + d roundings per term (+4: (HW)^(-1/2) twice, rounded,
+    # and their two products), 2 products per term (+2 for the scalings)
+    n_num = n + d + (4 if mean else 0)
+    num = norm * np.einsum("bhia,bhja,bhje->bhie", qn, kn, v, optimize=True)
+    enum = norm * _e_contract3("bhia,bhja,bhje->bhie", qn, eqn, kn, ekn, v, ev, n_num, n * d, pr) \
+        + (2 * n * d * pr.eta if mean else 0.0)
+    # denominator: sum_a sum_j kq_ia kw_ja (/ N), + eps
+    n_den = n + d + (1 if mean else 0)
+    den = norm * np.einsum("bhia,bhja->bhi", kq, kw, optimize=True)
+    eden = norm * _e_contract("bhia,bhja->bhi", kq, ekq, kw, ekw, n_den, d, pr) + (2 * d * pr.eta if mean else 0.0)
+    if cfg.eps:
+        eden = _e_sum2(den, eden, cfg.eps, 0.0, pr)
+        den = den + cfg.eps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = num / den[..., None]
+    ey = _e_quotient(y, enum, den[..., None], eden[..., None], pr, roundings=2)
+    depth += n_num + 3
+    return ey, depth
+
+
+def _as_bound(e: np.ndarray, depth: int, pr: _Prec, note: str) -> numerics.Bound:
+    return numerics.Bound(e / pr.g(depth), depth,
+                          note + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
+                                 "libm accuracy assumption)")
+
+
+def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | None = None, *,
+                    dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`rala_core` computed in precision ``dtype`` on the same (T-exact) inputs.
+
+    Parameters: q, k, v (B, h, N, d), cfg, hw as :func:`rala_core`; dtype : the tested precision T.
+    Returns numerics.Bound with scale (B, h, N, d); derivation in the module's "Error model" section.
+    Valid for both orders and for the stage orders of the PyTorch twin (official: 1/(den + eps) then a
+    product; k * softmax * N).
+
+    References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; DESIGN.md "The error model".
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
+    pr = _Prec.of(dtype)
+    z = np.zeros_like(q)
+    e, depth = _core_error(q, z, k, z, v, z, cfg, hw, pr)
+    return _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth}")
+
+
+def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`rala_attention` computed in precision ``dtype`` on the same (T-exact) x and
+    parameters: projections (gamma_{C+1}), the core with its inputs' errors, LePE (gamma_{k^2+1} plus the
+    propagated error of V), the addition, the gate product (phi's own error: gamma_{C+1} linear, c u
+    |tanh| for tanh) and the output projection.  Returns Bound with the output's shape and layout.
+
+    References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; DESIGN.md "The error model".
+    """
+    x = _check_grid(x, cfg.layout, cfg.dim)
+    pr = _Prec.of(dtype)
+    c = cfg.dim
+    tok, h, w = _grid_to_tokens(x, cfg.layout)
+    q, k, v, g = _projections(tok, params, cfg)
+    zero = np.zeros_like(tok)
+    bias = lambda key: None if params.get(key) is None else numerics.as_float(params[key], key)
+    if cfg.gate_source == "qkvo":
+        wt = _weight2d(params["qkvo.weight"], cfg.layout, "qkvo.weight", 4 * c, c)
+        e_all = _e_linear(tok, zero, wt, bias("qkvo.bias"), pr)
+        eq, ek, ev, eg = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:3 * c], e_all[..., 3 * c:]
+    else:
+        wt = _weight2d(params["qkv.weight"], cfg.layout, "qkv.weight", 3 * c, c)
+        e_all = _e_linear(tok, zero, wt, bias("qkv.bias"), pr)
+        eq, ek, ev = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:]
+        if cfg.gate == "linear":
+            eg = _e_linear(tok, zero, _weight2d(params["phi.weight"], cfg.layout, "phi.weight", c, c),
+                           bias("phi.bias"), pr)
+        elif cfg.gate == "tanh":
+            eg = config.ELEMENTARY_FUNCTION_ULPS * (pr.u * np.abs(g) + pr.eta)
+        elif cfg.gate == "identity":
+            eg = zero
+        else:
+            eg = None
+    sp = lambda a: _split_heads(a, cfg.num_heads)
+    e_core, depth = _core_error(sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
+    y = _merge_heads(rala_core(sp(q), sp(k), sp(v), cfg, (h, w)))
+    ey = _merge_heads(e_core)
+    depth += c + 1
+    if cfg.lepe_kernel:
+        to_tok = lambda a: a.reshape(a.shape[0], c, h * w).transpose(0, 2, 1)
+        wl, bl = _param(params, "lepe.weight"), bias("lepe.bias")
+        lepe = to_tok(layers.depthwise_conv2d(_tokens_to_cf(v, h, w), wl, bl, padding=cfg.lepe_kernel // 2))
+        el = to_tok(_e_depthwise(_tokens_to_cf(v, h, w), _tokens_to_cf(ev, h, w), wl, bl, pr))
+        ey = _e_sum2(y, ey, lepe, el, pr)
+        y = y + lepe
+        depth = max(depth, cfg.lepe_kernel ** 2 + 1 + c + 1) + 1
+    if g is not None:
+        ey = _e_product(y, ey, g, eg, pr)
+        y = g * y
+        depth += 1
+    if cfg.out_proj:
+        ey = _e_linear(y, ey, _weight2d(params["proj.weight"], cfg.layout, "proj.weight", c, c), bias("proj.bias"), pr)
+        depth += c + 1
+    return _as_bound(_tokens_to_grid(ey, h, w, cfg.layout), depth, pr,
+                     f"rala_attention: running error bound through projections, core, LePE, gate and projection, "
+                     f"depth K = {depth}")
+
+
+def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`ravlt_ffn` in precision ``dtype`` (exact x): fc1 (gamma_{C+1}); GELU (error of
+    its input times config.GELU_LIPSCHITZ, plus its own gamma_k |h| of layers.gelu_bound); the depthwise
+    conv residual (gamma_{10} on the convolution of magnitudes, plus the propagated error, plus the sum);
+    fc2 with its input's error.  Returns Bound with x's shape.
+
+    References: RALA §3.2; Higham (2002) eq. 3.12.
+    """
+    layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
+    x = _check_grid(x, layout, c)
+    pr = _Prec.of(dtype)
+    tok, h, w = _grid_to_tokens(x, layout)
+    bias = lambda key: None if params.get(key) is None else numerics.as_float(params[key], key)
+    w1 = _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c)
+    pre = layers.linear(tok, w1, bias("fc1.bias"))
+    e1 = _e_linear(tok, np.zeros_like(tok), w1, bias("fc1.bias"), pr)
+    hid = numerics.gelu(pre)
+    gb = layers.gelu_bound(pre)
+    eh = config.GELU_LIPSCHITZ * e1 + pr.g(gb.k) * np.asarray(gb.scale) + gb.k * pr.eta
+    depth = c + 1 + gb.k
+    if cfg.ffn_dwconv:
+        to_tok = lambda a: a.reshape(a.shape[0], hd, h * w).transpose(0, 2, 1)
+        wd, bd = _param(params, "dwconv.weight"), bias("dwconv.bias")
+        conv = to_tok(layers.depthwise_conv2d(_tokens_to_cf(hid, h, w), wd, bd, padding=1))
+        ec = to_tok(_e_depthwise(_tokens_to_cf(hid, h, w), _tokens_to_cf(eh, h, w), wd, bd, pr))
+        eh = _e_sum2(hid, eh, conv, ec, pr)
+        hid = hid + conv
+        depth += 11
+    w2 = _weight2d(_param(params, "fc2.weight"), layout, "fc2.weight", c, hd)
+    e2 = _e_linear(hid, eh, w2, bias("fc2.bias"), pr)
+    depth += hd + 1
+    return _as_bound(_tokens_to_grid(e2, h, w, layout), depth, pr,
+                     f"ravlt_ffn: running error bound (fc1, GELU, {'dwconv, ' if cfg.ffn_dwconv else ''}fc2), "
+                     f"depth K = {depth}; GELU's Lipschitz constant config.GELU_LIPSCHITZ")
+
+
+def residual_bound(a: Any, b: Any, gamma: Any = None) -> numerics.Bound:
+    """a + b, or a + gamma (.) b (layerscale), of exact operands: one or two roundings on |a| + |gamma||b|
+    (|fl(a + fl(g b)) - (a + g b)| <= gamma_2 (|a| + |g b|))."""
+    a, b = numerics.as_float(a, "a"), numerics.as_float(b, "b")
+    if gamma is None:
+        return numerics.Bound(np.abs(a) + np.abs(b), 1, "residual addition: one rounding")
+    return numerics.Bound(np.abs(a) + np.abs(numerics.as_float(gamma, "gamma") * b), 2,
+                          "layerscale product and residual addition: two roundings")
