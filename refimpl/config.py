@@ -91,8 +91,11 @@ FORMAT_EMAX = {"float16": 15, "bfloat16": 127, "float32": 127}
 #: underflow); below half the smallest subnormal a value rounds to 0 and loses all information.
 FORMAT_MIN_NORMAL = {"float16": 2.0 ** -14, "bfloat16": 2.0 ** -126, "float32": 2.0 ** -126}
 
-#: Smallest positive subnormal values (float16 2^-24, bfloat16 2^-133, float32 2^-149).
-FORMAT_MIN_SUBNORMAL = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149}
+#: Smallest positive subnormal values (float16 2^-24, bfloat16 2^-133, float32 2^-149, float64 2^-1074).
+#: Gradual-underflow terms of error bounds are formed as (count * this) / 2 rather than count * (this / 2):
+#: half the float64 subnormal, 2^-1075, is not representable and would round to 0.
+FORMAT_MIN_SUBNORMAL = {"float16": 2.0 ** -24, "bfloat16": 2.0 ** -133, "float32": 2.0 ** -149,
+                        "float64": 2.0 ** -1074}
 
 #: The formats the precision audit checks by default (mixed-precision training: autocast to float16 or
 #: bfloat16).
@@ -213,9 +216,9 @@ RALA_CPE_KERNEL = 3
 RALA_OFFICIAL_NORM_EPS = 1e-6
 
 #: FFN hidden ratio: the paper does not state it (preset "paper" uses the classic Transformer's 4); the
-#: released code's default is 3.
+#: released code's registered models (RAVLT-T/S/B/L) all use 3.5.
 RALA_PAPER_MLP_RATIO = 4.0
-RALA_OFFICIAL_MLP_RATIO = 3.0
+RALA_OFFICIAL_MLP_RATIO = 3.5
 
 #: Accuracy of the float64 RoPE angle table in units of u_64: omega = base ** (-t) costs
 #: ELEMENTARY_FUNCTION_ULPS ulps plus ln(base) ~ 9.2 u from the rounding of t; the product p * omega,
@@ -252,8 +255,105 @@ CASTLING_HYPERPLANE_DIRECTIONS = 4096
 
 # --- LiSA (toeplitz.py, attention/lisa.py) ---------------------------------------------------------
 
+#: FFT error model (toeplitz.py).  Higham (2002) Thm 24.2: a radix-2 Cooley-Tukey FFT of length n has
+#: normwise relative error <= log2(n) eta / (1 - log2(n) eta), eta = mu + gamma_4 (sqrt 2 + mu), mu the
+#: twiddle-factor error.  With mu <= u, eta <= (1 + 4 sqrt 2) u + O(u^2) < 7 u per butterfly stage; the same
+#: figure bounds one stage of the componentwise (absolute-value) running error of a butterfly, whose
+#: complex multiply-add costs u + sqrt(2) gamma_2 + mu < 5 u.  Roundings charged per FFT stage:
+FFT_STAGE_ROUNDINGS = 7
+#: Roundings of the element-wise spectral product X * W (complex multiply, Higham Lemma 3.5: sqrt(2) gamma_2).
+FFT_PRODUCT_ROUNDINGS = 3
+#: Roundings of the inverse transform's 1/n scaling (exact when n is a power of two) and the final store.
+FFT_SCALE_ROUNDINGS = 2
+#: Extra stages per transform: the real-input split/merge pass of rfft/irfft (pocketfft, cuFFT, MKL all
+#: compute a length-n real FFT through a half-length complex FFT plus one twiddle pass).
+FFT_REAL_SPLIT_STAGES = 1
+
+#: Eps of the L2 normalisation of LiSA's queries and keys (Eq. 4 "L2-normalized"; x / max(||x||, eps),
+#: torch.nn.functional.normalize's default).  The paper gives no value.
+LISA_L2_EPS = 1e-12
+#: LayerNorm eps of the LiSA block.  The paper does not state it; LiSANet-I-T follows DeiT / ViT
+#: ([45], [1] in the paper), whose timm implementation uses 1e-6.
+LISA_LN_EPS = 1e-6
+#: Default number of latent channels D (paper §5.1: "The latent channel size D is set to 16 as default").
+LISA_LATENT_DEFAULT = 16
+#: MLP hidden width ratio of the LiSA block (DeiT/ViT convention; Tab. 7 gives only the width).
+LISA_MLP_RATIO = 4.0
+#: Standard deviation of the random weights used by tests and benchmarks (timm's trunc_normal_ std).
+LISA_INIT_STD = 0.02
+
+# --- networks: L2ViT, RAVLT, LiSANet (models/l2vit.py, ravlt.py, lisanet.py, _netparts.py) ---------
+
+#: Random test/benchmark initialisation of these networks (models._netparts.init_params_from_shapes, on
+#: top of common.init_from_shapes and NET_INIT_STD_FC below): BatchNorm running variances U(low, high)
+#: (positive, O(1)).  Not the papers' training initialisations.
+NET_INIT_RUNNING_VAR_LOW = 0.5
+NET_INIT_RUNNING_VAR_HIGH = 2.0
+
+#: Lipschitz constant of Swish x sigmoid(x) (RAVLT's head): sup |d/dx| = 1.0998... (at x ~ 2.4), rounded
+#: up.  Carries an input error through the activation in the running error bound.
+SWISH_LIPSCHITZ = 1.1
+
+#: Width of the 1x1 projection before RAVLT's classifier (released code: ``projection=1024`` for every
+#: model; the paper describes no head).
+RAVLT_HEAD_PROJ_DIM = 1024
+
+#: FFN expansion of the released RAVLT-T/S/B/L (``mlp_ratios=[3.5] * 4``); the paper gives none.
+RAVLT_NET_MLP_RATIO = 3.5
+
+#: LayerNorm eps of the LiSANet stems / final norm (the LiSA blocks use LISA_LN_EPS): the paper gives
+#: none; DeiT/ViT and PVTv2 (whose embeddings LiSANet follows) use 1e-6.
+LISANET_LN_EPS = 1e-6
+
+# --- networks: FLatten-DeiT/Swin, Castling-DeiT (models/flatten.py, castling.py, common.py) ---------
+
+#: LayerNorm eps of the DeiT skeleton (timm's VisionTransformer / DeiT: partial(nn.LayerNorm, eps=1e-6)).
+DEIT_LN_EPS = 1e-6
+
+#: LayerNorm eps of the Swin skeleton (Swin's and FLatten's released code: nn.LayerNorm's default 1e-5).
+SWIN_LN_EPS = 1e-5
+
+#: Patch sizes: DeiT 16 x 16 (Table 9 of FLatten: 14 x 14 tokens at 224), Swin 4 x 4 ("concat 4 x 4").
+DEIT_PATCH = 16
+SWIN_PATCH = 4
+
+#: The resolution at which every paper reports its ImageNet counts and FLOPs (224 x 224); the full-size
+#: tests and benchmarks run the networks there.
+NET_PAPER_RESOLUTION = (224, 224)
+
+#: MLP expansion ratio of the DeiT and Swin blocks (both papers' baselines).
+NET_MLP_RATIO = 4.0
+
+#: Softmax window size of Swin's stages (FLatten Table 14: "win 7 x 7" in stages 3-4).
+SWIN_WINDOW = 7
+
+#: Window of FLatten's focused stages of Swin (Table 14 "win 56 x 56"; the released cfgs' WINDOW_SIZE: 56,
+#: clamped per stage to the grid by Swin's rule, so 28 x 28 in stage 2 at 224 x 224).
+FLATTEN_SWIN_FOCUSED_WINDOW = 56
+
+#: Random test/benchmark initialisation of these networks (models.common.init_from_shapes): matrices and
+#: kernels N(0, 1/fan_in); norm weights 1 + N(0, s^2); biases, positional embeddings, class token and
+#: relative-position tables N(0, s^2), s = NET_INIT_STD_FC; FLatten's learnable scale N(0, 0.5^2)
+#: (softplus of it in [0.3, 1.3] mostly).  Not the papers' training initialisations.
+NET_INIT_STD_FC = 0.1
+FLATTEN_NET_SCALE_INIT_STD = 0.5
+
 # --- kernels and backends (backends/, ckernels/) ---------------------------------------------------
 
 #: Alignment in bytes of output and workspace buffers handed to C and Numba kernels (one cache line;
 #: also the AVX-512 vector width).
 KERNEL_BUFFER_ALIGNMENT = 64
+
+#: Backend used when none was selected with refimpl.backends.use(): the NumPy reference, so that what a
+#: reference function returns never depends on which optional accelerator happens to be installed.
+#: The environment variable REFIMPL_BACKEND (numpy | numba | c | auto) overrides it at import time.
+DEFAULT_BACKEND = "numpy"
+
+#: Order "auto" tries when benchmarks/results/auto_table.json (written by the benchmarks) has no entry
+#: for an operation: the first available backend that has a kernel for it wins.
+AUTO_FALLBACK_ORDER = ("c", "numba", "numpy")
+
+#: Whether Numba kernels may be compiled with fastmath (reassociation, no NaN/Inf, approximate
+#: division).  False: the kernels must compute the NumPy definition's operations in its order, and
+#: NaN/Inf must propagate; fastmath would void both, and the error model's bounds with them.
+NUMBA_FASTMATH = False

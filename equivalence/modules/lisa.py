@@ -1,0 +1,206 @@
+"""PyTorch counterparts of refimpl.attention.lisa (LiSA, Kim et al.), written independently of the NumPy
+reference with torch.fft.  State-dict keys equal the refimpl parameter keys:
+
+LiSAAttention            qkv.weight, qkv.bias, weight_a (P, c, D), weight_b (P, D), bias_a (c, D), bias_b (c, D),
+                         proj.weight, proj.bias        (P = N circular, prod(2n - 1) exact_toeplitz)
+StructureAwareAttention  qkv.*, proj.*, and rpe (eq4) or weight_a, weight_b, bias_b[, bias_a] (eq5-eq7)
+LiSABlock                norm1.*, attn.*, norm2.*, mlp.fc1.*, mlp.fc2.*
+
+Conventions (same as the reference, re-derived here): tokens row-major over the grid; Toeplitz parameters
+indexed as LiSA Eq. 2, T[i, j] = e[n - 1 + j - i] per axis; circular kernels act by convolution,
+C[i, j] = w[(i - j) mod n] (Eq. 10); heads share the LiSA weights; L2 normalisation per head over c.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from equivalence.modules.layers import Mlp
+
+
+def _prod(v: Sequence[int]) -> int:
+    return int(math.prod(v))
+
+
+def place_toeplitz_kernel(e: torch.Tensor, grid: Sequence[int], lengths: Sequence[int]) -> torch.Tensor:
+    """Toeplitz parameters (2n_1-1, .., *ch) -> the length-L circular kernel with h(s) = e[n-1-s] at s mod L
+    (L >= 2n - 1): flip, zero-pad, roll by -(n - 1) on every grid axis."""
+    r = len(grid)
+    h = torch.flip(e, dims=list(range(r)))
+    out = h.new_zeros(tuple(lengths) + tuple(e.shape[r:]))
+    out[tuple(slice(0, 2 * n - 1) for n in grid)] = h
+    return torch.roll(out, shifts=[-(n - 1) for n in grid], dims=list(range(r)))
+
+
+def fft_convolve(x: torch.Tensor, kernel: torch.Tensor, grid: Sequence[int], lengths: Sequence[int],
+                 transform: str = "rfft") -> torch.Tensor:
+    """Circular convolution of length ``lengths`` of x (B, h, *grid, *ch) (zero-padded) with kernel
+    (*lengths, *ch), cropped to the grid."""
+    r = len(grid)
+    dims = list(range(2, 2 + r))
+    if transform == "rfft":
+        xf = torch.fft.rfftn(x, s=list(lengths), dim=dims)
+        kf = torch.fft.rfftn(kernel, dim=list(range(r)))
+        y = torch.fft.irfftn(xf * kf, s=list(lengths), dim=dims)
+    else:
+        xf = torch.fft.fftn(x, s=list(lengths), dim=dims)
+        kf = torch.fft.fftn(kernel, dim=list(range(r)))
+        y = torch.fft.ifftn(xf * kf, s=list(lengths), dim=dims).real
+    for a, n in zip(dims, grid):
+        y = y.narrow(a, 0, n)
+    return y
+
+
+def dense_rpe(params: torch.Tensor, grid: Sequence[int], kind: str) -> torch.Tensor:
+    """(P, *ch) -> (N, N, *ch) dense Toeplitz (Eq. 2) or circulant (Eq. 10) RPE tensor by index gathering."""
+    r = len(grid)
+    kg = [2 * n - 1 for n in grid] if kind == "toeplitz" else list(grid)
+    e = params.reshape(kg + list(params.shape[1:]))
+    idx = []
+    for a, n in enumerate(grid):
+        i = torch.arange(n, device=params.device).view([n if b == a else 1 for b in range(2 * r)])
+        j = torch.arange(n, device=params.device).view([n if b == r + a else 1 for b in range(2 * r)])
+        idx.append(n - 1 + j - i if kind == "toeplitz" else torch.remainder(i - j, n))
+    n_tok = _prod(grid)
+    return e[tuple(idx)].reshape([n_tok, n_tok] + list(params.shape[1:]))
+
+
+class _Projections(nn.Module):
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool):
+        super().__init__()
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def split(self, x: torch.Tensor):
+        b, n, c = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, c // self.num_heads).permute(2, 0, 3, 1, 4)
+        return qkv[0], qkv[1], qkv[2]
+
+    def merge(self, out: torch.Tensor) -> torch.Tensor:
+        b, h, n, c = out.shape
+        return self.proj(out.transpose(1, 2).reshape(b, n, h * c))
+
+
+class LiSAAttention(_Projections):
+    """LiSA (Eq. 9-10, Fig. 7) with heads sharing Wa, Wb, Ba, Bb; exact_toeplitz = Eq. 9 by zero-padded FFTs."""
+
+    def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *,
+                 exact_toeplitz: bool = False, fft_lengths: Sequence[int] | None = None, transform: str = "rfft",
+                 qkv_bias: bool = True, l2_eps: float = 1e-12):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.grid = tuple(grid)
+        self.exact_toeplitz = exact_toeplitz
+        self.transform = transform
+        self.l2_eps = l2_eps
+        c = dim // num_heads
+        if exact_toeplitz:
+            p = _prod([2 * n - 1 for n in self.grid])
+            self.lengths = tuple(fft_lengths) if fft_lengths is not None else tuple(2 * n - 1 for n in self.grid)
+        else:
+            p = _prod(self.grid)
+            self.lengths = self.grid
+        self.weight_a = nn.Parameter(torch.zeros(p, c, latent))
+        self.weight_b = nn.Parameter(torch.zeros(p, latent))
+        self.bias_a = nn.Parameter(torch.zeros(c, latent))
+        self.bias_b = nn.Parameter(torch.zeros(c, latent))
+
+    def _kernel(self, w: torch.Tensor) -> torch.Tensor:
+        if self.exact_toeplitz:
+            e = w.reshape([2 * n - 1 for n in self.grid] + list(w.shape[1:]))
+            return place_toeplitz_kernel(e, self.grid, self.lengths)
+        return w.reshape(list(self.grid) + list(w.shape[1:]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split(x)
+        b, h, n, c = q.shape
+        q = F.normalize(q, dim=-1, eps=self.l2_eps)
+        k = F.normalize(k, dim=-1, eps=self.l2_eps)
+        shape = [b, h] + list(self.grid) + [c, 1]
+        ga = fft_convolve(k.reshape(shape), self._kernel(self.weight_a), self.grid, self.lengths, self.transform)
+        gb = fft_convolve(v.reshape(shape), self._kernel(self.weight_b[:, None, :]), self.grid, self.lengths,
+                          self.transform)
+        ga = ga.reshape(b, h, n, c, -1) + self.bias_a
+        gb = gb.reshape(b, h, n, c, -1) + self.bias_b
+        out = torch.einsum("bhnc,bhncd,bhnvd->bhnv", q, ga, gb)
+        return self.merge(out)
+
+
+class StructureAwareAttention(_Projections):
+    """Structure-aware attention computed directly with dense RPE tensors (Eq. 4-7, Fig. 6)."""
+
+    def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, form: str = "eq7",
+                 rpe: str = "toeplitz", rpe_per_head: bool = False, qkv_bias: bool = True, l2_eps: float = 1e-12):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.grid, self.form, self.kind, self.l2_eps = tuple(grid), form, rpe, l2_eps
+        c = dim // num_heads
+        p = _prod([2 * n - 1 for n in self.grid]) if rpe == "toeplitz" else _prod(self.grid)
+        if form == "eq4":
+            self.rpe = nn.Parameter(torch.zeros((p, num_heads) if rpe_per_head else (p,)))
+        else:
+            self.weight_a = nn.Parameter(torch.zeros((p, latent) if form == "eq5" else (p, c, latent)))
+            self.weight_b = nn.Parameter(torch.zeros(p, latent))
+            self.bias_b = nn.Parameter(torch.zeros(c, latent))
+            if form == "eq7":
+                self.bias_a = nn.Parameter(torch.zeros(c, latent))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split(x)
+        q = F.normalize(q, dim=-1, eps=self.l2_eps)
+        k = F.normalize(k, dim=-1, eps=self.l2_eps)
+        if self.form == "eq4":
+            r = dense_rpe(self.rpe, self.grid, self.kind)
+            if r.dim() == 3:
+                r = r.permute(2, 0, 1)
+            out = ((q @ k.transpose(-1, -2)) * r) @ v
+            return self.merge(out)
+        ra = dense_rpe(self.weight_a, self.grid, self.kind)
+        rb = dense_rpe(self.weight_b, self.grid, self.kind)
+        gb = torch.einsum("ijd,bhjv->bhivd", rb, v) + self.bias_b
+        if self.form == "eq5":
+            s = torch.einsum("bhin,ind->bhid", q @ k.transpose(-1, -2), ra)
+            out = torch.einsum("bhid,bhivd->bhiv", s, gb)
+        else:
+            ga = torch.einsum("incd,bhnc->bhicd", ra, k)
+            if self.form == "eq7":
+                ga = ga + self.bias_a
+            out = torch.einsum("bhic,bhicd,bhivd->bhiv", q, ga, gb)
+        return self.merge(out)
+
+
+class LiSABlock(nn.Module):
+    """x + LiSA(LN(x)), then + MLP(LN(.)) (LiSA §5.1, Fig. 3)."""
+
+    def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, mlp_ratio: float = 4.0,
+                 ln_eps: float = 1e-6, **attn_kwargs):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
+        self.attn = LiSAAttention(dim, num_heads, grid, latent, **attn_kwargs)
+        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+def from_config(cfg) -> nn.Module:
+    """The twin of a refimpl LiSAConfig (-> LiSAAttention) or SAConfig (-> StructureAwareAttention)."""
+    if hasattr(cfg, "form"):
+        return StructureAwareAttention(cfg.dim, cfg.num_heads, cfg.grid, cfg.latent, form=cfg.form, rpe=cfg.rpe,
+                                       rpe_per_head=cfg.rpe_per_head, qkv_bias=cfg.qkv_bias, l2_eps=cfg.l2_eps)
+    return LiSAAttention(cfg.dim, cfg.num_heads, cfg.grid, cfg.latent, exact_toeplitz=cfg.exact_toeplitz,
+                         fft_lengths=cfg.fft_lengths, transform=cfg.transform, qkv_bias=cfg.qkv_bias,
+                         l2_eps=cfg.l2_eps)
+
+
+def block_from_config(cfg) -> LiSABlock:
+    """The twin of lisa_block for a refimpl LiSAConfig."""
+    return LiSABlock(cfg.dim, cfg.num_heads, cfg.grid, cfg.latent, mlp_ratio=cfg.mlp_ratio, ln_eps=cfg.ln_eps,
+                     exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths, transform=cfg.transform,
+                     qkv_bias=cfg.qkv_bias, l2_eps=cfg.l2_eps)

@@ -1,0 +1,1169 @@
+"""LiSA: structure-aware attention (Eq. 4-8) and its log-linear FFT form (Eq. 9-10, Fig. 7).
+
+Paper: Kim et al., "Learning Structure-Aware Attention ... Lightweight Structure-aware Attention (LiSA)"
+(shared/seeds/004_5514759081b50066.txt).  No official code exists; this file is the executable
+definition, and every interpretation choice is stated where it is made (and collected in docs/lisa.md).
+
+Shapes
+------
+B batch; grid (H, W) for images or (T, H, W) for video, r = len(grid); N = prod(grid) tokens, row-major;
+C channels; h heads; c = C / h channels per head; D latent channels (Eq. 5).  Per-head tensors q, k, v are
+(B, h, N, c).  Toeplitz parameters live on P = prod(2 n_a - 1) relative offsets (Eq. 2, refimpl.toeplitz),
+circulant kernels on N offsets (Eq. 10).
+
+The mechanism (per head; Q-bar, K-bar L2-normalised over the c channels of each token):
+
+  Eq. 4  Y_ik = sum_j A_ij R_ij V_jk,                 A_ij = sum_c Qb_ic Kb_jc,   R = T(e) (Eq. 2)
+  Eq. 5  Y_ik = sum_d [sum_n A_in Ra_ind] [sum_j Rb_ijd V_jk + Bb_kd]
+  Eq. 6  Y_ik = sum_c Qb_ic sum_d [sum_n Kb_nc Ra~_incd] [sum_j Rb_ijd V_jk + Bb_kd]
+  Eq. 7  Y_ik = sum_c Qb_ic sum_d [sum_n Kb_nc Ra~_incd + Ba_cd] [sum_j Rb_ijd V_jk + Bb_kd]
+  Eq. 8  the same, multiplied out into four terms
+  Eq. 9  Y_ik = sum_c Qb_ic sum_d (Ga_icd + Ba_cd)(Gb_ikd + Bb_kd),  Ga = Kb * Ea~,  Gb = V * Eb
+  Eq. 10 Ga ~ Kb (*) Wa = F^-1(F(Kb) F(Wa)),  Gb ~ V (*) Wb   (circular convolutions, rfftn over the grid)
+
+Interpretation choices (evidence in docs/lisa.md):
+1. Bias multiplicity.  Read literally, sum_{j,n} over (X_n + Ba)(Y_j + Bb) counts Ba N times and Bb N
+   times.  Eq. 9, Fig. 6 (``Rb_V + Bb``) and Fig. 7 (``K_Wa + Ba``, ``V_Wb + Bb``) add each bias once,
+   after the sum; we follow them (brackets as written above).
+2. Heads.  Fig. 6/7 omit heads.  Q, K, V are split into h heads of c channels; L2 normalisation is per
+   head over its c channels; Wa (N, c, D), Wb (N, D), Ba, Bb (c, D) are shared by all heads.  This is
+   the only layout that reproduces the paper's parameter counts (6.36M for LiSANet-I-T and the D sweep
+   5.76/5.88/6.04M, :func:`lisanet_isotropic_param_count`).
+3. Convolution orientation.  Eq. 10 is a convolution: Ga[i] = sum_j Wa[(i - j) mod n] Kb[j]; Toeplitz
+   RPEs keep Eq. 2's indexing T[i, j] = e[n - 1 + j - i]; refimpl.toeplitz.periodize / embed_circulant
+   relate the two.
+4. L2 normalisation x / max(||x||, eps), eps = config.LISA_L2_EPS (the paper gives none).
+5. ``exact_toeplitz``: Eq. 9 without the circular approximation of Eq. 10: Ga = T(Ea~) Kb by zero-padded
+   FFTs of length >= 2n - 1 per axis, with Toeplitz parameters Ea~ ((2n-1).., c, D), Eb ((2n-1).., D).
+
+Contents, top to bottom: configurations and parameter layout; helpers; attention cores (LiSA, SA Eq. 4-8
+computed directly); modules on tokens (qkv / output projections, Fig. 3, §5.1); the block (LN -> LiSA ->
+LN -> MLP); resolution change (Appendix B); parameter counts (Tables 3, 9); error bounds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import config, numerics, toeplitz as tz
+from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, mlp, subparams
+from ..numerics import Bound, as_float, check_positive_int, check_shapes
+
+__all__ = [
+    "LiSAConfig", "SAConfig", "lisa_param_shapes", "sa_param_shapes", "lisa_block_param_shapes",
+    "init_params", "lisa_core", "sa_eq4", "sa_eq5", "sa_eq6", "sa_eq7", "sa_eq8_terms", "rpe_matrix",
+    "lisa_attention", "structure_aware_attention", "lisa_block", "resample_circular_kernel",
+    "resample_toeplitz_kernel", "resize_lisa_params", "lisanet_isotropic_param_count",
+    "lisa_core_bound", "sa_core_bound", "lisa_attention_bound", "structure_aware_attention_bound",
+    "lisa_block_bound",
+]
+
+SA_FORMS = ("eq4", "eq5", "eq6", "eq7")
+RPE_KINDS = ("toeplitz", "circulant")
+TRANSFORMS = ("rfft", "fft")
+
+
+# ===================================================================================================
+# Configurations and parameter layout
+# ===================================================================================================
+
+def _check_grid(grid: Any) -> tuple[int, ...]:
+    if isinstance(grid, (int, np.integer)):
+        grid = (int(grid),)
+    g = tuple(grid)
+    if len(g) not in (1, 2, 3):
+        raise ValueError(f"argument 'grid': expected 1, 2 or 3 axes ((N,), (H, W) or (T, H, W)), got {grid!r}")
+    return tuple(check_positive_int(n, "grid") for n in g)
+
+
+def _check_heads(dim: int, num_heads: int) -> None:
+    check_positive_int(dim, "dim")
+    check_positive_int(num_heads, "num_heads")
+    if dim % num_heads:
+        raise ValueError(f"argument 'num_heads': dim={dim} is not divisible by num_heads={num_heads}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LiSAConfig:
+    """LiSA operator / block configuration (LiSA §4.3, §5.1, Fig. 3, Fig. 7).
+
+    dim : C.  num_heads : h (c = C / h).  grid : token grid (N,), (H, W) or (T, H, W).
+    latent : D (default 16, §5.1).
+    exact_toeplitz : False = Eq. 10 (circular convolutions, Wa (N, c, D)); True = Eq. 9 exactly with
+        Toeplitz parameters ((2n-1).., c, D) by zero-padded FFTs.
+    fft_lengths : padded FFT lengths of exact_toeplitz (None: next fast length >= 2n - 1 per axis).
+    transform : "rfft" (the paper's RFFT/IRFFT, Appendix A) or "fft" (complex FFTs, real part kept).
+    qkv_bias : bias of the qkv projection (True: needed to reproduce Table 3's parameter counts).
+    l2_eps, ln_eps, mlp_ratio : see config.LISA_*.
+    """
+
+    dim: int
+    num_heads: int
+    grid: tuple[int, ...]
+    latent: int = config.LISA_LATENT_DEFAULT
+    exact_toeplitz: bool = False
+    fft_lengths: tuple[int, ...] | None = None
+    transform: str = "rfft"
+    qkv_bias: bool = True
+    l2_eps: float = config.LISA_L2_EPS
+    ln_eps: float = config.LISA_LN_EPS
+    mlp_ratio: float = config.LISA_MLP_RATIO
+
+    def __post_init__(self):
+        _check_heads(self.dim, self.num_heads)
+        object.__setattr__(self, "grid", _check_grid(self.grid))
+        check_positive_int(self.latent, "latent")
+        if self.transform not in TRANSFORMS:
+            raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {self.transform!r}")
+        if self.fft_lengths is not None:
+            if not self.exact_toeplitz:
+                raise ValueError("argument 'fft_lengths': only meaningful with exact_toeplitz=True")
+            lens = tuple(int(v) for v in self.fft_lengths)
+            if len(lens) != len(self.grid) or any(L < 2 * n - 1 for L, n in zip(lens, self.grid)):
+                raise ValueError(f"argument 'fft_lengths': expected one length >= 2n - 1 per grid axis "
+                                 f"{self.grid}, got {self.fft_lengths!r} (shorter lengths wrap around)")
+            object.__setattr__(self, "fft_lengths", lens)
+
+    @classmethod
+    def preset(cls, name: str = "paper", **overrides: Any) -> "LiSAConfig":
+        """"paper": the equations (Eq. 9-10 with rfft, D = 16, shared-head layout).  "official" does not
+        exist: the paper promises code ("will be released online") but none is published, so there is no
+        released computation to mirror."""
+        if name == "paper":
+            return cls(**overrides)
+        if name == "official":
+            raise ValueError("LiSAConfig.preset: no 'official' preset - LiSA has no released code; the paper's "
+                             "equations and appendix pseudo-code (Fig. 6, 7) are the only definition")
+        raise ValueError(f"argument 'name': expected 'paper', got {name!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def num_tokens(self) -> int:
+        return int(np.prod(self.grid))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.grid)
+
+    @property
+    def kernel_grid(self) -> tuple[int, ...]:
+        """Grid of Wa, Wb: the token grid (circular) or the 2n-1 offsets per axis (exact_toeplitz)."""
+        return tuple(2 * n - 1 for n in self.grid) if self.exact_toeplitz else self.grid
+
+    @property
+    def kernel_tokens(self) -> int:
+        return int(np.prod(self.kernel_grid))
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+
+@dataclasses.dataclass(frozen=True)
+class SAConfig:
+    """Structure-aware attention computed directly with dense RPE tensors (LiSA §4.1-4.2, Fig. 6).
+
+    form : "eq4" (one RPE R, Eq. 4), "eq5" (Ra, Rb, Bb), "eq6" (Hadamard: Ra~ per channel), "eq7" (+ Ba).
+    rpe : "toeplitz" (parameters on (2n-1).. offsets, Eq. 2) or "circulant" (kernels on the grid, the
+        RPEs that LiSA's circular convolutions realise).
+    rpe_per_head : Eq. 4 only - one RPE per head (Table 3b "w/ h RPEs") instead of one shared.
+    max_elements : memory guard (default config.QUADRATIC_MAX_ELEMENTS).
+    Other fields as :class:`LiSAConfig`.
+    """
+
+    dim: int
+    num_heads: int
+    grid: tuple[int, ...]
+    latent: int = config.LISA_LATENT_DEFAULT
+    form: str = "eq7"
+    rpe: str = "toeplitz"
+    rpe_per_head: bool = False
+    qkv_bias: bool = True
+    l2_eps: float = config.LISA_L2_EPS
+    max_elements: int | None = None
+
+    def __post_init__(self):
+        _check_heads(self.dim, self.num_heads)
+        object.__setattr__(self, "grid", _check_grid(self.grid))
+        check_positive_int(self.latent, "latent")
+        if self.form not in SA_FORMS:
+            raise ValueError(f"argument 'form': expected one of {SA_FORMS}, got {self.form!r}")
+        if self.rpe not in RPE_KINDS:
+            raise ValueError(f"argument 'rpe': expected one of {RPE_KINDS}, got {self.rpe!r}")
+        if self.rpe_per_head and self.form != "eq4":
+            raise ValueError("argument 'rpe_per_head': only defined for form='eq4' (Table 3b)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def num_tokens(self) -> int:
+        return int(np.prod(self.grid))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.grid)
+
+    @property
+    def kernel_grid(self) -> tuple[int, ...]:
+        return tuple(2 * n - 1 for n in self.grid) if self.rpe == "toeplitz" else self.grid
+
+    @property
+    def kernel_tokens(self) -> int:
+        return int(np.prod(self.kernel_grid))
+
+
+def _proj_shapes(dim: int, qkv_bias: bool) -> dict[str, tuple[int, ...]]:
+    s = {"qkv.weight": (3 * dim, dim)}
+    if qkv_bias:
+        s["qkv.bias"] = (3 * dim,)
+    s["proj.weight"] = (dim, dim)
+    s["proj.bias"] = (dim,)
+    return s
+
+
+def lisa_param_shapes(cfg: LiSAConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter keys and shapes of the LiSA operator (state_dict keys of the PyTorch twin).
+
+    qkv.weight (3C, C), qkv.bias (3C,), weight_a (P, c, D), weight_b (P, D), bias_a (c, D), bias_b (c, D),
+    proj.weight (C, C), proj.bias (C,); P = N (circular, Eq. 10) or prod(2n - 1) (exact_toeplitz, Eq. 9).
+    Heads share weight_a, weight_b, bias_a, bias_b (interpretation 2).  References: LiSA Eq. 9-10, Fig. 7.
+    """
+    c, d, p = cfg.head_dim, cfg.latent, cfg.kernel_tokens
+    s = _proj_shapes(cfg.dim, cfg.qkv_bias)
+    s.update({"weight_a": (p, c, d), "weight_b": (p, d), "bias_a": (c, d), "bias_b": (c, d)})
+    return s
+
+
+def sa_param_shapes(cfg: SAConfig) -> dict[str, tuple[int, ...]]:
+    """Parameter keys and shapes of structure-aware attention computed directly (LiSA Eq. 4-7, Fig. 6).
+
+    eq4: rpe (P,) or (P, h) with rpe_per_head; eq5: weight_a (P, D), weight_b (P, D), bias_b (c, D);
+    eq6: weight_a (P, c, D), weight_b (P, D), bias_b (c, D); eq7: eq6 + bias_a (c, D);
+    plus the qkv / proj projections.  P = prod(2n - 1) (toeplitz) or N (circulant).
+    """
+    c, d, p = cfg.head_dim, cfg.latent, cfg.kernel_tokens
+    s = _proj_shapes(cfg.dim, cfg.qkv_bias)
+    if cfg.form == "eq4":
+        s["rpe"] = (p, cfg.num_heads) if cfg.rpe_per_head else (p,)
+    elif cfg.form == "eq5":
+        s.update({"weight_a": (p, d), "weight_b": (p, d), "bias_b": (c, d)})
+    else:
+        s.update({"weight_a": (p, c, d), "weight_b": (p, d), "bias_b": (c, d)})
+        if cfg.form == "eq7":
+            s["bias_a"] = (c, d)
+    return s
+
+
+def lisa_block_param_shapes(cfg: LiSAConfig) -> dict[str, tuple[int, ...]]:
+    """Keys and shapes of the LiSA block (LN -> LiSA -> LN -> MLP, §5.1, Fig. 3): norm1.{weight,bias} (C,),
+    attn.* (:func:`lisa_param_shapes`), norm2.{weight,bias}, mlp.fc1.weight (C r, C), mlp.fc1.bias,
+    mlp.fc2.weight (C, C r), mlp.fc2.bias (C,)."""
+    dim, hid = cfg.dim, cfg.mlp_hidden
+    s = {"norm1.weight": (dim,), "norm1.bias": (dim,)}
+    s.update({f"attn.{k}": v for k, v in lisa_param_shapes(cfg).items()})
+    s.update({"norm2.weight": (dim,), "norm2.bias": (dim,), "mlp.fc1.weight": (hid, dim), "mlp.fc1.bias": (hid,),
+              "mlp.fc2.weight": (dim, hid), "mlp.fc2.bias": (dim,)})
+    return s
+
+
+def init_params(shapes: Mapping[str, tuple[int, ...]], seed: int = 0,
+                std: float = config.LISA_INIT_STD) -> dict[str, np.ndarray]:
+    """Random float64 parameters for ``shapes`` (tests, benchmarks): N(0, std^2), except LayerNorm
+    weights 1 + N(0, std^2).  Not the paper's training initialisation (it gives none)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for k, shp in shapes.items():
+        v = rng.standard_normal(shp) * std
+        if k.endswith(("norm1.weight", "norm2.weight")) or k == "norm.weight":
+            v = v + 1.0
+        out[k] = v
+    return out
+
+
+# ===================================================================================================
+# Helpers
+# ===================================================================================================
+
+def _l2(x: np.ndarray, eps: float) -> np.ndarray:
+    """Per-token, per-head L2 normalisation over the c channels (Eq. 4: Q-bar, K-bar)."""
+    return numerics.l2_normalize(x, axis=-1, eps=eps, policy="clamp")
+
+
+def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:
+    q, k, v = as_float(q, "q"), as_float(k, "k"), as_float(v, "v")
+    sz = check_shapes(q=(q, "B h N c"), k=(k, "B h N c"), v=(v, "B h N c"))
+    return q, k, v, sz
+
+
+def _grid_for(n_tok: int, grid: Any) -> tuple[int, ...]:
+    g = _check_grid(grid)
+    if int(np.prod(g)) != n_tok:
+        raise ValueError(f"argument 'grid': {g} has {int(np.prod(g))} tokens, the inputs have N = {n_tok}")
+    return g
+
+
+def _guard(elements: int, max_elements: int | None, what: str) -> None:
+    limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else int(max_elements)
+    if elements > limit:
+        raise ValueError(f"{what}: the direct (N x N) structure-aware attention would hold {elements} elements, "
+                         f"above the limit {limit} (config.QUADRATIC_MAX_ELEMENTS or max_elements); use "
+                         f"refimpl.attention.lisa.lisa_attention / lisa_core (FFT, O(N log N)) instead")
+
+
+def sa_elements(batch: int, heads: int, n_tok: int, c: int, d: int, form: str) -> int:
+    """Largest quadratic intermediate of the direct SA forms: the RPE tensor (N^2 D, or N^2 c D for
+    Eq. 6-7 Ra~) or the attention A (B h N^2, Eq. 4-5)."""
+    n2 = n_tok * n_tok
+    if form == "eq4":
+        return max(batch * heads * n2, n2 * heads)
+    if form == "eq5":
+        return max(batch * heads * n2, n2 * d)
+    return n2 * c * d
+
+
+def rpe_matrix(params: Any, grid: Sequence[int], rpe: str, *, max_elements: int | None = None) -> np.ndarray:
+    """Dense RPE tensor (N, N, *ch) from flat parameters (P, *ch).
+
+    rpe="toeplitz": P = prod(2n - 1), R = T(e) of Eq. 2 (BTTB on a 2-D grid); rpe="circulant": P = N,
+    R[i, j] = w[(i - j) mod n] per axis (the circular embedding of Eq. 10).  References: LiSA Eq. 2, 5, 6, 10.
+    """
+    params = as_float(params, "params")
+    g = _check_grid(grid)
+    kg = tuple(2 * n - 1 for n in g) if rpe == "toeplitz" else g
+    if rpe not in RPE_KINDS:
+        raise ValueError(f"argument 'rpe': expected one of {RPE_KINDS}, got {rpe!r}")
+    if params.shape[0] != int(np.prod(kg)):
+        raise ValueError(f"argument 'params': expected leading axis {int(np.prod(kg))} ({rpe} parameters of grid "
+                         f"{g}), got shape {params.shape}")
+    e = params.reshape(kg + params.shape[1:])
+    fn = tz.toeplitz if rpe == "toeplitz" else tz.circulant
+    return fn(e, len(g), max_elements=max_elements)
+
+
+# ===================================================================================================
+# Attention cores (per head: q, k, v of shape (B, h, N, c))
+# ===================================================================================================
+
+def _convolve(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz: bool,
+              fft_lengths, transform: str) -> np.ndarray:
+    """x (B, h, N, c, 1) convolved over the grid with kernel (P, c|1, D) -> (B, h, N, c, D)."""
+    r = len(grid)
+    b, h, n_tok = x.shape[:3]
+    xg = x.reshape((b, h) + grid + x.shape[3:])
+    kg = tuple(2 * n - 1 for n in grid) if exact_toeplitz else grid
+    kern = kernel.reshape(kg + kernel.shape[1:])
+    if exact_toeplitz:
+        y = tz.toeplitz_product(kern, xg, r, transform, fft_lengths)
+    else:
+        y = tz.circulant_product(kern, xg, r, transform)
+    return y.reshape((b, h, n_tok) + y.shape[2 + r:])
+
+
+def _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, grid, exact_toeplitz):
+    wa, wb = as_float(weight_a, "weight_a"), as_float(weight_b, "weight_b")
+    ba, bb = as_float(bias_a, "bias_a"), as_float(bias_b, "bias_b")
+    p = int(np.prod([2 * n - 1 for n in grid])) if exact_toeplitz else int(np.prod(grid))
+    sz = check_shapes(dict(sz, P=p), weight_a=(wa, "P c D"), weight_b=(wb, "P D"), bias_a=(ba, "c D"),
+                      bias_b=(bb, "c D"))
+    return wa, wb, ba, bb, sz
+
+
+def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any, bias_b: Any,
+              grid: Sequence[int], *, exact_toeplitz: bool = False, fft_lengths: Sequence[int] | None = None,
+              transform: str = "rfft", eps: float = config.LISA_L2_EPS, taps: dict | None = None) -> np.ndarray:
+    """LiSA per head (Eq. 9-10, Fig. 7): Y = sum_{c,d} Qb[n,c] (Ga + Ba)[n,c,d] (Gb + Bb)[n,v,d].
+
+    Ga = Kb (*) Wa (depth-wise: each of the c channels with its own D kernels), Gb = V (*) Wb (the D
+    kernels shared by the c channels), both circular convolutions over the token grid computed as
+    irfftn(rfftn(.) rfftn(W)) (Eq. 10); with ``exact_toeplitz`` linear convolutions with Toeplitz kernels
+    (Eq. 9 without the approximation) by zero-padded FFTs.
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, c) float, per-head queries, keys, values (before normalisation).
+    weight_a : (P, c, D) float, Wa (P = N) or Ea~ (P = prod(2n - 1), exact_toeplitz), row-major over the
+        (kernel) grid.
+    weight_b : (P, D) float, Wb or Eb.  bias_a, bias_b : (c, D) float, Ba and Bb.
+    grid : token grid with prod(grid) = N (1, 2 or 3 axes).
+    exact_toeplitz, fft_lengths, transform : see :class:`LiSAConfig`.
+    eps : L2-normalisation eps.
+    taps : optional dict receiving "q_bar", "k_bar" (B,h,N,c), "G_a", "G_b" (B,h,N,c,D), "A" (= G_a + B_a),
+        "Bv" (= G_b + B_b), "S" (B,h,N,D; = sum_c Qb (G_a + B_a)), "out" (B,h,N,c).
+
+    Returns
+    -------
+    (B, h, N, c) float array.
+
+    References
+    ----------
+    LiSA Eq. 9, Eq. 10, Fig. 7, Appendix A (RFFT/IRFFT; 3-D variant for video).
+    """
+    q, k, v, sz = _check_qkv(q, k, v)
+    g = _grid_for(sz["N"], grid)
+    wa, wb, ba, bb, sz = _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, g, exact_toeplitz)
+    if transform not in TRANSFORMS:
+        raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {transform!r}")
+    qb, kb = _l2(q, eps), _l2(k, eps)
+    ga = _convolve(kb[..., None], wa, g, exact_toeplitz, fft_lengths, transform)           # (B,h,N,c,D)
+    gb = _convolve(v[..., None], wb[:, None, :], g, exact_toeplitz, fft_lengths, transform)  # (B,h,N,c,D)
+    a = ga + ba
+    bv = gb + bb
+    s = np.einsum("bhnc,bhncd->bhnd", qb, a)
+    out = np.einsum("bhnd,bhnvd->bhnv", s, bv)
+    if taps is not None:
+        taps.update({"q_bar": qb, "k_bar": kb, "G_a": ga, "G_b": gb, "A": a, "Bv": bv, "S": s, "out": out})
+    return out
+
+
+def sa_eq4(q: Any, k: Any, v: Any, rpe: Any, *, eps: float = config.LISA_L2_EPS, taps: dict | None = None,
+           max_elements: int | None = None) -> np.ndarray:
+    """Structure-aware attention, Eq. 4: Y_ik = sum_j Abar_ij R_ij V_jk, Abar = Qb Kb^T (no softmax).
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, c) float.
+    rpe : (N, N) float (one RPE for all heads) or (h, N, N) (one per head, Table 3b "w/ h RPEs").
+    eps : L2 eps.  max_elements : memory guard (B h N^2).
+    taps : "q_bar", "k_bar", "attn" (B,h,N,N; Abar), "attn_rpe" (Abar * R), "out".
+
+    Returns
+    -------
+    (B, h, N, c) float array.
+
+    References
+    ----------
+    LiSA Eq. 4, Fig. 6 (structure_aware_attn_Eq4).
+    """
+    q, k, v, sz = _check_qkv(q, k, v)
+    r = as_float(rpe, "rpe")
+    if r.ndim == 2:
+        check_shapes(sz, rpe=(r, "N N"))
+    else:
+        check_shapes(sz, rpe=(r, "h N N"))
+    _guard(sa_elements(sz["B"], sz["h"], sz["N"], sz["c"], 1, "eq4"), max_elements, "sa_eq4")
+    qb, kb = _l2(q, eps), _l2(k, eps)
+    attn = qb @ kb.swapaxes(-1, -2)
+    weighted = attn * r
+    out = weighted @ v
+    if taps is not None:
+        taps.update({"q_bar": qb, "k_bar": kb, "attn": attn, "attn_rpe": weighted, "out": out})
+    return out
+
+
+def sa_eq5(q: Any, k: Any, v: Any, ra: Any, rb: Any, bias_b: Any, *, eps: float = config.LISA_L2_EPS,
+           taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """Structure-aware attention, Eq. 5 (first line):
+    Y_ik = sum_d [sum_n Abar_in Ra_ind] [sum_j Rb_ijd V_jk + Bb_kd].
+
+    Computed through the attention Abar = Qb Kb^T (the first line of Eq. 5); Eq. 6 with a channel-constant
+    Ra~ computes the second line (through Kb Ra, Fig. 6) - their agreement is a property test.
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, c) float.  ra, rb : (N, N, D) float RPE tensors.  bias_b : (c, D) float.
+    eps, max_elements : as :func:`sa_eq4`.
+    taps : "q_bar", "k_bar", "attn" (B,h,N,N), "S" (B,h,N,D; sum_n Abar Ra), "G_b" (B,h,N,c,D; Rb V),
+        "Bv" (G_b + Bb), "out".
+
+    Returns
+    -------
+    (B, h, N, c) float array.
+
+    References
+    ----------
+    LiSA Eq. 5, Fig. 2, Fig. 6 (structure_aware_attn_Eq5).
+    """
+    q, k, v, sz = _check_qkv(q, k, v)
+    ra, rb, bb = as_float(ra, "ra"), as_float(rb, "rb"), as_float(bias_b, "bias_b")
+    sz = check_shapes(sz, ra=(ra, "N N D"), rb=(rb, "N N D"), bias_b=(bb, "c D"))
+    _guard(sa_elements(sz["B"], sz["h"], sz["N"], sz["c"], sz["D"], "eq5"), max_elements, "sa_eq5")
+    qb, kb = _l2(q, eps), _l2(k, eps)
+    attn = qb @ kb.swapaxes(-1, -2)
+    s = np.einsum("bhin,ind->bhid", attn, ra)
+    gb = np.einsum("ijd,bhjv->bhivd", rb, v)
+    bv = gb + bb
+    out = np.einsum("bhid,bhivd->bhiv", s, bv)
+    if taps is not None:
+        taps.update({"q_bar": qb, "k_bar": kb, "attn": attn, "S": s, "G_b": gb, "Bv": bv, "out": out})
+    return out
+
+
+def _sa_channelwise(q, k, v, ra_tilde, rb, bias_a, bias_b, eps, taps, max_elements, what):
+    q, k, v, sz = _check_qkv(q, k, v)
+    rat, rb, bb = as_float(ra_tilde, "ra_tilde"), as_float(rb, "rb"), as_float(bias_b, "bias_b")
+    sz = check_shapes(sz, ra_tilde=(rat, "N N c D"), rb=(rb, "N N D"), bias_b=(bb, "c D"))
+    if bias_a is not None:
+        bias_a = as_float(bias_a, "bias_a")
+        check_shapes(sz, bias_a=(bias_a, "c D"))
+    _guard(sa_elements(sz["B"], sz["h"], sz["N"], sz["c"], sz["D"], "eq7"), max_elements, what)
+    qb, kb = _l2(q, eps), _l2(k, eps)
+    ga = np.einsum("incd,bhnc->bhicd", rat, kb)
+    gb = np.einsum("ijd,bhjv->bhivd", rb, v)
+    a = ga if bias_a is None else ga + bias_a
+    bv = gb + bb
+    s = np.einsum("bhic,bhicd->bhid", qb, a)
+    out = np.einsum("bhid,bhivd->bhiv", s, bv)
+    if taps is not None:
+        taps.update({"q_bar": qb, "k_bar": kb, "G_a": ga, "G_b": gb, "A": a, "Bv": bv, "S": s, "out": out})
+    return out
+
+
+def sa_eq6(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_b: Any, *, eps: float = config.LISA_L2_EPS,
+           taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """Structure-aware attention with the Hadamard correlation, Eq. 6:
+    Y_ik = sum_c Qb_ic sum_d [sum_n Kb_nc Ra~_incd] [sum_j Rb_ijd V_jk + Bb_kd].
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, c) float.  ra_tilde : (N, N, c, D) float, the expanded RPE tensor Ra~.
+    rb : (N, N, D) float.  bias_b : (c, D) float.  eps, max_elements : as :func:`sa_eq4`.
+    taps : "q_bar", "k_bar", "G_a" (B,h,N,c,D; sum_n Kb Ra~), "G_b", "A" (= G_a here), "Bv", "S", "out".
+
+    Returns
+    -------
+    (B, h, N, c) float array.
+
+    References
+    ----------
+    LiSA Eq. 6 (§4.2 "Capturing channel-wise structural patterns").
+    """
+    return _sa_channelwise(q, k, v, ra_tilde, rb, None, bias_b, eps, taps, max_elements, "sa_eq6")
+
+
+def sa_eq7(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bias_b: Any, *,
+           eps: float = config.LISA_L2_EPS, taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """Structure-aware attention with the bias Ba, Eq. 7:
+    Y_ik = sum_c Qb_ic sum_d [sum_n Kb_nc Ra~_incd + Ba_cd] [sum_j Rb_ijd V_jk + Bb_kd].
+
+    Each bias enters once per bracket (interpretation 1; Eq. 9, Fig. 6-7).  With circulant Ra~, Rb this
+    is exactly what LiSA (Eq. 10) computes; with Toeplitz ones it is Eq. 9.
+
+    Parameters
+    ----------
+    q, k, v : (B, h, N, c) float.  ra_tilde : (N, N, c, D) float.  rb : (N, N, D) float.
+    bias_a, bias_b : (c, D) float.  eps, max_elements : as :func:`sa_eq4`.
+    taps : as :func:`sa_eq6` ("A" = G_a + B_a).
+
+    Returns
+    -------
+    (B, h, N, c) float array.
+
+    References
+    ----------
+    LiSA Eq. 7, Eq. 9.
+    """
+    return _sa_channelwise(q, k, v, ra_tilde, rb, bias_a, bias_b, eps, taps, max_elements, "sa_eq7")
+
+
+def sa_eq8_terms(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bias_b: Any, *,
+                 eps: float = config.LISA_L2_EPS, max_elements: int | None = None) -> dict[str, np.ndarray]:
+    """The four terms of Eq. 8, each summed over c, d (biases once, interpretation 1):
+
+    "key_value"  sum Qb_ic (Kb Ra~)_icd (Rb V)_ikd     structure-aware attention
+    "bias_value" sum Qb_ic Ba_cd (Rb V)_ikd            dynamic global convolution of V (Lambda-like)
+    "key_bias"   sum Qb_ic (Kb Ra~)_icd Bb_kd          structural feature projected by Bb
+    "bias_bias"  sum Qb_ic Ba_cd Bb_kd                 a linear projection of the query
+
+    Parameters: as :func:`sa_eq7`.  Returns a dict of four (B, h, N, c) arrays whose sum is Eq. 7.
+    References: LiSA Eq. 8 and the paragraph after it.
+    """
+    taps: dict = {}
+    sa_eq7(q, k, v, ra_tilde, rb, np.zeros_like(as_float(bias_a, "bias_a")), bias_b, eps=eps, taps=taps,
+           max_elements=max_elements)
+    qb, ga, gb = taps["q_bar"], taps["G_a"], taps["G_b"]
+    ba, bb = as_float(bias_a, "bias_a"), as_float(bias_b, "bias_b")
+    return {
+        "key_value": np.einsum("bhic,bhicd,bhivd->bhiv", qb, ga, gb, optimize=True),
+        "bias_value": np.einsum("bhic,cd,bhivd->bhiv", qb, ba, gb, optimize=True),
+        "key_bias": np.einsum("bhic,bhicd,vd->bhiv", qb, ga, bb, optimize=True),
+        "bias_bias": np.einsum("bhic,cd,vd->bhiv", qb, ba, bb, optimize=True),
+    }
+
+
+# ===================================================================================================
+# Modules on tokens: qkv projection -> heads -> core -> output projection (Fig. 3, Fig. 6-7)
+# ===================================================================================================
+
+def _param(p: Mapping[str, Any], key: str, where: str) -> np.ndarray:
+    if key not in p:
+        raise KeyError(f"{where}: missing parameter '{key}' (have {sorted(p)})")
+    return as_float(p[key], key)
+
+
+def _qkv_heads(x: np.ndarray, params: Mapping[str, Any], dim: int, heads: int, qkv_bias: bool, where: str):
+    check_shapes(x=(x, "B N C"), sizes={"C": dim})
+    w = _param(params, "qkv.weight", where)
+    b = _param(params, "qkv.bias", where) if qkv_bias else None
+    qkv = linear(x, w, b)                                                # (B, N, 3C)
+    bsz, n_tok = x.shape[:2]
+    qkv = qkv.reshape(bsz, n_tok, 3, heads, dim // heads).transpose(2, 0, 3, 1, 4)
+    return qkv, qkv[0], qkv[1], qkv[2]
+
+
+def _merge_proj(out: np.ndarray, params: Mapping[str, Any], where: str):
+    bsz, h, n_tok, c = out.shape
+    merged = out.transpose(0, 2, 1, 3).reshape(bsz, n_tok, h * c)
+    return merged, linear(merged, _param(params, "proj.weight", where), _param(params, "proj.bias", where))
+
+
+def lisa_attention(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: dict | None = None) -> np.ndarray:
+    """The LiSA operator on tokens (Fig. 7 with heads): qkv = x Wqkv^T + b; split into h heads;
+    :func:`lisa_core`; merge heads; output projection.
+
+    Parameters
+    ----------
+    x : (B, N, C) float tokens, N = prod(cfg.grid), row-major over the grid.
+    params : mapping with the keys of :func:`lisa_param_shapes`.
+    cfg : :class:`LiSAConfig`.
+    taps : optional dict: "qkv" (3, B, h, N, c), the :func:`lisa_core` taps, "merged" (B, N, C).
+
+    Returns
+    -------
+    (B, N, C) float array.
+
+    References
+    ----------
+    LiSA Eq. 9-10, Fig. 3, Fig. 7, §5.1.
+    """
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    qkv, q, k, v = _qkv_heads(x, params, cfg.dim, cfg.num_heads, cfg.qkv_bias, "lisa_attention")
+    out = lisa_core(q, k, v, _param(params, "weight_a", "lisa_attention"), _param(params, "weight_b", "lisa_attention"),
+                    _param(params, "bias_a", "lisa_attention"), _param(params, "bias_b", "lisa_attention"),
+                    cfg.grid, exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths,
+                    transform=cfg.transform, eps=cfg.l2_eps, taps=taps)
+    merged, y = _merge_proj(out, params, "lisa_attention")
+    if taps is not None:
+        taps.update({"qkv": qkv, "merged": merged})
+    return y
+
+
+def structure_aware_attention(x: Any, params: Mapping[str, Any], cfg: SAConfig, *,
+                              taps: dict | None = None) -> np.ndarray:
+    """Structure-aware attention (Eq. 4-7) on tokens, computed directly with dense RPE tensors (Fig. 6).
+
+    Parameters
+    ----------
+    x : (B, N, C) float.  params : keys of :func:`sa_param_shapes`.  cfg : :class:`SAConfig`.
+    taps : "qkv", the core's taps, "rpe" / "ra" / "rb" (the dense RPE tensors), "merged".
+
+    Returns
+    -------
+    (B, N, C) float array.
+
+    Raises
+    ------
+    ValueError when the quadratic tensors exceed the memory guard (use :func:`lisa_attention`).
+
+    References
+    ----------
+    LiSA Eq. 4-7, Fig. 6.
+    """
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    bsz, n_tok = x.shape[:2]
+    _guard(sa_elements(bsz, cfg.num_heads, n_tok, cfg.head_dim, cfg.latent, cfg.form), cfg.max_elements,
+           "structure_aware_attention")
+    qkv, q, k, v = _qkv_heads(x, params, cfg.dim, cfg.num_heads, cfg.qkv_bias, "structure_aware_attention")
+    w = "structure_aware_attention"
+    kw = dict(eps=cfg.l2_eps, taps=taps, max_elements=cfg.max_elements)
+    big = cfg.max_elements
+    if cfg.form == "eq4":
+        r = rpe_matrix(_param(params, "rpe", w), cfg.grid, cfg.rpe, max_elements=big)
+        r = np.moveaxis(r, -1, 0) if r.ndim == 3 else r                       # (h, N, N) per head
+        out = sa_eq4(q, k, v, r, **kw)
+        rpes = {"rpe": r}
+    else:
+        ra = rpe_matrix(_param(params, "weight_a", w), cfg.grid, cfg.rpe, max_elements=big)
+        rb = rpe_matrix(_param(params, "weight_b", w), cfg.grid, cfg.rpe, max_elements=big)
+        bb = _param(params, "bias_b", w)
+        if cfg.form == "eq5":
+            out = sa_eq5(q, k, v, ra, rb, bb, **kw)
+        elif cfg.form == "eq6":
+            out = sa_eq6(q, k, v, ra, rb, bb, **kw)
+        else:
+            out = sa_eq7(q, k, v, ra, rb, _param(params, "bias_a", w), bb, **kw)
+        rpes = {"ra": ra, "rb": rb}
+    merged, y = _merge_proj(out, params, w)
+    if taps is not None:
+        taps.update({"qkv": qkv, "merged": merged, **rpes})
+    return y
+
+
+# ===================================================================================================
+# The LiSA block (§5.1, Fig. 3): x + LiSA(LN(x)), then + MLP(LN(.))
+# ===================================================================================================
+
+def lisa_block(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: dict | None = None) -> np.ndarray:
+    """LiSA block: y = x + LiSA(LN1(x)); out = y + MLP(LN2(y)), MLP = fc2(GELU(fc1)) (pre-norm transformer
+    order "LN, attention operator, LN and MLP", §5.1).
+
+    Parameters
+    ----------
+    x : (B, N, C) float.  params : keys of :func:`lisa_block_param_shapes`.  cfg : :class:`LiSAConfig`.
+    taps : "ln1", "attn" (LiSA output), "resid1", "ln2", "mlp", and the attention's taps under "attn.".
+
+    Returns
+    -------
+    (B, N, C) float array.
+
+    References
+    ----------
+    LiSA §5.1 ("LiSA block"), Fig. 3.
+    """
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    ln1 = layer_norm(x, _param(params, "norm1.weight", "lisa_block"), _param(params, "norm1.bias", "lisa_block"),
+                     cfg.ln_eps)
+    inner: dict | None = {} if taps is not None else None
+    a = lisa_attention(ln1, subparams(params, "attn"), cfg, taps=inner)
+    y = x + a
+    ln2 = layer_norm(y, _param(params, "norm2.weight", "lisa_block"), _param(params, "norm2.bias", "lisa_block"),
+                     cfg.ln_eps)
+    m = mlp(ln2, subparams(params, "mlp"))
+    out = y + m
+    if taps is not None:
+        taps.update({"ln1": ln1, "attn": a, "resid1": y, "ln2": ln2, "mlp": m, "out": out})
+        taps.update({f"attn.{k}": v for k, v in inner.items()})
+    return out
+
+
+# ===================================================================================================
+# Resolution change (Appendix B, Table 9)
+# ===================================================================================================
+
+def resample_circular_kernel(w: Any, old_grid: Sequence[int], new_grid: Sequence[int]) -> np.ndarray:
+    """Resample a circular kernel to another token grid by sampling its continuous spectrum.
+
+    Appendix B: the circular embeddings are "samplings of continuous spectrums", so changing the resolution
+    is "changing the sampling interval of spectrums" ([39], GFNet).  The exact version of that statement:
+    read w at its centred offsets (:func:`refimpl.toeplitz.embed_circulant`), take the discrete-time
+    Fourier transform H(f) = sum_s h(s) exp(-2 pi i f s) - the continuous spectrum - and sample it at the
+    new grid's frequencies k'/n'.  The kernel with that DFT is :func:`refimpl.toeplitz.periodize` of the
+    centred kernel to length n': zero-padding when n' >= n (every tap keeps its offset, new long-range
+    offsets get 0), aliasing when n' < n.  So F_{n'}(w')[k'] = H(k'/n') exactly, the old DFT values are
+    kept at common frequencies, and resampling up then back down returns w exactly.
+    (GFNet interpolates the stored spectrum bilinearly/bicubically instead: an approximation of H;
+    we implement the exact sampling.)
+
+    Parameters
+    ----------
+    w : (N_old, *ch) float, row-major over ``old_grid`` (Wa (N, c, D) or Wb (N, D)).
+    old_grid, new_grid : token grids with the same number of axes.
+
+    Returns
+    -------
+    (N_new, *ch) float array.
+
+    References
+    ----------
+    LiSA Appendix B ("Fine-tuning on higher resolutions"), Table 9.
+    """
+    w = as_float(w, "w")
+    og, ng = _check_grid(old_grid), _check_grid(new_grid)
+    if len(og) != len(ng):
+        raise ValueError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
+    if w.shape[0] != int(np.prod(og)):
+        raise ValueError(f"argument 'w': expected leading axis N = {int(np.prod(og))} for grid {og}, got {w.shape}")
+    e = tz.embed_circulant(w.reshape(og + w.shape[1:]), len(og))
+    out = tz.periodize(e, len(og), ng)
+    return out.reshape((int(np.prod(ng)),) + w.shape[1:])
+
+
+def resample_toeplitz_kernel(e: Any, old_grid: Sequence[int], new_grid: Sequence[int]) -> np.ndarray:
+    """Toeplitz parameters ((2n-1).., *ch) flattened, moved to another grid keeping every offset's value:
+    offsets that exist on both grids keep their tap, new offsets get 0, offsets beyond the new grid's
+    reach (|s| > n' - 1) are dropped (a Toeplitz matrix cannot hold them).  The exact_toeplitz counterpart
+    of :func:`resample_circular_kernel`.  References: LiSA Eq. 2, Appendix B."""
+    e = as_float(e, "e")
+    og, ng = _check_grid(old_grid), _check_grid(new_grid)
+    if len(og) != len(ng):
+        raise ValueError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
+    okg = tuple(2 * n - 1 for n in og)
+    if e.shape[0] != int(np.prod(okg)):
+        raise ValueError(f"argument 'e': expected leading axis {int(np.prod(okg))} for grid {og}, got {e.shape}")
+    eg = e.reshape(okg + e.shape[1:])
+    out = np.zeros(tuple(2 * n - 1 for n in ng) + e.shape[1:], dtype=e.dtype)
+    src, dst = [], []
+    for n, m in zip(og, ng):
+        r = min(n, m) - 1                       # offsets |s| <= r exist on both grids
+        src.append(slice(n - 1 - r, n + r))
+        dst.append(slice(m - 1 - r, m + r))
+    out[tuple(dst)] = eg[tuple(src)]
+    return out.reshape((int(np.prod(out.shape[:len(ng)])),) + e.shape[1:])
+
+
+def resize_lisa_params(params: Mapping[str, Any], cfg: LiSAConfig, new_grid: Sequence[int]
+                       ) -> tuple[dict[str, np.ndarray], LiSAConfig]:
+    """Move LiSA parameters to a new token grid (Appendix B): every key ending in "weight_a" or
+    "weight_b" is resampled (:func:`resample_circular_kernel`, or :func:`resample_toeplitz_kernel` with
+    exact_toeplitz); everything else is unchanged.  Works on operator, block or network mappings.
+
+    Returns (new params, cfg with the new grid).  References: LiSA Appendix B, Table 9.
+    """
+    new_cfg = dataclasses.replace(cfg, grid=_check_grid(new_grid), fft_lengths=None)
+    fn = resample_toeplitz_kernel if cfg.exact_toeplitz else resample_circular_kernel
+    out = {}
+    for k, v in params.items():
+        out[k] = fn(v, cfg.grid, new_cfg.grid) if k.endswith(("weight_a", "weight_b")) else np.asarray(v)
+    return out, new_cfg
+
+
+# ===================================================================================================
+# Parameter counts (Table 3, Table 9): shapes only, nothing allocated
+# ===================================================================================================
+
+LAYOUTS = ("shared", "no_bias", "per_head_bias", "per_head", "full_width")
+
+
+def lisanet_isotropic_param_count(*, img_size: int | Sequence[int] = 224, patch_size: int = 16, in_chans: int = 3,
+                                  dim: int = 192, depth: int = 12, num_heads: int = 12,
+                                  latent: int = config.LISA_LATENT_DEFAULT, mlp_ratio: float = config.LISA_MLP_RATIO,
+                                  num_classes: int = 1000, pos_embed: bool = True, cls_token: bool = False,
+                                  qkv_bias: bool = True, layout: str = "shared",
+                                  exact_toeplitz: bool = False, local_kernel: int | None = None) -> dict[str, int]:
+    """Parameter count of an isotropic LiSANet (LiSANet-I-T: Table 2, Table 7) from its configuration.
+
+    Network (DeiT/ViT layout [45], global-average-pooling classifier of Table 7): patch embedding
+    (conv patch x patch, stride patch, with bias), optional absolute position embedding (N, C), optional
+    class token, ``depth`` LiSA blocks (:func:`lisa_block_param_shapes`), final LayerNorm, linear head.
+
+    ``layout`` states how heads share the LiSA weights; only "shared" is implemented by the operator,
+    the others are counted to show they do not match the paper:
+      shared        Wa (N, c, D), Wb (N, D), Ba, Bb (c, D) shared by all heads   (our choice)
+      no_bias       shared, without Ba, Bb
+      per_head_bias shared Wa, Wb; Ba, Bb per head (C, D)
+      per_head      every head its own Wa, Wb, Ba, Bb
+      full_width    Wa (N, C, D) over all channels (no weight sharing across heads; c replaced by C)
+
+    ``local_kernel`` = k replaces the global kernels by local k x k ones (P = k^2 kernel taps instead of N),
+    the "Local - k x k" rows of Table 3c.
+
+    Returns a dict with "patch_embed", "pos_embed", "cls_token", "blocks", "lisa_per_block", "norm",
+    "head" and "total".  References: LiSA Table 2, 3a, 3c, 3d, 7, 9; Appendix A.1.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"argument 'layout': expected one of {LAYOUTS}, got {layout!r}")
+    size = (img_size, img_size) if isinstance(img_size, (int, np.integer)) else tuple(img_size)
+    grid = (size[0] // patch_size, size[1] // patch_size)
+    cfg = LiSAConfig(dim=dim, num_heads=num_heads, grid=grid, latent=latent, exact_toeplitz=exact_toeplitz,
+                     qkv_bias=qkv_bias, mlp_ratio=mlp_ratio)
+    shapes = lisa_block_param_shapes(cfg)
+    c, d, p, h = cfg.head_dim, latent, cfg.kernel_tokens, num_heads
+    if local_kernel is not None:
+        p = check_positive_int(local_kernel, "local_kernel") ** 2
+    lisa_keys = ("attn.weight_a", "attn.weight_b", "attn.bias_a", "attn.bias_b")
+    block_other = sum(int(np.prod(s)) for k, s in shapes.items() if k not in lisa_keys)
+    lisa = {"shared": p * c * d + p * d + 2 * c * d,
+            "no_bias": p * c * d + p * d,
+            "per_head_bias": p * c * d + p * d + 2 * h * c * d,
+            "per_head": h * (p * c * d + p * d + 2 * c * d),
+            "full_width": p * dim * d + p * d + 2 * dim * d}[layout]
+    n_tok = grid[0] * grid[1]
+    parts = {
+        "patch_embed": in_chans * patch_size * patch_size * dim + dim,
+        "pos_embed": ((n_tok + (1 if cls_token else 0)) * dim) if pos_embed else 0,
+        "cls_token": dim if cls_token else 0,
+        "lisa_per_block": lisa,
+        "blocks": depth * (block_other + lisa),
+        "norm": 2 * dim,
+        "head": dim * num_classes + num_classes,
+    }
+    parts["total"] = sum(v for k, v in parts.items() if k != "lisa_per_block")
+    return parts
+
+
+# ===================================================================================================
+# Error bounds (first-order running error analysis; DESIGN.md "The error model")
+# ===================================================================================================
+#
+# Every tracked quantity is a pair (value, E) with |fl_T(value) - value| <= u_T E to first order, E >= 0.
+# Rules (Higham ch. 3):  a contraction of m factors summed over index sets of sizes n_1..n_q, in any
+# order or blocking, has error <= gamma_{max(prod n, sum n) + m - 2} (sum of |factors|) plus, for each
+# factor i, the sum with factor i replaced by E_i; a sum a + b adds u(|a| + |b|); a linear map adds
+# |W| E_x; an FFT convolution adds k_fft ||x||_2 ||w||_1 (refimpl.toeplitz.fft_convolution_bound) and
+# propagates |W| (*) E_x (refimpl.toeplitz.abs_convolution); L2 normalisation is analysed in _tr_l2.
+# The final Bound has scale E / K and depth K (so gamma_K(u) E / K >= u E), K = the summed depths along
+# the longest path, and E includes the float64 reference's own error (factor 1 + u_64 / u_T).
+
+
+def _einsum_depth(spec: str, shapes: Sequence[tuple[int, ...]]) -> int:
+    ins, out = spec.split("->")
+    sizes: dict[str, int] = {}
+    for term, shp in zip(ins.split(","), shapes):
+        for ch, n in zip(term, shp):
+            sizes[ch] = max(sizes.get(ch, 1), n)
+    contracted = [sizes[ch] for ch in sizes if ch not in out]
+    prod = int(np.prod(contracted)) if contracted else 1
+    return max(prod, sum(contracted)) + len(shapes) - 2
+
+
+def _tr_einsum(spec: str, *ops: tuple[np.ndarray, np.ndarray | None]) -> tuple[np.ndarray, np.ndarray, int]:
+    vals = [o[0] for o in ops]
+    absv = [np.abs(v) for v in vals]
+    val = np.einsum(spec, *vals, optimize=True)
+    depth = _einsum_depth(spec, [v.shape for v in vals])
+    err = depth * np.einsum(spec, *absv, optimize=True)
+    for i, (_, e) in enumerate(ops):
+        if e is not None:
+            args = list(absv)
+            args[i] = e
+            err = err + np.einsum(spec, *args, optimize=True)
+    return val, err, depth
+
+
+def _tr_add(a, ea, b, eb):
+    ea = 0.0 if ea is None else ea
+    eb = 0.0 if eb is None else eb
+    return a + b, ea + eb + np.abs(a) + np.abs(b)
+
+
+def _tr_linear(x, ex, w, b):
+    n = w.shape[-1] + (1 if b is not None else 0)
+    y = linear(x, w, b)
+    err = n * linear(np.abs(x), np.abs(w), None if b is None else np.abs(b))
+    if ex is not None:
+        err = err + linear(ex, np.abs(w))
+    return y, err, n
+
+
+def _tr_l2(x, ex, eps):
+    """x / max(||x||, eps) over the last axis.  Perturbation: d(x/||x||) = (dx - xb (xb . dx)) / ||x||, so
+    |d xb| <= (E + |xb| (|xb| . E)) / rho, rho = max(||x||, eps) (the clamped branch gives E / eps, which
+    this also bounds).  Local rounding: the norm (c squares and c - 1 additions, halved by the sqrt, plus
+    the sqrt, a scaling and the quotient) - charged (c + 4) u |xb|."""
+    c = x.shape[-1]
+    xb = _l2(x, eps)
+    rho = np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), eps)
+    err = (c + 4) * np.abs(xb)
+    if ex is not None:
+        err = err + (ex + np.abs(xb) * np.sum(np.abs(xb) * ex, axis=-1, keepdims=True)) / rho
+    return xb, err, c + 4
+
+
+def _tr_conv(x, ex, kernel, grid, *, exact_toeplitz, fft_lengths, dense_rpe=None):
+    """Ga-style product of x (B,h,N,c,1) with kernel (P, c|1, D), by FFT (LiSA) or a dense RPE (SA)."""
+    b, h, n_tok = x.shape[:3]
+    if dense_rpe is not None:     # (N, N, c|1, D): y[b,h,i,c,d] = sum_n R[i,n,c,d] x[b,h,n,c]
+        rr = dense_rpe
+        y = np.einsum("incd,bhnc->bhicd", rr, x[..., 0], optimize=True)
+        err = n_tok * np.einsum("incd,bhnc->bhicd", np.abs(rr), np.abs(x[..., 0]), optimize=True)
+        if ex is not None:
+            err = err + np.einsum("incd,bhnc->bhicd", np.abs(rr), ex[..., 0], optimize=True)
+        return y, err, n_tok
+    r = len(grid)
+    kg = tuple(2 * n - 1 for n in grid) if exact_toeplitz else grid
+    kern = kernel.reshape(kg + kernel.shape[1:])
+    xg = x.reshape((b, h) + grid + x.shape[3:])
+    if exact_toeplitz:
+        lens = tz.default_lengths(grid) if fft_lengths is None else tuple(fft_lengths)
+        y = tz.toeplitz_product(kern, xg, r, "rfft", lens)
+        bnd = tz.toeplitz_product_bound(kern, xg, r, "rfft", lens)
+    else:
+        y = tz.circulant_product(kern, xg, r, "rfft")
+        bnd = tz.circulant_product_bound(kern, xg, r, "rfft")
+    err = bnd.k * np.asarray(bnd.scale)
+    if ex is not None:
+        exg = np.broadcast_to(ex, x.shape).reshape(xg.shape)
+        err = err + tz.abs_convolution(kern, exg, r, toeplitz_params=exact_toeplitz,
+                                       lengths=None if not exact_toeplitz else lens)
+    shp = (b, h, n_tok) + y.shape[2 + r:]
+    return y.reshape(shp), np.broadcast_to(err, y.shape).reshape(shp), bnd.k
+
+
+def _finish(val, err, depth, dtype, what) -> Bound:
+    ref = 1.0 + (numerics.unit_roundoff(np.float64) / numerics.unit_roundoff(dtype) if dtype is not None else 1.0)
+    k = max(int(depth), 1)
+    return Bound(err * ref / k, k,
+                 f"{what}: first-order running error bound, summed depth K = {k}; scale = E / K with "
+                 f"|err| <= u E (E includes the float64 reference's own error, factor {ref:.3g}); heuristic "
+                 f"only through the FFT depth (refimpl.toeplitz.fft_convolution_depth) where FFTs are used")
+
+
+def _tr_core(q, eq, k, ek, v, ev, grid, *, kind, eps, exact_toeplitz=False, fft_lengths=None, weights):
+    """Tracked per-head core.  kind: "lisa" (FFT) or "eq4".."eq7" (dense RPEs in ``weights``)."""
+    qb, eqb, dq = _tr_l2(q, eq, eps)
+    kb, ekb, _ = _tr_l2(k, ek, eps)
+    depth = dq
+    if kind in ("eq4", "eq5"):
+        attn, eattn, d1 = _tr_einsum("bhnc,bhmc->bhnm", (qb, eqb), (kb, ekb))
+        if kind == "eq4":
+            r = weights["rpe"]
+            r = r if r.ndim == 3 else r[None]
+            p, ep, d2 = _tr_einsum("bhnm,hnm->bhnm", (attn, eattn), (r, None))
+            out, eout, d3 = _tr_einsum("bhnm,bhmv->bhnv", (p, ep), (v, ev))
+            return out, eout, depth + d1 + d2 + d3
+        s, es, d2 = _tr_einsum("bhin,ind->bhid", (attn, eattn), (weights["ra"], None))
+        gb, egb, d3 = _tr_einsum("ijd,bhjv->bhivd", (weights["rb"], None), (v, ev))
+        bv, ebv = _tr_add(gb, egb, weights["bias_b"], None)
+        out, eout, d4 = _tr_einsum("bhid,bhivd->bhiv", (s, es), (bv, ebv))
+        return out, eout, depth + d1 + max(d2, d3 + 1) + d4
+    if kind == "lisa":
+        ga, ega, d1 = _tr_conv(kb[..., None], ekb[..., None], weights["weight_a"], grid,
+                               exact_toeplitz=exact_toeplitz, fft_lengths=fft_lengths)
+        gb, egb, _ = _tr_conv(v[..., None], None if ev is None else ev[..., None], weights["weight_b"][:, None, :],
+                              grid, exact_toeplitz=exact_toeplitz, fft_lengths=fft_lengths)
+    else:
+        ga, ega, d1 = _tr_conv(kb[..., None], ekb[..., None], None, grid, exact_toeplitz=False, fft_lengths=None,
+                               dense_rpe=weights["ra_tilde"])
+        gb, egb, _ = _tr_einsum("ijd,bhjv->bhivd", (weights["rb"], None), (v, ev))
+    ba = weights.get("bias_a")
+    a, ea = (ga, ega) if ba is None else _tr_add(ga, ega, ba, None)
+    bv, ebv = _tr_add(gb, egb, weights["bias_b"], None)
+    out, eout, d2 = _tr_einsum("bhic,bhicd,bhivd->bhiv", (qb, eqb), (a, ea), (bv, ebv))
+    return out, eout, depth + d1 + 1 + d2
+
+
+def lisa_core_bound(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any, bias_b: Any,
+                    grid: Sequence[int], *, exact_toeplitz: bool = False, fft_lengths: Sequence[int] | None = None,
+                    eps: float = config.LISA_L2_EPS, dtype: Any = None) -> Bound:
+    """Error bound of :func:`lisa_core` computed in precision T (either transform).
+
+    Stages (first order, u = u_T): L2 normalisation (:func:`_tr_l2`); Ga, Gb by FFT convolution
+    (k_fft ||Kb_c||_2 ||Wa_cd||_1, refimpl.toeplitz.fft_convolution_bound; propagation |Wa| (*) E_Kb);
+    the bias sums (u(|G| + |B|)); the triple contraction over c and D (gamma_{max(cD, c+D)+1}).
+
+    Parameters: as :func:`lisa_core`; dtype : the tested precision T (None: assume the reference's error
+    equals the tested one's).  Returns numerics.Bound with scale (B, h, N, c).
+    References: LiSA Eq. 9-10; Higham (2002) ch. 3, Thm 24.2.
+    """
+    q, k, v, sz = _check_qkv(q, k, v)
+    g = _grid_for(sz["N"], grid)
+    wa, wb, ba, bb, _ = _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, g, exact_toeplitz)
+    out, err, depth = _tr_core(q, None, k, None, v, None, g, kind="lisa", eps=eps, exact_toeplitz=exact_toeplitz,
+                               fft_lengths=fft_lengths,
+                               weights={"weight_a": wa, "weight_b": wb, "bias_a": ba, "bias_b": bb})
+    return _finish(out, err, depth, dtype, "lisa_core")
+
+
+def sa_core_bound(q: Any, k: Any, v: Any, form: str, *, rpe: Any = None, ra: Any = None, ra_tilde: Any = None,
+                  rb: Any = None, bias_a: Any = None, bias_b: Any = None, eps: float = config.LISA_L2_EPS,
+                  dtype: Any = None) -> Bound:
+    """Error bound of the direct SA cores :func:`sa_eq4` .. :func:`sa_eq7` (form "eq4".."eq7") in precision T.
+
+    Dense products: gamma_N |R| |x| plus |R| E_x; the rest as :func:`lisa_core_bound`.  Arguments as the
+    corresponding core.  Returns numerics.Bound with scale (B, h, N, c).  References: LiSA Eq. 4-7.
+    """
+    q, k, v, sz = _check_qkv(q, k, v)
+    if form not in SA_FORMS:
+        raise ValueError(f"argument 'form': expected one of {SA_FORMS}, got {form!r}")
+    w: dict[str, Any] = {}
+    for name, val in (("rpe", rpe), ("ra", ra), ("ra_tilde", ra_tilde), ("rb", rb), ("bias_a", bias_a),
+                      ("bias_b", bias_b)):
+        if val is not None:
+            w[name] = as_float(val, name)
+    if form == "eq6":
+        w.pop("bias_a", None)
+    out, err, depth = _tr_core(q, None, k, None, v, None, None, kind=form, eps=eps, weights=w)
+    return _finish(out, err, depth, dtype, f"sa_{form}")
+
+
+def _tr_attention(x, ex, params, cfg, *, kind):
+    where = "bound"
+    qkv, eqkv, d0 = _tr_linear(x, ex, _param(params, "qkv.weight", where),
+                               _param(params, "qkv.bias", where) if cfg.qkv_bias else None)
+    bsz, n_tok = x.shape[:2]
+    h, c = cfg.num_heads, cfg.head_dim
+
+    def heads(a):
+        return a.reshape(bsz, n_tok, 3, h, c).transpose(2, 0, 3, 1, 4)
+
+    q, k, v = heads(qkv)
+    eq, ek, ev = heads(eqkv)
+    if kind == "lisa":
+        weights = {n: _param(params, n, where) for n in ("weight_a", "weight_b", "bias_a", "bias_b")}
+        out, eout, d1 = _tr_core(q, eq, k, ek, v, ev, cfg.grid, kind="lisa", eps=cfg.l2_eps,
+                                 exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths, weights=weights)
+    else:
+        weights = {}
+        if cfg.form == "eq4":
+            r = rpe_matrix(_param(params, "rpe", where), cfg.grid, cfg.rpe)
+            weights["rpe"] = np.moveaxis(r, -1, 0) if r.ndim == 3 else r
+        else:
+            weights["rb"] = rpe_matrix(_param(params, "weight_b", where), cfg.grid, cfg.rpe)
+            weights["bias_b"] = _param(params, "bias_b", where)
+            ra = rpe_matrix(_param(params, "weight_a", where), cfg.grid, cfg.rpe)
+            if cfg.form == "eq5":
+                weights["ra"] = ra
+            else:
+                weights["ra_tilde"] = ra
+            if cfg.form == "eq7":
+                weights["bias_a"] = _param(params, "bias_a", where)
+        out, eout, d1 = _tr_core(q, eq, k, ek, v, ev, cfg.grid, kind=cfg.form, eps=cfg.l2_eps, weights=weights)
+
+    def merge(a):
+        return a.transpose(0, 2, 1, 3).reshape(bsz, n_tok, h * c)
+
+    y, ey, d2 = _tr_linear(merge(out), merge(eout), _param(params, "proj.weight", where),
+                           _param(params, "proj.bias", where))
+    return y, ey, d0 + d1 + d2
+
+
+def lisa_attention_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, dtype: Any = None) -> Bound:
+    """Error bound of :func:`lisa_attention` in precision T: qkv projection (gamma_{C+1}), then
+    :func:`lisa_core_bound`'s stages with the projection's error propagated, then the output projection
+    (|Wp| E + gamma_{C+1} (|o||Wp|^T + |b|)).  Returns numerics.Bound with scale (B, N, C).
+    References: LiSA Eq. 9-10, Fig. 7; Higham (2002) ch. 3."""
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    y, ey, depth = _tr_attention(x, None, params, cfg, kind="lisa")
+    return _finish(y, ey, depth, dtype, "lisa_attention")
+
+
+def structure_aware_attention_bound(x: Any, params: Mapping[str, Any], cfg: SAConfig, *, dtype: Any = None) -> Bound:
+    """Error bound of :func:`structure_aware_attention` in precision T (as :func:`lisa_attention_bound`
+    with dense RPE products).  Returns numerics.Bound with scale (B, N, C).  References: LiSA Eq. 4-7."""
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _guard(sa_elements(x.shape[0], cfg.num_heads, x.shape[1], cfg.head_dim, cfg.latent, cfg.form),
+           cfg.max_elements, "structure_aware_attention_bound")
+    y, ey, depth = _tr_attention(x, None, params, cfg, kind="sa")
+    return _finish(y, ey, depth, dtype, f"structure_aware_attention ({cfg.form}, {cfg.rpe})")
+
+
+def _tr_layer_norm(x, ex, w, b, eps):
+    """LayerNorm with input error E: dy = w / s (dx - mean dx - xh mean(xh dx)), so |dy| <= |w| / s
+    (E + mean E + |xh| mean(|xh| E)); plus the local bound of refimpl.layers.layer_norm_bound."""
+    y = layer_norm(x, w, b, eps)
+    lb = layer_norm_bound(x, w, b, eps)
+    err = lb.k * np.asarray(lb.scale)
+    if ex is not None:
+        mu = np.mean(x, axis=-1, keepdims=True)
+        s = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+        xh = np.abs(x - mu) / s
+        prop = (ex + np.mean(ex, axis=-1, keepdims=True) + xh * np.mean(xh * ex, axis=-1, keepdims=True)) / s
+        err = err + prop * np.abs(w)
+    return y, err, lb.k
+
+
+def lisa_block_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, dtype: Any = None) -> Bound:
+    """Error bound of :func:`lisa_block` in precision T, first order: LN1 (refimpl.layers.layer_norm_bound),
+    LiSA with LN1's error propagated (:func:`lisa_attention_bound`'s stages), the residual sum, LN2 with
+    the propagated error (|w|/s (E + mean E + |xh| mean(|xh| E))), the MLP (fc1, GELU with Lipschitz
+    constant config.GELU_LIPSCHITZ and refimpl.layers.gelu_bound, fc2) and the final residual sum.
+    Not rigorous beyond the assumed libm accuracy of erf (config.ELEMENTARY_FUNCTION_ULPS) and the FFT
+    depth heuristic.  Returns numerics.Bound with scale (B, N, C).  References: LiSA §5.1, Fig. 3."""
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    p = params
+    l1, el1, d0 = _tr_layer_norm(x, None, _param(p, "norm1.weight", "bound"), _param(p, "norm1.bias", "bound"),
+                                 cfg.ln_eps)
+    a, ea, d1 = _tr_attention(l1, el1, subparams(p, "attn"), cfg, kind="lisa")
+    y, ey = _tr_add(x, None, a, ea)
+    l2, el2, d2 = _tr_layer_norm(y, ey, _param(p, "norm2.weight", "bound"), _param(p, "norm2.bias", "bound"),
+                                 cfg.ln_eps)
+    hdn, eh, d3 = _tr_linear(l2, el2, _param(p, "mlp.fc1.weight", "bound"), _param(p, "mlp.fc1.bias", "bound"))
+    gb = gelu_bound(hdn)
+    g = numerics.gelu(hdn)
+    eg = config.GELU_LIPSCHITZ * eh + gb.k * np.asarray(gb.scale)
+    m, em, d4 = _tr_linear(g, eg, _param(p, "mlp.fc2.weight", "bound"), _param(p, "mlp.fc2.bias", "bound"))
+    out, eout = _tr_add(y, ey, m, em)
+    return _finish(out, eout, d0 + d1 + 1 + d2 + d3 + gb.k + d4 + 1, dtype, "lisa_block")
