@@ -65,7 +65,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     if x.shape[-1] != dims["in"]:
         raise ValueError(f"argument 'x': expected last dimension in={dims['in']} (weight is {weight.shape}), "
                          f"got shape {x.shape}")
-    y = x @ weight.T
+    # One 2-D product: NumPy's stacked matmul on (..., N, in) inputs is up to 10x slower than BLAS gemm.
+    y = (x.reshape(-1, dims["in"]) @ weight.T).reshape(*x.shape[:-1], dims["out"])
     if bias is not None:
         bias = as_float(bias, "bias")
         check_shapes(dims, bias=(bias, "out"))

@@ -478,9 +478,13 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         worst = None
     ulps = ulp_distance(np.where(finite, act, 0.0), np.where(finite, ref, 0.0), dname)
     scale = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
-    fin_scale = np.where(finite & np.isfinite(scale), scale, 0.0)
+    # An infinite scale means "no bound" for that element: it must also lift the naive floor, never
+    # collapse it (a non-finite scale contributes +inf; a NaN scale is treated the same way).
+    fin_scale = np.where(finite, np.where(np.isnan(scale), np.inf, scale), 0.0)
     fin_ref = np.where(finite, np.abs(ref), 0.0)
-    floor = max(math.sqrt(max(bound.k, 1.0)) * u * float(fin_scale.max(initial=0.0)),
+    with np.errstate(over="ignore", invalid="ignore"):
+        scale_max = float(fin_scale.max(initial=0.0))
+    floor = max(math.sqrt(max(bound.k, 1.0)) * u * scale_max,
                 config.NAIVE_ULP_FLOOR * _spacing(float(fin_ref.max(initial=0.0)), dname))
     naive_err = None
     if naive is not None:

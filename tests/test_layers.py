@@ -162,7 +162,7 @@ def test_mlp_is_fc2_gelu_fc1():
          "fc2.weight": rng.standard_normal((4, 8)), "fc2.bias": rng.standard_normal(4)}
     x = rng.standard_normal((2, 3, 4))
     want = layers.gelu(x @ p["fc1.weight"].T + p["fc1.bias"]) @ p["fc2.weight"].T + p["fc2.bias"]
-    np.testing.assert_array_equal(layers.mlp(x, p), want)
+    numerics.assert_close(layers.mlp(x, p), want, layers.mlp_bound(x, p), "float64")
     assert layers.subparams({"blocks.0.mlp.fc1.weight": 1, "blocks.0.norm.weight": 2}, "blocks.0.mlp") == {
         "fc1.weight": 1}
     with pytest.raises(KeyError, match="no parameters under prefix 'blocks.1'"):

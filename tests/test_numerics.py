@@ -221,11 +221,12 @@ def test_ulp_distance_counts_representable_steps():
     assert numerics.ulp_distance(np.array([nxt], np.float64), np.array([1.5]), "float32")[0] == 1.0
 
 
-def test_assertion_meta_check_fails_a_test_without_assertions(pytester):
+def test_assertion_meta_check_fails_a_test_without_assertions(pytester, monkeypatch):
     """The conftest meta-check turns a passing test that executed no assertion into a failure, and
     counts plain asserts, error-model comparisons, numpy.testing and pytest.raises."""
     import pathlib
     root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", str(root))  # the copied conftest imports refimpl from this checkout
     pytester.makeconftest((root / "conftest.py").read_text())
     pytester.makepyfile(textwrap.dedent("""
         import numpy as np, pytest
