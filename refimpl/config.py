@@ -187,13 +187,6 @@ FLATTEN_OFFICIAL_SCALE_INIT = 0.0
 #: inherits that absolute error.
 FLATTEN_RESAMPLE_INDEX_ROUNDINGS = 4
 
-#: Float16 / bfloat16 limits used by the precision audit of docs/flatten.md (IEEE 754 binary16: largest
-#: finite 65504, smallest normal 2^-14, smallest subnormal 2^-24; bfloat16: 3.3895e38, 2^-126, 2^-133).
-FLOAT16_MAX = 65504.0
-FLOAT16_TINY = 2.0 ** -14
-FLOAT16_SUBNORMAL_MIN = 2.0 ** -24
-BFLOAT16_MAX = 3.3895313892515355e38
-
 # --- RALA (attention/rala.py) ----------------------------------------------------------------------
 
 #: eps the released RALA code adds to the (mean-scaled) normaliser: 1 / (kappa(Q_i) mean_j(alpha_j

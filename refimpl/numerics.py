@@ -17,7 +17,7 @@ Three things live here and nowhere else:
 
    where ``u_T`` is the unit roundoff of T, ``gamma_k(u) = k u / (1 - k u)``, ``S`` is the same computation
    run on absolute values (a running error bound), ``k`` is derived per operation from the depth of the
-   computation and ``eta_T`` is half the smallest subnormal spacing of T: Higham's model with gradual
+   computation and ``eta_T`` is the smallest subnormal of T (a bound on half of it): Higham's model with gradual
    underflow is fl(x op y) = (x op y)(1 + delta) + eta with |delta| <= u, |eta| <= eta_T (Higham eq. 2.8).
    :func:`compare` also requires the NaN/Inf patterns to agree and the tested error to be at most
    ``config.NAIVE_ERROR_RATIO_MAX`` times that of a naive same-precision NumPy computation.
@@ -298,9 +298,12 @@ def unit_roundoff(dtype: Any) -> float:
 
 
 def underflow_eta(dtype: Any) -> float:
-    """eta_T: the largest absolute error of rounding a result into T's subnormal range (half the
-    smallest subnormal spacing; Higham eq. 2.8)."""
-    return _FORMATS[_format_name(dtype)][1] / 2.0
+    """eta_T: a bound on the absolute error of rounding a result into T's subnormal range.
+
+    Rounding to nearest errs by at most half the smallest subnormal (Higham eq. 2.8), but for float64
+    that half, 2^-1075, is not representable (it rounds to 0).  We return the smallest subnormal itself,
+    an upper bound twice as large, so the underflow term never vanishes."""
+    return _FORMATS[_format_name(dtype)][1]
 
 
 def gamma(n: float, u: float) -> float:
@@ -485,7 +488,8 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     with np.errstate(over="ignore", invalid="ignore"):
         scale_max = float(fin_scale.max(initial=0.0))
     floor = max(math.sqrt(max(bound.k, 1.0)) * u * scale_max,
-                config.NAIVE_ULP_FLOOR * _spacing(float(fin_ref.max(initial=0.0)), dname))
+                config.NAIVE_ULP_FLOOR * _spacing(float(fin_ref.max(initial=0.0)), dname),
+                bound.k * underflow_eta(dname))  # results in the subnormal range err in absolute terms
     naive_err = None
     if naive is not None:
         nv = _to_numpy64(naive)

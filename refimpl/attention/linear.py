@@ -1,0 +1,545 @@
+"""Generic kernelized linear attention, both association orders, with its error model.
+
+Shapes (per head; the head split is the caller's business):
+    B batch, h heads, N query tokens, M key/value tokens, d query/key head dim, e value head dim.
+    q : (B, h, N, d), k : (B, h, M, d), v : (B, h, M, e)  -> output (B, h, N, e).
+
+The mechanism (L2ViT Eq. 2-4; FLatten Eq. 1-4; Katharopoulos et al. 2020): with a feature map phi,
+
+    O_i = sum_j [phi(Q_i) . phi(K_j)] V_j / sum_j [phi(Q_i) . phi(K_j)]                      (quadratic order)
+        = phi(Q_i) (sum_j phi(K_j)^T V_j) / (phi(Q_i) . sum_j phi(K_j))                      (linear order)
+
+The two orders are equal in exact arithmetic (associativity of the matrix product); in floating point
+they differ by rounding only, which :func:`linear_attention_bound` bounds.  The normaliser policy is
+explicit: ``clamp_min`` first (den -> max(den, clamp_min), L2ViT Appendix 8, Table 10), then ``eps``
+("add": den + eps, "clamp": max(den, eps)).
+
+Contents, top to bottom: feature maps and their error coefficients; the attention core on feature maps
+already applied (:func:`kernelized_attention`, usable with any phi, e.g. FLatten's focused map);
+:func:`linear_attention` (feature map + core); the error bounds.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .. import config, numerics
+
+__all__ = [
+    "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
+    "kernelized_attention", "linear_attention",
+    "kernelized_attention_bound", "linear_attention_bound",
+]
+
+#: Names accepted by :func:`feature_map`.
+FEATURE_MAPS = ("identity", "relu", "elu1", "softmax", "l1", "leaky_relu")
+
+#: Feature maps whose output is non-negative (so the normaliser is a sum of non-negative terms).
+#: "l1" is non-negative with its default base "relu"; "softmax" always.
+NON_NEGATIVE_MAPS = ("relu", "elu1", "softmax", "l1")
+
+_L1_BASES = ("relu", "identity", "elu1", "leaky_relu")
+
+
+# ===================================================================================================
+# Feature maps
+# ===================================================================================================
+
+def _check_map_options(name: str, opts: Mapping[str, Any]) -> None:
+    allowed = {"leaky_relu": {"negative_slope"}, "softmax": {"axis"},
+               "l1": {"axis", "base", "eps", "negative_slope"}}.get(name, set())
+    extra = set(opts) - allowed
+    if extra:
+        raise TypeError(f"feature map {name!r}: unexpected option(s) {sorted(extra)}; "
+                        f"accepted: {sorted(allowed) or 'none'}")
+
+
+def _map_and_error(x: np.ndarray, name: str, opts: Mapping[str, Any], want_error: bool):
+    """phi(x) and (optionally) its error coefficient E with |fl_T(phi(x)) - phi(x)| <= u_T * E (first
+    order in u_T), E >= 0 element-wise.  See :func:`feature_map_error` for the derivation per map."""
+    if name not in FEATURE_MAPS:
+        raise ValueError(f"argument 'feature_map': expected one of {FEATURE_MAPS}, got {name!r}")
+    _check_map_options(name, opts)
+    c_elem = float(config.ELEMENTARY_FUNCTION_ULPS)
+    if name == "identity":
+        return x, (np.zeros_like(x) if want_error else None)
+    if name == "relu":
+        return numerics.relu(x), (np.zeros_like(x) if want_error else None)
+    if name == "leaky_relu":
+        slope = float(opts.get("negative_slope", config.LINEAR_LEAKY_RELU_SLOPE))
+        phi = numerics.leaky_relu(x, slope)
+        # slope * x is one rounded multiplication; x >= 0 passes through exactly.
+        return phi, (np.where(x < 0, np.abs(phi), 0.0) if want_error else None)
+    if name == "elu1":
+        # ELU(x) + 1 = x + 1 (x > 0), exp(x) (x <= 0).  The reference evaluates exp(x) directly, which is
+        # the same real function and more accurate than (exp(x) - 1) + 1 near x -> -inf.
+        with np.errstate(over="ignore"):
+            phi = np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
+        err = None
+        if want_error:
+            # x > 0: one rounding of x + 1 -> u phi.  x <= 0: exp(x) with c_elem ulps -> c_elem u phi
+            # (relative).  This covers the exp form only: the idiom elu(x) + 1 = (exp(x) - 1) + 1 has an
+            # absolute error up to (c_elem + 2) u and returns 0 for exp(x) < u/2 - a documented finding
+            # (docs/linear.md), not an error this bound admits.
+            err = np.where(x > 0, np.abs(phi), c_elem * np.abs(phi))
+        return phi, err
+    if name == "softmax":
+        axis = int(opts.get("axis", -1))
+        phi = numerics.softmax(x, axis=axis)
+        err = None
+        if want_error:
+            # Max-subtraction softmax (derivation in feature_map_error): relative error of phi_c
+            # <= (|x_c - m| + w + 2 c_elem + n) u, with w = sum_c phi_c |x_c - m| and n the axis length.
+            m = np.max(x, axis=axis, keepdims=True)
+            with np.errstate(invalid="ignore"):
+                dev = np.abs(x - m)
+                w = np.sum(np.where(phi > 0, phi * dev, 0.0), axis=axis, keepdims=True)
+            n = x.shape[axis]
+            err = phi * (np.where(phi > 0, dev, 0.0) + w + 2.0 * c_elem + n)
+        return phi, err
+    # name == "l1"
+    axis = int(opts.get("axis", -1))
+    base = opts.get("base", "relu")
+    if base not in _L1_BASES:
+        raise ValueError(f"feature map 'l1': option 'base' must be one of {_L1_BASES}, got {base!r}")
+    eps = float(opts.get("eps", config.LINEAR_L1_EPS))
+    base_opts = {"negative_slope": opts["negative_slope"]} if ("negative_slope" in opts
+                                                               and base == "leaky_relu") else {}
+    b, eb = _map_and_error(x, base, base_opts, want_error)
+    s = np.sum(np.abs(b), axis=axis, keepdims=True)
+    den = np.maximum(s, eps)
+    phi = b / den
+    err = None
+    if want_error:
+        # phi = b / max(sum|b|, eps): base errors eb propagate as eb/den + |phi| sum(eb)/den; the sum of n
+        # absolute values has relative error gamma_{n-1} <= (n-1)u (no cancellation) and the quotient u,
+        # so n u |phi| in all (first order).
+        n = x.shape[axis]
+        err = eb / den + np.abs(phi) * (np.sum(eb, axis=axis, keepdims=True) / den + n)
+    return phi, err
+
+
+def feature_map(x: Any, name: str = "relu", **opts: Any) -> np.ndarray:
+    """Apply the kernel feature map phi element-wise or row-wise.
+
+    Parameters
+    ----------
+    x : float array (..., n_tokens, d), any real float dtype (computed in the working precision).
+    name : one of :data:`FEATURE_MAPS`:
+
+        - ``"identity"``: phi(x) = x (signed; the normaliser may cancel or vanish);
+        - ``"relu"``: max(x, 0) (L2ViT §4.1, Table 1; FLatten Eq. 6 before f_p);
+        - ``"elu1"``: ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise (Katharopoulos et al. 2020, Eq. 7);
+        - ``"softmax"``: softmax along ``axis`` (default -1, over d: each token's features sum to 1);
+        - ``"l1"``: b(x) / max(||b(x)||_1, eps) along ``axis`` (default -1, over d), with the base map
+          ``base`` (default ``"relu"``, so phi is non-negative and each non-dead row sums to 1; an all-zero
+          row maps to 0).  ``base="identity", axis=-2`` gives the signed, per-channel-over-tokens L1
+          normalisation of SimA (Koohpayegani & Pirsiavash 2022), which L2ViT Table 1 calls "L1 norm" and
+          which "keeps negative values".  ``eps`` default ``config.LINEAR_L1_EPS``;
+        - ``"leaky_relu"``: x (x >= 0), negative_slope * x otherwise (L2ViT Table 1); option
+          ``negative_slope`` default ``config.LINEAR_LEAKY_RELU_SLOPE``.
+
+    Returns
+    -------
+    ndarray, same shape as x, working precision.
+
+    References
+    ----------
+    L2ViT §4.1 and Table 1 (ReLU, LeakyReLU, L1 norm); FLatten Eq. 2-3; Katharopoulos et al. (2020) Eq. 7.
+    """
+    x = numerics.as_float(x, "x")
+    return _map_and_error(x, name, opts, want_error=False)[0]
+
+
+def feature_map_error(x: Any, name: str = "relu", **opts: Any) -> np.ndarray:
+    """Error coefficient E(x) >= 0 of a feature map: |fl_T(phi(x)) - phi(x)| <= u_T E(x) to first order.
+
+    Derivations (u the unit roundoff of T, c = ``config.ELEMENTARY_FUNCTION_ULPS``, the assumed accuracy of
+    exp in units of u; not rigorous beyond that assumption):
+
+    - identity, relu: exact, E = 0.
+    - leaky_relu: one rounded product slope*x on the negative side: E = |phi| there, 0 elsewhere.
+    - elu1: x > 0: E = phi (x + 1 rounded once).  x <= 0: E = c phi (exp evaluated directly, the
+      reference's form).  The idiom ELU(x) + 1 = (exp(x) - 1) + 1 is *not* covered: its error is absolute,
+      up to (c + 2) u, and it returns exactly 0 once exp(x) < u/2 (a finding, docs/linear.md).
+    - softmax along an axis of length n, computed as exp(x - m) / sum exp(x - m) with m the max (exact):
+      t = fl(x_c - m) has relative error u, which exp turns into a relative error |x_c - m| u; exp itself
+      adds c u.  The sum of the n non-negative terms has relative error
+      <= sum_c phi_c (|x_c - m| + c) u + (n - 1) u = (w + c + n - 1) u with w = sum_c phi_c |x_c - m|;
+      the quotient adds u.  Hence E = phi_c (|x_c - m| + w + 2c + n).
+    - l1 with base b: phi = b / max(sum |b|, eps); E = E_b / den + |phi| (sum E_b / den + n)  (base errors
+      through numerator and sum, n - 1 roundings in the sum of absolute values, 1 in the quotient).
+
+    Parameters and options as :func:`feature_map`.  Returns an array of x's shape.
+
+    References
+    ----------
+    Higham, *Accuracy and Stability of Numerical Algorithms* (2nd ed.), §2.2, §3.1; DESIGN.md "The error
+    model".
+    """
+    x = numerics.as_float(x, "x")
+    return _map_and_error(x, name, opts, want_error=True)[1]
+
+
+# ===================================================================================================
+# The attention core (feature maps already applied)
+# ===================================================================================================
+
+_ORDERS = ("linear", "quadratic")
+_EPS_POLICIES = ("add", "clamp")
+
+
+def _eta_times(count: np.ndarray | float, dtype: Any) -> np.ndarray:
+    """count * eta_T (eta_T = half the smallest subnormal of T, Higham eq. 2.8), formed as
+    (count * tiny) / 2 so that float64's eta = 2^-1075 (not representable) does not round to 0."""
+    name = str(np.dtype(dtype)) if str(dtype) != "bfloat16" else "bfloat16"
+    return np.asarray(count, dtype=np.float64) * config.FORMAT_MIN_SUBNORMAL[name.replace("torch.", "")] / 2.0
+
+
+def _check_policy(order: str | None, eps: float, eps_policy: str, clamp_min: float | None) -> None:
+    if order is not None and order not in _ORDERS:
+        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+    if eps_policy not in _EPS_POLICIES:
+        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
+    if not isinstance(eps, (int, float, np.floating, np.integer)) or isinstance(eps, bool):
+        raise TypeError(f"argument 'eps': expected a real number, got {type(eps).__name__}")
+    if clamp_min is not None and (not isinstance(clamp_min, (int, float, np.floating, np.integer))
+                                  or isinstance(clamp_min, bool)):
+        raise TypeError(f"argument 'clamp_min': expected a real number or None, got {type(clamp_min).__name__}")
+
+
+def _guard(elements: int, max_elements: int | None, what: str) -> None:
+    limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
+    if elements > limit:
+        raise ValueError(
+            f"{what}: the N x M attention matrix would have B*h*N*M = {elements} elements, above "
+            f"max_elements = {limit} (config.QUADRATIC_MAX_ELEMENTS); use order='linear' "
+            f"(refimpl.attention.linear.linear_attention / kernelized_attention), which never forms it, "
+            f"and do not request the 'attn' tap")
+
+
+def _wants_attn(taps: dict | None) -> bool:
+    return taps is not None and bool(taps.get("want_attn", False))
+
+
+def apply_normaliser(den: np.ndarray, *, eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
+                     clamp_min: float | None = None) -> np.ndarray:
+    """The normaliser policy: den -> max(den, clamp_min) (if given), then den + eps ("add") or
+    max(den, eps) ("clamp").  ``np.maximum`` returns its first argument bitwise where den >= clamp_min and
+    propagates NaN.  eps = 0 with "add" is the identity (Eq. 4 unmodified).
+
+    References
+    ----------
+    L2ViT Appendix 8 (clamp to [C_min, inf), Table 10); FLatten Eq. 4.
+    """
+    _check_policy(None, eps, eps_policy, clamp_min)
+    out = den
+    if clamp_min is not None:
+        out = np.maximum(out, clamp_min)
+    if eps_policy == "add":
+        if eps != 0:
+            out = out + eps
+    else:
+        out = np.maximum(out, eps)
+    return out
+
+
+def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear", normalize: bool = True,
+                         eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
+                         clamp_min: float | None = None, taps: dict | None = None,
+                         max_elements: int | None = None) -> np.ndarray:
+    """Kernelized attention on feature maps already applied, in either association order.
+
+    O = num / den_eff with num = phi_q (phi_k^T v), den = phi_q . sum_j phi_k_j       (order="linear")
+                       or num = (phi_q phi_k^T) v, den = rowsum(phi_q phi_k^T)         (order="quadratic")
+    and den_eff = :func:`apply_normaliser` (den).  normalize=False returns num.
+
+    Parameters
+    ----------
+    phi_q : float array (B, h, N, d), phi(Q).
+    phi_k : float array (B, h, M, d), phi(K).
+    v : float array (B, h, M, e).
+    order : "linear" (O(N M d e) never forming N x M; the default) or "quadratic" (forms the N x M matrix;
+        refused when B*h*N*M > ``max_elements``, default ``config.QUADRATIC_MAX_ELEMENTS``).
+    normalize : divide by the normaliser (True, Eq. 4) or return the numerator (False).
+    eps, eps_policy, clamp_min : the normaliser policy (:func:`apply_normaliser`).
+    taps : dict or None.  Protocol: the function *writes* float arrays under these names:
+
+        - "phi_q" (B,h,N,d), "phi_k" (B,h,M,d) (both orders);
+        - linear order: "kv" (B,h,d,e) = phi_k^T v, "k_sum" (B,h,d) = sum_j phi_k_j;
+        - quadratic order: "scores" (B,h,N,M) = phi_q phi_k^T (unnormalised);
+        - "numerator" (B,h,N,e);
+        - normalize=True: "denominator_raw" (B,h,N) = phi_q . sum_j phi_k_j (or the row sums),
+          "denominator" (B,h,N) = the value actually divided by (after clamp_min and eps);
+        - "attn" (B,h,N,M) = the normalised matrix (or phi_q phi_k^T itself when normalize=False):
+          always in quadratic order; in linear order only when the caller *requests* it by passing
+          ``taps={"want_attn": True}`` (then guarded by ``max_elements`` like the quadratic order).
+    max_elements : int or None, the memory guard for N x M matrices.
+
+    Returns
+    -------
+    ndarray (B, h, N, e), working precision.
+
+    References
+    ----------
+    L2ViT Eq. 3-4 and Appendix 8; FLatten Eq. 3-4; Katharopoulos et al. (2020) Eq. 5-6.
+    """
+    phi_q = numerics.as_float(phi_q, "phi_q")
+    phi_k = numerics.as_float(phi_k, "phi_k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(phi_q=(phi_q, "B h N d"), phi_k=(phi_k, "B h M d"), v=(v, "B h M e"))
+    _check_policy(order, eps, eps_policy, clamp_min)
+    n_elements = sz["B"] * sz["h"] * sz["N"] * sz["M"]
+    want_attn = _wants_attn(taps)
+    if order == "quadratic" or want_attn:
+        _guard(n_elements, max_elements, f"kernelized_attention(order={order!r}"
+               f"{', want_attn' if want_attn else ''})")
+    if taps is not None:
+        taps["phi_q"], taps["phi_k"] = phi_q, phi_k
+
+    scores = None
+    if order == "linear":
+        kv = phi_k.swapaxes(-1, -2) @ v                    # (B,h,d,e): sum_j phi(K_j)^T V_j
+        num = phi_q @ kv
+        if taps is not None:
+            taps["kv"] = kv
+        if normalize:
+            k_sum = np.sum(phi_k, axis=-2)                 # (B,h,d)
+            den = np.einsum("bhnd,bhd->bhn", phi_q, k_sum)
+            if taps is not None:
+                taps["k_sum"] = k_sum
+        if want_attn:
+            scores = phi_q @ phi_k.swapaxes(-1, -2)
+    else:
+        scores = phi_q @ phi_k.swapaxes(-1, -2)            # (B,h,N,M)
+        num = scores @ v
+        if normalize:
+            den = np.sum(scores, axis=-1)
+        if taps is not None:
+            taps["scores"] = scores
+    if taps is not None:
+        taps["numerator"] = num
+    if not normalize:
+        if taps is not None and scores is not None:
+            taps["attn"] = scores
+        return num
+    den_eff = apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / den_eff[..., None]
+        if taps is not None:
+            taps["denominator_raw"], taps["denominator"] = den, den_eff
+            if scores is not None:
+                taps["attn"] = scores / den_eff[..., None]
+    return out
+
+
+# ===================================================================================================
+# Linear attention = feature map + core
+# ===================================================================================================
+
+def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order: str = "linear",
+                     normalize: bool = True, eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
+                     clamp_min: float | None = None, taps: dict | None = None, max_elements: int | None = None,
+                     feature_map_options: Mapping[str, Any] | None = None) -> np.ndarray:
+    """Kernelized linear attention O_i = phi(Q_i) sum_j phi(K_j)^T V_j / (phi(Q_i) . sum_j phi(K_j)).
+
+    Parameters
+    ----------
+    q : float array (B, h, N, d).
+    k : float array (B, h, M, d).
+    v : float array (B, h, M, e).
+    feature_map : a name in :data:`FEATURE_MAPS` (see :func:`feature_map`), applied to q and k alike.
+    order : "linear" (default) or "quadratic"; equal in exact arithmetic.
+    normalize : bool; False returns the numerator phi(Q) phi(K)^T V.
+    eps : float, default ``config.LINEAR_DEFAULT_EPS`` (0).  eps_policy : "add" (den + eps) or "clamp"
+        (max(den, eps)).  clamp_min : float or None, L2ViT's C_min, applied before eps.
+    taps : dict or None; names as :func:`kernelized_attention` ("phi_q", "phi_k", "kv", "k_sum",
+        "scores", "numerator", "denominator_raw", "denominator", "attn"; request "attn" in linear order
+        with ``taps={"want_attn": True}``).
+    max_elements : memory guard of N x M matrices (default ``config.QUADRATIC_MAX_ELEMENTS``).
+    feature_map_options : dict of options of the feature map (e.g. {"negative_slope": 0.2},
+        {"base": "identity", "axis": -2}).
+
+    Returns
+    -------
+    ndarray (B, h, N, e), working precision (float64 by default).
+
+    References
+    ----------
+    L2ViT Eq. 2-4 (and Appendix 8 for ``clamp_min``); FLatten Eq. 1-4.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
+    _check_policy(order, eps, eps_policy, clamp_min)
+    opts = dict(feature_map_options or {})
+    phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
+    phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
+    return kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
+                                eps_policy=eps_policy, clamp_min=clamp_min, taps=taps,
+                                max_elements=max_elements)
+
+
+# ===================================================================================================
+# Error bounds
+# ===================================================================================================
+
+def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = None, err_k: Any = None,
+                               normalize: bool = True, eps: float = config.LINEAR_DEFAULT_EPS,
+                               eps_policy: str = "add", clamp_min: float | None = None,
+                               dtype: Any = None) -> numerics.Bound:
+    """Error bound of :func:`kernelized_attention` computed in precision T, for either order.
+
+    Derivation (Higham ch. 3; u = u_T; |.| element-wise; first order in u).  Let E_q, E_k be the feature
+    maps' error coefficients (|fl(phi) - phi| <= u E, :func:`feature_map_error`; zero when the caller
+    gives exact feature maps).
+
+    Numerator.  Linear order: KV = phi_k^T v is a length-M inner product, num = phi_q KV length d:
+        |d num| <= gamma_d |phi_q| |KV| + |phi_q| |d KV| + u E_q |KV|,  |d KV| <= gamma_M |phi_k|^T|v| + u E_k^T|v|
+    and |KV| <= |phi_k|^T |v|, so |d num| <= gamma_{d+M} S_num + u F_num with
+        S_num = |phi_q| (|phi_k|^T |v|)   (the same computation on absolute values),
+        F_num = E_q (|phi_k|^T |v|) + |phi_q| (E_k^T |v|).
+    Quadratic order: scores (length d) then scores @ v (length M): the same two terms.
+    Denominator: den = phi_q . sum_j phi_k_j, lengths M and d:  |d den| <= gamma_{d+M} S_D + u F_D,
+        S_D = |phi_q| (sum_j |phi_k_j|),  F_D = E_q (sum_j |phi_k_j|) + |phi_q| (sum_j E_k_j).
+    The clamp max(den, C) is exact and 1-Lipschitz, so den_eff inherits |d den|; eps "add" rounds once
+    (u |den_eff|), eps "clamp" is exact.  The quotient: with a = |d num|, b = |d den_eff|,
+        |num'/den' - num/den| <= (a + |O| b) / (|den_eff| - b)     (exact when b < |den_eff|),
+    plus u |O| for rounding the quotient.  Using |O| <= S_num / |den_eff| and gamma_n + u <= gamma_{n+1}:
+
+        normalize=True:  k = d + M + 2 (d, M: the two inner products; +1 the eps add; +1 the quotient),
+            scale = (S_num + F_num + (S_num / |den_eff|) (S_D + F_D)) / D_low,
+            D_low = |den_eff| (first order; ``dtype=None``) or |den_eff| - gamma_{d+M+2}(u_T) (S_D + F_D)
+            (``dtype`` given: the exact quotient bound, inf where that is <= 0, i.e. where rounding can
+            reach a zero normaliser - then no bound exists and the comparison will say so).
+        normalize=False: k = d + M, scale = S_num + F_num.
+
+    With ``dtype`` given, gradual underflow is propagated too (Higham eq. 2.8: each rounding may add
+    eta_T): the numerator collects at most eta_T (M ||phi_q_i||_1 + d sum_j |v_je| + d + M), the normaliser
+    eta_T (M ||phi_q_i||_1 + d M + d + M) (the worse of the two orders), the feature maps' own underflow
+    (eta_T per entry) eta_T (sum_c (|phi_k|^T |v|)_ce + ||phi_q_i||_1 sum_j |v_je|) and
+    eta_T (sum_cj |phi_k_jc| + M ||phi_q_i||_1) more, and the quotient divides both by
+    D_low; the term is added to the scale in units of gamma_k(u_T).  Without ``dtype`` only Bound's own
+    k eta_T is included (not propagated through the quotient).
+
+    Rigorous given gamma's assumptions (any summation order, so BLAS/GPU/threads; no FMA-specific
+    improvements assumed) except: products of two feature-map errors (O(u^2)) are neglected, and E for
+    maps using exp relies on ``config.ELEMENTARY_FUNCTION_ULPS``.  With non-negative feature maps
+    S_D = den exactly (no cancellation); with signed maps (identity, leaky_relu, signed l1) S_D may be
+    far larger than |den| and the bound is correspondingly wide - that is the honest conditioning.
+
+    Parameters
+    ----------
+    phi_q (B,h,N,d), phi_k (B,h,M,d), v (B,h,M,e) : float arrays (the reference's values).
+    err_q, err_k : error coefficients of phi_q, phi_k (same shapes) or None (exact feature maps).
+    normalize, eps, eps_policy, clamp_min : as :func:`kernelized_attention`.
+    dtype : the tested precision T, or None for the first-order (dtype-free) scale.
+
+    Returns
+    -------
+    numerics.Bound with scale (B,h,N,e).
+
+    References
+    ----------
+    DESIGN.md "The error model"; Higham (2002) Lemma 3.1, eq. (3.4)-(3.5); L2ViT Eq. 4; FLatten Eq. 4.
+    """
+    phi_q = numerics.as_float(phi_q, "phi_q")
+    phi_k = numerics.as_float(phi_k, "phi_k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(phi_q=(phi_q, "B h N d"), phi_k=(phi_k, "B h M d"), v=(v, "B h M e"))
+    _check_policy(None, eps, eps_policy, clamp_min)
+    eq = np.zeros_like(phi_q) if err_q is None else numerics.as_float(err_q, "err_q")
+    ek = np.zeros_like(phi_k) if err_k is None else numerics.as_float(err_k, "err_k")
+    numerics.check_shapes(sz, err_q=(eq, "B h N d"), err_k=(ek, "B h M d"))
+    d, m = sz["d"], sz["M"]
+    aq, ak, av = np.abs(phi_q), np.abs(phi_k), np.abs(v)
+    with np.errstate(over="ignore", invalid="ignore"):
+        kv_abs = ak.swapaxes(-1, -2) @ av
+        s_num = aq @ kv_abs
+        f_num = eq @ kv_abs + aq @ (ek.swapaxes(-1, -2) @ av)
+    if not normalize:
+        k_depth = d + m
+        scale = s_num + f_num
+        if dtype is not None:  # gradual underflow, as in the normalised case below
+            scale = scale + _eta_times(m * np.sum(aq, axis=-1)[..., None] + d * np.sum(av, axis=-2)[..., None, :]
+                                       + d + m, dtype) / numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
+        return numerics.Bound(
+            scale, k_depth,
+            f"kernelized attention numerator: k = d + M = {d} + {m} (two inner products); scale "
+            f"|phi_q|(|phi_k|^T|v|) + feature-map error terms (first order)")
+    k_depth = d + m + 2
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        ksum_abs = np.sum(ak, axis=-2)
+        s_den = np.einsum("bhnd,bhd->bhn", aq, ksum_abs)
+        f_den = np.einsum("bhnd,bhd->bhn", eq, ksum_abs) + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))
+        den = np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2))
+        den_eff = np.abs(apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min))
+        if dtype is None:
+            d_low = den_eff
+            how = "first order in u (|den_eff| in the quotient)"
+        else:
+            b = numerics.gamma(k_depth, numerics.unit_roundoff(dtype)) * (s_den + f_den)
+            d_low = np.where(den_eff > b, den_eff - b, 0.0)
+            how = (f"exact quotient bound for {dtype} (|den_eff| - b; inf where "
+                   f"rounding may reach a zero normaliser)")
+        o_abs = s_num / den_eff[..., None]
+        scale = (s_num + f_num + o_abs * (s_den + f_den)[..., None]) / d_low[..., None]
+        if dtype is not None:
+            # Gradual underflow (Higham eq. 2.8): every rounding may add eta_T absolutely.  Through the two
+            # inner products of either order the numerator collects at most
+            # eta (M ||phi_q_i||_1 + d sum_j |v_je| + d + M) and the normaliser eta (M ||phi_q_i||_1 + d M + d + M);
+            # the quotient divides both by den.  Expressed in units of gamma_k(u) to fit Bound's form.
+            # The feature maps' own underflow (an absolute eta per entry of phi_q, phi_k) adds
+            # eta (sum_c (|phi_k|^T|v|)_ce + ||phi_q_i||_1 sum_j |v_je|) and eta (sum_c sum_j |phi_k_jc| + M ||phi_q_i||_1).
+            q1 = np.sum(aq, axis=-1)[..., None]
+            v1 = np.sum(av, axis=-2)[..., None, :]
+            eta_num = _eta_times(m * q1 + d * v1 + d + m + np.sum(kv_abs, axis=-2)[..., None, :] + q1 * v1, dtype)
+            eta_den = _eta_times(m * q1 + d * m + d + m + np.sum(ksum_abs, axis=-1)[..., None, None] + m * q1, dtype)
+            scale = scale + (eta_num + o_abs * eta_den) / d_low[..., None] / \
+                numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
+        scale = np.where(np.isnan(scale) & (d_low[..., None] == 0) & (den_eff[..., None] > 0), np.inf, scale)
+    note = (f"kernelized attention: k = d + M + 2 = {d} + {m} + 2 (inner products of length d and M, "
+            f"the eps add, the quotient); scale (S_num + F_num + |O| (S_den + F_den)) / |den_eff|, {how}; "
+            f"{'underflow terms eta_T propagated through the quotient; ' if dtype is not None else ''}"
+            f"feature-map error products O(u^2) neglected")
+    return numerics.Bound(scale, k_depth, note)
+
+
+def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu", normalize: bool = True,
+                           eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
+                           clamp_min: float | None = None, dtype: Any = None,
+                           feature_map_options: Mapping[str, Any] | None = None,
+                           order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`linear_attention` in precision T (either order; ``order`` is accepted and
+    ignored because the bound is the same for both, see :func:`kernelized_attention_bound`).
+
+    The feature maps are evaluated on the (T-rounded) inputs q, k; their error coefficients
+    (:func:`feature_map_error`) enter through F_num and F_den; k = d + M + 2 (normalize) or d + M.
+
+    Parameters
+    ----------
+    q (B,h,N,d), k (B,h,M,d), v (B,h,M,e) : float arrays; other arguments as :func:`linear_attention`;
+    dtype : the tested precision T or None (first-order scale).
+
+    Returns
+    -------
+    numerics.Bound with scale (B,h,N,e).
+
+    References
+    ----------
+    DESIGN.md "The error model"; L2ViT Eq. 4; FLatten Eq. 4; Higham (2002) ch. 3.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
+    _check_policy(order, eps, eps_policy, clamp_min)
+    opts = dict(feature_map_options or {})
+    phi_q, e_q = _map_and_error(q, feature_map, opts, want_error=True)
+    phi_k, e_k = _map_and_error(k, feature_map, opts, want_error=True)
+    bound = kernelized_attention_bound(phi_q, phi_k, v, err_q=e_q, err_k=e_k, normalize=normalize, eps=eps,
+                                       eps_policy=eps_policy, clamp_min=clamp_min, dtype=dtype)
+    return numerics.Bound(bound.scale, bound.k, f"feature map {feature_map!r}; {bound.note}")
