@@ -1,0 +1,47 @@
+/*
+ * refimpl C kernels: public declarations.
+ *
+ * Conventions (DESIGN.md, "C kernels"): outputs first, then const inputs, then scalar parameters and
+ * sizes; every array is a packed C-contiguous buffer of the stated shape; no kernel allocates memory,
+ * touches Python or keeps state; every kernel returns an int status (REFIMPL_OK = 0, nonzero = the
+ * arguments were refused and nothing was written).  The Python side (refimpl/backends/_c.py) validates
+ * dtype, shape, contiguity and alignment before every call; the status checks here are a second line of
+ * defence, not the validation.
+ *
+ * build_ext.py hands the declarations between the two CFFI-CDEF markers below to cffi's cdef() (with
+ * the preprocessor lines dropped), so this header is the single source of the C signatures.  Keep that
+ * block free of macros.
+ */
+#ifndef REFIMPL_KERNELS_H
+#define REFIMPL_KERNELS_H
+
+#include <stdint.h>
+
+#define REFIMPL_OK 0
+#define REFIMPL_ERR_SIZE 1     /* a size (B, C, H, W, KH, KW, OH, OW) is < 1 */
+#define REFIMPL_ERR_STRIDE 2   /* a stride is < 1 */
+#define REFIMPL_ERR_PADDING 3  /* a padding is < 0 */
+#define REFIMPL_ERR_OVERFLOW 4 /* an element count or index does not fit in ptrdiff_t */
+#define REFIMPL_ERR_NULL 5     /* a required buffer pointer is NULL */
+
+/* Instruction-set levels of the kernels' inner loops (x86-64; elsewhere only BASE exists). */
+#define REFIMPL_ISA_BASE 0     /* SSE2 on x86-64: 16-byte vectors */
+#define REFIMPL_ISA_AVX2 1     /* x86-64-v3: 32-byte vectors */
+#define REFIMPL_ISA_AVX512 2   /* x86-64-v4: 64-byte vectors */
+
+/* CFFI-CDEF-BEGIN */
+int refimpl_dwconv2d_f64(double *out, const double *x, const double *weight, const double *bias,
+                         int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                         int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                         int64_t OH, int64_t OW);
+int refimpl_dwconv2d_f32(float *out, const float *x, const float *weight, const float *bias,
+                         int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                         int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                         int64_t OH, int64_t OW);
+const char *refimpl_status_string(int status);
+int refimpl_isa_supported(void);
+int refimpl_isa_in_use(void);
+int refimpl_set_max_isa(int level);
+/* CFFI-CDEF-END */
+
+#endif /* REFIMPL_KERNELS_H */

@@ -1,0 +1,131 @@
+"""Argument checks shared by the C and Numba wrappers: nothing unchecked reaches a compiled kernel.
+
+A compiled kernel reads raw memory: cffi's ``from_buffer`` does not look at the dtype (a float32 buffer
+passed as ``double[]`` would be silently reinterpreted) and neither the C nor the Numba kernel can see a
+stride.  So every wrapper first establishes, in Python:
+
+- dtype: float32 or float64 in native byte order, the same for every array argument (no silent
+  promotion or downcast at this level: :func:`refimpl.layers.depthwise_conv2d` promotes before it
+  dispatches);
+- shapes: ranks and every size consistent, nothing empty, output size >= 1;
+- layout: inputs C-contiguous, aligned, native order (non-contiguous and negative-stride inputs are
+  copied, never passed on); an ``out=`` buffer must already be a C-contiguous, aligned, writeable array
+  of the exact dtype and shape that shares no memory with an input (it is refused otherwise: writing
+  into a copy would silently drop the result).
+
+Errors are ``TypeError`` (dtype) or ``ValueError`` (shape, layout) naming the argument, the expected and
+the given value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@dataclass(frozen=True)
+class DepthwiseArgs:
+    """Validated arguments of one depthwise-conv kernel call (arrays C-contiguous, one dtype)."""
+
+    x: np.ndarray        # (B, C, H, W)
+    weight: np.ndarray   # (C, KH, KW)
+    bias: np.ndarray | None  # (C,)
+    out: np.ndarray | None   # (B, C, OH, OW) as given by the caller, or None
+    stride: tuple[int, int]
+    pad_top: int
+    pad_left: int
+    out_shape: tuple[int, int, int, int]
+
+
+def _array(a: Any, name: str, backend: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.dtype not in KERNEL_DTYPES or not arr.dtype.isnative:
+        raise TypeError(f"argument '{name}': the {backend} kernel takes float32 or float64 arrays in native "
+                        f"byte order, got dtype {arr.dtype} (refimpl.layers.depthwise_conv2d promotes other "
+                        f"real float dtypes to float64 before dispatching)")
+    return arr
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` itself if it is C-contiguous and aligned, else a fresh C-contiguous copy (negative strides,
+    views with gaps and misaligned buffers are copied)."""
+    if a.flags.c_contiguous and a.flags.aligned:
+        return a
+    return np.array(a, order="C", copy=True)
+
+
+def _int_tuple(v: Any, n: int, name: str, minimum: int) -> tuple[int, ...]:
+    try:
+        items = tuple(v)
+    except TypeError:
+        items = None
+    if items is None or len(items) != n or any(
+            isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)) or i < minimum for i in items):
+        raise ValueError(f"argument '{name}': expected a tuple of {n} integers >= {minimum}, got {v!r}")
+    return tuple(int(i) for i in items)
+
+
+def depthwise_args(x: Any, weight: Any, bias: Any, stride: Any, pads: Any, out: Any, dilation: Any,
+                   backend: str) -> DepthwiseArgs:
+    """Check the arguments of a depthwise-conv kernel (the signature of
+    ``refimpl.layers._depthwise_conv2d_numpy``: x (B, C, H, W); weight (C, 1, KH, KW) or (C, KH, KW);
+    bias (C,) or None; stride (sh, sw); pads (top, bottom, left, right); dilation must be (1, 1))."""
+    if _int_tuple(dilation, 2, "dilation", 1) != (1, 1):
+        raise ValueError(f"argument 'dilation': the {backend} kernel implements dilation (1, 1) only, got "
+                         f"{tuple(dilation)}; refimpl.layers.depthwise_conv2d sends dilated convolutions "
+                         f"to the NumPy definition")
+    x = _array(x, "x", backend)
+    weight = _array(weight, "weight", backend)
+    dt = x.dtype
+    if weight.dtype != dt:
+        raise TypeError(f"argument 'weight': expected dtype {dt} (the dtype of 'x'), got {weight.dtype}; "
+                        f"the {backend} kernel does not mix precisions")
+    if x.ndim != 4:
+        raise ValueError(f"argument 'x': expected a 4-d array of shape (B, C, H, W), got {x.ndim}-d shape "
+                         f"{x.shape}")
+    b_, c, h, w = x.shape
+    if weight.ndim == 4 and weight.shape[1] == 1:
+        weight = weight.reshape(weight.shape[0], weight.shape[2], weight.shape[3])
+    if weight.ndim != 3 or weight.shape[0] != c:
+        raise ValueError(f"argument 'weight': expected shape ({c}, 1, KH, KW) or ({c}, KH, KW) for x of shape "
+                         f"{x.shape}, got {np.shape(weight)}")
+    kh, kw = weight.shape[1:]
+    if min(x.shape) < 1 or kh < 1 or kw < 1:
+        raise ValueError(f"arguments 'x'/'weight': expected non-empty arrays, got x {x.shape}, weight "
+                         f"{weight.shape}")
+    if bias is not None:
+        bias = _array(bias, "bias", backend)
+        if bias.dtype != dt:
+            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'x'), got {bias.dtype}; "
+                            f"the {backend} kernel does not mix precisions")
+        if bias.shape != (c,):
+            raise ValueError(f"argument 'bias': expected shape ({c},), got {bias.shape}")
+    sh, sw = _int_tuple(stride, 2, "stride", 1)
+    top, bottom, left, right = _int_tuple(pads, 4, "pads", 0)
+    if h + top + bottom < kh or w + left + right < kw:
+        raise ValueError(f"argument 'pads': the padded input ({h + top + bottom}, {w + left + right}) is smaller "
+                         f"than the kernel ({kh}, {kw})")
+    oh = (h + top + bottom - kh) // sh + 1
+    ow = (w + left + right - kw) // sw + 1
+    out_shape = (b_, c, oh, ow)
+    if out is not None:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"argument 'out': expected a numpy.ndarray, got {type(out).__name__}")
+        if out.dtype != dt:
+            raise TypeError(f"argument 'out': expected dtype {dt} (the dtype of 'x'), got {out.dtype}")
+        if out.shape != out_shape:
+            raise ValueError(f"argument 'out': expected shape {out_shape}, got {out.shape}")
+        if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+            raise ValueError("argument 'out': expected a C-contiguous, aligned, writeable array (refused: the "
+                             "kernel would write into a copy); allocate it with "
+                             "refimpl.backends.empty_aligned")
+        for name, a in (("x", x), ("weight", weight), ("bias", bias)):
+            if a is not None and np.may_share_memory(out, a):
+                raise ValueError(f"argument 'out': shares memory with argument '{name}'")
+    return DepthwiseArgs(x=_contiguous(x), weight=_contiguous(weight),
+                         bias=None if bias is None else _contiguous(bias), out=out, stride=(sh, sw),
+                         pad_top=top, pad_left=left, out_shape=out_shape)
