@@ -243,3 +243,15 @@ def test_assertion_meta_check_fails_a_test_without_assertions(pytester, monkeypa
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-o", "enable_assertion_pass_hook=true")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*test_empty*finished without executing any assertion*"])
+
+
+def test_nonfinite_slots_are_excused_only_where_the_naive_T_computation_is_nonfinite_too():
+    """float32 x^p or a 0/0 normaliser: the reference is finite, T-arithmetic is not.  The tested code may
+    be NaN there only if the naive same-precision computation is NaN there as well."""
+    ref = np.array([1.0, 2.0, 3.0])
+    b = Bound(np.abs(ref), 4)
+    act = np.array([1.0, np.nan, 3.0])
+    assert not numerics.compare(act, ref, b, "float32").ok  # no naive run: NaN vs finite fails
+    assert not numerics.compare(act, ref, b, "float32", naive=ref.copy()).ok  # naive is finite there
+    report = numerics.compare(act, ref, b, "float32", naive=np.array([1.0, np.nan, 3.0]))
+    assert report.ok and "excused" in report.pattern_msg, str(report)

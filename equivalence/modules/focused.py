@@ -1,0 +1,199 @@
+"""PyTorch counterparts of refimpl.attention.focused (FLatten's focused linear attention).
+
+Written from the FLatten paper (Eq. 4-6, 10-12) and the departures listed in refimpl's FocusedConfig, in the
+structure of the released modules (token-major projections, norms taken before the power and re-applied
+after it, a reciprocal normaliser z, nn.Conv2d depthwise DWC, F.interpolate for sr > 1), so that the
+equivalence suite checks a second, independent route against the NumPy reference:
+
+- f_p's norm ||x|| is taken directly (the reference uses max * ||x / max||);
+- the shifted-window mask is applied by zeroing masked scores in the quadratic order (the reference groups
+  queries by mask row in both orders), and Swin's mask comes from equivalence.modules.layers (derived from
+  the roll, the reference's from Swin's region slices);
+- resampling uses F.interpolate(align_corners=False).
+
+state_dict keys equal refimpl's parameter keys (refimpl.attention.focused.focused_param_shapes).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from equivalence.modules.layers import shifted_window_mask, window_partition, window_reverse
+from refimpl.attention.focused import FocusedConfig
+
+
+def focused_function(x: torch.Tensor, p: float, dim: int = -1, power_scaling: str = "max") -> torch.Tensor:
+    """f_p(x) = ||x|| / ||x**p|| x**p (FLatten Eq. 6) for x >= 0.  "max": the power is taken of x / max(x)
+    (homogeneity), so it neither overflows nor vanishes; a zero vector maps to 0.  "none": as written."""
+    if power_scaling == "none":
+        t = x ** p
+        return t / torch.linalg.vector_norm(t, dim=dim, keepdim=True) * torch.linalg.vector_norm(x, dim=dim,
+                                                                                                 keepdim=True)
+    m = torch.amax(x, dim=dim, keepdim=True)
+    r = x / torch.where(m > 0, m, torch.ones_like(m))
+    # ||x|| as m ||x / m||: a plain norm squares tiny vectors to 0 (e.g. a float64-subnormal or a float16
+    # vector below ~2^-12.5), and t / ||t|| * 0 then loses the whole token.
+    x_norm = m * torch.linalg.vector_norm(r, dim=dim, keepdim=True)
+    t = r ** p
+    f = t / torch.linalg.vector_norm(t, dim=dim, keepdim=True) * x_norm
+    return torch.where(m == 0, x * 0, f)
+
+
+def _attend(q, k, v, normaliser: str, eps: float, order: str, mask=None):
+    """Normalised q k^T v per head; q (B,h,N,d), k (B,h,n,d), v (B,h,n,e); mask (B,1,N,n) bool or None
+    (quadratic order only - the linear order groups queries, see attend)."""
+    n = k.shape[-2]
+    if normaliser == "sum":
+        if order == "linear":
+            num = q @ (k.transpose(-2, -1) @ v)
+            den = q @ k.sum(dim=-2, keepdim=True).transpose(-2, -1)
+        else:
+            s = q @ k.transpose(-2, -1)
+            if mask is not None:
+                s = s.masked_fill(~mask, 0.0)
+            num, den = s @ v, s.sum(dim=-1, keepdim=True)
+        return num / (den + eps) if eps else num / den
+    # the released normaliser: z = 1 / (q . mean(k) + eps), K and V each scaled by n^-1/2
+    if order == "linear":
+        z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + eps)
+        return q @ ((k.transpose(-2, -1) * n ** -0.5) @ (v * n ** -0.5)) * z
+    s = q @ k.transpose(-2, -1)
+    if mask is None:
+        z = 1.0 / (q @ k.mean(dim=-2, keepdim=True).transpose(-2, -1) + eps)
+        return (q @ (k * n ** -0.5).transpose(-2, -1)) @ (v * n ** -0.5) * z
+    s = s.masked_fill(~mask, 0.0)
+    cnt = mask.sum(dim=-1, keepdim=True).to(q.dtype)
+    z = 1.0 / (s.sum(dim=-1, keepdim=True) / cnt + eps)
+    return (s @ v) / cnt * z
+
+
+def attend(q, k, v, normaliser: str, eps: float, order: str, mask=None):
+    """As _attend; mask (nW, N, n) bool with windows interleaved in the batch as b * nW + w."""
+    if mask is None:
+        return _attend(q, k, v, normaliser, eps, order)
+    nw = mask.shape[0]
+    if order == "quadratic":
+        full = mask.repeat(q.shape[0] // nw, 1, 1)[:, None]
+        return _attend(q, k, v, normaliser, eps, order, full)
+    out = q.new_empty(q.shape[:-1] + (v.shape[-1],))
+    for w in range(nw):
+        rows, inv = torch.unique(mask[w], dim=0, return_inverse=True)
+        for g in range(rows.shape[0]):
+            qi = torch.nonzero(inv == g).flatten()
+            kj = torch.nonzero(rows[g]).flatten()
+            out[w::nw, :, qi] = _attend(q[w::nw][:, :, qi], k[w::nw][:, :, kj], v[w::nw][:, :, kj], normaliser, eps,
+                                        order)
+    return out
+
+
+class _FocusedBase(nn.Module):
+    """Shared pieces: features, DWC, projection."""
+
+    def _common(self, cfg: FocusedConfig, n_kv: int):
+        c, d, kk = cfg.dim, cfg.head_dim, cfg.kernel_size
+        nb = d if cfg.dwc_shared else c
+        self.dwc = nn.Conv2d(nb, nb, kk, padding=kk // 2, groups=nb)
+        self.proj = nn.Linear(c, c)
+        if cfg.learnable_scale:
+            self.scale = nn.Parameter(torch.zeros(1, 1, c))
+        if cfg.positional_encoding:
+            self.positional_encoding = nn.Parameter(torch.zeros(1, n_kv, c))
+
+    def _features(self, t: torch.Tensor) -> torch.Tensor:
+        cfg, h = self.cfg, self.cfg.num_heads
+        a = F.relu(t)
+        if cfg.relu_eps:
+            a = a + cfg.relu_eps
+        if cfg.learnable_scale:
+            a = a / F.softplus(self.scale)
+        b, n, c = a.shape
+        if cfg.norm_scope == "token":
+            return focused_function(a, cfg.p, -1, cfg.power_scaling).reshape(b, n, h, c // h).transpose(1, 2)
+        return focused_function(a.reshape(b, n, h, c // h).transpose(1, 2), cfg.p, -1, cfg.power_scaling)
+
+    def _tail(self, q, k, v, hw_kv, hw_q, mask, order):
+        cfg, h = self.cfg, self.cfg.num_heads
+        if cfg.positional_encoding:
+            k = k + self.positional_encoding
+        b, n, c = v.shape
+        d = c // h
+        qf, kf = self._features(q), self._features(k)
+        vh = v.reshape(b, n, h, d).transpose(1, 2)                         # (B, h, n, d)
+        att = attend(qf, kf, vh, cfg.normaliser, cfg.eps, order, mask)
+        big_h, big_w = hw_q
+        if tuple(hw_kv) != tuple(hw_q):
+            if cfg.dwc_resample == "linear_flat":
+                vr = F.interpolate(vh.transpose(-2, -1).reshape(b * h, d, n), size=big_h * big_w, mode="linear",
+                                   align_corners=False)                       # (B h, d, N)
+                grid = vr.reshape(b * h, d, big_h, big_w)
+            else:
+                g = vh.transpose(-2, -1).reshape(b * h, d, hw_kv[0], hw_kv[1])
+                grid = F.interpolate(g, size=(big_h, big_w), mode="bilinear", align_corners=False)
+        else:
+            grid = vh.transpose(-2, -1).reshape(b * h, d, big_h, big_w)
+        if cfg.dwc_shared:
+            dw = self.dwc(grid)                                              # (B h, d, H, W)
+        else:
+            dw = self.dwc(grid.reshape(b, h * d, big_h, big_w))
+        dw = dw.reshape(b, h, d, big_h * big_w).transpose(-2, -1)             # (B, h, N, d)
+        y = (att + dw).transpose(1, 2).reshape(b, big_h * big_w, c)
+        return self.proj(y)
+
+
+class FocusedLinearAttention(_FocusedBase):
+    """DeiT / PVT layout: forward(x (B, N, C), hw, order="linear") -> (B, N, C)."""
+
+    def __init__(self, cfg: FocusedConfig, n_kv: int):
+        super().__init__()
+        self.cfg = cfg
+        c = cfg.dim
+        self.q = nn.Linear(c, c, bias=cfg.qkv_bias)
+        self.kv = nn.Linear(c, 2 * c, bias=cfg.qkv_bias)
+        if cfg.sr_ratio > 1:
+            self.sr = nn.Conv2d(c, c, cfg.sr_ratio, stride=cfg.sr_ratio)
+            self.norm = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        self._common(cfg, n_kv)
+
+    def forward(self, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
+        b, n, c = x.shape
+        big_h, big_w = hw
+        q = self.q(x)
+        if self.cfg.sr_ratio > 1:
+            red = self.sr(x.transpose(1, 2).reshape(b, c, big_h, big_w))
+            hw_kv = (red.shape[2], red.shape[3])
+            src = self.norm(red.flatten(2).transpose(1, 2))
+        else:
+            hw_kv, src = (big_h, big_w), x
+        k, v = self.kv(src).chunk(2, dim=-1)
+        return self._tail(q, k, v, hw_kv, (big_h, big_w), None, order)
+
+
+class FocusedWindowAttention(_FocusedBase):
+    """Swin layout (square windows): forward(x (B, N, C), hw, shift=0, order="linear") -> (B, N, C)."""
+
+    def __init__(self, cfg: FocusedConfig, window_size: int):
+        super().__init__()
+        self.cfg, self.ws = cfg, window_size
+        c = cfg.dim
+        self.qkv = nn.Linear(c, 3 * c, bias=cfg.qkv_bias)
+        self._common(cfg, window_size * window_size)
+
+    def forward(self, x: torch.Tensor, hw, shift: int = 0, order: str = "linear") -> torch.Tensor:
+        b, n, c = x.shape
+        big_h, big_w = hw
+        ws = self.ws
+        g = x.reshape(b, big_h, big_w, c)
+        if shift:
+            g = torch.roll(g, shifts=(-shift, -shift), dims=(1, 2))
+        win = window_partition(g, ws)
+        q, k, v = self.qkv(win).chunk(3, dim=-1)
+        mask = None
+        if shift and self.cfg.shift_mask == "apply":
+            mask = shifted_window_mask(big_h, big_w, ws, shift).to(x.device)
+        y = self._tail(q, k, v, (ws, ws), (ws, ws), mask, order)
+        g = window_reverse(y, ws, big_h, big_w)
+        if shift:
+            g = torch.roll(g, shifts=(shift, shift), dims=(1, 2))
+        return g.reshape(b, n, c)

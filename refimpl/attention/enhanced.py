@@ -1,0 +1,736 @@
+"""L2ViT: enhanced linear attention, the local concentration module and the LGA / LWA blocks
+(Zheng, "The Linear Attention Resurrection in Vision Transformer") - the NumPy reference.
+
+Shapes used throughout:
+    B batch, H x W token grid, N = H W tokens (row-major), C channels, h heads, d = C / h head dim.
+
+The mechanism (L2ViT §4, Appendix 8, 10, 12):
+
+    O_i = [phi(Q_i) (sum_j phi(K_j)^T V_j) / s] / max(phi(Q_i) . sum_j phi(K_j), C_min),  phi = ReLU   (Eq. 4, §4.2, App. 8)
+    LCM(X) = DWConv_2(BN(GELU(DWConv_1(X))))     (k x k depthwise, k = 7; Eq. 6-7, Fig. 5)
+    LGA:  X <- CPE(X);  X <- X + Attn(LN_1 X);  X <- X + LCM(LN_3 X)  (Eq. 8);  X <- X + MLP(LN_2 X)
+    LWA:  X <- CPE(X);  X <- X + WindowAttn(LN_1 X);  X <- X + MLP(LN_2 X)        (Fig. 3, §4.3)
+
+Reading of §4.2: "we clamp the denominator and apply a learnable scale parameter s to scale down the
+dot-product of key and value" - s divides K^T V (the numerator) only; the clamp acts on the unscaled
+denominator.  (Scaling numerator and denominator alike would cancel wherever the clamp is inactive, so s
+could not "control the variance"; ``scale_target="similarity"`` offers that reading anyway.)  s is one
+scalar initialised to sqrt(C) (Appendix 7), C the block's channel count.
+
+Presets (:meth:`L2ViTConfig.preset`): "paper" (the equations, default) and "official" (the released code):
+
+=====================  ===========================  ==================================================
+field                  paper                        official
+=====================  ===========================  ==================================================
+scale_mode             "scalar": O / s, one s,      "per_head": O * t_h, one temperature per head
+                       init sqrt(C) ("attn.scale")  (h, 1, 1), init d^-1/2 ("attn.temperature"),
+                                                    multiplying the numerator after the clamp
+lwa_cpe                "once": one CPE per block    "twice": CPE before the attention ("cpe.0") and
+                                                    again before the MLP ("cpe.1") in LWA blocks
+window_mask_padding    True: padded tokens are not  False: zero-padded tokens take part as keys
+                       keys
+=====================  ===========================  ==================================================
+
+Both presets: ReLU without eps; C_min = 1e2 on the unscaled q . sum k; LCM as a separate residual branch
+with its own LayerNorm (norm3) after the attention branch, before the MLP; a CPE before each block; no
+relative-position bias and no shift in LWA (the paper replaces the relative position embedding by CPE
+"in every block"; L2ViT alternates LWA with global LGA instead of shifting).  All of these are options too
+(``scale_target``, ``lcm_placement``, ``window_rel_pos_bias``, ``window_shift``).
+
+Contents, top to bottom: configuration; the attention core (both orders) and the attention module; LCM;
+the LGA and LWA blocks; parameter shapes / initialisation; the error model (running first-order bounds,
+using the propagation helpers of :mod:`refimpl.attention.focused`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import config, numerics
+from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, mlp,
+                      pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
+                      subparams, window_partition, window_reverse)
+from .focused import err_attention, err_dwconv, err_layer_norm, err_linear, relu_error
+from .linear import kernelized_attention
+from .softmax import softmax_attention, softmax_attention_error, window_attention
+
+__all__ = [
+    "L2ViTConfig", "enhanced_linear_attention", "enhanced_attention", "lcm", "lga_block", "lwa_block",
+    "l2vit_param_shapes", "init_l2vit_params", "enhanced_linear_attention_bound", "enhanced_attention_bound",
+    "lcm_bound", "lga_block_bound", "lwa_block_bound",
+]
+
+_ORDERS = ("linear", "quadratic")
+
+
+# ===================================================================================================
+# Configuration and presets
+# ===================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class L2ViTConfig:
+    """Configuration of L2ViT's blocks (L2ViT §4.3, Appendix 12, Table 13).
+
+    Attributes
+    ----------
+    dim : int, C.  num_heads : int, h (C % h == 0).
+    window_size : LWA window (Table 13: 7).  lcm_kernel : odd LCM kernel (7; 3 allowed).
+    cpe_kernel : odd CPE kernel (3).  c_min : the normaliser clamp C_min (Appendix 8: 1e2).
+    mlp_ratio : MLP expansion (4).  qkv_bias : bool.  layer_norm_eps, batch_norm_eps : PyTorch defaults.
+    scale_mode : "scalar" (paper: O / s, "attn.scale" (1,)) or "per_head" (released: O * t_h,
+        "attn.temperature" (h, 1, 1)).
+    scale_target : "numerator" (s scales K^T V only; both presets) or "similarity" (s scales phi(Q) phi(K)^T,
+        i.e. numerator and clamped denominator).
+    lcm_placement : "residual" (Eq. 8: X + LCM(LN_3 X) after the attention residual; both presets) or
+        "attention" (LCM applied to the attention output inside its residual, X + LCM(Attn(LN_1 X)), the
+        Eq. 5 reading; no norm3).
+    lwa_cpe : "once" (paper) or "twice" (released LWA: a second CPE "cpe.1" before the MLP).
+    window_rel_pos_bias, window_shift, window_mask_padding : LWA's window-attention options
+        (:func:`refimpl.attention.softmax.window_attention`).
+    """
+
+    dim: int
+    num_heads: int
+    window_size: int = config.L2VIT_WINDOW
+    lcm_kernel: int = config.L2VIT_LCM_KERNEL
+    cpe_kernel: int = config.L2VIT_CPE_KERNEL
+    c_min: float = config.L2VIT_C_MIN
+    mlp_ratio: float = config.L2VIT_MLP_RATIO
+    qkv_bias: bool = True
+    layer_norm_eps: float = config.LAYER_NORM_EPS
+    batch_norm_eps: float = config.BATCH_NORM_EPS
+    scale_mode: str = "scalar"
+    scale_target: str = "numerator"
+    lcm_placement: str = "residual"
+    lwa_cpe: str = "once"
+    window_rel_pos_bias: bool = False
+    window_shift: int = 0
+    window_mask_padding: bool = True
+
+    def __post_init__(self) -> None:
+        numerics.check_positive_int(self.dim, "dim")
+        numerics.check_positive_int(self.num_heads, "num_heads")
+        if self.dim % self.num_heads:
+            raise ValueError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+        numerics.check_positive_int(self.window_size, "window_size")
+        for name in ("lcm_kernel", "cpe_kernel"):
+            k = numerics.check_positive_int(getattr(self, name), name)
+            if k % 2 == 0:
+                raise ValueError(f"argument '{name}': expected an odd kernel size ('same' padding), got {k}")
+        numerics.check_positive_int(self.window_shift, "window_shift", minimum=0)
+        if self.window_shift >= self.window_size:
+            raise ValueError(f"argument 'window_shift': expected 0 <= shift < window_size={self.window_size}, "
+                             f"got {self.window_shift}")
+        if not (isinstance(self.c_min, (int, float)) and not isinstance(self.c_min, bool) and self.c_min >= 0):
+            raise ValueError(f"argument 'c_min': expected a real number >= 0, got {self.c_min!r}")
+        for name, allowed in (("scale_mode", ("scalar", "per_head")), ("scale_target", ("numerator", "similarity")),
+                              ("lcm_placement", ("residual", "attention")), ("lwa_cpe", ("once", "twice"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @property
+    def mlp_hidden(self) -> int:
+        return int(self.dim * self.mlp_ratio)
+
+    @classmethod
+    def preset(cls, name: str = "paper", **overrides: Any) -> "L2ViTConfig":
+        """``"paper"``: §4 and the appendix as written.  ``"official"``: per-head temperature (init d^-1/2)
+        multiplying the numerator, a second CPE in LWA blocks, padded tokens unmasked in LWA.  ``overrides``
+        set any field (``dim`` and ``num_heads`` required)."""
+        if name == "paper":
+            fields: dict[str, Any] = {}
+        elif name == "official":
+            fields = dict(scale_mode="per_head", lwa_cpe="twice", window_mask_padding=False)
+        else:
+            raise ValueError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
+        fields.update(overrides)
+        return cls(**fields)
+
+
+def _check_order(order: str) -> None:
+    if order not in _ORDERS:
+        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+
+
+# ===================================================================================================
+# The attention core (Eq. 4 with the clamp of Appendix 8 and the scale of §4.2)
+# ===================================================================================================
+
+def _scaled(a: np.ndarray, scale: Any, scale_mode: str, h: int) -> tuple[np.ndarray, np.ndarray]:
+    """(a / s or a * s, |gain|): the learnable scale applied to an operand (B, h, ., .), per head or
+    scalar; the gain t (1, h, 1, 1) is 1 / s ("divide", the paper's s) or s ("multiply", the temperature)."""
+    s = numerics.as_float(scale, "scale")
+    if s.size not in (1, h):
+        raise ValueError(f"argument 'scale': expected one value or one per head ({h}), got shape {s.shape}")
+    s = s.reshape(1, -1, 1, 1)
+    if scale_mode == "divide":
+        return a / s, 1.0 / s
+    if scale_mode == "multiply":
+        return a * s, s
+    raise ValueError(f"argument 'scale_mode': expected 'divide' or 'multiply', got {scale_mode!r}")
+
+
+def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L2VIT_C_MIN, scale: Any = 1.0,
+                              scale_mode: str = "divide", scale_target: str = "numerator",
+                              order: str = "linear", taps: dict | None = None,
+                              max_elements: int | None = None) -> np.ndarray:
+    """ReLU linear attention with the clamped normaliser and the learnable scale (L2ViT Eq. 4, §4.2, App. 8).
+
+        O_i = t phi(Q_i) (phi(K)^T V) / max(phi(Q_i) . sum_j phi(K_j), C_min)           (scale_target="numerator")
+        O_i = t phi(Q_i) (phi(K)^T V) / max(t phi(Q_i) . sum_j phi(K_j), C_min)         (scale_target="similarity")
+
+    with phi = ReLU and t = 1 / s (``scale_mode="divide"``, the paper's s) or t = s ("multiply", the released
+    per-head temperature).  Wherever phi(Q_i) . sum phi(K) >= C_min the clamp is inactive and the output equals
+    the unclamped Eq. (4) bit for bit (np.maximum returns its first argument); a dead query (phi(Q_i) = 0) gives
+    0, not 0/0.  A per-head t commutes into V (numerator) or phi(K) (similarity); that is how it is applied.
+
+    Parameters
+    ----------
+    q : float array (B, h, N, d).  k : (B, h, M, d).  v : (B, h, M, e).
+    c_min : float >= 0, C_min (0 disables the clamp: a dead query then gives 0/0 = NaN).
+    scale : float or float array of 1 or h values (per head).  scale_mode : "divide" or "multiply".
+    scale_target : "numerator" or "similarity".
+    order : "linear" (phi(K)^T V first) or "quadratic" (N x M matrix; guarded by ``max_elements``).
+    taps : dict or None; :func:`refimpl.attention.linear.kernelized_attention`'s names ("phi_q", "phi_k",
+        "kv", "k_sum", "scores", "numerator", "denominator_raw", "denominator" (clamped), "attn") plus
+        "gain" (1, h, 1, 1).  With scale_target="numerator", "kv" already includes t.
+
+    Returns
+    -------
+    ndarray (B, h, N, e), working precision.
+
+    References
+    ----------
+    L2ViT Eq. 2-4, §4.1 (ReLU), §4.2 (clamp and scale s), Appendix 7 (s = sqrt(C)), Appendix 8 (C_min, Table 10).
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
+    _check_order(order)
+    phi_q, phi_k = numerics.relu(q), numerics.relu(k)
+    if scale_target == "numerator":
+        v_eff, t = _scaled(v, scale, scale_mode, sz["h"])
+        out = kernelized_attention(phi_q, phi_k, v_eff, order=order, clamp_min=c_min, taps=taps,
+                                   max_elements=max_elements)
+    elif scale_target == "similarity":
+        pk, t = _scaled(phi_k, scale, scale_mode, sz["h"])
+        out = kernelized_attention(phi_q, pk, v, order=order, clamp_min=c_min, taps=taps, max_elements=max_elements)
+    else:
+        raise ValueError(f"argument 'scale_target': expected 'numerator' or 'similarity', got {scale_target!r}")
+    if taps is not None:
+        taps["gain"] = t
+    return out
+
+
+def _p(params: Mapping[str, Any], key: str) -> np.ndarray:
+    if key not in params:
+        raise KeyError(f"L2ViT: missing parameter '{key}' (have {sorted(params)})")
+    return numerics.as_float(params[key], key)
+
+
+def _opt(params: Mapping[str, Any], key: str) -> np.ndarray | None:
+    return _p(params, key) if key in params else None
+
+
+def _scale_args(params: Mapping[str, Any], cfg: L2ViTConfig) -> tuple[np.ndarray, str]:
+    if cfg.scale_mode == "scalar":
+        return _p(params, "scale"), "divide"
+    return _p(params, "temperature"), "multiply"
+
+
+def enhanced_attention(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, *, order: str = "linear",
+                       taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """The linear global attention layer of LGA: qkv projection, heads, :func:`enhanced_linear_attention`,
+    heads merged, output projection (L2ViT §4.2-4.3).
+
+    Parameters
+    ----------
+    x : float array (B, N, C) (already layer-normalised by the block).
+    params : "qkv.weight" (3C, C), "qkv.bias" (3C,) (q, k, v = consecutive C-blocks, heads of d channels in
+        each), "proj.weight" (C, C), "proj.bias" (C,), and "scale" (1,) (paper) or "temperature" (h, 1, 1)
+        (official).
+    cfg : :class:`L2ViTConfig`.  order, taps, max_elements : as :func:`enhanced_linear_attention`; taps also
+        get "q", "k", "v" (B, h, N, d) and "heads_out" (B, N, C) before the projection.
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 4, §4.2, Appendix 8.
+    """
+    x = numerics.as_float(x, "x")
+    numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
+    b, n, c = x.shape
+    h, d = cfg.num_heads, cfg.head_dim
+    qkv = linear(x, _p(params, "qkv.weight"), _opt(params, "qkv.bias")).reshape(b, n, 3, h, d)
+    q, k, v = (qkv[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    s, mode = _scale_args(params, cfg)
+    o = enhanced_linear_attention(q, k, v, c_min=cfg.c_min, scale=s, scale_mode=mode, scale_target=cfg.scale_target,
+                                  order=order, taps=taps, max_elements=max_elements)
+    y = o.transpose(0, 2, 1, 3).reshape(b, n, c)
+    if taps is not None:
+        taps.update(q=q, k=k, v=v, heads_out=y)
+    return linear(y, _p(params, "proj.weight"), _opt(params, "proj.bias"))
+
+
+# ===================================================================================================
+# The local concentration module (Eq. 6-7, Fig. 5)
+# ===================================================================================================
+
+def _grid(x: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """(B, N, C) -> (B, C, H, W)."""
+    b, _, c = x.shape
+    return x.transpose(0, 2, 1).reshape(b, c, hw[0], hw[1])
+
+
+def _tokens(g: np.ndarray) -> np.ndarray:
+    """(B, C, H, W) -> (B, N, C)."""
+    b, c = g.shape[:2]
+    return g.reshape(b, c, -1).transpose(0, 2, 1)
+
+
+def _check_hw(x: Any, hw: Any, c: int) -> tuple[np.ndarray, tuple[int, int]]:
+    x = numerics.as_float(x, "x")
+    if not (isinstance(hw, (tuple, list)) and len(hw) == 2):
+        raise TypeError(f"argument 'hw': expected a pair (H, W), got {hw!r}")
+    big_h, big_w = numerics.check_positive_int(hw[0], "hw[0]"), numerics.check_positive_int(hw[1], "hw[1]")
+    numerics.check_shapes(x=(x, "B N C"), sizes={"N": big_h * big_w, "C": c})
+    return x, (big_h, big_w)
+
+
+def lcm(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
+        batch_norm_eps: float = config.BATCH_NORM_EPS, taps: dict | None = None) -> np.ndarray:
+    """Local concentration module: X_LCM = DWConv_2(BN(GELU(DWConv_1(X)))) on the token grid (L2ViT Eq. 6-7).
+
+    Parameters
+    ----------
+    x : float array (B, N, C) tokens of an H x W grid (row-major).
+    params : "conv1.weight" (C, 1, k, k), "conv1.bias" (C,), "bn.weight", "bn.bias", "bn.running_mean",
+        "bn.running_var" (C,) (BatchNorm in eval mode), "conv2.weight" (C, 1, k, k), "conv2.bias" (C,);
+        k odd ('same' zero padding k // 2).
+    hw : (H, W).  batch_norm_eps : float.
+    taps : dict or None; records "conv1", "gelu", "bn", "conv2" as (B, C, H, W).
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 6-7, Appendix 10 and Fig. 5; the BN follows the GELU as Eq. 6-7 and Fig. 5 order them.
+    """
+    x, hw = _check_hw(x, hw, np.shape(x)[-1])
+    w1, w2 = _p(params, "conv1.weight"), _p(params, "conv2.weight")
+    g1 = depthwise_conv2d(_grid(x, hw), w1, _opt(params, "conv1.bias"), padding=w1.shape[-1] // 2)
+    a = gelu(g1)
+    bn = batch_norm2d(a, _p(params, "bn.weight"), _p(params, "bn.bias"), _p(params, "bn.running_mean"),
+                      _p(params, "bn.running_var"), batch_norm_eps)
+    g2 = depthwise_conv2d(bn, w2, _opt(params, "conv2.bias"), padding=w2.shape[-1] // 2)
+    if taps is not None:
+        taps.update(conv1=g1, gelu=a, bn=bn, conv2=g2)
+    return _tokens(g2)
+
+
+# ===================================================================================================
+# Blocks (Fig. 3, §4.3, Appendix 12)
+# ===================================================================================================
+
+def _cpe(x: np.ndarray, params: Mapping[str, Any], prefix: str, hw: tuple[int, int]) -> np.ndarray:
+    return _tokens(cpe(_grid(x, hw), _p(params, prefix + ".proj.weight"), _opt(params, prefix + ".proj.bias")))
+
+
+def _ln(x: np.ndarray, params: Mapping[str, Any], name: str, cfg: L2ViTConfig) -> np.ndarray:
+    return layer_norm(x, _p(params, name + ".weight"), _p(params, name + ".bias"), cfg.layer_norm_eps)
+
+
+def lga_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int, int], *,
+              order: str = "linear", taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
+    """Linear global attention block (L2ViT §4.3, Fig. 3, Eq. 8, Appendix 12).
+
+        X <- X + DWConv_3x3(X)                        (CPE, "cpe.0")
+        X <- X + Attn(LN_1 X)                         (enhanced linear attention, "attn")
+        X <- X + LCM(LN_3 X)                          (Eq. 8)
+    (``lcm_placement="attention"`` instead: X <- X + LCM(Attn(LN_1 X)), the conv of Eq. 5 applied directly
+    to the attention output, without norm3.)
+        X <- X + MLP(LN_2 X)
+
+    Parameters
+    ----------
+    x : float array (B, N, C).  hw : (H, W), N = H W.
+    params : keyed like the twin's state_dict: "cpe.0.proj.weight" (C, 1, 3, 3), "cpe.0.proj.bias",
+        "norm1.*", "attn.*" (see :func:`enhanced_attention`), "norm3.*" (residual placement), "local_mp.*"
+        (see :func:`lcm`), "norm2.*", "mlp.fc1.*", "mlp.fc2.*".  See :func:`l2vit_param_shapes`.
+    cfg : :class:`L2ViTConfig`.  order : attention association order.
+    taps : dict or None; records "cpe" (B, N, C), "attn_out" (B, N, C), "lcm" (B, N, C), "mlp" (B, N, C),
+        and the attention's taps under "attn." names (e.g. "attn.kv", "attn.denominator").
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    L2ViT §4.2-4.3, Eq. 4-8, Fig. 3, Appendix 10 and 12.
+    """
+    x, hw = _check_hw(x, hw, cfg.dim)
+    inner: dict | None = {} if taps is not None else None
+    x = _cpe(x, params, "cpe.0", hw)
+    a = enhanced_attention(_ln(x, params, "norm1", cfg), subparams(params, "attn"), cfg, order=order, taps=inner,
+                           max_elements=max_elements)
+    lp = subparams(params, "local_mp")
+    if cfg.lcm_placement == "residual":
+        x1 = x + a
+        l_out = lcm(_ln(x1, params, "norm3", cfg), lp, hw, batch_norm_eps=cfg.batch_norm_eps)
+        x2 = x1 + l_out
+    else:
+        l_out = lcm(a, lp, hw, batch_norm_eps=cfg.batch_norm_eps)
+        x2 = x + l_out
+    m = mlp(_ln(x2, params, "norm2", cfg), subparams(params, "mlp"))
+    if taps is not None:
+        taps.update(cpe=x, attn_out=a, lcm=l_out, mlp=m)
+        taps.update({"attn." + key: val for key, val in inner.items()})
+    return x2 + m
+
+
+def _window_kwargs(cfg: L2ViTConfig) -> dict[str, Any]:
+    return dict(num_heads=cfg.num_heads, window_size=cfg.window_size, shift=cfg.window_shift, pad=True,
+                rel_pos_bias=cfg.window_rel_pos_bias, mask_padding=cfg.window_mask_padding, mask_value=None)
+
+
+def lwa_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int, int], *,
+              taps: dict | None = None) -> np.ndarray:
+    """Local window attention block (L2ViT §4.3, Fig. 3, Appendix 12).
+
+        X <- X + DWConv_3x3(X)                               (CPE, "cpe.0")
+        X <- X + WindowAttn(LN_1 X)                          (Swin window attention, softmax, window 7)
+        X <- X + DWConv_3x3(X)                               (official only: "cpe.1", ``lwa_cpe="twice"``)
+        X <- X + MLP(LN_2 X)
+
+    The window attention is :func:`refimpl.attention.softmax.window_attention` with the config's options:
+    no relative-position bias (CPE replaces it), shift ``cfg.window_shift`` (0), and zero padding to the
+    window multiple with padded keys masked (paper) or taking part (official: keys = qkv bias).
+
+    Parameters
+    ----------
+    x : float array (B, N, C).  hw : (H, W), N = H W (any H, W: padded to the window).
+    params : "cpe.0.proj.*" (and "cpe.1.proj.*" for "twice"), "norm1.*", "attn.qkv.*", "attn.proj.*"
+        (and "attn.relative_position_bias_table" with the bias), "norm2.*", "mlp.*".
+    cfg : :class:`L2ViTConfig`.  taps : dict or None; records "cpe", "attn_out", "cpe1", "mlp" (B, N, C)
+        and the window attention's taps under "attn." names.
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    L2ViT §4.3, Fig. 3, Appendix 12; Swin Transformer §3.2.
+    """
+    x, hw = _check_hw(x, hw, cfg.dim)
+    inner: dict | None = {} if taps is not None else None
+    x = _cpe(x, params, "cpe.0", hw)
+    y = _ln(x, params, "norm1", cfg).reshape(x.shape[0], hw[0], hw[1], cfg.dim)
+    a = window_attention(y, subparams(params, "attn"), taps=inner, **_window_kwargs(cfg)).reshape(x.shape)
+    x1 = x + a
+    if cfg.lwa_cpe == "twice":
+        x1 = _cpe(x1, params, "cpe.1", hw)
+    m = mlp(_ln(x1, params, "norm2", cfg), subparams(params, "mlp"))
+    if taps is not None:
+        taps.update(cpe=x, attn_out=a, cpe1=x1, mlp=m)
+        taps.update({"attn." + key: val for key, val in inner.items()})
+    return x1 + m
+
+
+# ===================================================================================================
+# Parameter shapes and initialisation
+# ===================================================================================================
+
+def l2vit_param_shapes(cfg: L2ViTConfig, block: str) -> dict[str, tuple[int, ...]]:
+    """Parameter keys and shapes of an "lga" or "lwa" block (= the PyTorch twin's state_dict, float entries)."""
+    c, h, kk, kc, hid = cfg.dim, cfg.num_heads, cfg.lcm_kernel, cfg.cpe_kernel, cfg.mlp_hidden
+    shapes: dict[str, tuple[int, ...]] = {"cpe.0.proj.weight": (c, 1, kc, kc), "cpe.0.proj.bias": (c,),
+                                          "norm1.weight": (c,), "norm1.bias": (c,),
+                                          "attn.qkv.weight": (3 * c, c)}
+    if cfg.qkv_bias:
+        shapes["attn.qkv.bias"] = (3 * c,)
+    shapes.update({"attn.proj.weight": (c, c), "attn.proj.bias": (c,)})
+    if block == "lga":
+        shapes["attn.scale" if cfg.scale_mode == "scalar" else "attn.temperature"] = \
+            (1,) if cfg.scale_mode == "scalar" else (h, 1, 1)
+        if cfg.lcm_placement == "residual":
+            shapes.update({"norm3.weight": (c,), "norm3.bias": (c,)})
+        shapes.update({"local_mp.conv1.weight": (c, 1, kk, kk), "local_mp.conv1.bias": (c,),
+                       "local_mp.bn.weight": (c,), "local_mp.bn.bias": (c,), "local_mp.bn.running_mean": (c,),
+                       "local_mp.bn.running_var": (c,), "local_mp.conv2.weight": (c, 1, kk, kk),
+                       "local_mp.conv2.bias": (c,)})
+    elif block == "lwa":
+        if cfg.window_rel_pos_bias:
+            shapes["attn.relative_position_bias_table"] = ((2 * cfg.window_size - 1) ** 2, h)
+        if cfg.lwa_cpe == "twice":
+            shapes.update({"cpe.1.proj.weight": (c, 1, kc, kc), "cpe.1.proj.bias": (c,)})
+    else:
+        raise ValueError(f"argument 'block': expected 'lga' or 'lwa', got {block!r}")
+    shapes.update({"norm2.weight": (c,), "norm2.bias": (c,), "mlp.fc1.weight": (hid, c), "mlp.fc1.bias": (hid,),
+                   "mlp.fc2.weight": (c, hid), "mlp.fc2.bias": (c,)})
+    return shapes
+
+
+def init_l2vit_params(cfg: L2ViTConfig, block: str, *, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float64 parameters of a block: weights N(0, 1 / fan_in), biases N(0, 0.1^2), norm weights
+    1 + N(0, 0.1^2), BN running variance U(0.5, 2); the scale at the paper's init sqrt(C) and the temperature
+    at the released init d^-1/2 (Appendix 7; the released code).  For tests, docs and benchmarks."""
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for key, shape in l2vit_param_shapes(cfg, block).items():
+        if key == "attn.scale":
+            out[key] = np.full(shape, math.sqrt(cfg.dim))
+        elif key == "attn.temperature":
+            out[key] = np.full(shape, cfg.head_dim ** -0.5)
+        elif key.endswith("running_var"):
+            out[key] = rng.uniform(0.5, 2.0, shape)
+        elif key.endswith("weight") and len(shape) > 1:
+            out[key] = rng.standard_normal(shape) / math.sqrt(int(np.prod(shape[1:])))
+        elif key.endswith("weight"):
+            out[key] = 1.0 + 0.1 * rng.standard_normal(shape)
+        else:
+            out[key] = 0.1 * rng.standard_normal(shape)
+    return out
+
+
+# ===================================================================================================
+# The error model (running first-order bounds; conventions of refimpl.attention.focused)
+# ===================================================================================================
+
+def _bound(e: np.ndarray, depth: int, what: str) -> numerics.Bound:
+    depth = max(int(depth), 1)
+    return numerics.Bound(e / depth, depth, f"{what}: running first-order bound (stage Jacobians propagate "
+                                            f"every rounding; O(u^2) neglected; elementary functions "
+                                            f"{config.ELEMENTARY_FUNCTION_ULPS} u), K = summed depths = {depth}")
+
+
+def _err_core(q, k, v, eq, ek, ev, *, c_min, scale, scale_mode, scale_target, dtype):
+    """E of :func:`enhanced_linear_attention` with input errors (ReLU is exact and 1-Lipschitz, so phi's
+    errors are the inputs'); applying t to V or phi(K) is one more rounding of that operand."""
+    phi_q, phi_k = numerics.relu(q), numerics.relu(k)
+    eq, ek = relu_error(q, eq, dtype), relu_error(k, ek, dtype)
+    if scale_target == "numerator":
+        v_eff, t = _scaled(v, scale, scale_mode, q.shape[1])
+        return err_attention(phi_q, phi_k, v_eff, eq, ek, ev * np.abs(t) + np.abs(v_eff), eps=0.0, clamp_min=c_min,
+                             dtype=dtype)
+    pk, t = _scaled(phi_k, scale, scale_mode, q.shape[1])
+    return err_attention(phi_q, pk, v, eq, ek * np.abs(t) + np.abs(pk), ev, eps=0.0, clamp_min=c_min, dtype=dtype)
+
+
+def enhanced_linear_attention_bound(q: Any, k: Any, v: Any, *, c_min: float = config.L2VIT_C_MIN, scale: Any = 1.0,
+                                    scale_mode: str = "divide", scale_target: str = "numerator", dtype: Any = None,
+                                    order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`enhanced_linear_attention` (either order; exact inputs).
+
+    :func:`refimpl.attention.focused.err_attention` with the clamp (max(., C_min) is exact and 1-Lipschitz, so
+    the normaliser keeps its error; where the clamp is active the quotient divides by C_min) plus the rounding
+    of the scaled operand.  Returns numerics.Bound with scale (B, h, N, e).
+
+    References
+    ----------
+    L2ViT Eq. 4, Appendix 8; DESIGN.md "The error model".
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
+    e, depth = _err_core(q, k, v, np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), c_min=c_min, scale=scale,
+                         scale_mode=scale_mode, scale_target=scale_target, dtype=dtype)
+    return _bound(e, depth + 1, "enhanced linear attention")
+
+
+def _err_attention_module(x, e_x, params, cfg, dtype):
+    b, n, c = x.shape
+    h, d = cfg.num_heads, cfg.head_dim
+    qkv, e, k1 = err_linear(x, e_x, _p(params, "qkv.weight"), _opt(params, "qkv.bias"))
+    qkv, e = qkv.reshape(b, n, 3, h, d), e.reshape(b, n, 3, h, d)
+    (q, k, v), (eq, ek, ev) = [[t[:, :, i].transpose(0, 2, 1, 3) for i in range(3)] for t in (qkv, e)]
+    s, mode = _scale_args(params, cfg)
+    eo, k2 = _err_core(q, k, v, eq, ek, ev, c_min=cfg.c_min, scale=s, scale_mode=mode, scale_target=cfg.scale_target,
+                       dtype=dtype)
+    o = enhanced_linear_attention(q, k, v, c_min=cfg.c_min, scale=s, scale_mode=mode, scale_target=cfg.scale_target)
+    y, ey = o.transpose(0, 2, 1, 3).reshape(b, n, c), eo.transpose(0, 2, 1, 3).reshape(b, n, c)
+    out, eout, k3 = err_linear(y, ey, _p(params, "proj.weight"), _opt(params, "proj.bias"))
+    return out, eout, k1 + k2 + 1 + k3
+
+
+def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, *, dtype: Any = None,
+                             order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`enhanced_attention`: qkv projection (gamma_{C+1}), the core, the projection.
+    Scale (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 4; DESIGN.md "The error model".
+    """
+    x = numerics.as_float(x, "x")
+    numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
+    _, e, depth = _err_attention_module(x, np.zeros_like(x), params, cfg, dtype)
+    return _bound(e, depth, "enhanced attention")
+
+
+def _err_lcm(x, e_x, params, hw, bn_eps):
+    g, eg = _grid(x, hw), _grid(e_x, hw)
+    g1, e1, k1 = err_dwconv(g, eg, _p(params, "conv1.weight"), _opt(params, "conv1.bias"))
+    a = gelu(g1)
+    gb = gelu_bound(g1)
+    ea = config.GELU_LIPSCHITZ * e1 + gb.k * np.asarray(gb.scale)
+    rv = _p(params, "bn.running_var")[:, None, None]
+    w = _p(params, "bn.weight")[:, None, None]
+    bn = batch_norm2d(a, _p(params, "bn.weight"), _p(params, "bn.bias"), _p(params, "bn.running_mean"),
+                      _p(params, "bn.running_var"), bn_eps)
+    s_bn = (np.abs(a) + np.abs(_p(params, "bn.running_mean"))[:, None, None]) / np.sqrt(rv + bn_eps) * np.abs(w) \
+        + np.abs(_p(params, "bn.bias"))[:, None, None]
+    ebn = np.abs(w) / np.sqrt(rv + bn_eps) * ea + 6.0 * s_bn
+    g2, e2, k2 = err_dwconv(bn, ebn, _p(params, "conv2.weight"), _opt(params, "conv2.bias"))
+    return _tokens(g2), _tokens(e2), k1 + gb.k + 6 + k2
+
+
+def lcm_bound(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
+              batch_norm_eps: float = config.BATCH_NORM_EPS) -> numerics.Bound:
+    """Error bound of :func:`lcm`: depthwise conv (gamma_{k^2+1}), GELU (Lipschitz config.GELU_LIPSCHITZ on
+    the propagated error, layers.gelu_bound's own), eval BatchNorm (|w| / sqrt(var + eps) on the propagated
+    error, 6 roundings), depthwise conv.  Scale (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 6-7; DESIGN.md "The error model".
+    """
+    x, hw = _check_hw(x, hw, np.shape(x)[-1])
+    _, e, depth = _err_lcm(x, np.zeros_like(x), params, hw, batch_norm_eps)
+    return _bound(e, depth, "LCM")
+
+
+def _err_cpe(x, e_x, params, prefix, hw):
+    w, b = _p(params, prefix + ".proj.weight"), _opt(params, prefix + ".proj.bias")
+    y, ey, k = err_dwconv(_grid(x, hw), _grid(e_x, hw), w, b)
+    out = x + _tokens(y)
+    return out, e_x + _tokens(ey) + np.abs(x) + np.abs(_tokens(y)), k + 1
+
+
+def _err_ln(x, e_x, params, name, cfg):
+    return err_layer_norm(x, e_x, _p(params, name + ".weight"), _p(params, name + ".bias"), cfg.layer_norm_eps)
+
+
+def _err_mlp(x, e_x, p):
+    h, eh, k1 = err_linear(x, e_x, _p(p, "fc1.weight"), _opt(p, "fc1.bias"))
+    g = gelu(h)
+    gb = gelu_bound(h)
+    eg = config.GELU_LIPSCHITZ * eh + gb.k * np.asarray(gb.scale)
+    y, ey, k2 = err_linear(g, eg, _p(p, "fc2.weight"), _opt(p, "fc2.bias"))
+    return y, ey, k1 + gb.k + k2
+
+
+def _residual(x, ex, y, ey):
+    return x + y, ex + ey + np.abs(x) + np.abs(y)
+
+
+def lga_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int, int], *,
+                    dtype: Any = None, order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`lga_block` (either order): CPE, LayerNorms (Jacobian propagation +
+    layers.layer_norm_bound), the attention, LCM, MLP and the three residual additions, chained stage by
+    stage.  Scale (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 4-8, Fig. 3; DESIGN.md "The error model".
+    """
+    x, hw = _check_hw(x, hw, cfg.dim)
+    x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
+    y, ey, k = _err_ln(x, ex, params, "norm1", cfg)
+    a, ea, ka = _err_attention_module(y, ey, subparams(params, "attn"), cfg, dtype)
+    depth += k + ka
+    lp = subparams(params, "local_mp")
+    if cfg.lcm_placement == "residual":
+        x1, ex1 = _residual(x, ex, a, ea)
+        y3, ey3, k3 = _err_ln(x1, ex1, params, "norm3", cfg)
+        lo, elo, kl = _err_lcm(y3, ey3, lp, hw, cfg.batch_norm_eps)
+        x2, ex2 = _residual(x1, ex1, lo, elo)
+        depth += 2 + k3 + kl
+    else:
+        lo, elo, kl = _err_lcm(a, ea, lp, hw, cfg.batch_norm_eps)
+        x2, ex2 = _residual(x, ex, lo, elo)
+        depth += 1 + kl
+    y2, ey2, k2 = _err_ln(x2, ex2, params, "norm2", cfg)
+    m, em, km = _err_mlp(y2, ey2, subparams(params, "mlp"))
+    _, eout = _residual(x2, ex2, m, em)
+    return _bound(eout, depth + k2 + km + 1, "LGA block")
+
+
+def _err_window_attention(x, e_x, p, cfg, dtype):
+    """E of :func:`refimpl.attention.softmax.window_attention` on a (B, H, W, C) grid with input errors:
+    padding, roll and partition move data exactly (E moves with it); qkv and proj by :func:`err_linear`;
+    the softmax attention by :func:`refimpl.attention.softmax.softmax_attention_error` with q, k, v errors.
+    The mask is built as window_attention builds it (shift regions; padded keys when masked)."""
+    b, big_h, big_w, c = x.shape
+    ws, sh = cfg.window_size, cfg.window_shift
+    h, d = cfg.num_heads, cfg.head_dim
+    xp, (hp, wp) = pad_to_multiple(x, ws)
+    ep, _ = pad_to_multiple(e_x, ws)
+    real = np.zeros((1, hp, wp, 1))
+    real[:, :big_h, :big_w] = 1.0
+    if sh:
+        xp, ep, real = (np.roll(t, (-sh, -sh), axis=(1, 2)) for t in (xp, ep, real))
+    xw, ew = window_partition(xp, ws), window_partition(ep, ws)
+    n, nw = ws * ws, (hp // ws) * (wp // ws)
+    qkv, eqkv, k1 = err_linear(xw, ew, _p(p, "qkv.weight"), _opt(p, "qkv.bias"))
+    qkv, eqkv = (t.reshape(-1, n, 3, h, d).transpose(2, 0, 3, 1, 4) for t in (qkv, eqkv))
+    keep = np.ones((nw, n, n), dtype=bool)
+    if sh:
+        keep &= shifted_window_mask(hp, wp, ws, sh)
+    if cfg.window_mask_padding and (hp != big_h or wp != big_w):
+        keep &= (window_partition(real, ws)[..., 0] > 0)[:, None, :]
+    mask = None if keep.all() else np.tile(keep, (b, 1, 1))[:, None]
+    bias = None
+    if cfg.window_rel_pos_bias:
+        bias = relative_position_bias(_p(p, "relative_position_bias_table"), relative_position_index(ws, ws))[None]
+    eo = softmax_attention_error(qkv[0], qkv[1], qkv[2], bias=bias, mask=mask, err_q=eqkv[0], err_k=eqkv[1],
+                                 err_v=eqkv[2])
+    o = softmax_attention(qkv[0], qkv[1], qkv[2], bias=bias, mask=mask)
+    o, eo = (t.transpose(0, 2, 1, 3).reshape(-1, n, c) for t in (o, eo))
+    y, ey, k3 = err_linear(o, eo, _p(p, "proj.weight"), _opt(p, "proj.bias"))
+    ey = window_reverse(ey, ws, hp, wp)
+    if sh:
+        ey = np.roll(ey, (sh, sh), axis=(1, 2))
+    return ey[:, :big_h, :big_w, :], k1 + d + n + 2 * config.ELEMENTARY_FUNCTION_ULPS + k3
+
+
+def lwa_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int, int], *,
+                    dtype: Any = None) -> numerics.Bound:
+    """Error bound of :func:`lwa_block`: CPE(s), LayerNorms, window attention (with propagated input errors),
+    MLP and the residual additions, chained stage by stage.  Scale (B, N, C).
+
+    References
+    ----------
+    L2ViT §4.3, Fig. 3; Swin §3.2; DESIGN.md "The error model".
+    """
+    x, hw = _check_hw(x, hw, cfg.dim)
+    x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
+    y, ey, k = _err_ln(x, ex, params, "norm1", cfg)
+    shape4 = (x.shape[0], hw[0], hw[1], cfg.dim)
+    ea, ka = _err_window_attention(y.reshape(shape4), ey.reshape(shape4), subparams(params, "attn"), cfg, dtype)
+    a = window_attention(y.reshape(shape4), subparams(params, "attn"), **_window_kwargs(cfg)).reshape(x.shape)
+    x1, ex1 = _residual(x, ex, a, ea.reshape(x.shape))
+    depth += k + ka + 1
+    if cfg.lwa_cpe == "twice":
+        x1, ex1, kc = _err_cpe(x1, ex1, params, "cpe.1", hw)
+        depth += kc
+    y2, ey2, k2 = _err_ln(x1, ex1, params, "norm2", cfg)
+    m, em, km = _err_mlp(y2, ey2, subparams(params, "mlp"))
+    _, eout = _residual(x1, ex1, m, em)
+    return _bound(eout, depth + k2 + km + 1, "LWA block")

@@ -1,0 +1,1124 @@
+"""FLatten: focused linear attention (Han et al., "FLatten Transformer", ICCV 2023) - the NumPy reference.
+
+Shapes used throughout:
+    B batch, H x W token grid, N = H W query tokens, n key/value tokens (n = N, or (H // sr)(W // sr) with
+    PVT's spatial reduction sr > 1), C channels, h heads, d = C / h head dim, (wh, ww) a window, nW windows.
+
+The mechanism (FLatten §4):
+
+    phi_p(x) = f_p(ReLU(x)),   f_p(x) = ||x|| / ||x**p|| * x**p                                   (Eq. 6)
+    O = phi_p(Q) phi_p(K)^T V  (row-normalised as Eq. 4)  +  DWC(V)                          (Eq. 10-12)
+
+f_p keeps the norm (||f_p(x)|| = ||x||, Appendix Eq. 18) and only turns the direction towards the nearest
+axis (Proposition 1).  It is homogeneous of degree 1, f_p(c x) = c f_p(x) for c > 0, so it may be evaluated
+on x / max(x), whose entries lie in [0, 1]: the power can then neither overflow nor make ||x**p|| underflow
+to 0 (which would give 0/0 for any large p), while the exact result is unchanged.  That is the default
+``power_scaling="max"``; ``"none"`` evaluates x**p as written (and as the released code does).
+
+Contents, top to bottom: configuration and presets; the focused function and its error coefficient; the
+attention core (both association orders, both normalisers, the optional shifted-window mask); the DWC
+branch with its resampling for sr > 1; the modules for the DeiT/PVT layout (:func:`focused_linear_attention`)
+and the Swin layout (:func:`focused_window_attention`); parameter shapes and initialisation; the error model
+(running first-order error bounds of every public function).
+
+Presets (:meth:`FocusedConfig.preset`): "paper" (the equations; the default) and "official" (what the
+authors' released modules compute).  Each departure is one named field of :class:`FocusedConfig`:
+
+=========================  ===================  ======================================================
+field                      paper                official
+=========================  ===================  ======================================================
+relu_eps                   0                    1e-6 added to ReLU(q), ReLU(k)
+learnable_scale            False                features divided by softplus(s), s per channel ("scale")
+norm_scope                 "head"               "token": f_p's two norms over all C channels, before
+                                                the head split
+positional_encoding        False                learnable absolute encoding added to K only
+normaliser                 "sum"                "mean_scaled": K and V scaled by n^-1/2 each, normaliser
+                                                q . mean_j(k_j) + 1e-6
+eps                        0                    1e-6 (on the mean-of-keys normaliser)
+dwc_shared                 False (C kernels)    True: one d-channel kernel bank shared by all heads
+dwc_resample (sr > 1)      "bilinear"           "linear_flat": 1-D linear interpolation of V along the
+                                                flattened token order (half-pixel convention)
+shift_mask                 "apply"              "ignore": the shifted-window mask is not used
+=========================  ===================  ======================================================
+
+Both presets use ``power_scaling="max"`` (equal to the released x**p in exact arithmetic; see
+docs/flatten.md for the overflow and 0/0 that x**p causes in float16 and, for large p, in float32).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import config, numerics
+from ..layers import conv2d, depthwise_conv2d, layer_norm, layer_norm_bound, linear, shifted_window_mask, \
+    window_partition, window_reverse
+from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
+
+__all__ = [
+    "FocusedConfig", "focused_function", "focused_feature_map", "focused_function_error", "focused_function_bound",
+    "focused_attention", "focused_linear_attention", "focused_window_attention", "resample_linear",
+    "resample_linear_bound",
+    "focused_param_shapes", "init_focused_params", "focused_attention_bound",
+    "focused_linear_attention_bound", "focused_window_attention_bound",
+]
+
+_ORDERS = ("linear", "quadratic")
+
+
+# ===================================================================================================
+# Configuration and presets
+# ===================================================================================================
+
+@dataclasses.dataclass(frozen=True)
+class FocusedConfig:
+    """Configuration of a focused linear attention module (FLatten §4.3).
+
+    Attributes
+    ----------
+    dim : int, C.  num_heads : int, h (C % h == 0).
+    p : float >= 1, the focusing factor (§5.6: p = 3 for all models; Table 5 ablates 2..32).
+    kernel_size : odd int, the DWC kernel (the paper gives none; released default 5).
+    sr_ratio : int >= 1, PVT's spatial reduction of K, V (global layout only).
+    qkv_bias : bool, biases of the q / kv / qkv projections.
+    layer_norm_eps : eps of the spatial-reduction LayerNorm (PyTorch default 1e-5).
+    relu_eps, learnable_scale, norm_scope, positional_encoding, normaliser, eps, dwc_shared, dwc_resample,
+    shift_mask : the departures of the released code, see the module docstring's table.
+    power_scaling : "max" (stable, default) or "none" (x**p as written); equal in exact arithmetic.
+    """
+
+    dim: int
+    num_heads: int
+    p: float = config.FLATTEN_FOCUSING_FACTOR
+    kernel_size: int = config.FLATTEN_DWC_KERNEL
+    sr_ratio: int = 1
+    qkv_bias: bool = True
+    layer_norm_eps: float = config.LAYER_NORM_EPS
+    relu_eps: float = 0.0
+    learnable_scale: bool = False
+    norm_scope: str = "head"
+    positional_encoding: bool = False
+    normaliser: str = "sum"
+    eps: float = 0.0
+    dwc_shared: bool = False
+    dwc_resample: str = "bilinear"
+    shift_mask: str = "apply"
+    power_scaling: str = "max"
+
+    def __post_init__(self) -> None:
+        numerics.check_positive_int(self.dim, "dim")
+        numerics.check_positive_int(self.num_heads, "num_heads")
+        if self.dim % self.num_heads:
+            raise ValueError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+        _check_p(self.p)
+        numerics.check_positive_int(self.kernel_size, "kernel_size")
+        if self.kernel_size % 2 == 0:
+            raise ValueError(f"argument 'kernel_size': expected an odd size ('same' padding k // 2), "
+                             f"got {self.kernel_size}")
+        numerics.check_positive_int(self.sr_ratio, "sr_ratio")
+        for name, allowed in (("norm_scope", ("head", "token")), ("normaliser", ("sum", "mean_scaled")),
+                              ("dwc_resample", ("bilinear", "linear_flat")),
+                              ("shift_mask", ("apply", "ignore")), ("power_scaling", ("max", "none"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+        for name in ("relu_eps", "eps", "layer_norm_eps"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+                raise ValueError(f"argument '{name}': expected a real number >= 0, got {v!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.num_heads
+
+    @classmethod
+    def preset(cls, name: str = "paper", **overrides: Any) -> "FocusedConfig":
+        """``"paper"``: Eq. 5-12 as written.  ``"official"``: the released modules' arithmetic (ReLU + 1e-6,
+        / softplus(s) per channel, norms over all C channels, APE on K, n^-1/2-scaled K and V with the
+        mean-of-keys normaliser + 1e-6, a DWC kernel bank shared by the heads, 1-D flat interpolation of V
+        for sr > 1, the shift mask ignored).  ``overrides`` set any field (``dim`` and ``num_heads`` are
+        required)."""
+        if name == "paper":
+            fields: dict[str, Any] = {}
+        elif name == "official":
+            fields = dict(relu_eps=config.FLATTEN_OFFICIAL_RELU_EPS, learnable_scale=True, norm_scope="token",
+                          positional_encoding=True, normaliser="mean_scaled",
+                          eps=config.FLATTEN_OFFICIAL_NORMALISER_EPS, dwc_shared=True,
+                          dwc_resample="linear_flat", shift_mask="ignore")
+        else:
+            raise ValueError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
+        fields.update(overrides)
+        return cls(**fields)
+
+
+def _check_p(p: Any) -> float:
+    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not math.isfinite(p) \
+            or p < 1:
+        raise ValueError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
+    return float(p)
+
+
+def _check_order(order: str) -> None:
+    if order not in _ORDERS:
+        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+
+
+# ===================================================================================================
+# The focused function (Eq. 6) and its error coefficient
+# ===================================================================================================
+
+def _norm_scaled(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """(max, ||x||) along ``axis`` for x >= 0, ||x|| = m ||x / m|| (no overflow or underflow)."""
+    m = np.max(x, axis=axis, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        safe = np.where(m > 0, m, 1.0)
+        nrm = m * np.sqrt(np.sum((x / safe) ** 2, axis=axis, keepdims=True))
+    return m, nrm
+
+
+def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
+                     power_scaling: str = "max") -> np.ndarray:
+    """The focused function f_p(x) = ||x|| / ||x**p|| * x**p along ``axis`` (FLatten Eq. 6).
+
+    Parameters
+    ----------
+    x : float array (..., d), every entry >= 0 (f_p acts after the ReLU; NaN propagates).
+    p : float >= 1, the focusing factor.
+    axis : the feature axis (norms and powers are taken along it).
+    power_scaling : "max" (default): evaluate on r = x / max(x) in [0, 1], f_p(x) = ||x|| r**p / ||r**p||,
+        which is exactly f_p(x) (f_p is homogeneous of degree 1) and never overflows or gives 0/0 for
+        large p; "none": x**p, ||x**p|| and ||x|| as written (overflows / underflows like the released code).
+
+    Returns
+    -------
+    ndarray of x's shape, working precision.  f_p(0) = 0 (the limit; ||f_p(x)|| = ||x|| -> 0) with "max";
+    0/0 = NaN with "none", as IEEE arithmetic says.
+
+    References
+    ----------
+    FLatten Eq. 6 (and Appendix Eq. 14, 18: ||f_p(x)|| = ||x||; Eq. 20-21: the max-normalised form).
+    """
+    x = numerics.as_float(x, "x")
+    p = _check_p(p)
+    if np.any(x < 0):
+        raise ValueError("argument 'x': f_p is defined on non-negative features (apply ReLU first, i.e. use "
+                         "focused_feature_map); got negative entries")
+    if power_scaling == "none":
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+            t = x ** p
+            return np.sqrt(np.sum(x * x, axis=axis, keepdims=True)) / \
+                np.sqrt(np.sum(t * t, axis=axis, keepdims=True)) * t
+    if power_scaling != "max":
+        raise ValueError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
+    m, nx = _norm_scaled(x, axis)
+    with np.errstate(invalid="ignore", divide="ignore", under="ignore"):
+        t = (x / np.where(m > 0, m, 1.0)) ** p          # in [0, 1], max entry exactly 1 -> ||t|| >= 1
+        f = nx * (t / np.sqrt(np.sum(t * t, axis=axis, keepdims=True)))
+    # A zero vector (m == 0) maps to 0; NaN in x makes m NaN, so "m == 0" is False and NaN propagates.
+    return np.where(m == 0, 0.0 * x, f)
+
+
+def focused_feature_map(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
+                        power_scaling: str = "max") -> np.ndarray:
+    """phi_p(x) = f_p(ReLU(x)) (FLatten Eq. 6).
+
+    x : float array (..., d), any sign.  Other arguments and the result as :func:`focused_function`.
+
+    References
+    ----------
+    FLatten Eq. 5-6.
+    """
+    x = numerics.as_float(x, "x")
+    return focused_function(numerics.relu(x), p, axis=axis, power_scaling=power_scaling)
+
+
+def _eta_in_u(dtype: Any) -> float:
+    """eta_T / u_T: Higham's absolute underflow error per rounding (eq. 2.8; half the smallest subnormal) in
+    units of u_T, formed without underflowing (2^-1022 for float64, 2^-126 for float32 and bfloat16, 2^-14
+    for float16); 0 for dtype None.  (numerics.underflow_eta("float64") itself evaluates to 0.0.)"""
+    if dtype is None:
+        return 0.0
+    name = str(dtype).replace("torch.", "")
+    name = name if name == "bfloat16" else np.dtype(name).name
+    tiny = {"float64": 2.0 ** -1074, "float32": 2.0 ** -149, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}[name]
+    return tiny / numerics.unit_roundoff(name) / 2.0
+
+
+def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -1, dtype: Any = None) -> np.ndarray:
+    """Error coefficient E of f_p: |fl_T(f_p(x~)) - f_p(x)| <= u_T E to first order in u_T, where x~ is x
+    with absolute errors <= u_T err_x (err_x None: x exact).
+
+    Derivation.  Write g = x**p / ||x**p|| (a unit vector, homogeneous of degree 0) so f = ||x|| g, and
+    A_j = p x_j**(p-1) / ||x**p|| = p r_j**(p-1) / (m ||r**p||) with m = max x, r = x / m.  The Jacobian is
+    df_i/dx_j = g_i x_j / ||x|| + ||x|| (A_i delta_ij - g_i A_j g_j), so input errors contribute
+
+        g_i (x . err_x) / ||x||  +  ||x|| (A_i err_x_i + g_i sum_j A_j g_j err_x_j).
+
+    ||x|| A_i <= p ||x|| / m <= p sqrt(d): f_p amplifies input errors by up to p sqrt(d), which is its honest
+    condition number.  Rounding of the evaluation itself (either ``power_scaling``): r or x**p carries a
+    relative error (p + c + 1) u (c = config.ELEMENTARY_FUNCTION_ULPS for pow, p from the argument's own
+    rounding), the two norms (d + 2) u and (p + c + d + 3) u, the final product and quotient 2 u:
+    (2 p + 2 c + 2 d + 8) f_i in all.  A zero vector x = 0 maps to 0 and f(0 + delta) has norm ||delta||,
+    so there E = ||err_x||_2.  Underflow (``dtype`` given): r**p and the quotient t / ||t|| may fall into
+    T's subnormal range (large p), each of their p + c + 4 roundings adding up to eta_T absolutely, scaled by
+    ||x|| / ||t|| <= ||x|| (||t|| >= 1, its largest entry is 1): (p + c + 4) ||x|| eta_T / u_T.  First
+    order: not rigorous when p u err_x / m is not small (a token whose features are all at rounding level).
+
+    Parameters
+    ----------
+    x : float array (..., d) >= 0, the exact (reference) input.  p : float >= 1.
+    err_x : float array of x's shape >= 0 or None.  axis : the feature axis.
+    dtype : the tested precision T (adds the underflow term) or None.
+
+    Returns
+    -------
+    ndarray of x's shape >= 0.
+
+    References
+    ----------
+    FLatten Eq. 6, 18-21; Higham (2002) §3.1; DESIGN.md "The error model".
+    """
+    x = numerics.as_float(x, "x")
+    p = _check_p(p)
+    ex = np.zeros_like(x) if err_x is None else numerics.as_float(err_x, "err_x")
+    d = x.shape[axis]
+    c = float(config.ELEMENTARY_FUNCTION_ULPS)
+    f = focused_function(x, p, axis=axis)
+    m, nx = _norm_scaled(x, axis)
+    with np.errstate(invalid="ignore", divide="ignore", under="ignore", over="ignore"):
+        safe_m = np.where(m > 0, m, 1.0)
+        r = x / safe_m
+        t = r ** p
+        nt = np.sqrt(np.sum(t * t, axis=axis, keepdims=True))
+        safe_nt = np.where(nt > 0, nt, 1.0)
+        g = t / safe_nt
+        # Scale-free forms (no 1/m, which overflows for subnormal m): x / ||x|| = r / ||r|| and
+        # ||x|| A_i = p ||r|| r_i**(p-1) / ||t||.
+        nr = np.sqrt(np.sum(r * r, axis=axis, keepdims=True))
+        safe_nr = np.where(nr > 0, nr, 1.0)
+        a = r ** (p - 1.0)
+        prop = g * np.sum(r * ex, axis=axis, keepdims=True) / safe_nr \
+            + p * nr / safe_nt * (a * ex + g * np.sum(a * g * ex, axis=axis, keepdims=True))
+        rounding = (2.0 * p + 2.0 * c + 2.0 * d + 8.0) * f + (p + c + 4.0) * nx * _eta_in_u(dtype)
+        zero = np.sqrt(np.sum(ex * ex, axis=axis, keepdims=True)) + 0.0 * x
+    return np.where(m == 0, zero, prop + rounding)
+
+
+def focused_function_bound(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
+                           dtype: Any = None) -> numerics.Bound:
+    """:class:`numerics.Bound` of :func:`focused_function` on exact (T-rounded) inputs x >= 0, from
+    :func:`focused_function_error`: scale E / K, k = K = 2 p + 2 c + 2 d + 8 (the rounding count derived
+    there), plus the underflow term for ``dtype``.  Either ``power_scaling``.
+
+    References
+    ----------
+    FLatten Eq. 6; DESIGN.md "The error model".
+    """
+    x = numerics.as_float(x, "x")
+    e = focused_function_error(x, p, axis=axis, dtype=dtype)
+    kk = int(math.ceil(2 * _check_p(p) + 2 * config.ELEMENTARY_FUNCTION_ULPS + 2 * x.shape[axis] + 8))
+    return numerics.Bound(e / kk, kk, f"focused function f_p (p = {p:g}, d = {x.shape[axis]}): "
+                                      f"first-order rounding count 2p + 2c + 2d + 8 = {kk}")
+
+
+# ===================================================================================================
+# The attention core
+# ===================================================================================================
+
+def _attend_mean_scaled(phi_q, phi_k, v, *, order, eps, taps, max_elements):
+    """The released normaliser: O = phi_q ((phi_k n^-1/2)^T (v n^-1/2)) / (phi_q . mean_j phi_k_j + eps).
+    Equal to Eq. (4) with den + n eps in exact arithmetic."""
+    n = phi_k.shape[-2]
+    r = n ** -0.5
+    k_mean = np.mean(phi_k, axis=-2)                               # (B,h,d)
+    den = np.einsum("bhnd,bhd->bhn", phi_q, k_mean) + eps
+    if order == "linear":
+        kv = (phi_k * r).swapaxes(-1, -2) @ (v * r)                # (B,h,d,e) = phi_k^T v / n
+        num = phi_q @ kv
+        scores = None
+    else:
+        _guard(phi_q.shape[0] * phi_q.shape[1] * phi_q.shape[2] * n, max_elements)
+        scores = phi_q @ (phi_k * r).swapaxes(-1, -2)             # (B,h,N,n) = phi_q phi_k^T / sqrt n
+        num = scores @ (v * r)
+        kv = None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = num / den[..., None]
+    if taps is not None:
+        taps.update(phi_q=phi_q, phi_k=phi_k, k_mean=k_mean, numerator=num, denominator=den)
+        if kv is not None:
+            taps["kv"] = kv
+        if scores is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                taps["attn"] = scores * r / den[..., None]
+    return out
+
+
+def _guard(elements: int, max_elements: int | None) -> None:
+    limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
+    if elements > limit:
+        raise ValueError(f"focused attention (order='quadratic'): the N x n attention matrix would have "
+                         f"B*h*N*n = {elements} elements, above max_elements = {limit} "
+                         f"(config.QUADRATIC_MAX_ELEMENTS); use order='linear', which never forms it")
+
+
+def _attend_unmasked(phi_q, phi_k, v, *, normaliser, eps, order, taps, max_elements):
+    if normaliser == "sum":
+        return kernelized_attention(phi_q, phi_k, v, order=order, eps=eps, eps_policy="add", taps=taps,
+                                    max_elements=max_elements)
+    return _attend_mean_scaled(phi_q, phi_k, v, order=order, eps=eps, taps=taps, max_elements=max_elements)
+
+
+def _mask_groups(mask_w: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Queries with identical mask rows share one key set: [(query indices, allowed key indices), ...].
+    For Swin's mask (regions) there are at most 4 groups per window, so the masked linear order stays
+    linear."""
+    rows, inverse = np.unique(mask_w, axis=0, return_inverse=True)
+    return [(np.flatnonzero(inverse.ravel() == g), np.flatnonzero(rows[g])) for g in range(rows.shape[0])]
+
+
+def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements):
+    """Normalised phi_q phi_k^T v (Eq. 4 / the released normaliser), optionally restricted by a boolean
+    window mask (nW, N, n) whose windows are interleaved in the batch as b * nW + w (window_partition)."""
+    if mask is None:
+        return _attend_unmasked(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, taps=taps,
+                                max_elements=max_elements)
+    nw = mask.shape[0]
+    out = np.empty(phi_q.shape[:-1] + (v.shape[-1],), dtype=np.result_type(phi_q, v))
+    den = np.empty(phi_q.shape[:-1], dtype=out.dtype)
+    for w in range(nw):
+        for qi, kj in _mask_groups(mask[w]):
+            sub: dict | None = {} if taps is not None else None
+            out[w::nw, :, qi] = _attend_unmasked(phi_q[w::nw, :, qi], phi_k[w::nw, :, kj], v[w::nw, :, kj],
+                                                 normaliser=normaliser, eps=eps, order=order, taps=sub,
+                                                 max_elements=max_elements)
+            if sub is not None:
+                den[w::nw, :, qi] = sub["denominator"]
+    if taps is not None:
+        taps.update(phi_q=phi_q, phi_k=phi_k, denominator=den, numerator=out * den[..., None])
+    return out
+
+
+def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
+                      hw: tuple[int, int] | None = None, dwc_weight: Any = None, dwc_bias: Any = None,
+                      order: str = "linear", eps: float = 0.0, normaliser: str = "sum",
+                      power_scaling: str = "max", taps: dict | None = None,
+                      max_elements: int | None = None) -> np.ndarray:
+    """Focused linear attention on per-head arrays (FLatten Eq. 5-6 with Eq. 4, plus Eq. 10-12's DWC).
+
+        O = [phi_p(Q) phi_p(K)^T V] / [phi_p(Q) sum_j phi_p(K_j)]  +  DWC(V)
+
+    Parameters
+    ----------
+    q : float array (B, h, N, d), pre-activation queries.  k : (B, h, n, d).  v : (B, h, n, e).
+    p : focusing factor >= 1.
+    hw : (H, W) token grid of V (n = H W), required with ``dwc_weight``.
+    dwc_weight : float array (h e, 1, k, k) (one kernel per channel, channel index head * e + c) or
+        (e, 1, k, k) (one bank shared by the heads), odd k; None: no DWC branch (Eq. 5 + 4 only).
+    dwc_bias : (h e,) / (e,) or None.
+    order : "linear" (phi_k^T V first, O(n d e)) or "quadratic" (forms N x n; guarded by ``max_elements``).
+    eps : added to the normaliser (0: Eq. 4 exactly; an all-dead query then gives 0/0 = NaN).
+    normaliser : "sum" (Eq. 4) or "mean_scaled" (the released form, see :class:`FocusedConfig`).
+    power_scaling : see :func:`focused_function`.
+    taps : dict or None; records "phi_q", "phi_k" (B,h,*,d), "kv" (linear order), "scores"/"attn"
+        (quadratic order), "numerator", "denominator", "attention" (the normalised term, B,h,N,e) and,
+        with a DWC, "dwc" (B,h,N,e).
+
+    Returns
+    -------
+    ndarray (B, h, N, e), working precision.
+
+    References
+    ----------
+    FLatten Eq. 4-6 and 10-12.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h n d"), v=(v, "B h n e"))
+    _check_order(order)
+    if normaliser not in ("sum", "mean_scaled"):
+        raise ValueError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
+    phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
+    phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
+    att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
+                  max_elements=max_elements)
+    if taps is not None:
+        taps["attention"] = att
+    if dwc_weight is None:
+        return att
+    if hw is None:
+        raise ValueError("argument 'hw': the DWC branch needs the (H, W) grid of V")
+    dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
+    shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
+    dwc = _dwc(v, tuple(hw), tuple(hw), dwc_weight, None if dwc_bias is None else
+               numerics.as_float(dwc_bias, "dwc_bias"), shared, "bilinear")
+    if taps is not None:
+        taps["dwc"] = dwc
+    return att + dwc
+
+
+# ===================================================================================================
+# The DWC branch (Eq. 10-12) and its resampling for sr > 1
+# ===================================================================================================
+
+def _resample_plan(n_in: int, n_out: int):
+    """Source indices and weights of PyTorch's linear interpolation with align_corners=False:
+    src = max((i + 1/2) n_in / n_out - 1/2, 0), i0 = floor(src), i1 = min(i0 + 1, n_in - 1),
+    lambda = src - i0; out_i = (1 - lambda) x[i0] + lambda x[i1]."""
+    src = np.maximum((np.arange(n_out) + 0.5) * (n_in / n_out) - 0.5, 0.0)
+    i0 = np.minimum(np.floor(src).astype(np.int64), n_in - 1)
+    i1 = np.minimum(i0 + 1, n_in - 1)
+    return src, i0, i1, src - i0
+
+
+def resample_linear(x: Any, size: int, axis: int = -1) -> np.ndarray:
+    """1-D linear interpolation to ``size`` samples along ``axis``, half-pixel convention
+    (torch.nn.functional.interpolate(mode="linear" / "bilinear", align_corners=False) per axis).
+
+    x : float array; size : int >= 1.  Returns x with ``axis`` resized.  Used for V's DWC input when the
+    keys were spatially reduced (PVT, sr > 1): along the flattened tokens ("linear_flat", the released
+    code) or separably along H and W ("bilinear").
+
+    References
+    ----------
+    FLatten Eq. 10-12 (DWC(V) needs V on the N-token grid); PyTorch's upsample convention.
+    """
+    x = numerics.as_float(x, "x")
+    size = numerics.check_positive_int(size, "size")
+    ax = axis % x.ndim
+    _, i0, i1, lam = _resample_plan(x.shape[ax], size)
+    lam = lam.astype(x.dtype)
+    shape = [1] * x.ndim
+    shape[ax] = size
+    lam = lam.reshape(shape)
+    return np.take(x, i0, axis=ax) * (1 - lam) + np.take(x, i1, axis=ax) * lam
+
+
+def resample_linear_bound(x: Any, size: int, axis: int = -1) -> numerics.Bound:
+    """:class:`numerics.Bound` of :func:`resample_linear` on exact inputs: the interpolation weight's
+    absolute error (config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS roundings of size u (src + 1), src the source
+    coordinate) times the local slope (<= 2 max of the four neighbours, covering a floor() that falls in the
+    adjacent interval), plus 3 roundings of (1 - lambda) a + lambda b.  Scale E / K, K = roundings + 3.
+
+    References
+    ----------
+    FLatten Eq. 10-12 (V for the DWC with sr > 1); DESIGN.md "The error model".
+    """
+    x = numerics.as_float(x, "x")
+    _, e = _err_resample(x, np.zeros_like(x), numerics.check_positive_int(size, "size"), axis)
+    kk = config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3
+    return numerics.Bound(e / kk, kk, f"linear resampling: {config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS} roundings "
+                                      f"in the source coordinate x local slope + 3 in the blend; first order")
+
+
+def _to_grid(v: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """(B, h, n, e) with n = H W (row-major) -> (B, h, H, W, e)."""
+    return v.reshape(v.shape[:2] + tuple(hw) + v.shape[-1:])
+
+
+def _resample_v(v: np.ndarray, hw_in: tuple[int, int], hw_out: tuple[int, int], how: str) -> np.ndarray:
+    """V on the reduced grid hw_in -> V on the query grid hw_out, (B, h, n, e) -> (B, h, N, e)."""
+    if tuple(hw_in) == tuple(hw_out):
+        return v
+    if how == "linear_flat":
+        return resample_linear(v, hw_out[0] * hw_out[1], axis=2)
+    g = _to_grid(v, hw_in)
+    g = resample_linear(resample_linear(g, hw_out[0], axis=2), hw_out[1], axis=3)
+    return g.reshape(v.shape[:2] + (hw_out[0] * hw_out[1],) + v.shape[-1:])
+
+
+def _dwc(v, hw_v, hw_out, weight, bias, shared, resample):
+    """DWC(V): V (B, h, n, e) on grid hw_v, resampled to hw_out, depthwise k x k conv ('same' zero
+    padding) per channel; ``shared``: one e-channel bank applied to every head.  Returns (B, h, N, e)."""
+    b, h, _, e = v.shape
+    vr = _resample_v(v, hw_v, hw_out, resample)
+    big_h, big_w = hw_out
+    g = _to_grid(vr, hw_out).transpose(0, 1, 4, 2, 3)              # (B, h, e, H, W)
+    kk = weight.shape[-1]
+    if shared:
+        if weight.shape[0] != e:
+            raise ValueError(f"argument 'dwc.weight': a shared bank needs shape ({e}, 1, k, k), got {weight.shape}")
+        out = depthwise_conv2d(g.reshape(b * h, e, big_h, big_w), weight, bias, padding=kk // 2)
+    else:
+        if weight.shape[0] != h * e:
+            raise ValueError(f"argument 'dwc.weight': expected shape ({h * e}, 1, k, k) (one kernel per "
+                             f"channel), got {weight.shape}")
+        out = depthwise_conv2d(g.reshape(b, h * e, big_h, big_w), weight, bias, padding=kk // 2)
+    return out.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
+
+
+# ===================================================================================================
+# Modules: the DeiT / PVT layout and the Swin layout
+# ===================================================================================================
+
+def _p(params: Mapping[str, Any], key: str) -> np.ndarray:
+    if key not in params:
+        raise KeyError(f"focused attention: missing parameter '{key}' (have {sorted(params)})")
+    return numerics.as_float(params[key], key)
+
+
+def _opt(params: Mapping[str, Any], key: str, present: bool) -> np.ndarray | None:
+    return _p(params, key) if present else None
+
+
+def _split_heads(t: np.ndarray, h: int) -> np.ndarray:
+    """(B, n, C) -> (B, h, n, C / h), channel index = head * d + c."""
+    b, n, c = t.shape
+    return t.reshape(b, n, h, c // h).transpose(0, 2, 1, 3)
+
+
+def _merge_heads(t: np.ndarray) -> np.ndarray:
+    b, h, n, d = t.shape
+    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
+
+
+def _pre_features(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig) -> np.ndarray:
+    """ReLU(t) (+ relu_eps) (/ softplus(scale)): the input of f_p, token-major (B, n, C)."""
+    a = numerics.relu(t)
+    if cfg.relu_eps:
+        a = a + cfg.relu_eps
+    if cfg.learnable_scale:
+        a = a / numerics.softplus(_p(params, "scale"))
+    return a
+
+
+def _features(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig) -> np.ndarray:
+    """phi_p of the token-major projections (B, n, C) -> (B, h, n, d), per the config's norm scope."""
+    a = _pre_features(t, params, cfg)
+    if cfg.norm_scope == "token":
+        return _split_heads(focused_function(a, cfg.p, power_scaling=cfg.power_scaling), cfg.num_heads)
+    return focused_function(_split_heads(a, cfg.num_heads), cfg.p, power_scaling=cfg.power_scaling)
+
+
+def _heads_and_dwc(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
+    """Shared tail of both layouts: APE on K, features, attention, DWC, output projection."""
+    if cfg.positional_encoding:
+        pe = _p(params, "positional_encoding")
+        if pe.shape != (1,) + k.shape[1:]:
+            raise ValueError(f"argument 'positional_encoding': expected shape {(1,) + k.shape[1:]}, got {pe.shape}")
+        k = k + pe
+    phi_q = _features(q, params, cfg)
+    phi_k = _features(k, params, cfg)
+    vh = _split_heads(v, cfg.num_heads)
+    att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
+                  taps=taps, max_elements=max_elements)
+    dwc = _dwc(vh, hw_kv, hw_q, _p(params, "dwc.weight"), params.get("dwc.bias"), cfg.dwc_shared,
+               cfg.dwc_resample)
+    y = _merge_heads(att + dwc)
+    out = linear(y, _p(params, "proj.weight"), params.get("proj.bias"))
+    if taps is not None:
+        taps.update(k_pe=k, attention=att, dwc=dwc, pre_proj=y)
+    return out
+
+
+def _check_x(x: Any, hw: Any, cfg: FocusedConfig) -> tuple[np.ndarray, int, int]:
+    x = numerics.as_float(x, "x")
+    if not (isinstance(hw, (tuple, list)) and len(hw) == 2):
+        raise TypeError(f"argument 'hw': expected a pair (H, W), got {hw!r}")
+    big_h = numerics.check_positive_int(hw[0], "hw[0]")
+    big_w = numerics.check_positive_int(hw[1], "hw[1]")
+    numerics.check_shapes(x=(x, "B N C"), sizes={"N": big_h * big_w, "C": cfg.dim})
+    return x, big_h, big_w
+
+
+def focused_linear_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                             order: str = "linear", taps: dict | None = None,
+                             max_elements: int | None = None) -> np.ndarray:
+    """The focused linear attention module in the DeiT / PVT layout (global attention over the grid).
+
+    q = x W_q + b_q; K, V from x, or - PVT with sr > 1 - from LayerNorm(Conv_{sr x sr, stride sr}(x)) on the
+    (H // sr) x (W // sr) grid; then O = proj(normalised phi_p(Q) phi_p(K)^T V + DWC(V)) per head (Eq. 12).
+    DeiT is the case sr = 1 (the released repository has no DeiT file; Table 9's "win 14 x 14" is the whole
+    grid).  With sr > 1, V is resampled to the H x W grid for the DWC (``cfg.dwc_resample``).
+
+    Parameters
+    ----------
+    x : float array (B, N, C), N = H W tokens in row-major grid order (already normalised by the block).
+    params : mapping keyed like the PyTorch twin's state_dict: "q.weight" (C, C), "q.bias" (C,),
+        "kv.weight" (2C, C), "kv.bias" (2C,) (K = first C outputs, V = last C), with sr > 1 "sr.weight"
+        (C, C, sr, sr), "sr.bias" (C,), "norm.weight", "norm.bias" (C,); "dwc.weight" (C or d, 1, k, k),
+        "dwc.bias"; "proj.weight" (C, C), "proj.bias" (C,); official: "scale" (1, 1, C),
+        "positional_encoding" (1, n, C).  See :func:`focused_param_shapes`.
+    cfg : :class:`FocusedConfig`.  hw : (H, W).
+    order : "linear" or "quadratic" (equal in exact arithmetic).
+    taps : dict or None; records "q", "k", "v" (B, *, C), "phi_q", "phi_k" (B,h,*,d), "kv" / "attn",
+        "numerator", "denominator", "attention" (B,h,N,d), "dwc" (B,h,N,d), "pre_proj" (B,N,C), "k_pe".
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    FLatten §4.3, Eq. 5-6, 10-12; Appendix D (PVT layouts); PVT's spatial-reduction attention.
+    """
+    x, big_h, big_w = _check_x(x, hw, cfg)
+    _check_order(order)
+    c = cfg.dim
+    q = linear(x, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias))
+    if cfg.sr_ratio > 1:
+        grid = x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
+        red = conv2d(grid, _p(params, "sr.weight"), _p(params, "sr.bias"), stride=cfg.sr_ratio)
+        hw_kv = red.shape[2], red.shape[3]
+        src = layer_norm(red.reshape(red.shape[0], c, -1).transpose(0, 2, 1), _p(params, "norm.weight"),
+                         _p(params, "norm.bias"), cfg.layer_norm_eps)
+    else:
+        hw_kv, src = (big_h, big_w), x
+    kv = linear(src, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias))
+    k, v = kv[..., :c], kv[..., c:]
+    if taps is not None:
+        taps.update(q=q, k=k, v=v)
+    return _heads_and_dwc(q, k, v, params, cfg, hw_kv, (big_h, big_w), None, order, taps, max_elements)
+
+
+def _window_geometry(hw, window_size, shift):
+    wh, ww = (window_size, window_size) if isinstance(window_size, (int, np.integer)) else tuple(window_size)
+    sh, sw = (shift, shift) if isinstance(shift, (int, np.integer)) else tuple(shift)
+    wh, ww = numerics.check_positive_int(wh, "window_size"), numerics.check_positive_int(ww, "window_size")
+    if hw[0] % wh or hw[1] % ww:
+        raise ValueError(f"argument 'window_size': grid {hw[0]}x{hw[1]} is not a multiple of the window "
+                         f"{wh}x{ww} (the Swin layout of FLatten does not pad)")
+    if not (0 <= sh < wh and 0 <= sw < ww):
+        raise ValueError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
+    return (wh, ww), (sh, sw)
+
+
+def focused_window_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                             window_size: int | tuple[int, int], shift: int | tuple[int, int] = 0,
+                             order: str = "linear", taps: dict | None = None,
+                             max_elements: int | None = None) -> np.ndarray:
+    """The focused linear attention module in the Swin layout (W-MSA / SW-MSA replaced; FLatten §4.3).
+
+    The grid is cyclically shifted by -shift, cut into windows, and each window runs focused linear attention
+    with its own DWC on the window grid; outputs are merged and shifted back.  With shift > 0 the paper
+    preset restricts each query to keys of its own region (Swin's mask, exactly, also in the linear order by
+    grouping queries with equal mask rows); the official preset ignores the mask (``cfg.shift_mask``).
+
+    Parameters
+    ----------
+    x : float array (B, N, C), N = H W (row-major).  H, W multiples of the window (no padding).
+    params : "qkv.weight" (3C, C), "qkv.bias" (3C,) (q, k, v = consecutive C-blocks), "dwc.weight",
+        "dwc.bias", "proj.weight", "proj.bias"; official: "scale" (1, 1, C), "positional_encoding"
+        (1, wh ww, C).  See :func:`focused_param_shapes`.
+    cfg : :class:`FocusedConfig` (sr_ratio must be 1).  hw : (H, W).
+    window_size : int or (wh, ww).  shift : int or (sh, sw), 0 <= shift < window.
+    order, taps, max_elements : as :func:`focused_linear_attention`; taps hold per-window arrays
+        (B nW, ...), plus "mask" (nW, n, n) when a mask is applied.
+
+    Returns
+    -------
+    ndarray (B, N, C).
+
+    References
+    ----------
+    FLatten §4.3, Eq. 5-6, 10-12, Tables 6-7 (Swin); Swin Transformer (Liu et al. 2021) §3.2.
+    """
+    x, big_h, big_w = _check_x(x, hw, cfg)
+    _check_order(order)
+    if cfg.sr_ratio != 1:
+        raise ValueError(f"argument 'cfg': the Swin layout has no spatial reduction, got sr_ratio={cfg.sr_ratio}")
+    (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
+    b, c = x.shape[0], cfg.dim
+    grid = x.reshape(b, big_h, big_w, c)
+    if sh or sw:
+        grid = np.roll(grid, (-sh, -sw), axis=(1, 2))
+    win = window_partition(grid, (wh, ww))                          # (B nW, wh ww, C)
+    qkv = linear(win, _p(params, "qkv.weight"), _opt(params, "qkv.bias", cfg.qkv_bias))
+    q, k, v = qkv[..., :c], qkv[..., c:2 * c], qkv[..., 2 * c:]
+    mask = None
+    if (sh or sw) and cfg.shift_mask == "apply":
+        mask = shifted_window_mask(big_h, big_w, (wh, ww), (sh, sw))
+    if taps is not None:
+        taps.update(q=q, k=k, v=v)
+        if mask is not None:
+            taps["mask"] = mask
+    out = _heads_and_dwc(q, k, v, params, cfg, (wh, ww), (wh, ww), mask, order, taps, max_elements)
+    grid = window_reverse(out, (wh, ww), big_h, big_w)
+    if sh or sw:
+        grid = np.roll(grid, (sh, sw), axis=(1, 2))
+    return grid.reshape(b, big_h * big_w, c)
+
+
+# ===================================================================================================
+# Parameter shapes and initialisation
+# ===================================================================================================
+
+def focused_param_shapes(cfg: FocusedConfig, *, layout: str, n_kv: int) -> dict[str, tuple[int, ...]]:
+    """The parameter keys and shapes of a module (= the PyTorch twin's state_dict).
+
+    layout : "global" (DeiT / PVT, :func:`focused_linear_attention`) or "window" (Swin).
+    n_kv : number of key tokens the positional encoding covers (global: (H // sr)(W // sr); window: wh ww).
+    """
+    c, d, kk = cfg.dim, cfg.head_dim, cfg.kernel_size
+    shapes: dict[str, tuple[int, ...]] = {}
+    if layout == "global":
+        shapes["q.weight"] = (c, c)
+        if cfg.qkv_bias:
+            shapes["q.bias"] = (c,)
+        shapes["kv.weight"] = (2 * c, c)
+        if cfg.qkv_bias:
+            shapes["kv.bias"] = (2 * c,)
+        if cfg.sr_ratio > 1:
+            shapes.update({"sr.weight": (c, c, cfg.sr_ratio, cfg.sr_ratio), "sr.bias": (c,),
+                           "norm.weight": (c,), "norm.bias": (c,)})
+    elif layout == "window":
+        shapes["qkv.weight"] = (3 * c, c)
+        if cfg.qkv_bias:
+            shapes["qkv.bias"] = (3 * c,)
+    else:
+        raise ValueError(f"argument 'layout': expected 'global' or 'window', got {layout!r}")
+    nb = d if cfg.dwc_shared else c
+    shapes.update({"dwc.weight": (nb, 1, kk, kk), "dwc.bias": (nb,), "proj.weight": (c, c), "proj.bias": (c,)})
+    if cfg.learnable_scale:
+        shapes["scale"] = (1, 1, c)
+    if cfg.positional_encoding:
+        shapes["positional_encoding"] = (1, n_kv, c)
+    return shapes
+
+
+def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random float64 parameters of the right keys and shapes (weights N(0, 1 / fan_in), biases and the
+    positional encoding N(0, 0.1^2), LayerNorm weight 1 + N(0, 0.1^2), scale N(0, 0.5^2)): for tests, docs
+    and benchmarks; not the released initialisation (which zeros the scale and the encoding)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, shape in focused_param_shapes(cfg, layout=layout, n_kv=n_kv).items():
+        if key.endswith("weight") and len(shape) > 1:
+            fan_in = int(np.prod(shape[1:]))
+            out[key] = rng.standard_normal(shape) / math.sqrt(fan_in)
+        elif key == "norm.weight":
+            out[key] = 1.0 + 0.1 * rng.standard_normal(shape)
+        elif key == "scale":
+            out[key] = 0.5 * rng.standard_normal(shape)
+        else:
+            out[key] = 0.1 * rng.standard_normal(shape)
+    return out
+
+
+# ===================================================================================================
+# The error model
+# ===================================================================================================
+#
+# Every bound below is a running first-order error bound (Higham §3.1; DESIGN.md): each intermediate t of
+# the reference carries a coefficient E_t >= 0 with |fl_T(t) - t| <= u_T E_t, propagated through each stage
+# by the stage's (absolute) Jacobian and increased by the stage's own rounding (its k times its scale S).
+# The final Bound has k = K, the summed depth of the stages, and scale E_out / K, so that
+# gamma_K(u) scale >= u E_out.  Products of two error terms (O(u^2)) are neglected; elementary functions
+# are assumed accurate to config.ELEMENTARY_FUNCTION_ULPS.  The helpers are shared with enhanced.py.
+
+def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+    """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12)."""
+    y = linear(x, weight, bias)
+    k = weight.shape[-1] + (1 if bias is not None else 0)
+    s = linear(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
+    return y, e_x @ np.abs(weight).T + k * s, k
+
+
+def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float):
+    """LayerNorm over the last axis: input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n),
+    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus layers.layer_norm_bound's rounding."""
+    y = layer_norm(x, weight, bias, eps)
+    mu = np.mean(x, axis=-1, keepdims=True)
+    s = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+    xh = (x - mu) / s
+    w = 1.0 if weight is None else np.abs(weight)
+    prop = w / s * (e_x + np.mean(e_x, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * e_x, axis=-1,
+                                                                                         keepdims=True))
+    b = layer_norm_bound(x, weight, bias, eps)
+    return y, prop + b.k * np.asarray(b.scale), b.k
+
+
+def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
+    """Depthwise 'same' conv (B, C, H, W): E = conv(e_x, |W|) + k (conv(|x|, |W|) + |b|), k = KH KW + 1."""
+    pad = weight.shape[-1] // 2
+    y = depthwise_conv2d(x, weight, bias, padding=pad)
+    k = weight.shape[-1] * weight.shape[-2] + (1 if bias is not None else 0)
+    s = depthwise_conv2d(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias), padding=pad)
+    return y, depthwise_conv2d(e_x, np.abs(weight), None, padding=pad) + k * s, k
+
+
+def err_attention(phi_q, phi_k, v, e_q, e_k, e_v, *, eps: float, clamp_min: float | None = None,
+                  extra_roundings: int = 0, dtype: Any = None):
+    """Error coefficient of the normalised kernelized attention (either order) with input errors e_q, e_k
+    (features) and e_v (values), all >= 0 in units of u.  Returns (E, k).
+
+    E = k S (the attention's own rounding: :func:`refimpl.attention.linear.kernelized_attention_bound` on
+    exact inputs, its k times its scale) + (F_num + |O| F_den) / |den_eff| (first-order propagation of the
+    input errors through num / den, with F_num = e_q (|phi_k|^T |v|) + |phi_q| (e_k^T |v|) + |phi_q| (|phi_k|^T
+    e_v) and F_den = e_q . sum |phi_k| + |phi_q| . sum e_k; max(., C_min) is 1-Lipschitz) + extra_roundings
+    relative roundings of numerator or normaliser (each <= u S_num / |den_eff|).  The input errors are
+    propagated once, not multiplied by the attention's depth k."""
+    b = kernelized_attention_bound(phi_q, phi_k, v, eps=eps, eps_policy="add", clamp_min=clamp_min, dtype=dtype)
+    aq, ak, av = np.abs(phi_q), np.abs(phi_k), np.abs(v)
+    den = np.abs(apply_normaliser(np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2)), eps=eps,
+                                  clamp_min=clamp_min))[..., None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        kv_abs = ak.swapaxes(-1, -2) @ av
+        s_num = aq @ kv_abs
+        f_num = e_q @ kv_abs + aq @ (e_k.swapaxes(-1, -2) @ av) + aq @ (ak.swapaxes(-1, -2) @ e_v)
+        f_den = (np.einsum("bhnd,bhd->bhn", e_q, np.sum(ak, axis=-2))
+                 + np.einsum("bhnd,bhd->bhn", aq, np.sum(e_k, axis=-2)))[..., None]
+        o_abs = s_num / den
+        e = b.k * np.asarray(b.scale) + (f_num + o_abs * f_den) / den + extra_roundings * o_abs
+    return e, b.k + extra_roundings
+
+
+def relu_error(t: np.ndarray, e_t: np.ndarray, dtype: Any = None) -> np.ndarray:
+    """Error coefficient of ReLU(t~) for t~ within u e_t of t: ReLU is exact and 1-Lipschitz, and where
+    t < -u_T e_t (``dtype`` given) both sides are exactly 0, so the error vanishes there."""
+    if dtype is None:
+        return e_t
+    return np.where(t > -numerics.unit_roundoff(dtype) * e_t, e_t, 0.0)
+
+
+def _err_resample(x, e_x, size, axis):
+    """Linear resampling along ``axis``: the weights' absolute error (FLATTEN_RESAMPLE_INDEX_ROUNDINGS
+    roundings of size <= u (src + 1)) times the local slope (<= twice the largest of the four neighbours,
+    which also covers a floor() that lands in the adjacent interval), 3 roundings of the two products and
+    the sum, and the inputs' errors (weights >= 0 summing to 1)."""
+    ax = axis % x.ndim
+    n_in = x.shape[ax]
+    src, i0, i1, lam = _resample_plan(n_in, size)
+    shape = [1] * x.ndim
+    shape[ax] = size
+    lam_b, src_b = lam.reshape(shape), src.reshape(shape)
+    a, b = np.take(x, i0, axis=ax), np.take(x, i1, axis=ax)
+    lo, hi = np.take(np.abs(x), np.maximum(i0 - 1, 0), axis=ax), np.take(np.abs(x), np.minimum(i1 + 1, n_in - 1),
+                                                                           axis=ax)
+    local = np.maximum(np.maximum(np.abs(a), np.abs(b)), np.maximum(lo, hi))
+    y = a * (1 - lam_b) + b * lam_b
+    e = (np.take(e_x, i0, axis=ax) * (1 - lam_b) + np.take(e_x, i1, axis=ax) * lam_b
+         + config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS * (src_b + 1.0) * 2.0 * local
+         + 3.0 * (np.abs(a) * (1 - lam_b) + np.abs(b) * lam_b))
+    return y, e
+
+
+def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample):
+    """E of the DWC branch (B, h, N, e) (resampling + depthwise conv); returns (dwc, E, k)."""
+    b, h, _, e = vh.shape
+    k_res = 0
+    if tuple(hw_v) != tuple(hw_out):
+        if resample == "linear_flat":
+            vh, e_v = _err_resample(vh, e_v, hw_out[0] * hw_out[1], 2)
+            k_res = config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3
+        else:
+            g, eg = _to_grid(vh, hw_v), _to_grid(e_v, hw_v)
+            g, eg = _err_resample(g, eg, hw_out[0], 2)
+            g, eg = _err_resample(g, eg, hw_out[1], 3)
+            n = hw_out[0] * hw_out[1]
+            vh, e_v = g.reshape(b, h, n, e), eg.reshape(b, h, n, e)
+            k_res = 2 * (config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3)
+    big_h, big_w = hw_out
+
+    def grid(t):
+        g = _to_grid(t, hw_out).transpose(0, 1, 4, 2, 3)
+        return g.reshape(b * h, e, big_h, big_w) if shared else g.reshape(b, h * e, big_h, big_w)
+
+    y, ey, k = err_dwconv(grid(vh), grid(e_v), weight, bias)
+
+    def back(t):
+        return t.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
+
+    return back(y), back(ey), k + k_res
+
+
+def _err_pre_features(t, e_t, params, cfg, dtype=None):
+    """E of ReLU(t) (+ eps) (/ softplus(s)): ReLU is exact and 1-Lipschitz (:func:`relu_error`); + eps
+    rounds once; softplus has relative error (2c + 1) u (exp and log1p, c ulps each, plus the sum) and the
+    quotient u."""
+    a = numerics.relu(t)
+    e = relu_error(t, e_t, dtype)
+    if cfg.relu_eps:
+        a = a + cfg.relu_eps
+        e = e + a
+    if cfg.learnable_scale:
+        sp = numerics.softplus(_p(params, "scale"))
+        a = a / sp
+        e = e / sp + (2.0 * config.ELEMENTARY_FUNCTION_ULPS + 3.0) * a
+    return a, e
+
+
+def _err_features(t, e_t, params, cfg, dtype=None):
+    a, e = _err_pre_features(t, e_t, params, cfg, dtype)
+    h = cfg.num_heads
+    if cfg.norm_scope == "token":
+        phi = focused_function(a, cfg.p, power_scaling=cfg.power_scaling)
+        ephi = focused_function_error(a, cfg.p, e, dtype=dtype)
+        return _split_heads(phi, h), _split_heads(ephi, h), a.shape[-1]
+    ah, eh = _split_heads(a, h), _split_heads(e, h)
+    return focused_function(ah, cfg.p, power_scaling=cfg.power_scaling), focused_function_error(ah, cfg.p, eh, dtype=dtype), \
+        ah.shape[-1]
+
+
+def _feature_depth(p: float, d: int) -> int:
+    return int(math.ceil(2 * p + 2 * config.ELEMENTARY_FUNCTION_ULPS + 2 * d + 8)) + \
+        2 * config.ELEMENTARY_FUNCTION_ULPS + 4
+
+
+def _err_attend(phi_q, phi_k, vh, eq, ek, ev, cfg, mask, dtype):
+    """E of the attention term, honouring the normaliser variant and the mask (grouped like _attend)."""
+    extra = 6 if cfg.normaliser == "mean_scaled" else 0  # n^-1/2 (x2 scalings), the mean, 1/den, the product
+
+    def one(pq, pk, v, e_q, e_k, e_v):
+        eps = cfg.eps * pk.shape[-2] if cfg.normaliser == "mean_scaled" else cfg.eps
+        return err_attention(pq, pk, v, e_q, e_k, e_v, eps=eps, extra_roundings=extra, dtype=dtype)
+
+    if mask is None:
+        return one(phi_q, phi_k, vh, eq, ek, ev)
+    nw = mask.shape[0]
+    out = np.empty(phi_q.shape[:-1] + (vh.shape[-1],))
+    k_max = 0
+    for w in range(nw):
+        for qi, kj in _mask_groups(mask[w]):
+            e, k = one(phi_q[w::nw, :, qi], phi_k[w::nw, :, kj], vh[w::nw, :, kj], eq[w::nw, :, qi],
+                       ek[w::nw, :, kj], ev[w::nw, :, kj])
+            out[w::nw, :, qi] = e
+            k_max = max(k_max, k)
+    return out, k_max
+
+
+def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype):
+    if cfg.positional_encoding:
+        pe = _p(params, "positional_encoding")
+        k = k + pe
+        ek = ek + np.abs(k)
+    phi_q, e_phi_q, dq = _err_features(q, eq, params, cfg, dtype)
+    phi_k, e_phi_k, _ = _err_features(k, ek, params, cfg, dtype)
+    vh, evh = _split_heads(v, cfg.num_heads), _split_heads(ev, cfg.num_heads)
+    e_att, k_att = _err_attend(phi_q, phi_k, vh, e_phi_q, e_phi_k, evh, cfg, mask, dtype)
+    att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order="linear", mask=mask, taps=None,
+                  max_elements=None)
+    dwc, e_dwc, k_dwc = _err_dwc(vh, evh, hw_kv, hw_q, _p(params, "dwc.weight"),
+                                 None if params.get("dwc.bias") is None else _p(params, "dwc.bias"),
+                                 cfg.dwc_shared, cfg.dwc_resample)
+    y = _merge_heads(att + dwc)
+    ey = _merge_heads(e_att + e_dwc + np.abs(att) + np.abs(dwc))
+    bias = params.get("proj.bias")
+    out, eo, k_proj = err_linear(y, ey, _p(params, "proj.weight"), None if bias is None else _p(params, "proj.bias"))
+    depth = _feature_depth(cfg.p, dq) + k_att + k_dwc + 1 + k_proj
+    return out, eo, depth
+
+
+def _bound(e: np.ndarray, depth: int, what: str) -> numerics.Bound:
+    depth = max(int(depth), 1)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = e / depth
+    return numerics.Bound(scale, depth, f"{what}: running first-order bound (Jacobian propagation of every "
+                                        f"stage's rounding; O(u^2) neglected; elementary functions "
+                                        f"{config.ELEMENTARY_FUNCTION_ULPS} u), K = summed stage depths = {depth}")
+
+
+def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
+                            hw: tuple[int, int] | None = None, dwc_weight: Any = None, dwc_bias: Any = None,
+                            eps: float = 0.0, normaliser: str = "sum", dtype: Any = None,
+                            order: str | None = None, power_scaling: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`focused_attention` (either order; inputs exact, i.e. already rounded to T).
+
+    E = E_attention (kernelized-attention bound with f_p's error coefficients
+    :func:`focused_function_error` as feature errors) + E_dwc (depthwise conv) + |attention| + |dwc| (the sum).
+
+    Parameters
+    ----------
+    As :func:`focused_attention`; dtype : the tested precision T (for the exact quotient bound) or None.
+    ``order`` and ``power_scaling`` are accepted and ignored (the bound covers both).
+
+    Returns
+    -------
+    numerics.Bound with scale (B, h, N, e).
+
+    References
+    ----------
+    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h n d"), v=(v, "B h n e"))
+    cfg = FocusedConfig(dim=sz["h"] * sz["d"], num_heads=sz["h"], p=p, normaliser=normaliser, eps=eps)
+    phi_q, phi_k = focused_feature_map(q, p), focused_feature_map(k, p)
+    e_q = focused_function_error(numerics.relu(q), p, dtype=dtype)
+    e_k = focused_function_error(numerics.relu(k), p, dtype=dtype)
+    e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype)
+    depth = _feature_depth(p, sz["d"]) + k_att
+    if dwc_weight is None:
+        return _bound(e_att, depth, "focused attention")
+    dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
+    shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
+    att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
+                  max_elements=None)
+    dwc, e_dwc, k_dwc = _err_dwc(v, np.zeros_like(v), tuple(hw), tuple(hw), dwc_weight,
+                                 None if dwc_bias is None else numerics.as_float(dwc_bias, "dwc_bias"), shared,
+                                 "bilinear")
+    return _bound(e_att + e_dwc + np.abs(att) + np.abs(dwc), depth + k_dwc + 1, "focused attention + DWC")
+
+
+def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                                   dtype: Any = None, order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`focused_linear_attention` (DeiT / PVT layout), either order.
+
+    Stages: q / kv projections (gamma_{C+1}), with sr > 1 the reduction conv (gamma_{C sr^2 + 1}) and its
+    LayerNorm (Jacobian + layers.layer_norm_bound), ReLU / eps / softplus scale, f_p
+    (:func:`focused_function_error`), attention (:func:`err_attention`), DWC (with resampling), the sum and
+    the output projection.  Returns numerics.Bound with scale (B, N, C).
+
+    References
+    ----------
+    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    """
+    x, big_h, big_w = _check_x(x, hw, cfg)
+    c = cfg.dim
+    zero = np.zeros_like(x)
+    q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias))
+    depth = kq
+    if cfg.sr_ratio > 1:
+        grid = x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
+        w_sr, b_sr = _p(params, "sr.weight"), _p(params, "sr.bias")
+        red = conv2d(grid, w_sr, b_sr, stride=cfg.sr_ratio)
+        s_red = conv2d(np.abs(grid), np.abs(w_sr), np.abs(b_sr), stride=cfg.sr_ratio)
+        k_sr = int(np.prod(w_sr.shape[1:])) + 1
+        hw_kv = red.shape[2], red.shape[3]
+        tok = red.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
+        e_tok = (k_sr * s_red).reshape(red.shape[0], c, -1).transpose(0, 2, 1)
+        src, e_src, k_ln = err_layer_norm(tok, e_tok, _p(params, "norm.weight"), _p(params, "norm.bias"),
+                                          cfg.layer_norm_eps)
+        depth_kv = k_sr + k_ln
+    else:
+        hw_kv, src, e_src, depth_kv = (big_h, big_w), x, zero, 0
+    kv, ekv, k_kv = err_linear(src, e_src, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias))
+    depth = max(depth, depth_kv + k_kv)
+    _, eo, d2 = _err_heads_and_dwc(q, eq, kv[..., :c], ekv[..., :c], kv[..., c:], ekv[..., c:], params, cfg, hw_kv,
+                                   (big_h, big_w), None, dtype)
+    return _bound(eo, depth + d2, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})")
+
+
+def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                                   window_size: int | tuple[int, int], shift: int | tuple[int, int] = 0,
+                                   dtype: Any = None, order: str | None = None) -> numerics.Bound:
+    """Error bound of :func:`focused_window_attention` (Swin layout), either order; stages as
+    :func:`focused_linear_attention_bound` (qkv projection, features, attention per window and mask group,
+    DWC on the window grid, projection); rolls and window partitions are exact.  Scale (B, N, C).
+
+    References
+    ----------
+    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    """
+    x, big_h, big_w = _check_x(x, hw, cfg)
+    (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
+    b, c = x.shape[0], cfg.dim
+    grid = x.reshape(b, big_h, big_w, c)
+    if sh or sw:
+        grid = np.roll(grid, (-sh, -sw), axis=(1, 2))
+    win = window_partition(grid, (wh, ww))
+    qkv, e, k_lin = err_linear(win, np.zeros_like(win), _p(params, "qkv.weight"),
+                               _opt(params, "qkv.bias", cfg.qkv_bias))
+    mask = None
+    if (sh or sw) and cfg.shift_mask == "apply":
+        mask = shifted_window_mask(big_h, big_w, (wh, ww), (sh, sw))
+    _, eo, d2 = _err_heads_and_dwc(qkv[..., :c], e[..., :c], qkv[..., c:2 * c], e[..., c:2 * c], qkv[..., 2 * c:],
+                                   e[..., 2 * c:], params, cfg, (wh, ww), (wh, ww), mask, dtype)
+    eg = window_reverse(eo, (wh, ww), big_h, big_w)
+    if sh or sw:
+        eg = np.roll(eg, (sh, sw), axis=(1, 2))
+    return _bound(eg.reshape(b, big_h * big_w, c), k_lin + d2, "focused_window_attention")
