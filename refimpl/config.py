@@ -350,3 +350,8 @@ AUTO_FALLBACK_ORDER = ("c", "numba", "numpy")
 #: division).  False: the kernels must compute the NumPy definition's operations in its order, and
 #: NaN/Inf must propagate; fastmath would void both, and the error model's bounds with them.
 NUMBA_FASTMATH = False
+
+#: Threads a multi-threaded C kernel uses when the call does not say (``threads=``): the CPUs this
+#: process may run on (os.sched_getaffinity), capped at this number.  The result does not depend on it
+#: (fixed reduction order, ckernels/linattn.c); only the speed does.
+C_KERNEL_THREADS_MAX = 2

@@ -1,0 +1,188 @@
+"""PyTorch twins of refimpl.models.flatten: FLatten-DeiT and FLatten-Swin.
+
+Written as ordinary nn.Modules (timm-style DeiT, Swin-style stages), built from the attention twins of
+equivalence/modules (focused.FocusedLinearAttention / FocusedWindowAttention, softmax.WindowAttention) and
+equivalence/modules/layers (Mlp, PatchMerging).  state_dict keys equal refimpl.models.flatten.param_shapes.
+Token layouts follow the reference: DeiT tokens (B, N, C), Swin grids channels-last (B, H, W, C); ``features``
+returns channels-first maps.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from equivalence.modules.focused import FocusedLinearAttention, FocusedWindowAttention
+from equivalence.modules.layers import Mlp, PatchMerging
+from equivalence.modules.softmax import WindowAttention
+from refimpl.models.flatten import FlattenDeiTConfig, FlattenSwinConfig
+
+CONFIG_TYPES = (FlattenDeiTConfig, FlattenSwinConfig)
+
+__all__ = ["CONFIG_TYPES", "build", "FlattenDeiT", "FlattenSwin"]
+
+
+class PatchEmbed(nn.Module):
+    """Patch x patch convolution with stride patch; optional LayerNorm (Swin) applied channels-last."""
+
+    def __init__(self, in_chans: int, dim: int, patch: int, norm_eps: float | None = None):
+        super().__init__()
+        self.proj = nn.Conv2d(in_chans, dim, patch, stride=patch)
+        if norm_eps is not None:
+            self.norm = nn.LayerNorm(dim, eps=norm_eps)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.proj(images)
+
+
+class DeiTBlock(nn.Module):
+    def __init__(self, cfg: FlattenDeiTConfig):
+        super().__init__()
+        c, (gh, gw) = cfg.embed_dim, cfg.grid
+        self.hw = (gh, gw)
+        self.norm1 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        self.attn = FocusedLinearAttention(cfg.attention_config(), gh * gw)
+        self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(c, cfg.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x), self.hw)
+        return x + self.mlp(self.norm2(x))
+
+
+class FlattenDeiT(nn.Module):
+    """FLatten-DeiT: patch embedding + positional embedding (no class token), focused blocks, LayerNorm,
+    mean over tokens, head."""
+
+    def __init__(self, cfg: FlattenDeiTConfig):
+        super().__init__()
+        self.cfg = cfg
+        c, (gh, gw) = cfg.embed_dim, cfg.grid
+        self.patch_embed = PatchEmbed(cfg.in_chans, c, cfg.patch_size)
+        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, c))
+        self.blocks = nn.ModuleList(DeiTBlock(cfg) for _ in range(cfg.depth))
+        self.norm = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        self.head = nn.Linear(c, cfg.num_classes)
+
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        return self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
+
+    def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x).mean(dim=1))
+
+    def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name == "stem":
+            return self.stem(x)
+        if name == "head":
+            return self.head_unit(x)
+        return self.blocks[int(name.split(".")[1])](x)
+
+    def _grid(self, x: torch.Tensor) -> torch.Tensor:
+        return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.cfg.grid)
+
+    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        x = self.stem(images)
+        for blk in self.blocks:
+            x = blk(x)
+        return [self._grid(x)]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.head_unit(x)
+
+
+class SwinBlock(nn.Module):
+    """x + attn(LN1 x), x + MLP(LN2 x) on a (B, H, W, C) grid; attn focused (L) or softmax window (S)."""
+
+    def __init__(self, cfg: FlattenSwinConfig, i: int, j: int):
+        super().__init__()
+        c, ws, sh = cfg.stage_dim(i), *cfg.stage_windows[i]
+        self.shift = sh if j % 2 else 0
+        self.focused = cfg.attn_types[i] == "L"
+        self.norm1 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        if self.focused:
+            self.attn = FocusedWindowAttention(cfg.attention_config(i), ws)
+        else:
+            opts = cfg.window_options
+            opts.pop("shift", None)
+            self.attn = WindowAttention(c, cfg.num_heads[i], ws, shift=self.shift, pad=True, qkv_bias=cfg.qkv_bias,
+                                        **opts)
+        self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
+        self.mlp = Mlp(c, cfg.hidden(i))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        y = self.norm1(x)
+        if self.focused:
+            y = self.attn(y.reshape(b, h * w, c), (h, w), shift=self.shift).reshape(b, h, w, c)
+        else:
+            y = self.attn(y)
+        x = x + y
+        return x + self.mlp(self.norm2(x))
+
+
+class SwinStage(nn.Module):
+    def __init__(self, cfg: FlattenSwinConfig, i: int):
+        super().__init__()
+        self.blocks = nn.ModuleList(SwinBlock(cfg, i, j) for j in range(cfg.depths[i]))
+        if i < cfg.n_stages - 1:
+            self.downsample = PatchMerging(cfg.stage_dim(i), eps=cfg.layer_norm_eps)
+        else:
+            self.downsample = None
+
+
+class FlattenSwin(nn.Module):
+    """FLatten-Swin: patch embedding + LN, four stages (focused / softmax window blocks, patch merging),
+    LN, global average pool, head."""
+
+    def __init__(self, cfg: FlattenSwinConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.patch_embed = PatchEmbed(cfg.in_chans, cfg.embed_dim, cfg.patch_size, norm_eps=cfg.layer_norm_eps)
+        self.layers = nn.ModuleList(SwinStage(cfg, i) for i in range(cfg.n_stages))
+        cl = cfg.stage_dim(cfg.n_stages - 1)
+        self.norm = nn.LayerNorm(cl, eps=cfg.layer_norm_eps)
+        self.head = nn.Linear(cl, cfg.num_classes)
+
+    def stem(self, images: torch.Tensor) -> torch.Tensor:
+        return self.patch_embed.norm(self.patch_embed(images).permute(0, 2, 3, 1))
+
+    def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x).mean(dim=(1, 2)))
+
+    def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        if name == "stem":
+            return self.stem(x)
+        if name == "head":
+            return self.head_unit(x)
+        parts = name.split(".")
+        stage = self.layers[int(parts[1])]
+        return stage.downsample(x) if parts[2] == "downsample" else stage.blocks[int(parts[3])](x)
+
+    def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        x = self.stem(images)
+        feats = []
+        for stage in self.layers:
+            for blk in stage.blocks:
+                x = blk(x)
+            feats.append(x.permute(0, 3, 1, 2))
+            if stage.downsample is not None:
+                x = stage.downsample(x)
+        return self.head_unit(x), feats
+
+    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        return self._run(images)[1]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self._run(images)[0]
+
+
+def build(cfg: FlattenDeiTConfig | FlattenSwinConfig) -> nn.Module:
+    """The twin of a FLatten network config."""
+    if isinstance(cfg, FlattenDeiTConfig):
+        return FlattenDeiT(cfg)
+    if isinstance(cfg, FlattenSwinConfig):
+        return FlattenSwin(cfg)
+    raise TypeError(f"argument 'cfg': expected a FLatten config, got {type(cfg).__name__}")

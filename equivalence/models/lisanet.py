@@ -1,0 +1,118 @@
+"""PyTorch twin of refimpl.models.lisanet: LiSANet-I-T and LiSANet-H-T/S/B (Kim et al., LiSA paper, §5.1,
+Table 2, Table 7, Table 8).
+
+Patch embeddings (``patch_embed.i``: a convolution, then LayerNorm for the hierarchical models or + the
+position embedding for the isotropic one), ``stages`` of LiSA blocks (equivalence.modules.lisa.LiSABlock,
+the LiSA helper's twin, built for each stage's token grid), final LayerNorm, average pooling, Linear head.
+state_dict keys equal refimpl.models.lisanet.param_shapes; unit values (``run_unit``) are channels-first
+grids, as in the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from equivalence.modules.lisa import LiSABlock
+from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names
+
+CONFIG_TYPES = (LiSANetConfig,)
+
+__all__ = ["CONFIG_TYPES", "build", "LiSANet", "PatchEmbed"]
+
+
+class PatchEmbed(nn.Module):
+    """conv (kernel, stride, padding) then, for hierarchical models, LayerNorm over channels; (B, C, H, W) in
+    and out."""
+
+    def __init__(self, cin: int, cout: int, kernel: int, stride: int, padding: int, norm_eps: float | None):
+        super().__init__()
+        self.proj = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding)
+        if norm_eps is not None:
+            self.norm = nn.LayerNorm(cout, eps=norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.proj(x)
+        if hasattr(self, "norm"):
+            x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return x
+
+
+def _geometry(cfg: LiSANetConfig, i: int) -> tuple[int, int, int]:
+    if cfg.kind == "isotropic":
+        return cfg.patch_size, cfg.patch_size, 0
+    if cfg.embed == "overlap":
+        return (7, 4, 3) if i == 0 else (3, 2, 1)
+    return (4, 4, 0) if i == 0 else (2, 2, 0)
+
+
+class LiSANet(nn.Module):
+    """forward(images) -> logits; features(images) -> [stage outputs (B, C_i, H_i, W_i)]; run_unit(name, x)."""
+
+    def __init__(self, cfg: LiSANetConfig):
+        super().__init__()
+        self.cfg = cfg
+        grids = stage_grids(cfg, cfg.image_size)
+        self.patch_embed = nn.ModuleList()
+        self.stages = nn.ModuleList()
+        hier = cfg.kind == "hierarchical"
+        for i in range(cfg.num_stages):
+            k, s, p = _geometry(cfg, i)
+            cin = cfg.in_chans if i == 0 else cfg.dims[i - 1]
+            self.patch_embed.append(PatchEmbed(cin, cfg.dims[i], k, s, p, cfg.ln_eps if hier else None))
+            bc = block_config(cfg, i)
+            self.stages.append(nn.ModuleList(
+                LiSABlock(bc.dim, bc.num_heads, bc.grid, bc.latent, mlp_ratio=bc.mlp_ratio, ln_eps=bc.ln_eps,
+                          exact_toeplitz=bc.exact_toeplitz, fft_lengths=bc.fft_lengths, transform=bc.transform,
+                          qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
+                for _ in range(cfg.depths[i])))
+        if not hier and cfg.pos_embed:
+            self.pos_embed = nn.Parameter(torch.zeros(1, grids[0][0] * grids[0][1], cfg.dims[0]))
+        self.norm = nn.LayerNorm(cfg.dims[-1], eps=cfg.ln_eps)
+        self.head = nn.Linear(cfg.dims[-1], cfg.num_classes)
+
+    def _embed(self, i: int, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed[i](x)
+        if i == 0 and hasattr(self, "pos_embed"):
+            b, c, h, w = x.shape
+            x = (x.flatten(2).transpose(1, 2) + self.pos_embed).transpose(1, 2).reshape(b, c, h, w)
+        return x
+
+    def _block(self, i: int, j: int, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        t = self.stages[i][j](x.flatten(2).transpose(1, 2))
+        return t.transpose(1, 2).reshape(b, c, h, w)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.norm(x.flatten(2).transpose(1, 2)).mean(dim=1))
+
+    def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """The unit ``name`` of refimpl.models.lisanet.unit_names (channels-first grids; images for
+        "patch_embed.0")."""
+        if name not in unit_names(self.cfg):
+            raise ValueError(f"unknown unit {name!r}")
+        if name == "head":
+            return self._head(x)
+        parts = name.split(".")
+        if parts[0] == "patch_embed":
+            return self._embed(int(parts[1]), x)
+        return self._block(int(parts[1]), int(parts[2]), x)
+
+    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        x, feats = images, []
+        for i in range(self.cfg.num_stages):
+            x = self._embed(i, x)
+            for j in range(len(self.stages[i])):
+                x = self._block(i, j, x)
+            feats.append(x)
+        return feats
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self._head(self.features(images)[-1])
+
+
+def build(cfg: LiSANetConfig) -> nn.Module:
+    """The twin of a LiSANet config (sized for cfg.image_size: the LiSA kernels live on its token grids)."""
+    if not isinstance(cfg, LiSANetConfig):
+        raise TypeError(f"argument 'cfg': expected LiSANetConfig, got {type(cfg).__name__}")
+    return LiSANet(cfg)

@@ -1,0 +1,545 @@
+"""LiSANet-I-T and LiSANet-H-T/S/B: the networks of the LiSA paper (Kim et al., "Learning Structure-Aware
+Attention"; seed 004), §5.1, Table 2, Table 7, Table 8 - the NumPy reference.
+
+Shapes: B batch, images (B, in_chans, H, W); stage i has C_i channels on an H_i x W_i grid (N_i tokens,
+row-major); tokens (B, N_i, C_i) inside a stage; features are returned channels-first.
+
+Two styles (Table 2, Table 7, Appendix A.1):
+
+    isotropic    conv 16x16 stride 16 (C)                        ("patch_embed.0.proj")
+    (I-T)        + learnable absolute position embedding (N, C)  ("pos_embed")
+                 12 LiSA blocks of width 192, 12 heads           ("stages.0.j")
+    hierarchical per stage i: patch embedding (conv, then LayerNorm) ("patch_embed.i.proj", ".norm")
+    (H-*)        then depths[i] LiSA blocks                      ("stages.i.j")
+                 "overlap" embeddings (Table 7, [52] = PVTv2): conv 7x7/4 pad 3, then 3x3/2 pad 1;
+                 "patch" embeddings (non-overlapping, kernel = stride): conv 4x4/4, then 2x2/2.
+    head         LayerNorm -> global average pooling -> Linear   ("norm", "head"; Table 7 "Global Average
+                 Pooling, Linear")
+
+LiSA blocks are :func:`refimpl.attention.lisa.lisa_block` (LN -> LiSA -> LN -> MLP, §5.1) with the LiSA
+helper's parameter layout (heads share W_a (N, c, D), W_b (N, D), B_a, B_b (c, D); docs/lisa.md).  No
+official code exists, so the only preset is "paper"; ``lisa_overrides`` passes any other
+:class:`refimpl.attention.lisa.LiSAConfig` field (``exact_toeplitz``, ``transform``, ...).
+
+Choices the paper leaves open, with the evidence that decides them (docs/models_l2vit_ravlt_lisanet.md has
+the arithmetic):
+- MLP ratio 4 and a biased qkv projection: the only choice for which the D sweep of Table 3d (5.76,
+  5.88, 6.04, 6.36M) and H-S / H-B (19M, 59M) come out;
+- I-T has an absolute position embedding and no class token (GAP classifier, Table 7): the 37,632
+  (= 196 x 192) parameters of the embedding are needed to reach 6.36M (lisa.lisanet_isotropic_param_count);
+- hierarchical models have no position embedding (one over the 56 x 56 first stage alone would add
+  0.2M and give 20M for H-S);
+- LiSANet-H-T (Table 8, D = 8) uses non-overlapping patch embeddings: with Table 7's overlapping ones it
+  would have 13.56M, against the printed 12.7M; with the non-overlapping embeddings of the Uniformer /
+  MViTv2-style comparison setting it has 12.70M (and the remaining network equals the 11.9M of the
+  Uniformer-H-T it is compared with, plus LiSA's 0.79M of kernels).
+
+Resolution.  LiSA's kernels W_a, W_b live on the token grid of each stage, so the parameter shapes (and
+the count: Table 9, 6.36M at 224 vs 7.82M at 384) depend on ``image_size``.  :func:`forward` accepts any
+image whose stage grids equal those of ``cfg.image_size`` (non-square allowed); for another resolution,
+:func:`resize_params` moves the parameters to it (Appendix B: spectral resampling of W_a, W_b by
+:func:`refimpl.attention.lisa.resize_lisa_params`; the position embedding by bilinear interpolation).
+
+Padding rule: none.  Embeddings are PyTorch convolutions: overlapping ones pad (k - 1) / 2 on each side
+(H_1 = ceil(H / 4), H_(i+1) = ceil(H_i / 2)); non-overlapping ones and I-T's 16 x 16 embedding drop the
+remainder at the bottom/right (H_1 = floor(H / p)), as a kernel = stride convolution does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import config, layers, numerics
+from ..attention import lisa
+from ..attention.focused import resample_linear
+from . import _netparts as nets
+from . import common, counting, register
+from .common import Err
+
+__all__ = ["LiSANetConfig", "block_config", "param_shapes", "init_params", "stage_grids", "embed", "unit_names",
+           "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds", "resize_params", "macs",
+           "elementwise", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS"]
+
+KINDS = ("isotropic", "hierarchical")
+EMBEDS = ("patch", "overlap")
+PRESETS = ("paper",)
+
+
+@dataclasses.dataclass(frozen=True)
+class LiSANetConfig:
+    """A LiSANet (Table 2, Table 7, Table 8a).
+
+    Attributes
+    ----------
+    kind : "isotropic" (one stage, patch embedding of stride ``patch_size``) or "hierarchical".
+    dims, depths, num_heads : per stage (Table 2, Table 8a).
+    latent : D, LiSA's latent channels (§5.1: 16; Table 3d: 1, 4, 8; Table 8: 8 for H-T).
+    image_size : (H, W) of the images the LiSA kernels are sized for (224 x 224 in every table but 9).
+    patch_size : stride of the isotropic embedding (16).
+    embed : hierarchical embeddings, "overlap" (Table 7) or "patch" (kernel = stride; H-T, Table 8).
+    pos_embed : learnable absolute position embedding after the isotropic embedding (True for I-T).
+    mlp_ratio : MLP hidden / C (config.LISA_MLP_RATIO = 4).
+    preset : "paper" (the only one: no released code).
+    lisa_overrides : further LiSAConfig fields (mapping or pairs).
+    num_classes, in_chans, ln_eps (the embeddings' and final LayerNorm's eps; the blocks use LiSAConfig's).
+    """
+
+    kind: str = "isotropic"
+    dims: tuple[int, ...] = (192,)
+    depths: tuple[int, ...] = (12,)
+    num_heads: tuple[int, ...] = (12,)
+    latent: int = config.LISA_LATENT_DEFAULT
+    image_size: tuple[int, int] = (224, 224)
+    patch_size: int = 16
+    embed: str = "overlap"
+    pos_embed: bool = True
+    mlp_ratio: float = config.LISA_MLP_RATIO
+    preset: str = "paper"
+    lisa_overrides: Any = ()
+    num_classes: int = 1000
+    in_chans: int = 3
+    ln_eps: float = config.LISANET_LN_EPS
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(f"LiSANetConfig.kind: expected one of {KINDS}, got {self.kind!r}")
+        if self.embed not in EMBEDS:
+            raise ValueError(f"LiSANetConfig.embed: expected one of {EMBEDS}, got {self.embed!r}")
+        if self.preset not in PRESETS:
+            raise ValueError(f"LiSANetConfig.preset: expected 'paper' (LiSA has no released code, so no "
+                             f"'official' preset), got {self.preset!r}")
+        for name in ("dims", "depths", "num_heads"):
+            v = tuple(int(t) for t in getattr(self, name))
+            if not v or any(t < 1 for t in v):
+                raise ValueError(f"LiSANetConfig.{name}: expected positive ints, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, v)
+        if not (len(self.dims) == len(self.depths) == len(self.num_heads)):
+            raise ValueError(f"LiSANetConfig: dims {self.dims}, depths {self.depths}, num_heads {self.num_heads} "
+                             f"need one entry per stage")
+        if self.kind == "isotropic" and len(self.dims) != 1:
+            raise ValueError(f"LiSANetConfig: an isotropic model has one stage, got dims {self.dims}")
+        size = self.image_size
+        if isinstance(size, (int, np.integer)):
+            size = (int(size), int(size))
+        size = tuple(int(t) for t in size)
+        if len(size) != 2 or min(size) < 1:
+            raise ValueError(f"LiSANetConfig.image_size: expected (H, W) positive, got {self.image_size!r}")
+        object.__setattr__(self, "image_size", size)
+        numerics.check_positive_int(self.patch_size, "patch_size")
+        numerics.check_positive_int(self.latent, "latent")
+        object.__setattr__(self, "lisa_overrides", common.normalize_overrides(self.lisa_overrides, "lisa_overrides"))
+        grids = stage_grids(self, self.image_size)
+        if any(min(g) < 1 for g in grids):
+            raise ValueError(f"LiSANetConfig.image_size: {size} leaves an empty stage grid {grids}")
+        for i in range(self.num_stages):
+            block_config(self, i)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.dims)
+
+
+def block_config(cfg: LiSANetConfig, stage: int, grid: tuple[int, int] | None = None) -> lisa.LiSAConfig:
+    """The :class:`refimpl.attention.lisa.LiSAConfig` of the blocks of ``stage`` (on ``grid``, by default the
+    stage grid of cfg.image_size)."""
+    g = stage_grids(cfg, cfg.image_size)[stage] if grid is None else tuple(grid)
+    kw = dict(dim=cfg.dims[stage], num_heads=cfg.num_heads[stage], grid=g, latent=cfg.latent,
+              mlp_ratio=cfg.mlp_ratio)
+    kw.update(dict(cfg.lisa_overrides))
+    return lisa.LiSAConfig.preset(cfg.preset, **kw)
+
+
+def _embed_geometry(cfg: LiSANetConfig, stage: int) -> tuple[int, int, int]:
+    """(kernel, stride, padding) of the patch embedding before ``stage``."""
+    if cfg.kind == "isotropic":
+        return cfg.patch_size, cfg.patch_size, 0
+    if cfg.embed == "overlap":
+        return (7, 4, 3) if stage == 0 else (3, 2, 1)
+    return (4, 4, 0) if stage == 0 else (2, 2, 0)
+
+
+def stage_grids(cfg: LiSANetConfig, image_hw: Sequence[int]) -> list[tuple[int, int]]:
+    """(H_i, W_i) of every stage for an H x W image (PyTorch convolution arithmetic; module docstring)."""
+    h, w = int(image_hw[0]), int(image_hw[1])
+    grids = []
+    for i in range(cfg.num_stages):
+        k, s, p = _embed_geometry(cfg, i)
+        h, w = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+        grids.append((h, w))
+    return grids
+
+
+# ===================================================================================================
+# Parameters
+# ===================================================================================================
+
+def param_shapes(cfg: LiSANetConfig) -> dict[str, tuple[int, ...]]:
+    """Every float state_dict entry and its shape (the LiSA kernels depend on cfg.image_size)."""
+    s: dict[str, tuple[int, ...]] = {}
+    grids = stage_grids(cfg, cfg.image_size)
+    for i in range(cfg.num_stages):
+        k, _, _ = _embed_geometry(cfg, i)
+        cin = cfg.in_chans if i == 0 else cfg.dims[i - 1]
+        c = cfg.dims[i]
+        s[f"patch_embed.{i}.proj.weight"] = (c, cin, k, k)
+        s[f"patch_embed.{i}.proj.bias"] = (c,)
+        if cfg.kind == "hierarchical":
+            s[f"patch_embed.{i}.norm.weight"] = (c,)
+            s[f"patch_embed.{i}.norm.bias"] = (c,)
+        elif cfg.pos_embed:
+            s["pos_embed"] = (1, grids[0][0] * grids[0][1], c)
+        bc = block_config(cfg, i)
+        for j in range(cfg.depths[i]):
+            s.update({f"stages.{i}.{j}.{key}": v for key, v in lisa.lisa_block_param_shapes(bc).items()})
+    c = cfg.dims[-1]
+    s.update({"norm.weight": (c,), "norm.bias": (c,), "head.weight": (cfg.num_classes, c),
+              "head.bias": (cfg.num_classes,)})
+    return s
+
+
+def init_params(cfg: LiSANetConfig, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
+    """Fresh float64 parameters (models._netparts.init_from_shapes).  LiSA kernels: W_a, W_b ~ N(0, 1 / P)
+    (P kernel taps, so that each circular convolution keeps unit scale), B_a, B_b ~ N(0, s^2); position
+    embedding ~ N(0, s^2)."""
+    s = config.NET_INIT_STD_FC
+    special = {
+        "attn.weight_a": lambda shp, r: r.standard_normal(shp) / np.sqrt(shp[0]),
+        "attn.weight_b": lambda shp, r: r.standard_normal(shp) / np.sqrt(shp[0]),
+        "attn.bias_a": lambda shp, r: s * r.standard_normal(shp),
+        "attn.bias_b": lambda shp, r: s * r.standard_normal(shp),
+        "pos_embed": lambda shp, r: s * r.standard_normal(shp),
+    }
+    return nets.init_params_from_shapes(param_shapes(cfg), np.random.default_rng(rng), special=special)
+
+
+# ===================================================================================================
+# Forward
+# ===================================================================================================
+
+def embed(x: np.ndarray, params: Mapping[str, np.ndarray], i: int, cfg: LiSANetConfig) -> np.ndarray:
+    """The patch embedding before stage i: conv (kernel, stride, padding of the module docstring), then
+    LayerNorm over the channels (hierarchical) or + position embedding (isotropic).
+    x : (B, C_in, H, W).  Returns (B, C_i, H_i, W_i).  References: LiSA Table 7, Appendix A.1."""
+    _, stride, pad = _embed_geometry(cfg, i)
+    y = layers.conv2d(x, params[f"patch_embed.{i}.proj.weight"], params[f"patch_embed.{i}.proj.bias"],
+                      stride=stride, padding=pad)
+    if cfg.kind == "hierarchical":
+        return layers.layer_norm_cf(y, params[f"patch_embed.{i}.norm.weight"], params[f"patch_embed.{i}.norm.bias"],
+                                    cfg.ln_eps)
+    if cfg.pos_embed:
+        hw = (y.shape[2], y.shape[3])
+        return nets.tokens_to_grid(nets.grid_to_tokens(y) + numerics.as_float(params["pos_embed"], "pos_embed"), hw)
+    return y
+
+
+def _check_grids(cfg: LiSANetConfig, images: np.ndarray) -> list[tuple[int, int]]:
+    want = stage_grids(cfg, cfg.image_size)
+    got = stage_grids(cfg, images.shape[2:])
+    if got != want:
+        raise ValueError(f"argument 'images': a {images.shape[2]}x{images.shape[3]} image gives stage grids {got}, "
+                         f"but the LiSA kernels of this config are sized for image_size={cfg.image_size} "
+                         f"(grids {want}); move the parameters with lisanet.resize_params(params, cfg, "
+                         f"({images.shape[2]}, {images.shape[3]})) (LiSA Appendix B)")
+    return want
+
+
+# A network is a chain of units, the comparison points of the equivalence suite (each twin unit is fed the
+# reference's input of that unit): "patch_embed.i" (grid or images -> grid), one unit per block
+# ("stages.i.j") and "head" (grid -> logits).  Unit values are channels-first grids (B, C_i, H_i, W_i).
+
+def unit_names(cfg: LiSANetConfig) -> list[str]:
+    """The units of the network in execution order."""
+    out = []
+    for i in range(cfg.num_stages):
+        out.append(f"patch_embed.{i}")
+        out += [f"stages.{i}.{j}" for j in range(cfg.depths[i])]
+    return out + ["head"]
+
+
+def _feature_units(cfg: LiSANetConfig) -> dict[str, int]:
+    return {(f"stages.{i}.{cfg.depths[i] - 1}" if cfg.depths[i] else f"patch_embed.{i}"): i
+            for i in range(cfg.num_stages)}
+
+
+def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *,
+             taps: dict | None = None) -> np.ndarray:
+    """One unit (see :func:`unit_names`): "patch_embed.i" (:func:`embed`; for i = 0 the images, whose stage
+    grids must be those of cfg.image_size), "stages.i.j" (a LiSA block on the grid's tokens, row-major) or
+    "head" (LayerNorm, mean over the tokens, Linear).  taps : the block's taps.
+    References: LiSA §5.1, Table 7, Fig. 3."""
+    if name not in unit_names(cfg):
+        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    if name == "patch_embed.0":
+        images = nets.check_images(x, cfg.in_chans)
+        _check_grids(cfg, images)
+        return embed(images, params, 0, cfg)
+    x = numerics.as_float(x, "x")
+    numerics.check_shapes(x=(x, "B C H W"))
+    if name == "head":
+        y = layers.layer_norm_cf(x, params["norm.weight"], params["norm.bias"], cfg.ln_eps)
+        return layers.linear(np.mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
+    if name.startswith("patch_embed."):
+        return embed(x, params, int(name.split(".")[1]), cfg)
+    i = int(name.split(".")[1])
+    hw = (x.shape[2], x.shape[3])
+    t = lisa.lisa_block(nets.grid_to_tokens(x), layers.subparams(params, name), block_config(cfg, i, hw), taps=taps)
+    return nets.tokens_to_grid(t, hw)
+
+
+def run(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
+        taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Logits (B, num_classes) and every stage's output (channels-first (B, C_i, H_i, W_i)) in one pass:
+    the units in order (embeddings and LiSA blocks per stage, then LayerNorm, global average pooling,
+    Linear, Table 7).
+
+    Parameters
+    ----------
+    params : keys of :func:`param_shapes`.  images : (B, in_chans, H, W) float whose stage grids equal
+    those of cfg.image_size.  cfg : :class:`LiSANetConfig`.  taps : every unit's output under its name and
+    its taps under "<unit>.<tap>".
+
+    References
+    ----------
+    LiSA §5.1, Table 2, Table 7 ("Global Average Pooling, Linear"), Appendix A.1.
+    """
+    fu = _feature_units(cfg)
+    x, feats = images, []
+    for name in unit_names(cfg):
+        inner: dict | None = {} if taps is not None else None
+        x = run_unit(params, name, x, cfg, taps=inner)
+        if name in fu:
+            feats.append(x)
+        if taps is not None:
+            taps[name] = x
+            taps.update({f"{name}.{k}": v for k, v in inner.items()})
+    return x, feats
+
+
+def features(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
+             taps: dict | None = None) -> list[np.ndarray]:
+    """Every stage's output, channels-first (B, C_i, H_i, W_i) (arguments as :func:`run`).
+    References: LiSA §5.1, Table 2, Table 7."""
+    return run(params, images, cfg, taps=taps)[1]
+
+
+def forward(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
+            taps: dict | None = None) -> np.ndarray:
+    """Logits (B, num_classes) (arguments as :func:`run`).  References: LiSA Table 7."""
+    return run(params, images, cfg, taps=taps)[0]
+
+
+# ===================================================================================================
+# Error bounds (for the equivalence suite)
+# ===================================================================================================
+
+def _e_block(t: Err, p: Mapping[str, Any], bc: lisa.LiSAConfig, dtype: Any) -> Err:
+    """A LiSA block with an input error: LN1, LiSA (lisa.py's stage analysis ``_tr_attention``, private: its
+    public bounds take exact inputs only; same E convention), residual, LN2, MLP, residual."""
+    y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], bc.ln_eps, dtype)
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        a, ea, k = lisa._tr_attention(y.value, y.err, layers.subparams(p, "attn"), bc, kind="lisa")
+    x1 = common.e_add(t, Err(a, ea, y.depth + k))
+    m = common.e_mlp(nets.e_layer_norm(x1, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, dtype),
+                     layers.subparams(p, "mlp"))
+    return common.e_add(x1, m)
+
+
+def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: LiSANetConfig, dtype: Any) -> Err:
+    """:func:`run_unit` with an input error (common.Err convention)."""
+    if name == "head":
+        y = nets.e_layer_norm_cf(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, dtype)
+        return common.e_linear(common.e_mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
+    if name.startswith("patch_embed."):
+        i = int(name.split(".")[1])
+        _, stride, pad = _embed_geometry(cfg, i)
+        g = common.e_conv2d(t, params[f"{name}.proj.weight"], params[f"{name}.proj.bias"], stride=stride, padding=pad)
+        if cfg.kind == "hierarchical":
+            return nets.e_layer_norm_cf(g, params[f"{name}.norm.weight"], params[f"{name}.norm.bias"], cfg.ln_eps,
+                                        dtype)
+        if cfg.pos_embed:
+            hw = (g.value.shape[2], g.value.shape[3])
+            return nets.e_grid(common.e_add(nets.e_tokens(g), common.e_exact(params["pos_embed"])), hw)
+        return g
+    i = int(name.split(".")[1])
+    hw = (t.value.shape[2], t.value.shape[3])
+    out = _e_block(nets.e_tokens(t), layers.subparams(params, name), block_config(cfg, i, hw), dtype)
+    return nets.e_grid(out, hw)
+
+
+def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *, dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
+    parameters (the analysis of :func:`forward_bounds`, restarted at the unit)."""
+    if name not in unit_names(cfg):
+        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    x = nets.check_images(x, cfg.in_chans) if name == "patch_embed.0" else numerics.as_float(x, "x")
+    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"LiSANet unit {name}")
+
+
+def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *,
+                   dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """Running first-order error bounds (:mod:`refimpl.models.common` convention) of :func:`features` and
+    :func:`forward` computed in precision ``dtype`` on T-rounded images and parameters: the embedding convs,
+    their LayerNorms or the position-embedding sum, every LiSA block (FFT convolutions by refimpl.toeplitz's
+    FFT error model - heuristic in the FFT depth, see lisa.py), the final norm, the mean and the head.
+    Returns (feature bounds, logits bound); exponentially loose in the depth (LayerNorm outputs capped by
+    their range, _netparts.e_layer_norm).  :func:`unit_bound` restarts the analysis at each unit."""
+    images = nets.check_images(images, cfg.in_chans)
+    _check_grids(cfg, images)
+    fu = _feature_units(cfg)
+    t, fb = common.e_exact(images), []
+    for name in unit_names(cfg):
+        t = _e_unit(params, name, t, cfg, dtype)
+        if name in fu:
+            fb.append(nets.to_bound(t, f"LiSANet stage {fu[name] + 1} features"))
+    return fb, nets.to_bound(t, "LiSANet logits")
+
+
+def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Sequence[int]
+                  ) -> tuple[dict[str, np.ndarray], LiSANetConfig]:
+    """Move a LiSANet to another input resolution (LiSA Appendix B, Table 9).
+
+    Per stage, W_a and W_b are resampled to the new stage grid by
+    :func:`refimpl.attention.lisa.resize_lisa_params` (exact sampling of their continuous spectrum); the
+    isotropic position embedding is resized by bilinear interpolation with half-pixel centres
+    (:func:`refimpl.attention.focused.resample_linear` per axis; the paper does not say how, DeiT's code
+    uses bicubic).  Everything else is unchanged.  Returns (new params, config with the new image_size).
+    """
+    new_cfg = dataclasses.replace(cfg, image_size=tuple(int(t) for t in image_size))
+    old_g, new_g = stage_grids(cfg, cfg.image_size), stage_grids(new_cfg, new_cfg.image_size)
+    out = {k: np.asarray(v) for k, v in params.items()}
+    for i in range(cfg.num_stages):
+        bc = block_config(cfg, i)
+        for j in range(cfg.depths[i]):
+            pre = f"stages.{i}.{j}.attn."
+            sub = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
+            moved, _ = lisa.resize_lisa_params(sub, bc, new_g[i])
+            out.update({pre + k: v for k, v in moved.items()})
+    if "pos_embed" in params and old_g[0] != new_g[0]:
+        pe = numerics.as_float(params["pos_embed"], "pos_embed")
+        g = pe.reshape(old_g[0] + (pe.shape[-1],))
+        g = resample_linear(resample_linear(g, new_g[0][0], axis=0), new_g[0][1], axis=1)
+        out["pos_embed"] = g.reshape(1, new_g[0][0] * new_g[0][1], pe.shape[-1])
+    return out, new_cfg
+
+
+# ===================================================================================================
+# Multiply-accumulate count
+# ===================================================================================================
+
+def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> dict[str, int]:
+    """Multiply-accumulates per layer group (counting.py's convention).
+
+    LiSA per block (N tokens, C channels, D latents, F = H (W // 2 + 1) rfft frequencies): the qkv and
+    output projections; the contraction of Fig. 7, 2 N C D (S = sum_c Qb A and out = sum_d S Bv); the
+    spectral products F(Kb) F(Wa) and F(V) F(Wb), F C D complex multiplications each, counted as 4 real
+    MACs per complex product.  FFTs are not MACs: :func:`elementwise` reports them ("fft", N log2 N per
+    real transform: 2 C forward and 2 C D inverse per block; the kernels' own transforms depend on the
+    weights only and are not counted).  ``image_hw`` must give the grids of cfg.image_size (default)."""
+    hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
+    if stage_grids(cfg, hw) != stage_grids(cfg, cfg.image_size):
+        raise ValueError(f"argument 'image_hw': {hw} does not give the stage grids of image_size={cfg.image_size}")
+    out: dict[str, int] = {}
+    for i, (gh, gw) in enumerate(stage_grids(cfg, hw)):
+        k, _, _ = _embed_geometry(cfg, i)
+        cin = cfg.in_chans if i == 0 else cfg.dims[i - 1]
+        c, n, d = cfg.dims[i], gh * gw, cfg.latent
+        out[f"patch_embed.{i}"] = counting.conv2d_macs((gh, gw), cin, c, (k, k))
+        bc = block_config(cfg, i)
+        freqs = gh * (gw // 2 + 1)
+        for j in range(cfg.depths[i]):
+            pre = f"stages.{i}.{j}"
+            out[f"{pre}.attn.qkv"] = counting.linear_macs(n, c, 3 * c)
+            out[f"{pre}.attn.spectral"] = 2 * 4 * freqs * c * d
+            out[f"{pre}.attn.contraction"] = 2 * counting.matmul_macs(n * cfg.num_heads[i], 1, bc.head_dim, d)
+            out[f"{pre}.attn.proj"] = counting.linear_macs(n, c, c)
+            out[f"{pre}.mlp"] = counting.mlp_macs(n, c, bc.mlp_hidden)
+    out["head"] = counting.linear_macs(1, cfg.dims[-1], cfg.num_classes)
+    return out
+
+
+def elementwise(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> dict[str, int]:
+    """Element ops per layer group (counting.py) and the FFT work: per block the norms, the L2
+    normalisation of q and k, the bias sums A = Ga + Ba and Bv = Gb + Bb (N C D each), GELU, the residual
+    additions; the embedding norms / position embedding; the final norm and pooling; "fft" = the summed
+    N log2 N of every real transform (see :func:`macs`)."""
+    hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
+    out: dict[str, int] = {}
+    fft = 0.0
+    grids = stage_grids(cfg, hw)
+    for i, (gh, gw) in enumerate(grids):
+        c, n, d = cfg.dims[i], gh * gw, cfg.latent
+        bc = block_config(cfg, i)
+        out[f"patch_embed.{i}"] = n * c
+        for j in range(cfg.depths[i]):
+            pre = f"stages.{i}.{j}"
+            out[f"{pre}.norms"] = 2 * n * c
+            out[f"{pre}.attn.l2"] = 2 * n * c
+            out[f"{pre}.attn.bias_sums"] = 2 * n * c * d
+            out[f"{pre}.mlp.gelu"] = n * bc.mlp_hidden
+            out[f"{pre}.residual"] = 2 * n * c
+            fft += (2 * c + 2 * c * d) * n * np.log2(n) if n > 1 else 0.0
+    out["norm_pool"] = 2 * grids[-1][0] * grids[-1][1] * cfg.dims[-1]
+    out["fft"] = int(round(fft))
+    return out
+
+
+# ===================================================================================================
+# Reduced configuration, named models (Table 2, 3d, 4, 7, 8), registration
+# ===================================================================================================
+
+def test_image_hw(cfg: LiSANetConfig) -> tuple[int, int]:
+    """Image size of the equivalence test: the config's image_size (the LiSA kernels are sized for it)."""
+    return tuple(cfg.image_size)
+
+
+def reduced(cfg: LiSANetConfig) -> LiSANetConfig:
+    """A small configuration with the same code path and every block type, for the equivalence suite
+    (kind, embedding style and LiSA options of ``cfg`` kept).  Hierarchical: two stages, C = (16, 32),
+    head dim 8, D = 3, image 20 x 28 (overlapping embeddings: grids 5 x 7 and 3 x 4; non-overlapping:
+    5 x 7 and 2 x 3), 5 classes.  Isotropic: C = 24, 3 heads, depth 2, D = 2, patch 4, image 20 x 24
+    (a 5 x 6 grid), 5 classes."""
+    if cfg.kind == "hierarchical":
+        return dataclasses.replace(cfg, dims=(16, 32), depths=(1, 1), num_heads=(2, 4), latent=3,
+                                   image_size=(20, 28), num_classes=5)
+    return dataclasses.replace(cfg, dims=(24,), depths=(2,), num_heads=(3,), latent=2, image_size=(20, 24),
+                               patch_size=4, num_classes=5)
+
+
+_IT = dict(kind="isotropic", dims=(192,), depths=(12,), num_heads=(12,), patch_size=16, pos_embed=True)
+_HS = dict(kind="hierarchical", dims=(64, 128, 256, 512), depths=(1, 2, 11, 2), num_heads=(4, 8, 16, 32),
+           embed="overlap", pos_embed=False)
+_HB = dict(kind="hierarchical", dims=(96, 192, 384, 768), depths=(2, 3, 16, 3), num_heads=(6, 12, 24, 48),
+           embed="overlap", pos_embed=False)
+_HT = dict(kind="hierarchical", dims=(64, 128, 256, 512), depths=(1, 2, 5, 2), num_heads=(4, 8, 16, 32),
+           embed="patch", pos_embed=False, latent=8)
+
+NAMED = {
+    "lisanet_i_t": (LiSANetConfig(**_IT, latent=16), 6.36, "LiSA Table 3a-3d, Table 9 (LiSANet-I-T, D = 16)", 2),
+    "lisanet_i_t_d1": (LiSANetConfig(**_IT, latent=1), 5.76, "LiSA Table 3d (LiSANet-I-T, D = 1)", 2),
+    "lisanet_i_t_d4": (LiSANetConfig(**_IT, latent=4), 5.88, "LiSA Table 3d (LiSANet-I-T, D = 4)", 2),
+    "lisanet_i_t_d8": (LiSANetConfig(**_IT, latent=8), 6.04, "LiSA Table 3d (LiSANet-I-T, D = 8)", 2),
+    "lisanet_h_t": (LiSANetConfig(**_HT), 12.7, "LiSA Table 8b (LiSANet-H-T, D = 8)", 1),
+    "lisanet_h_s": (LiSANetConfig(**_HS), 19.0, "LiSA Table 4 (LiSANet-H-S)", 0),
+    "lisanet_h_b": (LiSANetConfig(**_HB), 59.0, "LiSA Table 4 (LiSANet-H-B)", 0),
+}
+
+#: The registered configs are the paper's setting (no official code, one preset).
+PAPER_COUNT_OVERRIDES: dict[str, dict[str, Any]] = {}
+
+#: No gap at 224 x 224 (every count above matches at the paper's precision).  Table 9's 7.82M for
+#: LiSANet-I-T at 384 x 384 is not reproduced (7,676,200 = 7.68M); it is not a registered model - the
+#: arithmetic is in docs/models_l2vit_ravlt_lisanet.md and tests/test_models_l2vit_ravlt_lisanet.py.
+COUNT_GAPS: dict[str, counting.CountGap] = {}
+
+
+def _register() -> None:
+    import sys
+    mod = sys.modules[__name__]
+    for name, (c, m, src, prec) in NAMED.items():
+        register(name, c, mod, paper_params_m=m, paper_source=src, paper_precision=prec)
+
+
+_register()
