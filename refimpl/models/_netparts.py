@@ -185,3 +185,36 @@ def to_bound(t: Err, what: str) -> numerics.Bound:
     input bound was already infinite) replaced by +inf: no bound is known there, which is what inf says."""
     err = np.where(np.isnan(t.err), np.inf, t.err)
     return common.to_bound(Err(t.value, err, t.depth), what)
+
+
+# ===================================================================================================
+# The unit protocol: a network is a sequence of named units (stem, blocks, downsamplings, head)
+# ===================================================================================================
+
+def run_units(names: list[str], run_one: Callable[..., np.ndarray], feature_units: Mapping[str, int],
+              x: np.ndarray, taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Run the units in order: ``run_one(name, x, taps=inner)`` for each name.  Returns the last output and
+    the outputs of the ``feature_units`` (the per-stage feature maps).  With ``taps``, every unit's output
+    is recorded under its name and the unit's own taps under "<unit>.<tap>"."""
+    feats = []
+    for name in names:
+        inner: dict | None = {} if taps is not None else None
+        x = run_one(name, x, taps=inner)
+        if name in feature_units:
+            feats.append(x)
+        if taps is not None:
+            taps[name] = x
+            taps.update({f"{name}.{k}": v for k, v in inner.items()})
+    return x, feats
+
+
+def bound_units(names: list[str], e_one: Callable[[str, Err], Err], feature_units: Mapping[str, int],
+                t: Err, family: str) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """The running error analysis along the same units: ``e_one(name, t)`` carries the error through one
+    unit.  Returns the bounds of the feature maps and of the logits."""
+    fb = []
+    for name in names:
+        t = e_one(name, t)
+        if name in feature_units:
+            fb.append(to_bound(t, f"{family} stage {feature_units[name] + 1} features"))
+    return fb, to_bound(t, f"{family} logits")

@@ -307,17 +307,8 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
     ----------
     L2ViT §4.3, Fig. 3, Table 13; the head as released (final LayerNorm, average pooling, Linear).
     """
-    fu = _feature_units(cfg)
-    x, feats = images, []
-    for name in unit_names(cfg):
-        inner: dict | None = {} if taps is not None else None
-        x = run_unit(params, name, x, cfg, taps=inner)
-        if name in fu:
-            feats.append(x)
-        if taps is not None:
-            taps[name] = x
-            taps.update({f"{name}.{k}": v for k, v in inner.items()})
-    return x, feats
+    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
+                          _feature_units(cfg), images, taps)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
@@ -487,13 +478,9 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, 
     capped by their range (_netparts.e_layer_norm) and the clamped normaliser by C_min, so it stays finite
     (and void past a few blocks).  :func:`unit_bound` restarts the analysis at each unit (the meaningful
     comparison points)."""
-    fu = _feature_units(cfg)
-    t, fb = common.e_exact(nets.check_images(images, cfg.in_chans)), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        if name in fu:
-            fb.append(nets.to_bound(t, f"L2ViT stage {fu[name] + 1} features"))
-    return fb, nets.to_bound(t, "L2ViT logits")
+    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                            _feature_units(cfg), common.e_exact(nets.check_images(images, cfg.in_chans)),
+                            "L2ViT")
 
 
 # ===================================================================================================

@@ -305,17 +305,8 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
     ----------
     LiSA §5.1, Table 2, Table 7 ("Global Average Pooling, Linear"), Appendix A.1.
     """
-    fu = _feature_units(cfg)
-    x, feats = images, []
-    for name in unit_names(cfg):
-        inner: dict | None = {} if taps is not None else None
-        x = run_unit(params, name, x, cfg, taps=inner)
-        if name in fu:
-            feats.append(x)
-        if taps is not None:
-            taps[name] = x
-            taps.update({f"{name}.{k}": v for k, v in inner.items()})
-    return x, feats
+    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
+                          _feature_units(cfg), images, taps)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
@@ -388,13 +379,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *
     their range, _netparts.e_layer_norm).  :func:`unit_bound` restarts the analysis at each unit."""
     images = nets.check_images(images, cfg.in_chans)
     _check_grids(cfg, images)
-    fu = _feature_units(cfg)
-    t, fb = common.e_exact(images), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        if name in fu:
-            fb.append(nets.to_bound(t, f"LiSANet stage {fu[name] + 1} features"))
-    return fb, nets.to_bound(t, "LiSANet logits")
+    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                            _feature_units(cfg), common.e_exact(images), "LiSANet")
 
 
 def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Sequence[int]

@@ -456,17 +456,8 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, t
     ----------
     RALA §3.2-3.3, Table 1; released code for the stem, the head and the layout.
     """
-    fu = _feature_units(cfg)
-    x, feats = images, []
-    for name in unit_names(cfg):
-        inner: dict | None = {} if taps is not None else None
-        x = run_unit(params, name, x, cfg, taps=inner, max_elements=max_elements)
-        if name in fu:
-            feats.append(x)
-        if taps is not None:
-            taps[name] = x
-            taps.update({f"{name}.{k}": v for k, v in inner.items()})
-    return x, feats
+    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps, max_elements=max_elements),
+                          _feature_units(cfg), images, taps)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, taps: dict | None = None,
@@ -649,13 +640,9 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, 
     RoPE (official) no such cap exists and the bound is +inf once a normaliser's or an exponential's error
     bound blows up (float32 past stage 2 of the reduced model).  :func:`unit_bound` restarts the analysis at
     each unit (the meaningful comparison points)."""
-    fu = _feature_units(cfg)
-    t, fb = common.e_exact(nets.check_images(images, cfg.in_chans)), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        if name in fu:
-            fb.append(nets.to_bound(t, f"RAVLT stage {fu[name] + 1} features"))
-    return fb, nets.to_bound(t, "RAVLT logits")
+    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                            _feature_units(cfg), common.e_exact(nets.check_images(images, cfg.in_chans)),
+                            "RAVLT")
 
 
 # ===================================================================================================
