@@ -48,6 +48,15 @@ No ``-march``
     attributes in the C source instead: AVX-512, AVX2 and baseline versions of the hot loops, the widest
     one the CPU supports chosen at run time (ckernels/dwconv2d.c).  They return the same bits.
 
+Threads
+-------
+``-pthread`` (compile and link).  The fused linear attention (ckernels/linattn.c) runs its work items on
+POSIX threads created per pass and joined at its end, the thread count being an argument of each call
+(``threads=`` in refimpl.backends._c, default ``config.C_KERNEL_THREADS``).  Not OpenMP: a process that
+also imports torch would then hold two OpenMP runtimes, and OpenMP's thread count is process-wide state.
+The reduction order is fixed by the problem sizes, never by the thread count (work items with their own
+partial sums, reduced in item order), so every thread count returns the same bits.
+
 Sanitizers
 ----------
 ``REFIMPL_SANITIZE=1`` builds with ``-fsanitize=address,undefined -fno-sanitize-recover=all
@@ -79,6 +88,8 @@ _HEADER = os.path.join(_CKERNELS, "refimpl_kernels.h")
 #: Optimisation and floating-point flags (see the module docstring for each).
 FP_FLAGS = ["-std=c99", "-O3", "-fno-fast-math", "-ffp-contract=off", "-fno-math-errno"]
 WARNING_FLAGS = ["-Wall", "-Wextra", "-Wno-unused-parameter"]
+#: POSIX threads for the multi-threaded kernels (ckernels/linattn.c; see "Threads" in the docstring).
+THREAD_FLAGS = ["-pthread"]
 #: Added when REFIMPL_SANITIZE=1 (AddressSanitizer + UndefinedBehaviorSanitizer; -O1 -g for usable reports).
 SANITIZE_COMPILE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
                     "-g", "-O1"]
@@ -106,8 +117,8 @@ def _cdef() -> str:
 
 
 def _make_builder(absolute: bool = False) -> FFI:
-    compile_args = FP_FLAGS + WARNING_FLAGS
-    link_args: list[str] = []
+    compile_args = FP_FLAGS + WARNING_FLAGS + THREAD_FLAGS
+    link_args: list[str] = list(THREAD_FLAGS)
     if sanitize_requested():
         compile_args = compile_args + SANITIZE_COMPILE  # later -O1 overrides -O3
         link_args = link_args + SANITIZE_LINK

@@ -176,6 +176,10 @@ const char *refimpl_status_string(int status)
         return "an element count or index does not fit in ptrdiff_t";
     case REFIMPL_ERR_NULL:
         return "a required buffer pointer is NULL";
+    case REFIMPL_ERR_OPTION:
+        return "an enumerated option (feature map, eps policy) is out of range";
+    case REFIMPL_ERR_WORKSPACE:
+        return "the workspace is smaller than the kernel's *_workspace() size";
     default:
         return "unknown status";
     }

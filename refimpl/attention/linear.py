@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import config, numerics
+from .. import backends, config, numerics
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -376,11 +376,64 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     _check_policy(order, eps, eps_policy, clamp_min)
     opts = dict(feature_map_options or {})
+    if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
+            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)
+            and backends.current() != "numpy"):
+        # The configurations the fused kernels implement go through the backend switch (the default
+        # backend is NumPy, which lands in _linear_attention_numpy below: the same computation).
+        return backends.get("linear_attention", dtype=q.dtype)(q, k, v, feature_map, eps, eps_policy, clamp_min)
     phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
     phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
     return kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
                                 eps_policy=eps_policy, clamp_min=clamp_min, taps=taps,
                                 max_elements=max_elements)
+
+
+#: Feature maps of the fused linear-attention kernels (operation "linear_attention" of refimpl.backends).
+FUSED_MAPS = ("relu", "elu1")
+
+
+@backends.register("linear_attention", "numpy")
+def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
+                            eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
+                            clamp_min: float | None = None, *, out: np.ndarray | None = None,
+                            workspace: Any = None, threads: Any = None) -> np.ndarray:
+    """The NumPy definition of operation "linear_attention" of :mod:`refimpl.backends` (the twin of the
+    fused C and Numba kernels): :func:`linear_attention` in linear order, normalised, without taps,
+    for ``feature_map`` in :data:`FUSED_MAPS`.
+
+    O_i = phi(Q_i) (sum_j phi(K_j)^T V_j) / apply_normaliser(phi(Q_i) . sum_j phi(K_j))
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : float arrays (computed in their working precision).
+    feature_map : "relu" or "elu1".  eps, eps_policy, clamp_min : the normaliser policy
+        (:func:`apply_normaliser`).
+    out : optional (B, h, N, e) array the result is copied into (and returned), for signature parity with
+        the kernels.  workspace, threads : accepted and ignored (the kernels' buffers and thread count).
+
+    Returns
+    -------
+    ndarray (B, h, N, e).
+
+    References
+    ----------
+    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. (2020) Eq. 7.
+    """
+    if feature_map not in FUSED_MAPS:
+        raise ValueError(f"argument 'feature_map': operation 'linear_attention' takes {FUSED_MAPS}, got "
+                         f"{feature_map!r}; use linear_attention() for the other maps")
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
+    phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
+    res = kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps, eps_policy=eps_policy,
+                               clamp_min=clamp_min)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
 
 
 # ===================================================================================================

@@ -48,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import config, numerics, toeplitz as tz
+from .. import backends, config, numerics, toeplitz as tz
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
@@ -416,11 +416,27 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     gb = _convolve(v[..., None], wb[:, None, :], g, exact_toeplitz, fft_lengths, transform)  # (B,h,N,c,D)
     a = ga + ba
     bv = gb + bb
-    s = np.einsum("bhnc,bhncd->bhnd", qb, a)
-    out = np.einsum("bhnd,bhnvd->bhnv", s, bv)
+    s, out = backends.get("lisa_contraction", dtype=qb.dtype)(qb, a, bv)
     if taps is not None:
         taps.update({"q_bar": qb, "k_bar": kb, "G_a": ga, "G_b": gb, "A": a, "Bv": bv, "S": s, "out": out})
     return out
+
+
+@backends.register("lisa_contraction", "numpy")
+def _lisa_contraction_numpy(qb: np.ndarray, a: np.ndarray, bv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The LiSA contraction of Eq. 9 (the definition of backend operation "lisa_contraction"):
+    S[b, h, n, d] = sum_c Qb[b, h, n, c] A[b, h, n, c, d], Y[b, h, n, v] = sum_d S[b, h, n, d] Bv[b, h, n, v, d].
+
+    qb : (B, h, N, c) float; a = Ga + Ba and bv = Gb + Bb : (B, h, N, c, D) float (same dtype).
+    Returns (S (B, h, N, D), Y (B, h, N, c)).  Accelerated twins: refimpl/backends/_numba.py.
+
+    References
+    ----------
+    LiSA Eq. 9, Fig. 7.
+    """
+    s = np.einsum("bhnc,bhncd->bhnd", qb, a)
+    out = np.einsum("bhnd,bhnvd->bhnv", s, bv)
+    return s, out
 
 
 def sa_eq4(q: Any, k: Any, v: Any, rpe: Any, *, eps: float = config.LISA_L2_EPS, taps: dict | None = None,

@@ -61,7 +61,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import backends, config, layers, numerics
 from .linear import feature_map
 
 __all__ = [
@@ -430,6 +430,11 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     else:
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     t["alpha"] = alpha
+    if (taps is None and cfg.order == "linear" and not cfg.rope and backends.current() != "numpy"
+            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)):
+        # The configuration the fused kernels implement goes through the backend switch (default NumPy).
+        return backends.get("reweighted_linear_attention", dtype=q.dtype)(
+            q, k, v, alpha, cfg.kernel, 1.0 / n if cfg.token_scaling == "mean" else 1.0, cfg.eps)
     kw = alpha[..., None] * kk                          # alpha_j kappa(K_j)
     t["k_weighted"] = kw
 
@@ -463,6 +468,52 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
         out = num / den[..., None]
     t["out"] = out
     return out
+
+
+@backends.register("reweighted_linear_attention", "numpy")
+def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kernel: str = "elu1",
+                                       kv_scale: float = 1.0, eps: float = 0.0, *, out: np.ndarray | None = None,
+                                       workspace: Any = None, threads: Any = None) -> np.ndarray:
+    """The NumPy definition of operation "reweighted_linear_attention" (twin of the fused C kernel): the
+    linear-order, RoPE-free branch of :func:`rala_core` given the coefficients alpha,
+
+    O_i = kappa(Q_i) B / (kappa(Q_i) . s sum_j alpha_j kappa(K_j) + eps),  B = s sum_j alpha_j kappa(K_j)^T V_j
+
+    with the same operations as :func:`rala_core` (s = ``kv_scale``: 1, or 1/N for token_scaling "mean";
+    eps added only when nonzero).
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e), alpha (B, h, M) : float arrays.  kernel : "elu1" | "relu".
+    kv_scale, eps : floats.  out : optional (B, h, N, e) array the result is copied into and returned.
+    workspace, threads : accepted and ignored (the kernels' buffers and thread count).
+
+    Returns
+    -------
+    ndarray (B, h, N, e).
+
+    References
+    ----------
+    RALA Eq. 2-4.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    v = numerics.as_float(v, "v")
+    alpha = numerics.as_float(alpha, "alpha")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"), alpha=(alpha, "B h M"))
+    kq = kappa(q, kernel)
+    kw = alpha[..., None] * kappa(k, kernel)
+    kv = kv_scale * (kw.swapaxes(-1, -2) @ v)
+    key_sum = kv_scale * np.sum(kw, axis=-2)
+    den = np.einsum("bhnd,bhd->bhn", kq, key_sum)
+    if eps:
+        den = den + eps
+    with np.errstate(invalid="ignore", divide="ignore"):
+        res = (kq @ kv) / den[..., None]
+    if out is not None:
+        out[...] = res
+        return out
+    return res
 
 
 # ===================================================================================================

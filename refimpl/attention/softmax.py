@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics
+from .. import backends, config, numerics
 from .linear import _eta_times
 from ..layers import (linear, pad_to_multiple, relative_position_bias, relative_position_index,
                       shifted_window_mask, window_partition, window_reverse)
@@ -121,6 +121,46 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
     if taps is not None:
         taps["logits"], taps["attn"] = s, p
     return p @ v
+
+
+@backends.register("window_softmax_attention", "numpy")
+def _window_softmax_attention_numpy(q: Any, k: Any, v: Any, scale: float, bias: Any = None, mask: Any = None, *,
+                                    out: np.ndarray | None = None, workspace: Any = None,
+                                    threads: Any = None) -> np.ndarray:
+    """The NumPy definition of operation "window_softmax_attention" (twin of the C kernel): per-window
+    :func:`softmax_attention` with a bias shared by the windows and a per-window mask (Swin Eq. 4).
+
+    Parameters
+    ----------
+    q (BW, h, n, d), k (BW, h, m, d), v (BW, h, m, e) : float arrays, windows batch-major.
+    scale : float.  bias : None, (h, n, m), (1, h, n, m) or (BW, h, n, m).  mask : None or bool (nW, n, m) /
+        (nW, 1, n, m), True = may attend, with BW a multiple of nW (row b nW + w is window w of image b).
+    out : optional (BW, h, n, e) array the result is copied into and returned.  workspace, threads :
+        accepted and ignored.
+
+    Returns
+    -------
+    ndarray (BW, h, n, e).
+
+    References
+    ----------
+    Swin Transformer (Liu et al., 2021) Eq. 4.
+    """
+    q = numerics.as_float(q, "q")
+    b = None
+    if bias is not None:
+        b = numerics.as_float(bias, "bias")
+        b = b[None] if b.ndim == 3 else b
+    mk = None
+    if mask is not None:
+        mk = np.asarray(mask)
+        mk = mk[:, 0] if mk.ndim == 4 else mk
+        mk = np.tile(mk, (q.shape[0] // mk.shape[0], 1, 1))[:, None]
+    res = softmax_attention(q, k, v, scale=float(scale), bias=b, mask=mk)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
 
 
 def _broadcastable(a: np.ndarray, shape: tuple[int, ...], name: str) -> None:
@@ -330,8 +370,19 @@ def window_attention(x: Any, p: Mapping[str, Any], *, num_heads: int, window_siz
                                                mask_padding, mask_value)
     pcs = _window_pieces(x, p, nh, ws, sh, table, mask_padding, mask_value, scale)
     inner: dict | None = {} if taps is not None else None
-    o = softmax_attention(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"], mask=pcs["mask"],
-                          taps=inner)
+    qd = pcs["q"].dtype
+    if (taps is None and backends.current() != "numpy" and qd in (np.float32, np.float64)
+            and pcs["k"].dtype == pcs["v"].dtype == qd and (pcs["bias"] is None or pcs["bias"].dtype == qd)):
+        # The per-window core goes through the backend switch (default NumPy: softmax_attention below).
+        bias = pcs["bias"]
+        full = pcs["q"].shape[:2] + pcs["k"].shape[2:3] * 2
+        if bias is not None and bias.shape != (1,) + full[1:]:     # additive mask: one bias per window
+            bias = np.broadcast_to(bias, full)
+        o = backends.get("window_softmax_attention", dtype=qd)(
+            pcs["q"], pcs["k"], pcs["v"], pcs["scale"], bias, None if pcs["mask"] is None else pcs["mask"][:, 0])
+    else:
+        o = softmax_attention(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"],
+                              mask=pcs["mask"], taps=inner)
     bw, _, n, d = o.shape
     o = o.transpose(0, 2, 1, 3).reshape(bw, n, nh * d)
     y = linear(o, p["proj.weight"], p.get("proj.bias"))

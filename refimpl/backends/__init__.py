@@ -53,7 +53,9 @@ BACKENDS = ("numpy", "numba", "c")
 _CHOICES = BACKENDS + ("auto",)
 
 #: Modules that register NumPy definitions; imported on demand if ``get`` finds no definition yet.
-_DEFINITION_MODULES = ("refimpl.layers",)
+_DEFINITION_MODULES = ("refimpl.layers", "refimpl.attention.linear", "refimpl.attention.rala",
+                       "refimpl.attention.softmax", "refimpl.attention.lisa",
+                       "refimpl.backends.twins")
 
 
 class Status(NamedTuple):

@@ -10,6 +10,30 @@ output with NaN, pass the buffers with ``ffi.from_buffer`` under the C type that
 dtype, and check the returned status.  The NaN fill means that an output element the kernel failed to
 write cannot pass a comparison with the reference (unless the reference is NaN there too, which the
 agreement tests avoid except where they test NaN propagation).
+
+Operations and signatures (each mirrors its NumPy twin; ``out=``/``workspace=`` are optional caller-owned
+buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
+:func:`linear_attention_workspace` and reuse them across calls):
+
+- ``"depthwise_conv2d"``: ``depthwise_conv2d(x, weight, bias, stride, pads, dilation=(1, 1), *, out=None)``
+  (twin ``refimpl.layers._depthwise_conv2d_numpy``);
+- ``"linear_attention"``: ``linear_attention(q, k, v, feature_map="relu", eps=0.0, eps_policy="add",
+  clamp_min=None, *, out=None, workspace=None, threads=None)`` with q (B, h, N, d), k (B, h, M, d),
+  v (B, h, M, e) -> (B, h, N, e); feature maps "relu" and "elu1" (twin
+  ``refimpl.attention.linear._linear_attention_numpy``; ckernels/linattn.c).  ``threads`` (default
+  :func:`default_threads`) changes the speed only, never a bit.
+- ``"reweighted_linear_attention"`` (RALA Eq. 2-4, linear order, no RoPE):
+  ``reweighted_linear_attention(q, k, v, alpha, kernel="elu1", kv_scale=1.0, eps=0.0, *, out=None,
+  workspace=None, threads=None)``, alpha (B, h, M) (twin ``refimpl.attention.rala.
+  _reweighted_linear_attention_numpy``; the same kernel with key weights).
+- ``"linear_angular_attention"`` (Castling-ViT Eq. 9): ``linear_angular_attention(q, k, v, constant="sum",
+  normalizer="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
+  (twin ``refimpl.backends.twins.linear_angular_attention``, spec ``refimpl.attention.angular.
+  linear_angular_attention``; the same kernel with the unit-row feature map and Eq. 9's output).
+- ``"window_softmax_attention"`` (Swin Eq. 4 per window): ``window_softmax_attention(q, k, v, scale,
+  bias=None, mask=None, *, out=None, workspace=None, threads=None)`` with q (BW, h, n, d), k (BW, h, m, d),
+  v (BW, h, m, e), bias (h, n, m) or (BW, h, n, m), mask bool (nW, n, m) with BW % nW == 0 (windows
+  batch-major) (twin ``refimpl.attention.softmax._window_softmax_attention_numpy``).
 """
 
 from __future__ import annotations
@@ -134,3 +158,343 @@ def _call(mod: Any, result: np.ndarray, a: "_validate.DepthwiseArgs") -> None:
         raise RuntimeError(f"C kernel {fn.__name__ if hasattr(fn, '__name__') else 'refimpl_dwconv2d'} refused "
                            f"its arguments (status {status}: {msg}); this is a bug in refimpl.backends._c's "
                            f"validation")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Fused kernelized linear attention (ckernels/linattn.c)
+# ---------------------------------------------------------------------------------------------------
+
+#: Feature maps of the fused kernel and their codes (REFIMPL_LA_MAP_* in ckernels/refimpl_kernels.h).
+LINEAR_ATTENTION_MAPS = {"relu": 0, "elu1": 1}
+_EPS_POLICIES = {"add": 0, "clamp": 1}
+
+
+def default_threads() -> int:
+    """Threads a C kernel uses when the call does not say: the CPUs this process may run on, capped at
+    ``config.C_KERNEL_THREADS_MAX``."""
+    import os
+
+    from .. import config
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    return max(1, min(n, int(config.C_KERNEL_THREADS_MAX)))
+
+
+def _threads(threads: Any) -> int:
+    if threads is None:
+        return default_threads()
+    if isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"argument 'threads': expected an integer >= 1 or None, got {threads!r}")
+    return int(threads)
+
+
+def linear_attention_workspace_size(B: int, h: int, M: int, d: int, e: int, threads: int | None = None) -> int:
+    """Elements of the workspace the fused linear attention needs: per head, one partial KV (d x e) and
+    key sum (d) for each of its key chunks (ckernels/linattn.c: at most 16 chunks, a function of M only),
+    plus per thread a staging buffer of 64 tokens' feature maps (64 d + 64).  O(B h d e + threads d),
+    independent of N."""
+    lib = _load().lib
+    n = lib.refimpl_linear_attention_workspace(B * h, M, d, e, _threads(threads))
+    if n < 0:
+        raise ValueError(f"arguments 'q'/'k'/'v': sizes B={B}, h={h}, M={M}, d={d}, e={e} overflow the "
+                         f"workspace size")
+    return int(n)
+
+
+def linear_attention_workspace(B: int, h: int, M: int, d: int, e: int, dtype: Any = np.float64,
+                               threads: int | None = None) -> np.ndarray:
+    """A 64-byte aligned workspace for :func:`linear_attention` (allocate once, reuse across calls)."""
+    from . import empty_aligned
+    return empty_aligned(linear_attention_workspace_size(B, h, M, d, e, threads), dtype)
+
+
+@register("linear_attention", "c")
+def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu",
+                     eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None, *,
+                     out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+                     threads: int | None = None) -> np.ndarray:
+    """Fused kernelized linear attention forward in C: the C twin of
+    ``refimpl.attention.linear._linear_attention_numpy``.
+
+    O_i = phi(Q_i) (sum_j phi(K_j)^T V_j) / den_eff_i,  den_i = phi(Q_i) . sum_j phi(K_j)
+
+    (L2ViT Eq. 2-4, with the clamp of Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. 2020 Eq. 7 for
+    ELU + 1), den_eff = max(den, clamp_min) if clamp_min is given, then den + eps ("add", skipped for
+    eps = 0) or max(den, eps) ("clamp").  Two passes over the tokens (KV and key sums, then outputs), the
+    N x M matrix never formed; computed in the dtype of q with a fixed summation order (ckernels/
+    linattn_body.h), so the result is bitwise reproducible across runs, thread counts and vector levels,
+    and lies within ``refimpl.attention.linear.linear_attention_bound`` of the float64 definition.
+
+    Parameters
+    ----------
+    q : (B, h, N, d) float32 or float64.
+    k : (B, h, M, d), same dtype.
+    v : (B, h, M, e), same dtype.
+    feature_map : "relu" (max(x, 0)) or "elu1" (x + 1 for x > 0, exp(x) otherwise).
+    eps : float, eps_policy : "add" | "clamp", clamp_min : float or None - the normaliser policy of
+        ``refimpl.attention.linear.apply_normaliser`` (applied in the dtype of q).
+    out : optional (B, h, N, e) C-contiguous aligned writeable array of the same dtype, written in place
+        and returned; allocated 64-byte aligned if None.
+    workspace : optional C-contiguous aligned writeable array of the same dtype with at least
+        :func:`linear_attention_workspace_size` elements (see :func:`linear_attention_workspace`);
+        allocated if None.
+    threads : int >= 1 or None (:func:`default_threads`).  Speed only: the result is the same bits.
+
+    Returns
+    -------
+    (B, h, N, e) array of the dtype of q.
+
+    Raises
+    ------
+    TypeError for dtypes other than float32/float64 or mixed; ValueError for inconsistent shapes, an
+    unknown feature map / eps policy, bad threads, an unusable ``out``/``workspace``; ImportError if the
+    compiled module is missing; RuntimeError if the kernel refuses its arguments (a validation bug).
+
+    References
+    ----------
+    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. (2020), Eq. 2-7.
+    """
+    return _linear_attention_call(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, out, workspace,
+                                  threads)
+
+
+def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map: str, eps: Any, eps_policy: str,
+                           clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any) -> np.ndarray:
+    """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status."""
+    mod = _load()
+    if feature_map not in LINEAR_ATTENTION_MAPS:
+        raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
+                         f"{feature_map!r} (other maps run on the NumPy definition)")
+    if eps_policy not in _EPS_POLICIES:
+        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
+    for name, val in (("eps", eps), ("clamp_min", clamp_min)):
+        if (val is not None or name == "eps") and (isinstance(val, (bool, np.bool_)) or
+                                                   not isinstance(val, (int, float, np.integer, np.floating))):
+            raise TypeError(f"argument '{name}': expected a real number{' or None' if name != 'eps' else ''}, "
+                            f"got {type(val).__name__}")
+    nthreads = _threads(threads)
+    a = _validate.linear_attention_args(q, k, v, out, "C")
+    sz = a.sizes
+    dt = a.q.dtype
+    kw = None
+    if key_weight is not None:
+        kw = _validate._array(key_weight, "alpha", "C")
+        if kw.dtype != dt:
+            raise TypeError(f"argument 'alpha': expected dtype {dt} (the dtype of 'q'), got {kw.dtype}; the C "
+                            f"kernel does not mix precisions")
+        if kw.shape != (sz["B"], sz["h"], sz["M"]):
+            raise ValueError(f"argument 'alpha': expected shape ({sz['B']}, {sz['h']}, {sz['M']}) (B, h, M), got "
+                             f"{kw.shape}")
+        kw = _validate._contiguous(kw)
+    need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
+    from . import empty_aligned
+    if workspace is None:
+        ws = empty_aligned(need, dt)
+    else:
+        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
+                                                              ("alpha", key_weight)), "q")
+    result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
+    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(dt)
+    fn = lib.refimpl_linear_attention_f64 if dt == np.float64 else lib.refimpl_linear_attention_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
+                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
+                ffi.NULL if kw is None else ffi.from_buffer(ct, kw),
+                LINEAR_ATTENTION_MAPS[feature_map], 0 if clamp_min is None else 1,
+                0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
+                float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_linear_attention refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result
+
+
+@register("reweighted_linear_attention", "c")
+def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
+                                kernel: str = "elu1", kv_scale: float = 1.0, eps: float = 0.0, *,
+                                out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+                                threads: int | None = None) -> np.ndarray:
+    """RALA's reweighted linear attention core in C (linear order, no RoPE): the C twin of
+    ``refimpl.attention.rala._reweighted_linear_attention_numpy``.
+
+    B = s sum_j alpha_j kappa(K_j)^T V_j (Eq. 3),  O_i = kappa(Q_i) B / (kappa(Q_i) . s sum_j alpha_j kappa(K_j)
+    + eps)  (Eq. 2 normaliser), with s = ``kv_scale`` (1 for token_scaling "sum", 1/N for "mean").
+
+    The fused kernel of :func:`linear_attention` with key weights alpha_j multiplying kappa(K_j) (one rounded
+    product, as the definition's ``alpha[..., None] * kappa_k``) and s applied once after the sums; the same
+    fixed order, so bitwise reproducible across runs, thread counts and vector levels, and within
+    ``refimpl.attention.rala.rala_core_bound`` of the float64 definition.
+
+    Parameters
+    ----------
+    q, k : (B, h, N, d) (M = N for RALA; M != N allowed), v : (B, h, M, e), alpha : (B, h, M), one dtype
+        (float32 or float64).  kernel : "elu1" or "relu" (kappa).  kv_scale : float.  eps : float >= 0,
+        added to the normaliser when nonzero.  out, workspace, threads : as :func:`linear_attention`.
+
+    Returns
+    -------
+    (B, h, N, e) array of the dtype of q.
+
+    References
+    ----------
+    RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 2-4.
+    """
+    return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads)
+
+
+@register("linear_angular_attention", "c")
+def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
+                             normalizer: str = "none", eps: float = 1e-12, *, out: np.ndarray | None = None,
+                             workspace: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
+    """Castling-ViT's linear-angular attention (Eq. 9) in C: the C twin of
+    ``refimpl.backends.twins.linear_angular_attention`` (spec: ``refimpl.attention.angular.
+    linear_angular_attention`` with policy "clamp", arithmetic "scaled").
+
+    H_i = C_i + (1/pi) Q^_i (sum_j K^_j^T V_j),  Q^ = q / max(||q||, eps) row-wise (||q|| = m ||q/m||,
+    m = max|q|), C_i = 1/2 sum_j V_j ("sum") or 1/2 V_i ("own"); "similarity_sum" divides by
+    M/2 + (1/pi) Q^_i . sum_j K^_j.  The fused kernel of :func:`linear_attention` with the unit-row feature
+    map; same fixed order, so bitwise reproducible across runs, thread counts and vector levels.
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : one dtype, float32 or float64 (M = N for "own").
+    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : float >= 0 (default
+        config.CASTLING_QK_NORM_EPS).  out, workspace, threads : as :func:`linear_attention`.
+
+    Returns
+    -------
+    (B, h, N, e) array of the dtype of q.
+
+    References
+    ----------
+    Castling-ViT (You et al., CVPR 2023) Eq. 8-9.
+    """
+    mod = _load()
+    if constant not in ("sum", "own"):
+        raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
+    if normalizer not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normalizer': the C kernel implements 'none' and 'similarity_sum', got "
+                         f"{normalizer!r} (angular.linear_angular_attention computes 'output_l2')")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or eps < 0:
+        raise ValueError(f"argument 'eps': expected a real number >= 0, got {eps!r}")
+    nthreads = _threads(threads)
+    a = _validate.linear_attention_args(q, k, v, out, "C")
+    sz = a.sizes
+    if constant == "own" and sz["M"] != sz["N"]:
+        raise ValueError(f"argument 'v': constant='own' needs as many values as queries, got N = {sz['N']} "
+                         f"queries and M = {sz['M']} values (v shape {np.shape(v)})")
+    dt = a.q.dtype
+    need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
+    from . import empty_aligned
+    if workspace is None:
+        ws = empty_aligned(need, dt)
+    else:
+        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out)), "q")
+    result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
+    result.fill(np.nan)  # poison
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(dt)
+    fn = lib.refimpl_linear_angular_f64 if dt == np.float64 else lib.refimpl_linear_angular_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
+                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v), float(eps),
+                1 if constant == "own" else 0, 1 if normalizer == "similarity_sum" else 0,
+                sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_linear_angular refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result
+
+
+@register("window_softmax_attention", "c")
+def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, bias: Any = None,
+                             mask: Any = None, *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+                             threads: int | None = None) -> np.ndarray:
+    """Windowed softmax attention with relative-position bias and shift mask in C: the C twin of
+    ``refimpl.attention.softmax._window_softmax_attention_numpy``.
+
+    O = softmax((q scale) k^T + bias, masked) v per (window, head), masked logits -inf (a fully masked row
+    is NaN, as the definition).  Each (window, head) is one work item written by one thread, every sum in
+    a fixed order: bitwise reproducible across runs, thread counts and vector levels, and within
+    ``softmax.softmax_attention_error``'s bound of the float64 definition.
+
+    Parameters
+    ----------
+    q : (BW, h, n, d); k : (BW, h, m, d); v : (BW, h, m, e); one dtype, float32 or float64.
+    scale : float (q is multiplied by it before the products, as the definition does).
+    bias : None, (h, n, m) or (1, h, n, m) (shared by the windows: Swin's relative-position bias), or
+        (BW, h, n, m); same dtype.
+    mask : None or bool (nW, n, m) / (nW, 1, n, m), True = may attend; BW must be a multiple of nW, window
+        w of image b being row b nW + w of q (refimpl.layers.window_partition's order).
+    out, workspace, threads : as :func:`linear_attention` (workspace: at least
+        ``refimpl_window_attention_workspace(n, m, d, threads)`` elements of the compiled module).
+
+    Returns
+    -------
+    (BW, h, n, e) array of the dtype of q.
+
+    References
+    ----------
+    Swin Transformer (Liu et al., 2021) §3.2, Eq. 4; Vaswani et al. (2017) Eq. 1.
+    """
+    mod = _load()
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"argument 'scale': expected a real number, got {type(scale).__name__}")
+    nthreads = _threads(threads)
+    a = _validate.linear_attention_args(q, k, v, out, "C")
+    sz = a.sizes
+    bw, h, n, m, d = sz["B"], sz["h"], sz["N"], sz["M"], sz["d"]
+    dt = a.q.dtype
+    bias_c, bias_count = None, 0
+    if bias is not None:
+        bias_c = _validate._array(bias, "bias", "C")
+        if bias_c.dtype != dt:
+            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'q'), got {bias_c.dtype}")
+        if bias_c.shape in ((h, n, m), (1, h, n, m)):
+            bias_count = h
+        elif bias_c.shape == (bw, h, n, m):
+            bias_count = bw * h
+        else:
+            raise ValueError(f"argument 'bias': expected shape ({h}, {n}, {m}), (1, {h}, {n}, {m}) or "
+                             f"({bw}, {h}, {n}, {m}), got {bias_c.shape}")
+        bias_c = _validate._contiguous(bias_c)
+    mask_c, mask_count = None, 0
+    if mask is not None:
+        mk = np.asarray(mask)
+        if mk.dtype != bool:
+            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mk.dtype}")
+        if mk.ndim == 4 and mk.shape[1] == 1:
+            mk = mk[:, 0]
+        if mk.ndim != 3 or mk.shape[1:] != (n, m) or mk.shape[0] < 1 or bw % mk.shape[0]:
+            raise ValueError(f"argument 'mask': expected shape (nW, {n}, {m}) with nW dividing {bw} (the "
+                             f"windows of q), got {np.shape(mask)}")
+        mask_c = np.ascontiguousarray(mk).view(np.uint8)
+        mask_count = mk.shape[0]
+    need = int(mod.lib.refimpl_window_attention_workspace(n, m, d, nthreads))
+    if need < 0:
+        raise ValueError(f"arguments 'k'/'q': sizes m={m}, d={d} overflow the workspace size")
+    from . import empty_aligned
+    if workspace is None:
+        ws = empty_aligned(need, dt)
+    else:
+        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
+                                                              ("bias", bias)), "q")
+    result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
+    result.fill(np.nan)  # poison
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(dt)
+    fn = lib.refimpl_window_attention_f64 if dt == np.float64 else lib.refimpl_window_attention_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
+                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
+                ffi.NULL if bias_c is None else ffi.from_buffer(ct, bias_c),
+                ffi.NULL if mask_c is None else ffi.from_buffer("unsigned char[]", mask_c),
+                float(scale), bw * h, h, n, m, d, sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_window_attention refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result

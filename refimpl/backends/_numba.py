@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import config
 from . import _validate, register
+from . import twins as _twins  # noqa: F401  (registers the NumPy twins of the ops below)
 
 _LOCK = threading.Lock()
 _NUMBA: list[Any] = []
@@ -176,3 +177,450 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
         bs = a.bias if a.bias.flags.writeable else a.bias.copy()
     kernel(result, xs, ws, bs, a.bias is not None, a.stride[0], a.stride[1], a.pad_top, a.pad_left, dt(0))
     return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared helpers of the kernels below (issue 6: LiSA contraction, angular series features, f_p)
+# ---------------------------------------------------------------------------------------------------
+
+def _compile(name: str, fn: Callable[..., Any], sig: str) -> Callable[..., Any]:
+    """``fn`` compiled with the explicit signature ``sig`` (once per (name, signature)); lazy, cached."""
+    key = (name, sig)
+    kern = _COMPILED.get(key)
+    if kern is None:
+        numba = _import_numba()
+        with _LOCK:
+            kern = _COMPILED.get(key)
+            if kern is None:
+                # error_model="numpy": x / 0 gives +-inf or NaN as in IEEE/NumPy (Python's model raises).
+                kern = numba.njit(sig, cache=True, nogil=True, fastmath=config.NUMBA_FASTMATH,
+                                  error_model="numpy")(fn)
+                _COMPILED[key] = kern
+    return kern
+
+
+def _float_array(a: Any, name: str, dtype: np.dtype | None = None) -> np.ndarray:
+    """``a`` as a float32/float64 native-order array (of ``dtype`` if given); TypeError naming it otherwise."""
+    arr = np.asarray(a)
+    if arr.dtype not in _validate.KERNEL_DTYPES or not arr.dtype.isnative:
+        raise TypeError(f"argument '{name}': the Numba kernel takes float32 or float64 arrays in native byte "
+                        f"order, got dtype {arr.dtype}")
+    if dtype is not None and arr.dtype != dtype:
+        raise TypeError(f"argument '{name}': expected dtype {dtype} (the dtype of the first argument), got "
+                        f"{arr.dtype}; the Numba kernel does not mix precisions")
+    return arr
+
+
+def _kernel_input(a: np.ndarray) -> np.ndarray:
+    """C-contiguous, aligned, writeable (Numba types read-only arrays differently) - copied if not."""
+    if a.flags.c_contiguous and a.flags.aligned and a.flags.writeable:
+        return a
+    return np.array(a, order="C", copy=True)
+
+
+def _output(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str,
+            inputs: tuple[tuple[str, np.ndarray], ...]) -> np.ndarray:
+    """The caller's ``out`` checked (exact dtype/shape, C-contiguous, aligned, writeable, no aliasing) or a
+    fresh 64-byte aligned buffer; NaN-poisoned either way."""
+    from . import empty_aligned
+    if out is None:
+        res = empty_aligned(shape, dtype)
+    else:
+        if not isinstance(out, np.ndarray):
+            raise TypeError(f"argument '{name}': expected a numpy.ndarray, got {type(out).__name__}")
+        if out.dtype != dtype:
+            raise TypeError(f"argument '{name}': expected dtype {dtype}, got {out.dtype}")
+        if out.shape != tuple(shape):
+            raise ValueError(f"argument '{name}': expected shape {tuple(shape)}, got {out.shape}")
+        if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+            raise ValueError(f"argument '{name}': expected a C-contiguous, aligned, writeable array (refused: "
+                             f"the kernel would write into a copy); allocate it with "
+                             f"refimpl.backends.empty_aligned")
+        for iname, a in inputs:
+            if np.may_share_memory(out, a):
+                raise ValueError(f"argument '{name}': shares memory with argument '{iname}'")
+        res = out
+    res.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# LiSA contraction (Eq. 9): S = sum_c Qb (Ga + Ba), out = sum_d S (Gb + Bb)
+# ---------------------------------------------------------------------------------------------------
+
+def _lisa_contract_kernel(s, out, qb, a, bv, zero):  # pragma: no cover - runs compiled
+    """Per row m (a token of one head): s[m, d] = sum_c qb[m, c] a[m, c, d] (c ascending from +0), then
+    out[m, v] = sum_d s[m, d] bv[m, v, d] (d ascending from +0).  qb (M, c), a and bv (M, c, D),
+    s (M, D), out (M, c).  The (M, c, D) tensors are streamed once; nothing is allocated."""
+    nm, nc = qb.shape
+    nd = a.shape[2]
+    for m in range(nm):
+        srow = s[m]
+        for d in range(nd):
+            srow[d] = zero
+        for c in range(nc):
+            qv = qb[m, c]
+            arow = a[m, c]
+            for d in range(nd):
+                srow[d] += qv * arow[d]
+        orow = out[m]
+        bm = bv[m]
+        for v in range(nc):
+            orow[v] = zero
+        for d in range(nd):           # per out[m, v] still d ascending from +0; the v loop vectorises
+            sd = srow[d]
+            for v in range(nc):
+                orow[v] += sd * bm[v, d]
+
+
+@register("lisa_contraction", "numba")
+def lisa_contraction(qb: np.ndarray, a: np.ndarray, bv: np.ndarray, *, out: np.ndarray | None = None,
+                     s_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The LiSA contraction in Numba: the twin of ``refimpl.attention.lisa._lisa_contraction_numpy``.
+
+    S[..., n, d] = sum_c Qb[..., n, c] A[..., n, c, d];  Y[..., n, v] = sum_d S[..., n, d] Bv[..., n, v, d],
+    i.e. Y = sum_{c, d} Qb A Bv with A = Ga + Ba and Bv = Gb + Bb (LiSA Eq. 9).
+
+    Parameters
+    ----------
+    qb : (..., N, c) float32/float64, the L2-normalised queries.
+    a : (..., N, c, D) same dtype, Ga + Ba.   bv : (..., N, c, D) same dtype, Gb + Bb.
+    out : optional (..., N, c) buffer; s_out : optional (..., N, D) buffer (C-contiguous, aligned,
+        writeable, exact dtype; see :func:`refimpl.backends.empty_aligned`).
+
+    Returns
+    -------
+    (S, Y): (..., N, D) and (..., N, c) arrays of qb's dtype (``s_out`` and ``out`` if given).
+
+    References
+    ----------
+    LiSA Eq. 9 (Kim et al.), Fig. 7.
+    """
+    _import_numba()
+    qb = _float_array(qb, "qb")
+    dt = qb.dtype
+    a, bv = _float_array(a, "a", dt), _float_array(bv, "bv", dt)
+    if qb.ndim < 2 or min(qb.shape) < 1:
+        raise ValueError(f"argument 'qb': expected a non-empty array of shape (..., N, c), got {qb.shape}")
+    lead, nc = qb.shape[:-1], qb.shape[-1]
+    if a.ndim != qb.ndim + 1 or a.shape[:-1] != qb.shape or a.shape[-1] < 1:
+        raise ValueError(f"argument 'a': expected shape {qb.shape + ('D',)} for qb of shape {qb.shape}, got "
+                         f"{a.shape}")
+    if bv.shape != a.shape:
+        raise ValueError(f"argument 'bv': expected shape {a.shape} (the shape of 'a'), got {bv.shape}")
+    nd = a.shape[-1]
+    m = int(np.prod(lead))
+    ins = (("qb", qb), ("a", a), ("bv", bv))
+    res = _output(out, lead + (nc,), dt, "out", ins)
+    s = _output(s_out, lead + (nd,), dt, "s_out", ins + (("out", res),))
+    t = dt.name
+    kern = _compile("lisa_contraction", _lisa_contract_kernel,
+                    f"void({t}[:, ::1], {t}[:, ::1], {t}[:, ::1], {t}[:, :, ::1], {t}[:, :, ::1], {t})")
+    kern(s.reshape(m, nd), res.reshape(m, nc), _kernel_input(qb).reshape(m, nc),
+         _kernel_input(a).reshape(m, nc, nd), _kernel_input(bv).reshape(m, nc, nd), dt.type(0))
+    return s, res
+
+
+# ---------------------------------------------------------------------------------------------------
+# Castling-ViT angular series feature map (Eq. 8); specification refimpl.attention.angular
+# ---------------------------------------------------------------------------------------------------
+
+def _angular_features_kernel(out, x, coef, constant, clamp, eps, half_root,
+                             xh, prev, cur):  # pragma: no cover - runs compiled
+    """Per row: x^ = x / max(||x||, eps) (clamp) or x / ||x|| with ||x|| = m ||x / m||, m = max|x|
+    (numerics.l2_normalize's scaled norm), then out = [sqrt(1/2)] + [coef[k] * x^(x)(2k+1)]_k, each tensor
+    power built as (P[i] * x^[j]) * x^[l] at flat index (i d + j) d + l (angular.py's order).
+    xh (d,), prev and cur (d^(2K+1),) are workspaces."""
+    nm, nd = x.shape
+    nk = coef.shape[0]
+    zero = half_root * 0
+    for m in range(nm):
+        row = x[m]
+        orow = out[m]
+        mx = zero
+        nan = False
+        for j in range(nd):
+            v = abs(row[j])
+            if v != v:
+                nan = True
+            elif v > mx:
+                mx = v
+        safe = mx if mx > zero else mx * 0 + 1
+        ss = zero
+        for j in range(nd):
+            r = row[j] / safe
+            ss += r * r
+        norm = mx * np.sqrt(ss)
+        if np.isinf(mx):
+            norm = mx
+        if nan:
+            norm = norm * np.nan
+        if clamp and not (norm != norm) and not (norm > eps):
+            norm = eps
+        for j in range(nd):
+            xh[j] = row[j] / norm
+        pos = 0
+        if constant:
+            orow[0] = half_root
+            pos = 1
+        plen = nd
+        for j in range(nd):
+            prev[j] = xh[j]
+            orow[pos + j] = coef[0] * xh[j]
+        pos += nd
+        for k in range(1, nk):
+            t = 0
+            for i in range(plen):
+                pi = prev[i]
+                for j in range(nd):
+                    pij = pi * xh[j]
+                    for l in range(nd):
+                        cur[t] = pij * xh[l]
+                        t += 1
+            plen = t
+            ck = coef[k]
+            for i in range(plen):
+                prev[i] = cur[i]
+                orow[pos + i] = ck * cur[i]
+            pos += plen
+
+
+@register("angular_series_features", "numba")
+def angular_series_features(x: Any, order: int, *, constant: bool = True,
+                            eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp",
+                            out: np.ndarray | None = None) -> np.ndarray:
+    """Angular series feature map in Numba: the twin of
+    :func:`refimpl.backends.twins.angular_series_features` (= ``refimpl.attention.angular.
+    angular_series_features``, the specification).
+
+    Phi_K(x) = [sqrt(1/2), sqrt(c_0/pi) x^, sqrt(c_1/pi) x^(x)3, ..., sqrt(c_K/pi) x^(x)(2K+1)], x^ the
+    row normalised over its d entries, c_k = binom(2k, k) / (4^k (2k + 1)).
+
+    Parameters
+    ----------
+    x : (..., d) float32/float64.  order : K >= 0.  constant : bool.  eps : float >= 0.
+    policy : "clamp" (x / max(||x||, eps)) or "none" (x / ||x||; a zero row gives NaN).
+    out : optional (..., D) buffer, D = [constant] + d + d^3 + ... + d^(2K+1).
+
+    Returns
+    -------
+    (..., D) array of x's dtype.
+
+    References
+    ----------
+    Castling-ViT Eq. 8.
+    """
+    _import_numba()
+    from ..attention import angular
+    order = angular._check_order(order)
+    x = _float_array(x, "x")
+    if x.ndim < 1 or min(x.shape) < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array of shape (..., d), got {x.shape}")
+    if policy not in ("clamp", "none"):
+        raise ValueError(f"argument 'policy': expected 'clamp' or 'none', got {policy!r}")
+    dt, d = x.dtype, x.shape[-1]
+    dim = angular._feature_dim(d, order, bool(constant))
+    lead = x.shape[:-1]
+    m = int(np.prod(lead))
+    if m * dim > config.CASTLING_MAX_FEATURE_ELEMENTS:
+        raise ValueError(f"angular_series_features: {m * dim} elements exceed config.CASTLING_MAX_FEATURE_ELEMENTS="
+                         f"{config.CASTLING_MAX_FEATURE_ELEMENTS} (d = {d}, order = {order}); lower the order")
+    # sqrt(c_k / pi) in the kernel's dtype: c_k correctly rounded to float64, then to dtype (as angular.py
+    # does under numerics.precision(dtype)), divided by pi and square-rooted in dtype.
+    ck = np.array([float(f) for f in angular.arcsin_coefficients_exact(order)]).astype(dt)
+    with np.errstate(all="ignore"):
+        coef = np.sqrt(ck / dt.type(np.pi)).astype(dt)
+    res = _output(out, lead + (dim,), dt, "out", (("x", x),))
+    t = dt.name
+    kern = _compile("angular_series_features", _angular_features_kernel,
+                    f"void({t}[:, ::1], {t}[:, ::1], {t}[::1], boolean, boolean, {t}, {t}, "
+                    f"{t}[::1], {t}[::1], {t}[::1])")
+    work = d ** (2 * order + 1)
+    kern(res.reshape(m, dim), _kernel_input(x).reshape(m, d), coef, bool(constant), policy == "clamp",
+         dt.type(eps), dt.type(np.sqrt(0.5)), np.empty(d, dt), np.empty(work, dt), np.empty(work, dt))
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# FLatten focused function f_p (Eq. 6); specification refimpl.attention.focused.focused_function
+# ---------------------------------------------------------------------------------------------------
+
+def _focused_kernel(out, x, p, ipow, scale_by_max):  # pragma: no cover - runs compiled
+    """Per row of x (M, d), x >= 0.  scale_by_max: m = max x (NaN if any NaN), r = x / m (m > 0, else 1),
+    ||x|| = m ||r||, t = r**p, f = ||x|| (t / ||t||), and f = 0 * x where m == 0.  Otherwise (power
+    scaling "none"): t = x**p, f = (||x|| / ||t||) t.  Sums in index order from +0.
+    ipow > 0 (an integer p, 2 <= p <= ELEMENTARY_FUNCTION_ULPS + 2): r**p = r * r * ... * r, p - 1
+    sequential multiplications, relative error <= gamma_(p-1) <= (c + 1) u, inside the (c + 1) u that
+    focused_function_error budgets for pow itself (c = config.ELEMENTARY_FUNCTION_ULPS); libm's pow costs
+    about 10x more per element.  Otherwise pow."""
+    nm, nd = x.shape
+    zero = p * 0
+    one = zero + 1
+    for mrow in range(nm):
+        row = x[mrow]
+        orow = out[mrow]
+        if scale_by_max:
+            mx = row[0]
+            for j in range(nd):
+                v = row[j]
+                if v != v or v > mx:
+                    mx = v
+                if v != v:
+                    break
+            safe = mx if mx > zero else one
+            sr = zero
+            for j in range(nd):
+                r = row[j] / safe
+                sr += r * r
+            nx = mx * np.sqrt(sr)
+            st = zero
+            for j in range(nd):
+                r = row[j] / safe
+                if ipow > 0:
+                    t = r
+                    for _ in range(ipow - 1):
+                        t = t * r
+                else:
+                    t = r ** p
+                orow[j] = t
+                st += t * t
+            nt = np.sqrt(st)
+            if mx == zero:
+                for j in range(nd):
+                    orow[j] = zero * row[j]
+            else:
+                for j in range(nd):
+                    orow[j] = nx * (orow[j] / nt)
+        else:
+            sx = zero
+            st = zero
+            for j in range(nd):
+                v = row[j]
+                if ipow > 0:
+                    t = v
+                    for _ in range(ipow - 1):
+                        t = t * v
+                else:
+                    t = v ** p
+                orow[j] = t
+                sx += v * v
+                st += t * t
+            ratio = np.sqrt(sx) / np.sqrt(st)
+            for j in range(nd):
+                orow[j] = ratio * orow[j]
+
+
+@register("focused_function", "numba")
+def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
+                     power_scaling: str = "max", out: np.ndarray | None = None) -> np.ndarray:
+    """The focused function f_p in Numba: the twin of :func:`refimpl.backends.twins.focused_function`
+    (= ``refimpl.attention.focused.focused_function``, the specification).
+
+    f_p(x) = ||x|| / ||x**p|| * x**p along ``axis``; "max" power scaling evaluates it on r = x / max(x).
+
+    Parameters
+    ----------
+    x : float32/float64 array (..., d), every entry >= 0 (NaN propagates).  p : float >= 1.
+    axis : the feature axis.  power_scaling : "max" or "none".
+    out : optional buffer of x's shape and dtype (only with axis = -1 / the last axis).
+
+    Returns
+    -------
+    ndarray of x's shape and dtype.
+
+    References
+    ----------
+    FLatten Eq. 6, Eq. 20-21.
+    """
+    _import_numba()
+    from ..attention import focused
+    p = focused._check_p(p)
+    x = _float_array(x, "x")
+    if x.ndim < 1 or x.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array, got shape {x.shape}")
+    if power_scaling not in ("max", "none"):
+        raise ValueError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
+    if np.any(x < 0):
+        raise ValueError("argument 'x': f_p is defined on non-negative features (apply ReLU first); got "
+                         "negative entries")
+    ax = axis % x.ndim if -x.ndim <= axis < x.ndim else None
+    if ax is None:
+        raise ValueError(f"argument 'axis': expected an axis of x (ndim {x.ndim}), got {axis}")
+    last = ax == x.ndim - 1
+    if out is not None and not last:
+        raise ValueError("argument 'out': only supported when 'axis' is the last axis")
+    xm = x if last else np.moveaxis(x, ax, -1)
+    dt, d = x.dtype, xm.shape[-1]
+    m = xm.size // d
+    res = _output(out, xm.shape, dt, "out", (("x", x),)) if last else _output(None, xm.shape, dt, "out", ())
+    t = dt.name
+    kern = _compile("focused_function", _focused_kernel, f"void({t}[:, ::1], {t}[:, ::1], {t}, int64, boolean)")
+    ipow = int(p) if p == int(p) and 2 <= p <= config.ELEMENTARY_FUNCTION_ULPS + 2 else 0
+    kern(res.reshape(m, d), _kernel_input(xm).reshape(m, d), dt.type(p), ipow, power_scaling == "max")
+    return res if last else np.moveaxis(res, -1, ax)
+
+
+# ---------------------------------------------------------------------------------------------------
+# LiSA spectral products (Eq. 10); specification refimpl.backends.twins.lisa_spectral_product
+# ---------------------------------------------------------------------------------------------------
+
+def _spectral_product_kernel(out, xf, kf, shared):  # pragma: no cover - runs compiled
+    """out[m, f, c, d] = xf[m, f, c] * kf[f, c or 0, d] on the real views (interleaved re, im):
+    (a + ib)(p + iq) = (a p - b q) + i (a q + b p), the textbook product (two products and one addition
+    per part, no FMA), streamed in out's memory order.  out (M, F, c, 2D), xf (M, F, 2c), kf (F, c|1, 2D)."""
+    nm, nf, nc2 = xf.shape
+    nc = nc2 // 2
+    nd = kf.shape[2] // 2
+    for m in range(nm):
+        for f in range(nf):
+            for c in range(nc):
+                a = xf[m, f, 2 * c]
+                b = xf[m, f, 2 * c + 1]
+                krow = kf[f, 0] if shared else kf[f, c]
+                orow = out[m, f, c]
+                for d in range(nd):
+                    pr = krow[2 * d]
+                    qi = krow[2 * d + 1]
+                    orow[2 * d] = a * pr - b * qi
+                    orow[2 * d + 1] = a * qi + b * pr
+
+
+@register("lisa_spectral_product", "numba")
+def lisa_spectral_product(xf: Any, kf: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The LiSA spectral product in Numba: the twin of :func:`refimpl.backends.twins.lisa_spectral_product`.
+
+    P[m, f, c, d] = Xf[m, f, c] Kf[f, c', d] (c' = c, or 0 when Kf has one channel: Gb's shared kernel).
+
+    Parameters
+    ----------
+    xf : (M, F, c) complex64/complex128.  kf : (F, c, D) or (F, 1, D), same dtype.
+    out : optional (M, F, c, D) buffer of that dtype (C-contiguous, aligned, writeable).
+
+    Returns
+    -------
+    (M, F, c, D) complex array.
+
+    References
+    ----------
+    LiSA Eq. 10, Appendix A.
+    """
+    _import_numba()
+    xf, kf = np.asarray(xf), np.asarray(kf)
+    if xf.dtype not in (np.complex64, np.complex128) or not xf.dtype.isnative:
+        raise TypeError(f"argument 'xf': the Numba kernel takes complex64 or complex128 arrays, got dtype {xf.dtype}")
+    if kf.dtype != xf.dtype:
+        raise TypeError(f"argument 'kf': expected dtype {xf.dtype} (the dtype of 'xf'), got {kf.dtype}")
+    if xf.ndim != 3 or min(xf.shape) < 1:
+        raise ValueError(f"argument 'xf': expected a non-empty array of shape (M, F, c), got {xf.shape}")
+    nm, nf, nc = xf.shape
+    if kf.ndim != 3 or kf.shape[0] != nf or kf.shape[1] not in (1, nc) or kf.shape[2] < 1:
+        raise ValueError(f"argument 'kf': expected shape ({nf}, {nc}, D) or ({nf}, 1, D) for xf of shape "
+                         f"{xf.shape}, got {kf.shape}")
+    nd = kf.shape[2]
+    res = _output(out, (nm, nf, nc, nd), xf.dtype, "out", (("xf", xf), ("kf", kf)))
+    rt = np.dtype(np.float64 if xf.dtype == np.complex128 else np.float32)
+    t = rt.name
+    kern = _compile("lisa_spectral_product", _spectral_product_kernel,
+                    f"void({t}[:, :, :, ::1], {t}[:, :, ::1], {t}[:, :, ::1], boolean)")
+    kern(res.view(rt), _kernel_input(xf).view(rt), _kernel_input(kf).view(rt), kf.shape[1] == 1 and nc > 1)
+    return res

@@ -129,3 +129,81 @@ def depthwise_args(x: Any, weight: Any, bias: Any, stride: Any, pads: Any, out: 
     return DepthwiseArgs(x=_contiguous(x), weight=_contiguous(weight),
                          bias=None if bias is None else _contiguous(bias), out=out, stride=(sh, sw),
                          pad_top=top, pad_left=left, out_shape=out_shape)
+
+
+@dataclass(frozen=True)
+class LinearAttentionArgs:
+    """Validated arguments of one fused linear-attention kernel call (arrays C-contiguous, one dtype;
+    q, k, v reshaped to (B*h, tokens, dim))."""
+
+    q: np.ndarray        # (BH, N, d)
+    k: np.ndarray        # (BH, M, d)
+    v: np.ndarray        # (BH, M, e)
+    out: np.ndarray | None   # (B, h, N, e) as given by the caller, or None
+    out_shape: tuple[int, int, int, int]
+    sizes: dict
+
+
+def linear_attention_args(q: Any, k: Any, v: Any, out: Any, backend: str) -> LinearAttentionArgs:
+    """Check the arrays of a fused linear-attention kernel (the signature of
+    ``refimpl.attention.linear._linear_attention_numpy``: q (B, h, N, d), k (B, h, M, d), v (B, h, M, e),
+    one dtype, float32 or float64; ``out`` (B, h, N, e) usable in place or None)."""
+    q = _array(q, "q", backend)
+    dt = q.dtype
+    k = _array(k, "k", backend)
+    v = _array(v, "v", backend)
+    for name, a in (("k", k), ("v", v)):
+        if a.dtype != dt:
+            raise TypeError(f"argument '{name}': expected dtype {dt} (the dtype of 'q'), got {a.dtype}; "
+                            f"the {backend} kernel does not mix precisions")
+    for name, a, spec in (("q", q, "(B, h, N, d)"), ("k", k, "(B, h, M, d)"), ("v", v, "(B, h, M, e)")):
+        if a.ndim != 4:
+            raise ValueError(f"argument '{name}': expected a 4-d array of shape {spec}, got {a.ndim}-d shape "
+                             f"{a.shape}")
+        if min(a.shape) < 1:
+            raise ValueError(f"argument '{name}': expected a non-empty array of shape {spec}, got {a.shape}")
+    b_, h, n, d = q.shape
+    if k.shape[:2] != (b_, h) or k.shape[3] != d:
+        raise ValueError(f"argument 'k': expected shape ({b_}, {h}, M, {d}) for q of shape {q.shape}, got "
+                         f"{k.shape}")
+    m = k.shape[2]
+    if v.shape[:3] != (b_, h, m):
+        raise ValueError(f"argument 'v': expected shape ({b_}, {h}, {m}, e) for k of shape {k.shape}, got "
+                         f"{v.shape}")
+    e = v.shape[3]
+    out_shape = (b_, h, n, e)
+    if out is not None:
+        _check_out(out, dt, out_shape, (("q", q), ("k", k), ("v", v)), "q")
+    bh = b_ * h
+    return LinearAttentionArgs(q=_contiguous(q).reshape(bh, n, d), k=_contiguous(k).reshape(bh, m, d),
+                               v=_contiguous(v).reshape(bh, m, e), out=out, out_shape=out_shape,
+                               sizes=dict(B=b_, h=h, N=n, M=m, d=d, e=e))
+
+
+def _check_out(out: Any, dt: np.dtype, shape: tuple[int, ...], inputs: Any, first: str,
+               name: str = "out") -> None:
+    """Refuse an output buffer the kernel cannot write in place (see the module docstring)."""
+    if not isinstance(out, np.ndarray):
+        raise TypeError(f"argument '{name}': expected a numpy.ndarray, got {type(out).__name__}")
+    if out.dtype != dt:
+        raise TypeError(f"argument '{name}': expected dtype {dt} (the dtype of '{first}'), got {out.dtype}")
+    if shape is not None and out.shape != shape:
+        raise ValueError(f"argument '{name}': expected shape {shape}, got {out.shape}")
+    if not (out.flags.c_contiguous and out.flags.aligned and out.flags.writeable):
+        raise ValueError(f"argument '{name}': expected a C-contiguous, aligned, writeable array (refused: the "
+                         f"kernel would write into a copy); allocate it with refimpl.backends.empty_aligned")
+    for iname, a in inputs:
+        if a is not None and np.may_share_memory(out, a):
+            raise ValueError(f"argument '{name}': shares memory with argument '{iname}'")
+
+
+def workspace_buffer(workspace: Any, dt: np.dtype, need: int, inputs: Any, first: str) -> np.ndarray:
+    """Check a caller-provided ``workspace=``: a C-contiguous, aligned, writeable array of dtype ``dt``
+    with at least ``need`` elements (any shape) sharing no memory with the inputs or the output.
+    Returns its flat view."""
+    _check_out(workspace, dt, None, inputs, first, name="workspace")
+    if workspace.size < need:
+        raise ValueError(f"argument 'workspace': expected at least {need} elements of {dt}, got "
+                         f"{workspace.size} (shape {workspace.shape}); allocate it with "
+                         f"refimpl.backends._c.linear_attention_workspace")
+    return workspace.reshape(-1)

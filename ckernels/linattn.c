@@ -1,0 +1,195 @@
+/*
+ * Fused kernelized linear attention forward (float64 and float32), and windowed softmax attention
+ * (winattn_body.h / winattn_entry.h, included here to share the vector exp and the thread setup).  C99 plus, with GCC or Clang, vector
+ * extensions and per-function target attributes; POSIX threads; no allocation of buffers (the caller
+ * passes the workspace); int status return.
+ *
+ *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, feature_map, clamp, clamp_min,
+ *                                    eps, eps_policy, kv_scale, BH, N, M, d, e, workspace_len, nthreads)
+ *   (and _f32)
+ *
+ *   out        (BH, N, e)   written completely on success, untouched on a nonzero status
+ *   workspace  workspace_len >= refimpl_linear_attention_workspace(BH, M, d, e, nthreads) elements
+ *   q (BH, N, d), k (BH, M, d), v (BH, M, e)     BH = batch x heads, packed C order
+ *   key_weight   (BH, M) or NULL: w_j multiplies phi(K_j) (RALA Eq. 3's alpha_j)
+ *   kv_scale     s multiplies KV and the key sum after the sum (1: none; RALA's 1/N token scaling)
+ *   feature_map  LA_MAP_RELU (0) or LA_MAP_ELU1 (1)
+ *   clamp        nonzero: den -> max(den, clamp_min) first (L2ViT Appendix 8)
+ *   eps_policy   0: den + eps (skipped when eps == 0), 1: max(den, eps)
+ *   nthreads     threads to use (>= 1; capped at LA_MAX_THREADS and at the number of work items)
+ *
+ * What is computed, and in which order, is described at the top of linattn_body.h.
+ *
+ * Threading and determinism.  Work is cut into items whose boundaries depend on the problem sizes only,
+ * never on the thread count: pass 1 items are (head, chunk of keys) with NC = refimpl_linear_attention_
+ * chunks(M) chunks per head, each writing its own partial KV and key sum into the workspace; the partials
+ * are reduced in chunk order by the calling thread; pass 2 items are (head, block of LA_QB queries), each
+ * writing its own rows of out.  Items are given to threads in contiguous static ranges.  Every output
+ * element therefore sees the same operations in the same order for any thread count (and any vector
+ * level): the result is bitwise identical across runs and thread counts (tests/test_kernels_linear.py).
+ * Threads are POSIX threads created for each pass and joined at its end (two create/join rounds per
+ * call, some 10-50 us); a thread that cannot be created has its range run by the calling thread, so a
+ * failure changes the speed, not the result.  Calls too small to pay for that (fewer than
+ * LA_PARALLEL_MIN multiply-adds) run on the calling thread.  Why pthreads and not OpenMP: no second
+ * OpenMP runtime in a process that may also hold torch's, and a thread count that is an argument of the
+ * call rather than a process-wide setting.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "refimpl_kernels.h"
+
+#if !defined(__GNUC__) && !defined(__clang__)
+#error "ckernels need GCC or Clang (vector extensions); see docs/backends.md"
+#endif
+
+#define REFIMPL_INLINE inline __attribute__((always_inline))
+
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(REFIMPL_NO_ISA_DISPATCH)
+#define LA_X86_DISPATCH 1
+#else
+#define LA_X86_DISPATCH 0
+#endif
+
+#define LA_MAP_RELU REFIMPL_LA_MAP_RELU
+#define LA_MAP_ELU1 REFIMPL_LA_MAP_ELU1
+
+/* Tokens staged (feature map applied) at a time, per thread. */
+#define LA_TB 64
+/* Queries per pass-2 work item. */
+#define LA_QB 256
+/* At most this many key chunks per head (and at least LA_CHUNK_MIN keys per chunk). */
+#define LA_MAX_CHUNKS 16
+#define LA_CHUNK_MIN 64
+#define LA_MAX_THREADS 64
+/* Below this many multiply-adds (BH (N + M) d e) a call runs on one thread: measured here, two threads
+ * (two pthread create/join rounds, and a second core that other processes often hold) lost at N = 196,
+ * d = 64, 3 heads (4.8M: 0.15 ms on one thread, 0.22 ms on two) and won from N = 16384. */
+#define LA_PARALLEL_MIN ((int64_t)1 << 23)
+
+/* 1 / pi rounded to double (Python's 1.0 / math.pi). */
+#define LA_INV_PI 0x1.45f306dc9c883p-2
+#define LA_MAP_UNIT 2  /* x / max(||x||, eps) per row, ||x|| = m ||x / m||, m = max|x| (Castling's Q^, K^) */
+
+struct la_policy {
+    int map;          /* LA_MAP_* */
+    double map_eps;   /* LA_MAP_UNIT: the eps of max(||x||, eps) */
+    int clamp;
+    int eps_clamp;
+    double clamp_min;
+    double eps;
+    int castling;     /* 0: num / den_eff.  1: Castling: c_i + (1/pi) num_i [/ (M/2 + (1/pi) q^_i . ksum)] */
+    int own;          /* castling: c_i = 1/2 v_i (1) or 1/2 sum_j v_j (0) */
+    int simsum;       /* castling: divide by the similarity sum */
+    int64_t M;
+};
+
+int64_t refimpl_linear_attention_chunks(int64_t M)
+{
+    if (M < 1)
+        return 1;
+    const int64_t nc = M / LA_CHUNK_MIN;
+    return nc < 1 ? 1 : (nc > LA_MAX_CHUNKS ? LA_MAX_CHUNKS : nc);
+}
+
+static int64_t la_threads(int64_t nthreads)
+{
+    return nthreads < 1 ? 1 : (nthreads > LA_MAX_THREADS ? LA_MAX_THREADS : nthreads);
+}
+
+int64_t refimpl_linear_attention_workspace(int64_t BH, int64_t M, int64_t d, int64_t e, int64_t nthreads)
+{
+    if (BH < 1 || M < 1 || d < 1 || e < 1)
+        return -1;
+    const int64_t lim = PTRDIFF_MAX / 8;
+    const int64_t nc = refimpl_linear_attention_chunks(M);
+    if (d > lim / (e + 2) || d * (e + 2) > lim / nc || d * (e + 2) * nc > lim / BH || d > lim / (LA_TB + 1))
+        return -1;
+    const int64_t part = BH * nc * (d * (e + 1) + e);
+    const int64_t scratch = la_threads(nthreads) * (LA_TB * d + LA_TB);
+    return part > lim - scratch ? -1 : part + scratch;
+}
+
+int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int64_t nthreads)
+{
+    const int64_t lim = PTRDIFF_MAX / 8;
+    if (N < 1 || M < 1 || d < 1 || d > lim / 8 || N > lim / 8 || M > lim / 8 || d + N + 1 > lim / (M + d + 1))
+        return -1;
+    const int64_t per = d * M + N * M + N * d + M + N;
+    const int64_t t = la_threads(nthreads);
+    return per > lim / t ? -1 : per * t;
+}
+
+/* ----- per-type, per-ISA work items ----- */
+#define REAL double
+#define LA_EXP exp
+#define SUF base_f64
+#define VBYTES 16
+#define LA_TARGET
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#if LA_X86_DISPATCH
+#define SUF avx2_f64
+#define VBYTES 32
+#define LA_TARGET __attribute__((target("avx2")))
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#define SUF avx512_f64
+#define VBYTES 64
+#define LA_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw")))
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#endif
+#define TSUF f64
+#include "linattn_entry.h"
+#include "winattn_entry.h"
+#undef TSUF
+#undef LA_EXP
+#undef REAL
+
+#define REAL float
+#define LA_EXP expf
+#define SUF base_f32
+#define VBYTES 16
+#define LA_TARGET
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#if LA_X86_DISPATCH
+#define SUF avx2_f32
+#define VBYTES 32
+#define LA_TARGET __attribute__((target("avx2")))
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#define SUF avx512_f32
+#define VBYTES 64
+#define LA_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw")))
+#include "linattn_body.h"
+#include "winattn_body.h"
+#undef SUF
+#undef VBYTES
+#undef LA_TARGET
+#endif
+#define TSUF f32
+#include "linattn_entry.h"
+#include "winattn_entry.h"
+#undef TSUF
+#undef LA_EXP
+#undef REAL

@@ -1,0 +1,204 @@
+/*
+ * Fused linear attention forward: the public entry point for one floating type, with its thread pool
+ * logic.  Included by linattn.c once per type with REAL and TSUF (f64 / f32) defined, after the per-ISA
+ * work items of linattn_body.h (la_pass1_<ISA>_<TSUF>, la_pass2_...) have been defined.
+ */
+
+#define LE_CAT2(a, b) a##_##b
+#define LE_CAT(a, b) LE_CAT2(a, b)
+#define LE_FN(name) LE_CAT(name, TSUF)
+
+typedef void (*LE_FN(la_pass1_fn))(REAL *restrict, REAL *restrict, REAL *restrict, REAL *restrict,
+                                   const REAL *restrict, const REAL *restrict, const REAL *restrict, int64_t,
+                                   int64_t, int64_t, const struct la_policy *);
+typedef void (*LE_FN(la_pass2_fn))(REAL *restrict, REAL *restrict, const REAL *restrict, const REAL *restrict,
+                                   const REAL *restrict, const REAL *restrict, const REAL *restrict, int64_t,
+                                   int64_t, int64_t, const struct la_policy *);
+
+struct LE_FN(la_job) {
+    REAL *out, *ws, *scratch0;
+    const REAL *q, *k, *v, *kw;
+    int64_t BH, N, M, d, e, nc, nqb, nthreads, scratch_len;
+    int pass;
+    struct la_policy pol;
+    LE_FN(la_pass1_fn) pass1;
+    LE_FN(la_pass2_fn) pass2;
+};
+
+struct LE_FN(la_arg) {
+    struct LE_FN(la_job) *job;
+    int64_t tid;
+};
+
+/* Run thread tid's contiguous range of the current pass's items. */
+static void LE_FN(la_run)(struct LE_FN(la_job) *j, int64_t tid)
+{
+    const int64_t items = j->pass == 1 ? j->BH * j->nc : j->BH * j->nqb;
+    const int64_t lo = items * tid / j->nthreads, hi = items * (tid + 1) / j->nthreads;
+    REAL *scratch = j->scratch0 + tid * j->scratch_len;
+    const int64_t slot = j->d * (j->e + 1) + j->e;
+    for (int64_t it = lo; it < hi; ++it) {
+        if (j->pass == 1) {
+            const int64_t bh = it / j->nc, c = it % j->nc;
+            const int64_t t0 = j->M * c / j->nc, t1 = j->M * (c + 1) / j->nc;
+            REAL *kvp = j->ws + (bh * j->nc + c) * slot;
+            j->pass1(kvp, kvp + j->d * j->e, kvp + j->d * (j->e + 1), scratch, j->k + (bh * j->M + t0) * j->d,
+                     j->v + (bh * j->M + t0) * j->e, j->kw ? j->kw + bh * j->M + t0 : 0, t1 - t0, j->d, j->e,
+                     &j->pol);
+        } else {
+            const int64_t bh = it / j->nqb, b = it % j->nqb;
+            const int64_t t0 = b * LA_QB, t1 = (t0 + LA_QB < j->N) ? t0 + LA_QB : j->N;
+            const REAL *kv = j->ws + bh * j->nc * slot;
+            j->pass2(j->out + (bh * j->N + t0) * j->e, scratch, j->q + (bh * j->N + t0) * j->d, kv,
+                     kv + j->d * j->e, kv + j->d * (j->e + 1), j->v + (bh * j->M + t0) * j->e, t1 - t0, j->d,
+                     j->e, &j->pol);
+        }
+    }
+}
+
+static void *LE_FN(la_thread)(void *p)
+{
+    struct LE_FN(la_arg) *a = (struct LE_FN(la_arg) *)p;
+    LE_FN(la_run)(a->job, a->tid);
+    return 0;
+}
+
+/* One pass on j->nthreads threads (the caller is thread 0); ranges whose thread could not be created
+ * are run by the caller afterwards. */
+static void LE_FN(la_parallel)(struct LE_FN(la_job) *j)
+{
+    pthread_t th[LA_MAX_THREADS];
+    struct LE_FN(la_arg) args[LA_MAX_THREADS];
+    int started[LA_MAX_THREADS];
+    for (int64_t t = 1; t < j->nthreads; ++t) {
+        args[t].job = j;
+        args[t].tid = t;
+        started[t] = pthread_create(&th[t], 0, LE_FN(la_thread), &args[t]) == 0;
+    }
+    LE_FN(la_run)(j, 0);
+    for (int64_t t = 1; t < j->nthreads; ++t) {
+        if (started[t])
+            pthread_join(th[t], 0);
+        else
+            LE_FN(la_run)(j, t);
+    }
+}
+
+/* Both public entries: checks, then the two passes.  pol is filled by the caller except M. */
+static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
+                             const REAL *key_weight, struct la_policy pol, double kv_scale, int64_t BH,
+                             int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads)
+{
+    if (!out || !workspace || !q || !k || !v)
+        return REFIMPL_ERR_NULL;
+    if (BH < 1 || N < 1 || M < 1 || d < 1 || e < 1 || nthreads < 1)
+        return REFIMPL_ERR_SIZE;
+    if (pol.castling && pol.own && N != M)
+        return REFIMPL_ERR_SIZE;
+    const int64_t lim = PTRDIFF_MAX / (int64_t)sizeof(REAL);
+    if (N > lim / BH || M > lim / BH || BH * N > lim / d || BH * N > lim / e || BH * M > lim / d ||
+        BH * M > lim / e || M > lim / LA_MAX_CHUNKS)
+        return REFIMPL_ERR_OVERFLOW;
+    const int64_t threads = la_threads(nthreads);
+    const int64_t need = refimpl_linear_attention_workspace(BH, M, d, e, threads);
+    if (need < 0)
+        return REFIMPL_ERR_OVERFLOW;
+    if (workspace_len < need)
+        return REFIMPL_ERR_WORKSPACE;
+
+    struct LE_FN(la_job) j;
+    j.out = out;
+    j.ws = workspace;
+    j.q = q;
+    j.k = k;
+    j.v = v;
+    j.kw = key_weight;
+    j.BH = BH;
+    j.N = N;
+    j.M = M;
+    j.d = d;
+    j.e = e;
+    j.nc = refimpl_linear_attention_chunks(M);
+    j.nqb = (N + LA_QB - 1) / LA_QB;
+    j.scratch0 = workspace + BH * j.nc * (d * (e + 1) + e);
+    j.scratch_len = LA_TB * d + LA_TB;
+    j.pol = pol;
+    j.pol.M = M;
+    j.pass1 = LE_FN(la_pass1_base);
+    j.pass2 = LE_FN(la_pass2_base);
+#if LA_X86_DISPATCH
+    {
+        const int isa = refimpl_isa_in_use();
+        if (isa >= REFIMPL_ISA_AVX512) {
+            j.pass1 = LE_FN(la_pass1_avx512);
+            j.pass2 = LE_FN(la_pass2_avx512);
+        } else if (isa >= REFIMPL_ISA_AVX2) {
+            j.pass1 = LE_FN(la_pass1_avx2);
+            j.pass2 = LE_FN(la_pass2_avx2);
+        }
+    }
+#endif
+    const int small = BH * (N + M) <= LA_PARALLEL_MIN / d / e;
+
+    /* pass 1: per-chunk partials */
+    j.pass = 1;
+    j.nthreads = small ? 1 : (threads < BH * j.nc ? threads : BH * j.nc);
+    LE_FN(la_parallel)(&j);
+
+    /* reduce the partials of each head in chunk order, into chunk 0's slot */
+    const int64_t slot = d * (e + 1) + e;
+    for (int64_t bh = 0; bh < BH; ++bh) {
+        REAL *acc = workspace + bh * j.nc * slot;
+        for (int64_t c = 1; c < j.nc; ++c) {
+            const REAL *p = acc + c * slot;
+            for (int64_t x = 0; x < slot; ++x)
+                acc[x] += p[x];
+        }
+        if ((REAL)kv_scale != 1)                   /* RALA's token scaling: s * (sum ...), rounded once */
+            for (int64_t x = 0; x < slot; ++x)
+                acc[x] = (REAL)kv_scale * acc[x];
+    }
+
+    /* pass 2: outputs */
+    j.pass = 2;
+    j.nthreads = small ? 1 : (threads < BH * j.nqb ? threads : BH * j.nqb);
+    LE_FN(la_parallel)(&j);
+    return REFIMPL_OK;
+}
+
+int LE_FN(refimpl_linear_attention)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
+                                    const REAL *key_weight, int feature_map, int clamp, double clamp_min,
+                                    double eps, int eps_policy, double kv_scale, int64_t BH,
+                                    int64_t N, int64_t M, int64_t d, int64_t e,
+                                    int64_t workspace_len, int64_t nthreads)
+{
+    if ((feature_map != LA_MAP_RELU && feature_map != LA_MAP_ELU1) || (eps_policy != 0 && eps_policy != 1))
+        return REFIMPL_ERR_OPTION;
+    struct la_policy pol;
+    memset(&pol, 0, sizeof pol);
+    pol.map = feature_map;
+    pol.clamp = clamp != 0;
+    pol.clamp_min = clamp_min;
+    pol.eps = eps;
+    pol.eps_clamp = eps_policy == 1;
+    return LE_FN(la_run_all)(out, workspace, q, k, v, key_weight, pol, kv_scale, BH, N, M, d, e, workspace_len,
+                             nthreads);
+}
+
+int LE_FN(refimpl_linear_angular)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
+                                  double unit_eps, int constant_own, int similarity_sum, int64_t BH, int64_t N,
+                                  int64_t M, int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads)
+{
+    struct la_policy pol;
+    memset(&pol, 0, sizeof pol);
+    pol.map = LA_MAP_UNIT;
+    pol.map_eps = unit_eps;
+    pol.castling = 1;
+    pol.own = constant_own != 0;
+    pol.simsum = similarity_sum != 0;
+    return LE_FN(la_run_all)(out, workspace, q, k, v, 0, pol, 1.0, BH, N, M, d, e, workspace_len, nthreads);
+}
+
+#undef LE_FN
+#undef LE_CAT
+#undef LE_CAT2
