@@ -42,7 +42,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import backends, config, layers, numerics
 from ..numerics import Bound
 
 __all__ = [
@@ -714,10 +714,39 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     -------
     (B, h, N, e) working dtype.
 
+    Backends: with policy="clamp", arithmetic="scaled", normalizer "none" or "similarity_sum", a real
+    eps >= 0, no taps, one float32/float64 working dtype (and M = N for "own") and a selected backend other
+    than NumPy (:func:`refimpl.backends.use`), the computation runs as operation "linear_angular_attention"
+    (the fused C kernel; its NumPy twin, refimpl.backends.twins, calls
+    :func:`_linear_angular_attention_numpy`, the body of this function).  Everything else, and the default
+    NumPy backend, runs that body directly.
+
     References
     ----------
     Castling-ViT Eq. 8-9; Katharopoulos et al. (2020) for the association order.
     """
+    if constant not in _CONSTANTS:
+        raise ValueError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
+    if normalizer not in _NORMALIZERS:
+        raise ValueError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
+    if (taps is None and policy == "clamp" and arithmetic == "scaled" and normalizer != "output_l2"
+            and backends.current() != "numpy" and isinstance(eps, (int, float, np.integer, np.floating))
+            and not isinstance(eps, (bool, np.bool_)) and eps >= 0):
+        q, k, v, sz = _check_qkv(q, k, v)
+        if (q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)
+                and (constant == "sum" or sz["M"] == sz["N"])):
+            return backends.get("linear_angular_attention", dtype=q.dtype)(q, k, v, constant, normalizer, eps)
+    return _linear_angular_attention_numpy(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
+                                           policy=policy, arithmetic=arithmetic, taps=taps)
+
+
+@_nan_quiet
+def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "sum", normalizer: str = "none",
+                                    eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp",
+                                    arithmetic: str = "scaled", taps: dict | None = None) -> np.ndarray:
+    """The NumPy body of :func:`linear_angular_attention` (same arguments and result; Castling-ViT Eq. 9):
+    what that function computes on the NumPy backend, and what the NumPy twin of operation
+    "linear_angular_attention" (refimpl.backends.twins) calls, so that the twin never dispatches again."""
     if constant not in _CONSTANTS:
         raise ValueError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
     if normalizer not in _NORMALIZERS:

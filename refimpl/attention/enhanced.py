@@ -50,7 +50,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics
+from .. import backends, config, numerics
 from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, mlp,
                       pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
                       subparams, window_partition, window_reverse)
@@ -192,6 +192,13 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
     the unclamped Eq. (4) bit for bit (np.maximum returns its first argument); a dead query (phi(Q_i) = 0) gives
     0, not 0/0.  A per-head t commutes into V (numerator) or phi(K) (similarity); that is how it is applied.
 
+    Backends: with scale_target="numerator" (both presets, scalar s or per-head temperature), order="linear",
+    no taps, one float32/float64 working dtype and a selected backend other than NumPy
+    (:func:`refimpl.backends.use`), the core runs as operation "linear_attention" (the fused C kernel) on
+    (q, k, t V) with ReLU, eps = 0 and clamp_min = C_min: the same function of the same rounded operands,
+    within :func:`enhanced_linear_attention_bound`.  scale_target="similarity" always runs on NumPy (t sits
+    inside the clamped normaliser, which the kernel does not have).
+
     Parameters
     ----------
     q : float array (B, h, N, d).  k : (B, h, M, d).  v : (B, h, M, e).
@@ -216,6 +223,15 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
     v = numerics.as_float(v, "v")
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     _check_order(order)
+    if (scale_target == "numerator" and order == "linear" and taps is None
+            and backends.current() != "numpy"):
+        v_eff, _ = _scaled(v, scale, scale_mode, sz["h"])
+        if q.dtype == k.dtype == v_eff.dtype and q.dtype in (np.float32, np.float64):
+            # Exactly the fused kernel's computation (operation "linear_attention"): ReLU feature maps, the
+            # gain t already folded into V as below (the same rounded v_eff), eps 0, den -> max(den, C_min).
+            # The default backend is NumPy, which never takes this branch: its results are unchanged.
+            return backends.get("linear_attention", dtype=q.dtype)(q, k, v_eff, "relu", config.LINEAR_DEFAULT_EPS,
+                                                                   "add", c_min)
     phi_q, phi_k = numerics.relu(q), numerics.relu(k)
     if scale_target == "numerator":
         v_eff, t = _scaled(v, scale, scale_mode, sz["h"])

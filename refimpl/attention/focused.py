@@ -240,8 +240,9 @@ def _eta_in_u(dtype: Any) -> float:
     for float16); 0 for dtype None.  (numerics.underflow_eta("float64") itself evaluates to 0.0.)"""
     if dtype is None:
         return 0.0
-    name = str(dtype).replace("torch.", "")
-    name = name if name == "bfloat16" else np.dtype(name).name
+    name = str(dtype).replace("torch.", "")    # torch dtypes (and "bfloat16", which NumPy has not)
+    if name not in ("float64", "float32", "float16", "bfloat16"):
+        name = np.dtype(dtype).name            # np.float64, np.dtype("float32"), "f8", ...
     tiny = {"float64": 2.0 ** -1074, "float32": 2.0 ** -149, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}[name]
     return tiny / numerics.unit_roundoff(name) / 2.0
 

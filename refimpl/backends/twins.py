@@ -37,7 +37,8 @@ def linear_angular_attention(q: Any, k: Any, v: Any, constant: str = "sum", norm
     the released code); normalizer "none" (Eq. 9) or "similarity_sum" (H_i / (M/2 + (1/pi) Q^_i . sum_j K^_j)).
 
     The specification is :func:`refimpl.attention.angular.linear_angular_attention` with policy="clamp",
-    arithmetic="scaled"; this function calls it.
+    arithmetic="scaled"; this function calls its NumPy body ``angular._linear_angular_attention_numpy``
+    (the public function dispatches to this operation when a non-NumPy backend is selected).
 
     Parameters
     ----------
@@ -61,8 +62,9 @@ def linear_angular_attention(q: Any, k: Any, v: Any, constant: str = "sum", norm
         raise ValueError(f"argument 'normalizer': operation 'linear_angular_attention' takes 'none' or "
                          f"'similarity_sum', got {normalizer!r}; use angular.linear_angular_attention for "
                          f"'output_l2'")
-    res = angular.linear_angular_attention(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
-                                           policy="clamp", arithmetic="scaled")
+    # The NumPy body, not the public function: that one dispatches through this operation again.
+    res = angular._linear_angular_attention_numpy(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
+                                                  policy="clamp", arithmetic="scaled")
     if out is not None:
         out[...] = res
         return out
