@@ -458,8 +458,14 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     slot where the naive T computation is itself non-finite while the reference is finite -- T cannot
     represent that result -- which the tested code may match, and the report counts);
     |actual - reference| <= bound element-wise; and max|actual - reference| <= NAIVE_ERROR_RATIO_MAX *
-    max(max|naive - reference|, floor), floor = max over the output of sqrt(k) u_T S (the typical size of
-    accumulated rounding, Higham §2.8) and NAIVE_ULP_FLOOR ulps of max|reference| in T.
+    max(max|naive - reference|, floor), floor = the largest of sqrt(k) u_T max S (the typical size of
+    accumulated rounding, Higham §2.8), NAIVE_ULP_FLOOR ulps of max|reference| in T, and k eta_T.
+
+    Known limitation: the floor inherits the looseness of S.  Where an operation's running bound is far above
+    the errors actually observed (worst-case chaining through many stages: 10^2-10^4 for several attention
+    modules), the floor rather than the naive error decides and the ratio check only catches gross
+    inaccuracy.  A pure-ULP floor is no remedy: two correct float64 summation orders of a length-n dot
+    product differ by ~sqrt(n) ulps, which would fail by chance.
     """
     act = _to_numpy64(actual)
     ref = _to_numpy64(reference)
