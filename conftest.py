@@ -29,7 +29,7 @@ pytest_plugins = ["pytester"]  # tests/test_numerics.py runs the meta-check on a
 settings.register_profile(
     # derandomize: CI draws the same examples every run, so a green main stays green; exploration of new
     # examples is the job of the "thorough" profile.
-    "ci", max_examples=25, deadline=None, derandomize=True, print_blob=True,
+    "ci", max_examples=50, deadline=None, derandomize=True, print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 settings.register_profile(
     "thorough", max_examples=400, deadline=None, print_blob=True,

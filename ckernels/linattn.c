@@ -20,6 +20,11 @@
  *
  * What is computed, and in which order, is described at the top of linattn_body.h.
  *
+ *   int refimpl_elu1_feature_map_f64(out, x, n)   (and _f32)
+ *
+ *   out[i] = ELU(x[i]) + 1 for i < n with the kernel's own staging code (the same bits as the map inside
+ *   the fused kernel); used by RALA for the alpha logits of Eq. 4, which need kappa(K) outside the kernel.
+ *
  * Threading and determinism.  Work is cut into items whose boundaries depend on the problem sizes only,
  * never on the thread count: pass 1 items are (head, chunk of keys) with NC = refimpl_linear_attention_
  * chunks(M) chunks per head, each writing its own partial KV and key sum into the workspace; the partials

@@ -68,6 +68,8 @@ int refimpl_window_attention_f32(float *out, float *workspace, const float *q, c
                                  const float *v, const float *bias, const unsigned char *mask, double scale,
                                  int64_t BH, int64_t H, int64_t N, int64_t M, int64_t d, int64_t e,
                                  int64_t bias_count, int64_t mask_count, int64_t workspace_len, int64_t nthreads);
+int refimpl_elu1_feature_map_f64(double *out, const double *x, int64_t n);
+int refimpl_elu1_feature_map_f32(float *out, const float *x, int64_t n);
 int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int64_t nthreads);
 int64_t refimpl_linear_attention_workspace(int64_t BH, int64_t M, int64_t d, int64_t e, int64_t nthreads);
 int64_t refimpl_linear_attention_chunks(int64_t M);

@@ -416,7 +416,8 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
     """rala.rala_core under backends.use("c") (the RoPE-free linear order dispatches to the fused kernel
     with key weights alpha_j, RALA Eq. 2-4) lies within rala_core_bound(dtype) of the float64 definition,
     and (float32) within NAIVE_ERROR_RATIO_MAX of NumPy's float32 computation; it is the C kernel's result
-    bit for bit."""
+    bit for bit, given the alpha of Eq. 4 computed on the C feature map (operation "elu1_feature_map" for
+    ELU + 1, so alpha may differ from the NumPy path's in the last bits; ReLU is exact in both)."""
     rala, cfg, q, k, v = _rala_inputs(c, dtype)
     with backends.use("c"), numerics.precision(dtype), np.errstate(all="ignore"):
         got = rala.rala_core(q, k, v, cfg)                    # computed in dtype (alpha too)
@@ -429,10 +430,17 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
                                                                               dtype=np.float32)
     numerics.assert_close(got, ref, bound, dtype, naive=naive, name=f"rala_core[c, {c['cfg']}]")
     if needs_c():
-        taps: dict = {}
+        def phi(x):
+            return _c.elu1_feature_map(x) if cfg.kernel == "elu1" else rala.kappa(x, cfg.kernel)
+
         with numerics.precision(dtype), np.errstate(all="ignore"):
-            rala.rala_core(q, k, v, cfg, taps=taps)           # the NumPy path (taps) gives alpha
-            direct = _c.reweighted_linear_attention(q, k, v, taps["alpha"], cfg.kernel,
+            if cfg.reweight:                                  # Eq. 4 on the C feature map
+                q_g = np.mean(q if cfg.global_query == "q" else phi(q), axis=-2, keepdims=True)
+                alpha = rala.reweighting_coefficients(q_g, phi(k), c["d"] ** -0.5 if cfg.alpha_scale == "head_dim"
+                                                      else 1.0)
+            else:
+                alpha = np.ones(q.shape[:-1], dtype=dtype)
+            direct = _c.reweighted_linear_attention(q, k, v, alpha, cfg.kernel,
                                                     1.0 / c["n"] if cfg.token_scaling == "mean" else 1.0, cfg.eps)
         np.testing.assert_array_equal(got, direct)
 

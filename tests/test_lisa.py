@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from refimpl import numerics, toeplitz as tz
+from refimpl import layers, numerics, toeplitz as tz
 from refimpl.attention import lisa
 from tests.naive_lisa import naive_dtft, naive_sa_eq7, naive_sa_eq7_literal, naive_wrap_terms
 
@@ -298,7 +298,8 @@ def test_attention_module_is_projections_around_the_core(case, exact):
     taps: dict = {}
     y = lisa.lisa_attention(x, p, cfg, taps=taps)
     q, k, v = taps["qkv"]
-    np.testing.assert_array_equal(taps["qkv"][0], (x @ p["qkv.weight"].T + p["qkv.bias"]).reshape(
+    # the layout of the split (the projection itself is layers.linear, whose gemm path is not x @ W.T's)
+    np.testing.assert_array_equal(taps["qkv"][0], layers.linear(x, p["qkv.weight"], p["qkv.bias"]).reshape(
         b, cfg.num_tokens, 3, h, c).transpose(2, 0, 3, 1, 4)[0])
     for name in ("q_bar", "k_bar", "G_a", "G_b", "A", "Bv", "S", "out", "merged"):
         assert name in taps

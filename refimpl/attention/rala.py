@@ -416,6 +416,10 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
     n, d = sz["N"], sz["d"]
     t = taps if taps is not None else {}
+    if (taps is None and cfg.order == "linear" and not cfg.rope and backends.current() != "numpy"
+            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)):
+        # The configuration the fused kernels implement goes through the backend switch (default NumPy).
+        return _rala_core_fused(q, k, v, cfg)
 
     kq = kappa(q, cfg.kernel)
     kk = kappa(k, cfg.kernel)
@@ -423,18 +427,11 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
 
     # Eq. 4: the global query and the reweighting coefficients.
     if cfg.reweight:
-        q_g = np.mean(q if cfg.global_query == "q" else kq, axis=-2, keepdims=True)
-        scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
-        alpha = reweighting_coefficients(q_g, kk, scale)
+        q_g, scale, alpha = _reweighting(q, kq, kk, cfg)
         t["q_global"], t["scores"] = q_g, scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
     else:
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     t["alpha"] = alpha
-    if (taps is None and cfg.order == "linear" and not cfg.rope and backends.current() != "numpy"
-            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)):
-        # The configuration the fused kernels implement goes through the backend switch (default NumPy).
-        return backends.get("reweighted_linear_attention", dtype=q.dtype)(
-            q, k, v, alpha, cfg.kernel, 1.0 / n if cfg.token_scaling == "mean" else 1.0, cfg.eps)
     kw = alpha[..., None] * kk                          # alpha_j kappa(K_j)
     t["k_weighted"] = kw
 
@@ -468,6 +465,37 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
         out = num / den[..., None]
     t["out"] = out
     return out
+
+
+def _reweighting(q: np.ndarray, kq: np.ndarray | None, kk: np.ndarray, cfg: RALAConfig):
+    """(Q_g, scale, alpha) of Eq. 4: Q_g the mean of Q (global_query "q") or of kappa(Q) = ``kq`` over the
+    tokens, scale = d^(-1/2) (alpha_scale "head_dim") or 1, alpha = N softmax_j(scale Q_g kappa(K_j)^T)."""
+    q_g = np.mean(q if cfg.global_query == "q" else kq, axis=-2, keepdims=True)
+    scale = q.shape[-1] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
+    return q_g, scale, reweighting_coefficients(q_g, kk, scale)
+
+
+def _rala_core_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: RALAConfig) -> np.ndarray:
+    """:func:`rala_core` for linear order without RoPE or taps, on the selected backend: alpha (Eq. 4, O(N d))
+    here, then operation "reweighted_linear_attention" (Eq. 2-3), which applies kappa itself.
+
+    kappa is evaluated here only where Eq. 4 needs it: kappa(K) for the logits, and kappa(Q) when Q_g is
+    its mean (global_query "kappa_q"); not at all without reweighting.  ELU + 1 goes through operation
+    "elu1_feature_map" (the fused kernel's own map on the C backend: the same real function, exp within
+    config.ELEMENTARY_FUNCTION_ULPS, as rala_core_bound assumes), so alpha may differ from the NumPy path's
+    in the last bits; ReLU (exact) stays in NumPy."""
+    def phi(x: np.ndarray) -> np.ndarray:
+        if cfg.kernel == "elu1":
+            return backends.get("elu1_feature_map", dtype=x.dtype)(x)
+        return kappa(x, cfg.kernel)
+
+    if cfg.reweight:
+        kq = phi(q) if cfg.global_query != "q" else None
+        alpha = _reweighting(q, kq, phi(k), cfg)[2]
+    else:
+        alpha = np.ones(q.shape[:-1], dtype=q.dtype)
+    kv_scale = 1.0 / q.shape[-2] if cfg.token_scaling == "mean" else 1.0
+    return backends.get("reweighted_linear_attention", dtype=q.dtype)(q, k, v, alpha, cfg.kernel, kv_scale, cfg.eps)
 
 
 @backends.register("reweighted_linear_attention", "numpy")

@@ -26,6 +26,9 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
   ``reweighted_linear_attention(q, k, v, alpha, kernel="elu1", kv_scale=1.0, eps=0.0, *, out=None,
   workspace=None, threads=None)``, alpha (B, h, M) (twin ``refimpl.attention.rala.
   _reweighted_linear_attention_numpy``; the same kernel with key weights).
+- ``"elu1_feature_map"``: ``elu1_feature_map(x, *, out=None)``, ELU(x) + 1 element-wise with the fused
+  kernel's own code (twin ``refimpl.backends.twins.elu1_feature_map``, spec ``refimpl.attention.linear.
+  feature_map(x, "elu1")``); RALA's alpha logits (Eq. 4) on the fused path.
 - ``"linear_angular_attention"`` (Castling-ViT Eq. 9): ``linear_angular_attention(q, k, v, constant="sum",
   normalizer="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
   (twin ``refimpl.backends.twins.linear_angular_attention``, spec ``refimpl.attention.angular.
@@ -344,6 +347,57 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 2-4.
     """
     return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads)
+
+
+@register("elu1_feature_map", "c")
+def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The ELU + 1 feature map in C: the C twin of ``refimpl.backends.twins.elu1_feature_map`` (spec:
+    ``refimpl.attention.linear.feature_map(x, "elu1")``).
+
+    phi(x) = ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise, element-wise, with the fused kernel's own
+    staging code (ckernels/linattn_body.h): x + 1 rounded once (the definition's bits), exp by the kernel's
+    vector exp (at most 1.14 ulp measured, docs/kernels_c.md; the error model assumes
+    ``config.ELEMENTARY_FUNCTION_ULPS``), libm exp below its range and for NaN, so NaN and +-inf map as
+    in the definition.  Used by :func:`refimpl.attention.rala.rala_core` for kappa(K) in alpha's logits
+    (RALA Eq. 4) when the fused "reweighted_linear_attention" kernel takes the rest.
+
+    Parameters
+    ----------
+    x : float32 or float64 array, any non-empty shape.
+    out : optional array of x's shape and dtype, C-contiguous, aligned, writeable, sharing no memory with
+        x; written in place and returned (allocated 64-byte aligned if None).
+
+    Returns
+    -------
+    Array of x's shape and dtype.
+
+    Raises
+    ------
+    TypeError for a dtype other than float32/float64; ValueError for an empty x or an unusable ``out``.
+
+    References
+    ----------
+    Katharopoulos et al. (2020) Eq. 7; RALA (Fan et al., CVPR 2025) Sec. 3.2 (kappa) and Eq. 4.
+    """
+    mod = _load()
+    a = _validate._array(x, "x", "C")
+    if a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array, got shape {a.shape}")
+    if out is not None:
+        _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
+    a = _validate._contiguous(a)
+    from . import empty_aligned
+    result = out if out is not None else empty_aligned(a.shape, a.dtype)
+    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(a.dtype)
+    fn = lib.refimpl_elu1_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_elu1_feature_map_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_elu1_feature_map refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result
 
 
 @register("linear_angular_attention", "c")

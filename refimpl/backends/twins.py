@@ -8,6 +8,9 @@ only adapts its signature.
 - ``"linear_angular_attention"``: Castling-ViT's linear-angular attention, Eq. 9 (without the DWConv and
   sparse branches), specified by :func:`refimpl.attention.angular.linear_angular_attention` (paper mode:
   ``policy="clamp"``, ``arithmetic="scaled"``); C kernel ``refimpl.backends._c.linear_angular_attention``.
+- ``"elu1_feature_map"``: ELU(x) + 1 = x + 1 (x > 0), exp(x) otherwise (Katharopoulos et al. 2020, Eq. 7),
+  specified by ``refimpl.attention.linear.feature_map(x, "elu1")``; C kernel
+  ``refimpl.backends._c.elu1_feature_map`` (used by RALA's alpha, Eq. 4, on the fused path).
 - ``"angular_series_features"``: Castling-ViT's feature map Phi_K (Eq. 8), specified by
   :func:`refimpl.attention.angular.angular_series_features`; Numba kernel in refimpl/backends/_numba.py.
 - ``"focused_function"``: FLatten's f_p (Eq. 6), specified by
@@ -25,7 +28,8 @@ import numpy as np
 from .. import config
 from . import register
 
-__all__ = ["linear_angular_attention", "angular_series_features", "focused_function", "lisa_spectral_product"]
+__all__ = ["linear_angular_attention", "elu1_feature_map", "angular_series_features", "focused_function",
+           "lisa_spectral_product"]
 
 
 @register("linear_angular_attention", "numpy")
@@ -65,6 +69,37 @@ def linear_angular_attention(q: Any, k: Any, v: Any, constant: str = "sum", norm
     # The NumPy body, not the public function: that one dispatches through this operation again.
     res = angular._linear_angular_attention_numpy(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
                                                   policy="clamp", arithmetic="scaled")
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+# ---------------------------------------------------------------------------------------------------
+# ELU + 1 feature map (specification: refimpl.attention.linear.feature_map)
+# ---------------------------------------------------------------------------------------------------
+
+@register("elu1_feature_map", "numpy")
+def elu1_feature_map(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The NumPy definition of operation "elu1_feature_map": ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise,
+    element-wise (exp form, relative accuracy kept as x -> -inf), by calling
+    ``refimpl.attention.linear.feature_map(x, "elu1")``.
+
+    Parameters
+    ----------
+    x : float array, any shape.  out : optional array of x's shape the result is copied into and returned.
+
+    Returns
+    -------
+    ndarray of x's shape (working precision, as ``linear.feature_map``).
+
+    References
+    ----------
+    Katharopoulos et al. (2020) Eq. 7; RALA (Fan et al., CVPR 2025) Sec. 3.2 (kappa).
+    """
+    from ..attention import linear  # at call time: refimpl.backends never imports attention modules eagerly
+
+    res = linear.feature_map(x, "elu1")
     if out is not None:
         out[...] = res
         return out
