@@ -35,6 +35,7 @@ from equivalence.strategies import generate
 from refimpl import backends, numerics
 from refimpl.attention import linear
 from refimpl.backends import _c
+from tests.kernel_helpers import c_kernel_that_writes_nothing
 
 REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
 STATUS = backends.available()
@@ -191,28 +192,8 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
     ffi, lib = mod.ffi, mod.lib
     q, k, v = make(case((1, 2, 10, 10, 4, 3)), np.float64)
     out = np.zeros((1, 2, 10, 3))
-    # The wrapper's fill is observable through a zero-size-workspace refusal: the raw kernel refuses,
-    # the wrapper raises, and the caller's out= is left poisoned.
-    calls = []
-
-    class FakeLib:
-        def __getattr__(self, name):
-            return getattr(lib, name)
-
-        def refimpl_linear_attention_f64(self, *args):
-            calls.append(args)
-            return 0                                     # "success" without writing anything
-
-    class FakeMod:
-        ffi = mod.ffi
-        lib = FakeLib()
-
-    orig = _c._MODULE[0]
-    _c._MODULE[0] = FakeMod()
-    try:
+    with c_kernel_that_writes_nothing("refimpl_linear_attention_f64") as calls:
         res = _c.linear_attention(q, k, v, out=out)
-    finally:
-        _c._MODULE[0] = orig
     assert calls and res is out and np.isnan(out).all()
     # Raw refusals: status codes, nothing written.
     sentinel = np.full(8, 7.0)

@@ -31,6 +31,7 @@ from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import linear, rala
 from refimpl.backends import _c, twins
+from tests.kernel_helpers import c_kernel_that_writes_nothing
 
 REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
 STATUS = backends.available()
@@ -151,27 +152,9 @@ def test_output_is_nan_poisoned_and_refusals_write_nothing():
         return
     mod = _c._load()
     ffi, lib = mod.ffi, mod.lib
-    calls = []
-
-    class FakeLib:
-        def __getattr__(self, name):
-            return getattr(lib, name)
-
-        def refimpl_elu1_feature_map_f64(self, *args):
-            calls.append(args)
-            return 0                                     # "success" without writing anything
-
-    class FakeMod:
-        ffi = mod.ffi
-        lib = FakeLib()
-
     out = np.zeros((4, 5))
-    orig = _c._MODULE[0]
-    _c._MODULE[0] = FakeMod()
-    try:
+    with c_kernel_that_writes_nothing("refimpl_elu1_feature_map_f64") as calls:
         res = _c.elu1_feature_map(np.ones((4, 5)), out=out)
-    finally:
-        _c._MODULE[0] = orig
     assert calls and res is out and np.isnan(out).all()
     sentinel = np.full(8, 7.0)
     o = ffi.from_buffer("double[]", sentinel, require_writable=True)
