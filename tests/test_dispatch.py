@@ -32,7 +32,6 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, numerics
 from refimpl.attention import angular, enhanced, focused, linear
-from tests.test_kernels_linear import linear_angular_bound
 
 REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
 STATUS = backends.available()
@@ -131,10 +130,12 @@ def test_enhanced_linear_attention_on_c_agrees_with_numpy(dtype, c):
                           name=f"enhanced_linear_attention[c, {c['preset']}, c_min={c['c_min']}]")
 
 
-def _count_calls(monkeypatch, op):
+def _count_calls(monkeypatch, op, backend="c"):
+    """Wrap the registered ``backend`` kernel of ``op`` so that each call appends its first argument's dtype."""
     calls = []
-    orig = backends._REGISTRY[op]["c"]
-    monkeypatch.setitem(backends._REGISTRY[op], "c", lambda *a, **kw: (calls.append(a[0].dtype), orig(*a, **kw))[1])
+    orig = backends._REGISTRY[op][backend]
+    monkeypatch.setitem(backends._REGISTRY[op], backend,
+                        lambda *a, **kw: (calls.append(a[0].dtype), orig(*a, **kw))[1])
     return calls
 
 
@@ -208,14 +209,15 @@ EPS = 1e-12
 @example(c=_case((1, 1, 1, 1, 1, 1), constant="sum", normalizer="similarity_sum"))
 def test_linear_angular_attention_on_c_agrees_with_numpy(dtype, c):
     """Castling-ViT Eq. 9 (paper-mode unit rows): linear_angular_attention under use("c") equals the NumPy
-    backend within the first-order bound of tests.test_kernels_linear.linear_angular_bound (derivation in its
-    docstring; angular.py has no bound of its own for this function), NaN/Inf patterns equal; float32 runs
-    in float32 (numerics.precision) against the float64 reference, with the naive float32 check."""
+    backend within angular.linear_angular_attention_bound (the first-order bound derived in its docstring),
+    NaN/Inf patterns equal; float32 runs in float32 (numerics.precision) against the float64 reference,
+    with the naive float32 check."""
     q, k, v = _qkv(c, dtype)
     kw = dict(constant=c["constant"], normalizer=c["normalizer"], eps=EPS)
     with np.errstate(all="ignore"):
         ref = angular.linear_angular_attention(q, k, v, **kw)
-        bound = linear_angular_bound(q, k, v, c["constant"], c["normalizer"], EPS)
+        bound = angular.linear_angular_attention_bound(q, k, v, constant=c["constant"],
+                                                         normalizer=c["normalizer"], eps=EPS)
         naive = None if dtype == np.float64 else numerics.naive_same_precision(
             angular.linear_angular_attention, q, k, v, dtype=np.float32, **kw)
         with backends.use("c"), numerics.precision(dtype):
@@ -249,7 +251,7 @@ def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch)
     assert "kv" in taps
     for o, r in zip(others, refs):
         np.testing.assert_array_equal(o, r)
-    numerics.assert_close(got, body(q, k, v), linear_angular_bound(q, k, v, "sum", "none", EPS), np.float64,
+    numerics.assert_close(got, body(q, k, v), angular.linear_angular_attention_bound(q, k, v, eps=EPS), np.float64,
                           name="linear_angular dispatched")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # "runs on the NumPy definition" (once per op)
@@ -273,3 +275,33 @@ def test_eta_in_u_accepts_dtype_classes_and_names():
     for f32 in (np.float32, np.dtype("float32"), "float32", "bfloat16"):
         assert focused._eta_in_u(f32) == 2.0 ** -126
     assert focused._eta_in_u(np.float16) == 2.0 ** -14
+
+
+# ---------------------------------------------------------------------------------------------------
+# Castling-ViT: angular_series_features -> "angular_series_features" (Numba)
+# ---------------------------------------------------------------------------------------------------
+
+@DTYPES
+@pytest.mark.parametrize("order,d,policy", [(0, 32, "clamp"), (1, 4, "clamp"), (2, 3, "none"), (0, 1, "none")])
+def test_angular_series_features_dispatch(monkeypatch, dtype, order, d, policy):
+    """Castling-ViT Eq. 8: angular_series_features (and so angular_attention_features, which builds on it)
+    under use("numba") runs the Numba kernel once per call and agrees with the NumPy backend within
+    tests.test_kernels_numba.angular_bound (float32 runs in float32 with the naive float32 check); the
+    default backend returns exactly the NumPy body's bits; the NumPy twin does not dispatch again."""
+    from refimpl.backends import twins
+    from tests.test_kernels_numba import angular_bound
+
+    x = numerics.round_to(generate(5 + order, "mixed_scale", (2, 3, 17, d)), dtype)
+    kw = dict(constant=True, eps=EPS, policy=policy)
+    body = angular._angular_series_features_numpy
+    assert backends.current() == "numpy"
+    np.testing.assert_array_equal(angular.angular_series_features(x, order, **kw), body(x, order, **kw))
+    np.testing.assert_array_equal(twins.angular_series_features(x, order, **kw), body(x, order, **kw))
+    calls = _count_calls(monkeypatch, "angular_series_features", "numba")
+    with backends.use("numba"), numerics.precision(dtype):
+        got = angular.angular_series_features(x.astype(dtype), order, **kw)
+    assert len(calls) == (1 if STATUS["numba"].ok else 0)
+    assert got.dtype == dtype
+    naive = None if dtype == np.float64 else numerics.naive_same_precision(body, x, order, dtype=np.float32, **kw)
+    numerics.assert_close(got, body(x, order, **kw), angular_bound(x, order, **kw), dtype, naive=naive,
+                          name=f"angular_series_features dispatched [K={order}, {policy}]")

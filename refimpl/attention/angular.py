@@ -51,7 +51,8 @@ __all__ = [
     "unit_rows", "cosine_matrix", "spectral_angle", "angular_similarity", "angular_similarity_series",
     "tensor_power", "angular_series_features", "hyperplane_features", "exponential_kernel",
     "gaussian_rbf_kernel",
-    "angular_attention", "angular_attention_features", "linear_angular_attention", "token_conv",
+    "angular_attention", "angular_attention_features", "linear_angular_attention",
+    "linear_angular_attention_bound", "token_conv",
     "grid_conv", "masked_softmax_branch",
     "CastlingConfig", "init_castling_params", "castling_core", "castling_attention",
     "angular_similarity_bound", "angular_attention_bound", "castling_core_bound", "castling_attention_bound",
@@ -493,7 +494,29 @@ def angular_series_features(x: Any, order: int, *, constant: bool = True,
     Returns
     -------
     (..., D) working dtype, D = [constant] + d + d^3 + ... + d^(2K+1).
+
+    Under a backend other than NumPy (:func:`refimpl.backends.use`) this runs as operation
+    "angular_series_features" (the Numba kernel, within the error model of this definition).
+
+    References
+    ----------
+    Castling-ViT Eq. 8.
     """
+    order = _check_order(order)
+    x = numerics.as_float(x, "x")
+    if (backends.current() != "numpy" and x.dtype in (np.float32, np.float64) and policy in ("clamp", "none")
+            and isinstance(eps, (int, float, np.integer, np.floating)) and not isinstance(eps, (bool, np.bool_))):
+        # Operation "angular_series_features" (the Numba kernel); its NumPy twin calls the body below, so
+        # the default backend's result is unchanged and nothing recurses.
+        return backends.get("angular_series_features", dtype=x.dtype)(x, order, constant=constant, eps=eps,
+                                                                        policy=policy)
+    return _angular_series_features_numpy(x, order, constant=constant, eps=eps, policy=policy)
+
+
+def _angular_series_features_numpy(x: Any, order: int, *, constant: bool = True,
+                                   eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp") -> np.ndarray:
+    """The NumPy body of :func:`angular_series_features` (the definition; what operation
+    "angular_series_features" of refimpl.backends specifies)."""
     order = _check_order(order)
     x = numerics.as_float(x, "x")
     dim = _feature_dim(x.shape[-1], order, constant)
@@ -1486,6 +1509,79 @@ def _e_features(xh: np.ndarray, exh: np.ndarray, order: int) -> tuple[np.ndarray
         parts.append(s * power)
         eparts.append(s * epower + 3.0 * np.abs(s * power))
     return np.concatenate(parts, axis=-1), np.concatenate(eparts, axis=-1)
+
+
+def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "sum", normalizer: str = "none",
+                                   eps: float = config.CASTLING_QK_NORM_EPS) -> Bound:
+    """Error bound of :func:`linear_angular_attention` in paper mode (policy "clamp", arithmetic "scaled";
+    normalizer "none" or "similarity_sum") computed in precision T on T-rounded inputs, any summation order.
+
+    First-order running error E in units of u_T (|.| element-wise):
+
+      q^ = q / max(m sqrt(sum (q/m)^2), eps): q/m (u), the square (2u + u), the sum of d non-negative
+          terms ((d - 1) u), sqrt (half of that, + u), times m (u), the quotient (u):  E(q^) = (d/2 + 4)|q^|;
+          likewise k^.
+      kv = k^^T v (length M):  E(kv) = E(k^)^T |v| + M |k^|^T |v|.
+      num = q^ kv (length d):  E(num) = E(q^)(|k^|^T |v|) + |q^| E(kv) + d |q^|(|k^|^T |v|).
+      lin = (1/pi) num:  fl(1/pi) and the product, E(lin) = E(num)/pi + 2 |lin|.
+      C:  "own" 1/2 v is exact; "sum" 1/2 sum_j v_j adds (M/2) sum_j |v_j|.  H = C + lin adds |C| + |lin|.
+      similarity_sum:  den = M/2 + (1/pi) q^ . sum_j k^_j with E(den) = (E(q^) . S_k + |q^| . sum_j E(k^_j)
+          + (M + d)|q^| . S_k)/pi + 3 (M/2 + |q^| . S_k/pi) (S_k = sum_j |k^_j|); den >= M (1/2 - 1/pi) > 0,
+          so the quotient adds (E(H) + |H/den| E(den))/den + |H/den|.
+
+    Returned as Bound(E / K, K) with K = d + M + 12 (the two inner products plus the elementwise stages), so
+    that gamma_K(u) * scale >= u E.  First order in u (products of errors neglected); no underflow term
+    (unit rows are >= 1 in their largest entry unless clamped by eps).  Moved here from the kernel tests,
+    where it was derived for the C kernel's agreement test (tests/test_kernels_linear.py).
+
+    Parameters
+    ----------
+    q : (B, h, N, d), k : (B, h, M, d), v : (B, h, M, e) float (T-rounded values).
+    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : the clamp of the row norms.
+
+    Returns
+    -------
+    numerics.Bound with scale (B, h, N, e).
+
+    References
+    ----------
+    Castling-ViT Eq. 8-9; Higham (2002) §3.1 (running error of inner products).
+    """
+    q, k, v, _ = _check_qkv(q, k, v)
+    if constant not in ("sum", "own"):
+        raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
+    if normalizer not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normalizer': the bound covers 'none' and 'similarity_sum', got {normalizer!r}")
+    with np.errstate(all="ignore"):
+        qh = unit_rows(q, eps=eps, policy="clamp")
+        kh = unit_rows(k, eps=eps, policy="clamp")
+        d, m = q.shape[-1], k.shape[-2]
+        aq, ak, av = np.abs(qh), np.abs(kh), np.abs(v)
+        eq, ek = (d / 2 + 4) * aq, (d / 2 + 4) * ak
+        kv_abs = ak.swapaxes(-1, -2) @ av
+        e_kv = ek.swapaxes(-1, -2) @ av + m * kv_abs
+        num_abs = aq @ kv_abs
+        e_num = eq @ kv_abs + aq @ e_kv + d * num_abs
+        lin_abs = num_abs / np.pi
+        e = e_num / np.pi + 2 * lin_abs
+        if constant == "own":
+            c_abs = 0.5 * av
+        else:
+            c_abs = np.broadcast_to(0.5 * np.sum(av, axis=-2, keepdims=True), lin_abs.shape)
+            e = e + (m / 2) * np.sum(av, axis=-2, keepdims=True)
+        h_abs = c_abs + lin_abs
+        e = e + h_abs
+        if normalizer == "similarity_sum":
+            sk = np.sum(ak, axis=-2)
+            dot = np.einsum("bhnd,bhd->bhn", aq, sk)
+            den = m / 2 + np.einsum("bhnd,bhd->bhn", qh, np.sum(kh, axis=-2)) / np.pi
+            e_den = (np.einsum("bhnd,bhd->bhn", eq, sk) + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))
+                     + (m + d) * dot) / np.pi + 3 * (m / 2 + dot / np.pi)
+            o_abs = h_abs / den[..., None]
+            e = (e + o_abs * e_den[..., None]) / den[..., None] + o_abs
+    depth = d + m + 12
+    return Bound(e / depth, depth, f"linear-angular (Castling Eq. 9, {constant}, {normalizer}): first-order running "
+                                   f"error, K = d + M + 12 = {depth}")
 
 
 def castling_core_bound(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, dtype: Any, conv_weight: Any = None,

@@ -132,7 +132,8 @@ def angular_series_features(x: Any, order: int, *, constant: bool = True,
     Castling-ViT Eq. 8 (arcsin series of the angular kernel, written as explicit feature maps).
     """
     from ..attention import angular
-    return angular.angular_series_features(x, order, constant=constant, eps=eps, policy=policy)
+    # The NumPy body, not the public function: that one dispatches through this operation again.
+    return angular._angular_series_features_numpy(x, order, constant=constant, eps=eps, policy=policy)
 
 
 # ---------------------------------------------------------------------------------------------------
