@@ -639,44 +639,20 @@ def _torch_linear(torch, fam):
     raise KeyError(fam)
 
 
-def _direct_linear(np, fam, q, k, v):
-    """Registered kernels a family's reference function does not (yet) dispatch to, called directly with
-    a reused out= buffer: L2ViT = operation "linear_attention" with the ReLU map and clamp_min = C_min
-    (enhanced_linear_attention with scale 1 computes exactly that); Castling = "linear_angular_attention";
-    FLatten = the Numba f_p kernel ("focused_function") for both feature maps, then the NumPy core
-    (linear.kernelized_attention), i.e. what focused_attention would run if it dispatched f_p."""
-    from refimpl import backends, config, numerics
-    reg = backends._REGISTRY
-    out = {}
-    shape = q.shape[:3] + v.shape[3:]
-    if fam == "L2ViT":
-        op, args = "linear_attention", (q, k, v, "relu", 0.0, "add", config.L2VIT_C_MIN)
-    elif fam == "Castling":
-        op, args = "linear_angular_attention", (q, k, v)
-    elif fam == "FLatten focused":
-        impl = reg.get("focused_function", {}).get("numba")
-        if impl is None:
-            return {}
-        from refimpl.attention import linear
-        bq, bk = backends.empty_aligned(q.shape, q.dtype), backends.empty_aligned(k.shape, k.dtype)
-        p = config.FLATTEN_FOCUSING_FACTOR
-
-        def focused_numba():
-            with numerics.precision(q.dtype):
-                fq = impl(np.maximum(q, 0), p, out=bq)
-                fk = impl(np.maximum(k, 0), p, out=bk)
-                return linear.kernelized_attention(fq, fk, v)
-        return {"op": "focused_function", "numba": focused_numba}
-    else:
+def _reused_buffers_linear(np, q, k, v):
+    """The fused C kernel called directly with a 64-byte aligned out= and workspace= allocated once and
+    reused across calls (issue 6 item 3, steady-state memory): operation "linear_attention", ReLU map.  The
+    family rows call the reference functions, which allocate both on every call like any function that
+    returns a fresh array; this row shows what the reuse saves."""
+    from refimpl import backends
+    impl = backends._REGISTRY.get("linear_attention", {}).get("c")
+    if impl is None or not backends.available()["c"].ok:
         return {}
-    for b in ("numba", "c"):
-        impl = reg.get(op, {}).get(b)
-        if impl is not None:
-            buf = backends.empty_aligned(shape, q.dtype)
-            out[b] = (lambda impl=impl, buf=buf: impl(*args, out=buf))
-    if out:
-        out["op"] = op
-    return out
+    from refimpl.backends import _c
+    b, h, n, d = q.shape
+    buf = backends.empty_aligned(q.shape[:3] + v.shape[3:], q.dtype)
+    ws = _c.linear_attention_workspace(b, h, k.shape[2], d, v.shape[3], q.dtype)
+    return {"op": "linear_attention", "c": lambda: impl(q, k, v, "relu", out=buf, workspace=ws)}
 
 
 def workloads_linear(np, torch, quick):
@@ -696,8 +672,11 @@ def workloads_linear(np, torch, quick):
                 flops = h * (4 * n * d * d + 3 * n * d)
                 out.append(Workload(f"linattn {fam} N={n} d={d} h={h}", dt, flops,
                                     "4 N d e + 3 N d per head", make(np, q, k, v), tfn,
-                                    series=f"linattn {fam} d=32" if d == 32 else None, n=n,
-                                    direct=_direct_linear(np, fam, q, k, v)))
+                                    series=f"linattn {fam} d=32" if d == 32 else None, n=n))
+                if fam == "relu (generic)":
+                    out.append(Workload(f"linattn relu, reused out=/workspace= N={n} d={d} h={h}", dt, flops,
+                                        "4 N d e + 3 N d per head", make(np, q, k, v), tfn, n=n,
+                                        direct=_reused_buffers_linear(np, q, k, v)))
     return out
 
 

@@ -177,7 +177,7 @@ const char *refimpl_status_string(int status)
     case REFIMPL_ERR_NULL:
         return "a required buffer pointer is NULL";
     case REFIMPL_ERR_OPTION:
-        return "an enumerated option (feature map, eps policy) is out of range";
+        return "an option is out of range (feature map, eps policy, the focused map's power)";
     case REFIMPL_ERR_WORKSPACE:
         return "the workspace is smaller than the kernel's *_workspace() size";
     default:

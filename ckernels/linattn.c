@@ -4,8 +4,9 @@
  * extensions and per-function target attributes; POSIX threads; no allocation of buffers (the caller
  * passes the workspace); int status return.
  *
- *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, feature_map, clamp, clamp_min,
- *                                    eps, eps_policy, kv_scale, BH, N, M, d, e, workspace_len, nthreads)
+ *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, feature_map, power, clamp,
+ *                                    clamp_min, eps, eps_policy, kv_scale, BH, N, M, d, e, workspace_len,
+ *                                    nthreads)
  *   (and _f32)
  *
  *   out        (BH, N, e)   written completely on success, untouched on a nonzero status
@@ -13,12 +14,18 @@
  *   q (BH, N, d), k (BH, M, d), v (BH, M, e)     BH = batch x heads, packed C order
  *   key_weight   (BH, M) or NULL: w_j multiplies phi(K_j) (RALA Eq. 3's alpha_j)
  *   kv_scale     s multiplies KV and the key sum after the sum (1: none; RALA's 1/N token scaling)
- *   feature_map  LA_MAP_RELU (0) or LA_MAP_ELU1 (1)
+ *   feature_map  LA_MAP_RELU (0), LA_MAP_ELU1 (1) or LA_MAP_FOCUSED (2)
+ *   power        LA_MAP_FOCUSED: the focusing factor p (finite, >= 1); ignored by the other maps
  *   clamp        nonzero: den -> max(den, clamp_min) first (L2ViT Appendix 8)
  *   eps_policy   0: den + eps (skipped when eps == 0), 1: max(den, eps)
  *   nthreads     threads to use (>= 1; capped at LA_MAX_THREADS and at the number of work items)
  *
  * What is computed, and in which order, is described at the top of linattn_body.h.
+ *
+ *   int refimpl_focused_feature_map_f64(out, x, rows, d, power)   (and _f32)
+ *
+ *   out (rows, d) = phi_p(x) row by row with the fused kernel's own staging code (LA_MAP_FOCUSED; the
+ *   same bits as the map inside the kernel); for tests of the map alone and for callers that need it.
  *
  *   int refimpl_elu1_feature_map_f64(out, x, n)   (and _f32)
  *
@@ -29,11 +36,13 @@
  * never on the thread count: pass 1 items are (head, chunk of keys) with NC = refimpl_linear_attention_
  * chunks(M) chunks per head, each writing its own partial KV and key sum into the workspace; the partials
  * are reduced in chunk order by the calling thread; pass 2 items are (head, block of LA_QB queries), each
- * writing its own rows of out.  Items are given to threads in contiguous static ranges.  Every output
- * element therefore sees the same operations in the same order for any thread count (and any vector
- * level): the result is bitwise identical across runs and thread counts (tests/test_kernels_linear.py).
+ * writing its own rows of out.  Threads claim items one at a time from an atomic counter (so a thread that
+ * the OS schedules late, on a loaded machine, delays nothing: the others take its items).  Which thread
+ * runs an item does not matter: every output element sees the same operations in the same order for any
+ * thread count, any assignment of items to threads (and any vector level), so the result is bitwise
+ * identical across runs and thread counts (tests/test_kernels_linear.py).
  * Threads are POSIX threads created for each pass and joined at its end (two create/join rounds per
- * call, some 10-50 us); a thread that cannot be created has its range run by the calling thread, so a
+ * call, some 10-50 us); a thread that cannot be created claims no items (the others claim them all), so a
  * failure changes the speed, not the result.  Calls too small to pay for that (fewer than
  * LA_PARALLEL_MIN multiply-adds) run on the calling thread.  Why pthreads and not OpenMP: no second
  * OpenMP runtime in a process that may also hold torch's, and a thread count that is an argument of the
@@ -61,6 +70,7 @@
 
 #define LA_MAP_RELU REFIMPL_LA_MAP_RELU
 #define LA_MAP_ELU1 REFIMPL_LA_MAP_ELU1
+#define LA_MAP_FOCUSED REFIMPL_LA_MAP_FOCUSED
 
 /* Tokens staged (feature map applied) at a time, per thread. */
 #define LA_TB 64
@@ -77,11 +87,29 @@
 
 /* 1 / pi rounded to double (Python's 1.0 / math.pi). */
 #define LA_INV_PI 0x1.45f306dc9c883p-2
-#define LA_MAP_UNIT 2  /* x / max(||x||, eps) per row, ||x|| = m ||x / m||, m = max|x| (Castling's Q^, K^) */
+/* Internal map (not a public REFIMPL_LA_MAP_*: only refimpl_linear_angular selects it). */
+#define LA_MAP_UNIT 16 /* x / max(||x||, eps) per row, ||x|| = m ||x / m||, m = max|x| (Castling's Q^, K^) */
+
+/* The focused map raises r = a / max(a) in [0, 1] to the power p.  For an integer p with
+ * 1 <= p <= LA_FOCUSED_MUL_MAX it does so by p - 1 sequential multiplications (r * r * ... * r), otherwise
+ * by libm's pow.  Why that is within the error model: refimpl.attention.focused.focused_function_error
+ * budgets a relative error of (p + c + 1) u for t = r^p, c = config.ELEMENTARY_FUNCTION_ULPS = 4 (pow's
+ * assumed accuracy): p u propagated from r's own rounding (r = a / m, one division; (r(1 + d))^p =
+ * r^p (1 + p d + O(u^2))), plus (c + 1) u for evaluating the power.  p - 1 rounded multiplications of
+ * exact factors give r^p (1 + theta_{p-1}), |theta_{p-1}| <= gamma_{p-1} = (p - 1) u + O(u^2) (Higham
+ * Lemma 3.1), so repeated multiplication fits the budget while p - 1 <= c + 1, i.e. p <= c + 2 = 6.  Above
+ * that, pow (about 15-20 ns per call here, against well under 1 ns per multiplication).  Underflow: the
+ * p - 1 products round at most p - 1 <= p + c times, inside the (p + c + 4) eta_T the model allows.
+ * FLatten uses p = 3: two multiplications.  Keep equal to config.ELEMENTARY_FUNCTION_ULPS + 2 (checked
+ * by tests/test_kernels_focused.py). */
+#define LA_FOCUSED_MUL_MAX 6
 
 struct la_policy {
     int map;          /* LA_MAP_* */
     double map_eps;   /* LA_MAP_UNIT: the eps of max(||x||, eps) */
+    double power;     /* LA_MAP_FOCUSED: the focusing factor p (finite, >= 1) */
+    int ipow;         /* LA_MAP_FOCUSED: p if p is an integer in [1, LA_FOCUSED_MUL_MAX] (powers by
+                         multiplication), else 0 (pow) */
     int clamp;
     int eps_clamp;
     double clamp_min;
@@ -130,6 +158,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 
 /* ----- per-type, per-ISA work items ----- */
 #define REAL double
+#define LA_SINT int64_t   /* the signed integer of REAL's width (vector comparison masks) */
 #define LA_EXP exp
 #define SUF base_f64
 #define VBYTES 16
@@ -163,8 +192,10 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #undef TSUF
 #undef LA_EXP
 #undef REAL
+#undef LA_SINT
 
 #define REAL float
+#define LA_SINT int32_t
 #define LA_EXP expf
 #define SUF base_f32
 #define VBYTES 16
@@ -198,3 +229,4 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #undef TSUF
 #undef LA_EXP
 #undef REAL
+#undef LA_SINT

@@ -19,6 +19,7 @@ struct LE_FN(la_job) {
     REAL *out, *ws, *scratch0;
     const REAL *q, *k, *v, *kw;
     int64_t BH, N, M, d, e, nc, nqb, nthreads, scratch_len;
+    int64_t next;  /* the current pass's next unclaimed item (atomic; reset before each pass) */
     int pass;
     struct la_policy pol;
     LE_FN(la_pass1_fn) pass1;
@@ -30,14 +31,20 @@ struct LE_FN(la_arg) {
     int64_t tid;
 };
 
-/* Run thread tid's contiguous range of the current pass's items. */
+/* Claim the current pass's items one at a time from the shared counter until none is left.  Which thread
+ * runs an item changes nothing in the result: an item writes only its own partial sums (pass 1) or its own
+ * rows of out (pass 2), and tid only selects the staging scratch, which an item writes before it reads.
+ * Dynamic claiming (rather than fixed ranges per thread) means that a thread the OS does not schedule
+ * soon, on a loaded or shared machine, holds up nothing: the running threads take its items. */
 static void LE_FN(la_run)(struct LE_FN(la_job) *j, int64_t tid)
 {
     const int64_t items = j->pass == 1 ? j->BH * j->nc : j->BH * j->nqb;
-    const int64_t lo = items * tid / j->nthreads, hi = items * (tid + 1) / j->nthreads;
     REAL *scratch = j->scratch0 + tid * j->scratch_len;
     const int64_t slot = j->d * (j->e + 1) + j->e;
-    for (int64_t it = lo; it < hi; ++it) {
+    for (;;) {
+        const int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
+        if (it >= items)
+            break;
         if (j->pass == 1) {
             const int64_t bh = it / j->nc, c = it % j->nc;
             const int64_t t0 = j->M * c / j->nc, t1 = j->M * (c + 1) / j->nc;
@@ -63,25 +70,35 @@ static void *LE_FN(la_thread)(void *p)
     return 0;
 }
 
-/* One pass on j->nthreads threads (the caller is thread 0); ranges whose thread could not be created
- * are run by the caller afterwards. */
+/* One pass on j->nthreads threads (the caller is thread 0).  The caller returns from la_run only when
+ * every item is claimed, so a thread that could not be created simply claims none. */
 static void LE_FN(la_parallel)(struct LE_FN(la_job) *j)
 {
     pthread_t th[LA_MAX_THREADS];
     struct LE_FN(la_arg) args[LA_MAX_THREADS];
     int started[LA_MAX_THREADS];
+    j->next = 0;
     for (int64_t t = 1; t < j->nthreads; ++t) {
         args[t].job = j;
         args[t].tid = t;
         started[t] = pthread_create(&th[t], 0, LE_FN(la_thread), &args[t]) == 0;
     }
     LE_FN(la_run)(j, 0);
-    for (int64_t t = 1; t < j->nthreads; ++t) {
+    for (int64_t t = 1; t < j->nthreads; ++t)
         if (started[t])
             pthread_join(th[t], 0);
-        else
-            LE_FN(la_run)(j, t);
-    }
+}
+
+/* The focused map's policy: p (finite, >= 1, else 0 is returned) and how r^p is formed (LA_FOCUSED_MUL_MAX
+ * in linattn.c: p - 1 multiplications for an integer 1 <= p <= LA_FOCUSED_MUL_MAX, else pow). */
+static int LE_FN(la_focused_policy)(struct la_policy *pol, double power)
+{
+    if (!(power >= 1.0) || !isfinite(power))   /* NaN, < 1 and +Inf refused */
+        return 0;
+    pol->map = LA_MAP_FOCUSED;
+    pol->power = power;
+    pol->ipow = (power <= LA_FOCUSED_MUL_MAX && power == floor(power)) ? (int)power : 0;
+    return 1;
 }
 
 /* Both public entries: checks, then the two passes.  pol is filled by the caller except M. */
@@ -167,15 +184,18 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
 }
 
 int LE_FN(refimpl_linear_attention)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
-                                    const REAL *key_weight, int feature_map, int clamp, double clamp_min,
-                                    double eps, int eps_policy, double kv_scale, int64_t BH,
+                                    const REAL *key_weight, int feature_map, double power, int clamp,
+                                    double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH,
                                     int64_t N, int64_t M, int64_t d, int64_t e,
                                     int64_t workspace_len, int64_t nthreads)
 {
-    if ((feature_map != LA_MAP_RELU && feature_map != LA_MAP_ELU1) || (eps_policy != 0 && eps_policy != 1))
+    if ((feature_map != LA_MAP_RELU && feature_map != LA_MAP_ELU1 && feature_map != LA_MAP_FOCUSED) ||
+        (eps_policy != 0 && eps_policy != 1))
         return REFIMPL_ERR_OPTION;
     struct la_policy pol;
     memset(&pol, 0, sizeof pol);
+    if (feature_map == LA_MAP_FOCUSED && !LE_FN(la_focused_policy)(&pol, power))
+        return REFIMPL_ERR_OPTION;
     pol.map = feature_map;
     pol.clamp = clamp != 0;
     pol.clamp_min = clamp_min;
@@ -224,6 +244,38 @@ int LE_FN(refimpl_elu1_feature_map)(REAL *out, const REAL *x, int64_t n)
     }
 #endif
     stage(out, x, 1, n, &pol);   /* ELU + 1 is element-wise: one "token" of n features */
+    return REFIMPL_OK;
+}
+
+/* out[r, :] = phi_p(x[r, :]) for r < rows (FLatten Eq. 6, focused.focused_feature_map(x, p,
+ * power_scaling="max")): the fused kernel's own LA_MAP_FOCUSED staging (the same bits as the map inside
+ * refimpl_linear_attention), exposed for tests of the map alone and for callers that need it outside the
+ * kernel.  One thread; row-wise with a fixed order, so the same bits at every vector level.  out and x
+ * (rows, d), packed, must not overlap. */
+int LE_FN(refimpl_focused_feature_map)(REAL *out, const REAL *x, int64_t rows, int64_t d, double power)
+{
+    if (!out || !x)
+        return REFIMPL_ERR_NULL;
+    if (rows < 1 || d < 1)
+        return REFIMPL_ERR_SIZE;
+    if (rows > (PTRDIFF_MAX / (int64_t)sizeof(REAL)) / d)
+        return REFIMPL_ERR_OVERFLOW;
+    struct la_policy pol;
+    memset(&pol, 0, sizeof pol);
+    if (!LE_FN(la_focused_policy)(&pol, power))
+        return REFIMPL_ERR_OPTION;
+    void (*stage)(REAL *restrict, const REAL *restrict, int64_t, int64_t, const struct la_policy *) =
+        LE_FN(la_stage_base);
+#if LA_X86_DISPATCH
+    {
+        const int isa = refimpl_isa_in_use();
+        if (isa >= REFIMPL_ISA_AVX512)
+            stage = LE_FN(la_stage_avx512);
+        else if (isa >= REFIMPL_ISA_AVX2)
+            stage = LE_FN(la_stage_avx2);
+    }
+#endif
+    stage(out, x, rows, d, &pol);
     return REFIMPL_OK;
 }
 

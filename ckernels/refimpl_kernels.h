@@ -23,12 +23,13 @@
 #define REFIMPL_ERR_PADDING 3  /* a padding is < 0 */
 #define REFIMPL_ERR_OVERFLOW 4 /* an element count or index does not fit in ptrdiff_t */
 #define REFIMPL_ERR_NULL 5     /* a required buffer pointer is NULL */
-#define REFIMPL_ERR_OPTION 6   /* an enumerated option (feature map, eps policy) is out of range */
+#define REFIMPL_ERR_OPTION 6   /* an option is out of range (feature map, eps policy, the focused map's power) */
 #define REFIMPL_ERR_WORKSPACE 7 /* the workspace is smaller than the kernel's *_workspace() size */
 
 /* Feature maps of the fused linear attention (ckernels/linattn.c). */
 #define REFIMPL_LA_MAP_RELU 0  /* max(x, 0) */
 #define REFIMPL_LA_MAP_ELU1 1  /* ELU(x) + 1 = x + 1 (x > 0), exp(x) (x <= 0) */
+#define REFIMPL_LA_MAP_FOCUSED 2 /* FLatten's phi_p(x) = f_p(ReLU(x)) per row, focusing factor `power` */
 
 /* Instruction-set levels of the kernels' inner loops (x86-64; elsewhere only BASE exists). */
 #define REFIMPL_ISA_BASE 0     /* SSE2 on x86-64: 16-byte vectors */
@@ -45,11 +46,11 @@ int refimpl_dwconv2d_f32(float *out, const float *x, const float *weight, const 
                          int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                          int64_t OH, int64_t OW);
 int refimpl_linear_attention_f64(double *out, double *workspace, const double *q, const double *k,
-                                 const double *v, const double *key_weight, int feature_map, int clamp,
+                                 const double *v, const double *key_weight, int feature_map, double power, int clamp,
                                  double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
                                  int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_attention_f32(float *out, float *workspace, const float *q, const float *k,
-                                 const float *v, const float *key_weight, int feature_map, int clamp,
+                                 const float *v, const float *key_weight, int feature_map, double power, int clamp,
                                  double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
                                  int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_angular_f64(double *out, double *workspace, const double *q, const double *k,
@@ -70,6 +71,8 @@ int refimpl_window_attention_f32(float *out, float *workspace, const float *q, c
                                  int64_t bias_count, int64_t mask_count, int64_t workspace_len, int64_t nthreads);
 int refimpl_elu1_feature_map_f64(double *out, const double *x, int64_t n);
 int refimpl_elu1_feature_map_f32(float *out, const float *x, int64_t n);
+int refimpl_focused_feature_map_f64(double *out, const double *x, int64_t rows, int64_t d, double power);
+int refimpl_focused_feature_map_f32(float *out, const float *x, int64_t rows, int64_t d, double power);
 int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int64_t nthreads);
 int64_t refimpl_linear_attention_workspace(int64_t BH, int64_t M, int64_t d, int64_t e, int64_t nthreads);
 int64_t refimpl_linear_attention_chunks(int64_t M);

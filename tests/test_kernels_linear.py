@@ -142,10 +142,10 @@ def test_c_kernel_agrees_with_definition_through_error_model(dtype, case):
 
 
 @DTYPES
-@pytest.mark.parametrize("fm", ["relu", "elu1"])
+@pytest.mark.parametrize("fm", ["relu", "elu1", "focused"])
 def test_nan_exactly_where_the_definition_has_nan(dtype, fm):
-    """Rows of q that are all negative (ReLU: phi(q) = 0, normaliser 0, numerator 0, 0/0 = NaN), and NaN
-    inputs (NaN propagates through both feature maps), give NaN in exactly the definition's slots - in
+    """Rows of q that are all negative (ReLU and focused: phi(q) = 0, normaliser 0, numerator 0, 0/0 = NaN),
+    and NaN inputs (NaN propagates through every feature map; the focused map makes the whole row NaN), give NaN in exactly the definition's slots - in
     the same precision and against the float64 reference."""
     q, k, v = make(case((2, 2, 30, 45, 12, 7), seed=11), dtype)
     q[0, 1, ::3] = -np.abs(q[0, 1, ::3]) - 1                      # all-negative rows
@@ -158,7 +158,7 @@ def test_nan_exactly_where_the_definition_has_nan(dtype, fm):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(same))
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     assert np.isnan(got[1, 1]).all() and np.isnan(got[1, 0, 5]).all()
-    assert np.isnan(got[0, 1, ::3]).all() == (fm == "relu")
+    assert np.isnan(got[0, 1, ::3]).all() == (fm in ("relu", "focused"))   # f_p(ReLU(x)) = 0 there too
     assert np.isfinite(got[0, 0]).all()
 
 
@@ -202,12 +202,14 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
     w = ffi.from_buffer("double[]", wsb, require_writable=True)
     one = ffi.from_buffer("double[]", np.ones(64))
     f = lib.refimpl_linear_attention_f64
-    assert f(o, w, one, one, one, ffi.NULL, 0, 0, 0.0, 0.0, 0, 1.0, 1, 0, 1, 1, 1, 4096, 1) == 1     # N = 0
-    assert f(o, w, one, one, one, ffi.NULL, 2, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown map
-    assert f(o, w, one, one, one, ffi.NULL, 0, 0, 0.0, 0.0, 2, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown eps policy
-    assert f(o, w, one, one, one, ffi.NULL, 0, 0, 0.0, 0.0, 0, 1.0, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4   # overflow
-    assert f(o, w, one, one, one, ffi.NULL, 0, 0, 0.0, 0.0, 0, 1.0, 1, 2, 2, 2, 2, 3, 1) == 7        # workspace too small
-    assert f(ffi.NULL, w, one, one, one, ffi.NULL, 0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 5
+    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 0, 1, 1, 1, 4096, 1) == 1     # N = 0
+    assert f(o, w, one, one, one, ffi.NULL, 3, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown map
+    for bad_p in (0.5, float("nan"), float("inf")):                                                  # focused: p
+        assert f(o, w, one, one, one, ffi.NULL, 2, bad_p, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6
+    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 2, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown eps policy
+    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4   # overflow
+    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 2, 2, 2, 2, 3, 1) == 7        # workspace too small
+    assert f(ffi.NULL, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 5
     np.testing.assert_array_equal(sentinel, 7.0)
     assert "workspace" in ffi.string(lib.refimpl_status_string(7)).decode()
 
@@ -217,7 +219,7 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
 # ---------------------------------------------------------------------------------------------------
 
 @DTYPES
-@pytest.mark.parametrize("fm", ["relu", "elu1"])
+@pytest.mark.parametrize("fm", ["relu", "elu1", "focused"])
 def test_bitwise_identical_across_runs_and_thread_counts(dtype, fm):
     """The reduction order depends on the sizes only (ckernels/linattn.c: key chunks reduced in chunk
     order), so 1, 2, 3, 5 and 16 threads, and repeated runs with inputs at different addresses, give the
@@ -453,53 +455,11 @@ def test_rala_kernel_bitwise_across_thread_counts_and_against_its_twin(dtype):
 # ---------------------------------------------------------------------------------------------------
 
 def linear_angular_bound(q, k, v, constant, normalizer, eps) -> numerics.Bound:
-    """First-order running error bound of Castling-ViT Eq. 9 (angular.linear_angular_attention, paper mode)
-    in precision T, in units of u (E), returned as Bound(E / K, K) so that gamma_K * scale >= E u.
-
-    Derivation (|.| element-wise; any summation order):
-      q^ = q / max(m sqrt(sum (q/m)^2), eps): q/m (u), square (2u + u), sum of d non-negative terms
-          ((d - 1) u), sqrt (half of that, + u), times m (u), the quotient (u):  E(q^) = (d/2 + 4) |q^|;
-          likewise k^.
-      kv = k^^T v (length M): E(kv) = E(k^)^T |v| + M |k^|^T |v|.
-      num = q^ kv (length d): E(num) = E(q^) (|k^|^T|v|) + |q^| E(kv) + d |q^| (|k^|^T |v|).
-      lin = (1/pi) num: fl(1/pi) and the product: E(lin) = E(num)/pi + 2 |lin|_abs.
-      C: "own" 1/2 v exact; "sum" 1/2 sum_j v_j: E(C) = (M/2) sum_j |v_j|.  H = C + lin: + |C| + |lin|_abs.
-      similarity_sum: den = M/2 + (1/pi) q^ . sum_j k^_j with E(den) = (E(q^).S_k + |q^|.(sum_j E(k^_j))
-          + (M + d) |q^|.S_k) / pi + 3 (M/2 + |q^|.S_k / pi) (S_k = sum_j |k^_j|; the constant, the two
-          roundings and the sum); den >= M (1/2 - 1/pi) > 0, so (E(H) + |H/den| E(den)) / den + |H/den|.
-    K = d + M + 12 (the stage depths above: the two inner products plus the elementwise roundings).  First
-    order in u (products of errors neglected); not a library bound but derived here for this test."""
+    """The first-order running error bound of Castling-ViT Eq. 9 in paper mode:
+    refimpl.attention.angular.linear_angular_attention_bound (its derivation is in that docstring; it was
+    first derived here for this kernel's agreement test)."""
     from refimpl.attention import angular
-    with np.errstate(all="ignore"):
-        qh = angular.unit_rows(q, eps=eps, policy="clamp")
-        kh = angular.unit_rows(k, eps=eps, policy="clamp")
-        d, m = q.shape[-1], k.shape[-2]
-        aq, ak, av = np.abs(qh), np.abs(kh), np.abs(v)
-        eq, ek = (d / 2 + 4) * aq, (d / 2 + 4) * ak
-        kv_abs = ak.swapaxes(-1, -2) @ av
-        e_kv = ek.swapaxes(-1, -2) @ av + m * kv_abs
-        num_abs = aq @ kv_abs
-        e_num = eq @ kv_abs + aq @ e_kv + d * num_abs
-        lin_abs = num_abs / np.pi
-        e = e_num / np.pi + 2 * lin_abs
-        if constant == "own":
-            c_abs = 0.5 * av
-        else:
-            c_abs = np.broadcast_to(0.5 * np.sum(av, axis=-2, keepdims=True), lin_abs.shape)
-            e = e + (m / 2) * np.sum(av, axis=-2, keepdims=True)
-        h_abs = c_abs + lin_abs
-        e = e + h_abs
-        if normalizer == "similarity_sum":
-            sk = np.sum(ak, axis=-2)
-            dot = np.einsum("bhnd,bhd->bhn", aq, sk)
-            den = m / 2 + np.einsum("bhnd,bhd->bhn", qh, np.sum(kh, axis=-2)) / np.pi
-            e_den = (np.einsum("bhnd,bhd->bhn", eq, sk) + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))
-                     + (m + d) * dot) / np.pi + 3 * (m / 2 + dot / np.pi)
-            o_abs = h_abs / den[..., None]
-            e = (e + o_abs * e_den[..., None]) / den[..., None] + o_abs
-    depth = d + m + 12
-    return numerics.Bound(e / depth, depth, f"linear-angular (Castling Eq. 9, {constant}, {normalizer}): "
-                                            f"first-order running error, K = d + M + 12 = {depth}")
+    return angular.linear_angular_attention_bound(q, k, v, constant=constant, normalizer=normalizer, eps=eps)
 
 
 @st.composite

@@ -118,9 +118,10 @@ def test_lisa_contraction_agrees_through_error_model(dtype, case):
 
 @DTYPES
 def test_lisa_core_dispatches_and_default_is_unchanged(dtype):
-    """lisa_core under use("numba") runs the Numba contraction (within the bound of the NumPy run, whose
-    contraction is the only part that differs); the default (NumPy) backend gives exactly the two einsums
-    it always computed (bitwise)."""
+    """lisa_core under use("numba") with taps runs the Numba spectral products and contraction (within
+    lisa_core_bound of the float64 NumPy run; without taps it takes the fused lisa_fft_core, tested in
+    tests/test_kernels_lisa.py); the default (NumPy) backend gives exactly the two einsums it always
+    computed (bitwise)."""
     rng = np.random.default_rng(5)
     grid, c, dd = (3, 5), 4, 3
     n = 15
@@ -134,10 +135,11 @@ def test_lisa_core_dispatches_and_default_is_unchanged(dtype):
         np.testing.assert_array_equal(y_np, np.einsum("bhnd,bhnvd->bhnv", taps["S"], taps["Bv"]))
         with backends.use("numba"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the fallback warning when Numba is absent
-            y_nb = lisa.lisa_core(q, k, v, wa, wb, ba, bb, grid)
+            y_nb = lisa.lisa_core(q, k, v, wa, wb, ba, bb, grid, taps={})
     assert y_nb.dtype == dtype
-    _, by = lisa_bounds(*(taps[t].astype(np.float64) for t in ("q_bar", "A", "Bv")))
-    numerics.assert_close(y_nb, y_np.astype(np.float64), by, dtype, name="lisa_core[numba] vs lisa_core[numpy]")
+    a64 = tuple(t.astype(np.float64) for t in (q, k, v, wa, wb, ba, bb))
+    by = lisa.lisa_core_bound(*a64, grid, dtype=dtype)
+    numerics.assert_close(y_nb, lisa.lisa_core(*a64, grid), by, dtype, name="lisa_core[numba] vs lisa_core[numpy]")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics
+from .. import backends, config, numerics
 from ..layers import conv2d, depthwise_conv2d, layer_norm, layer_norm_bound, linear, shifted_window_mask, \
     window_partition, window_reverse
 from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
@@ -196,10 +196,25 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     ndarray of x's shape, working precision.  f_p(0) = 0 (the limit; ||f_p(x)|| = ||x|| -> 0) with "max";
     0/0 = NaN with "none", as IEEE arithmetic says.
 
+    Under a non-NumPy backend (``refimpl.backends.use``) this is operation "focused_function" (the Numba
+    kernel; float32/float64 inputs), within :func:`focused_function_bound` of this definition; the
+    default NumPy backend computes the definition below.
+
     References
     ----------
     FLatten Eq. 6 (and Appendix Eq. 14, 18: ||f_p(x)|| = ||x||; Eq. 20-21: the max-normalised form).
     """
+    x = numerics.as_float(x, "x")
+    if backends.current() != "numpy" and x.dtype in (np.float32, np.float64):
+        return backends.get("focused_function", dtype=x.dtype)(x, p, axis=axis, power_scaling=power_scaling)
+    return _focused_function_numpy(x, p, axis=axis, power_scaling=power_scaling)
+
+
+def _focused_function_numpy(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
+                            power_scaling: str = "max") -> np.ndarray:
+    """The NumPy body of :func:`focused_function` (the definition; the NumPy twin of operation
+    "focused_function" and the feature map of operation "linear_attention" with ``feature_map="focused"``
+    call this, never the dispatching public function)."""
     x = numerics.as_float(x, "x")
     p = _check_p(p)
     if np.any(x < 0):
@@ -286,7 +301,7 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
     ex = np.zeros_like(x) if err_x is None else numerics.as_float(err_x, "err_x")
     d = x.shape[axis]
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
-    f = focused_function(x, p, axis=axis)
+    f = _focused_function_numpy(x, p, axis=axis)
     m, nx = _norm_scaled(x, axis)
     with np.errstate(invalid="ignore", divide="ignore", under="ignore", over="ignore"):
         safe_m = np.where(m > 0, m, 1.0)
@@ -401,6 +416,17 @@ def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements
     return out
 
 
+def _fused_kernel_applies(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, order: str, normaliser: str,
+                          power_scaling: str, mask: Any, taps: dict | None) -> bool:
+    """Whether the attention term is exactly what operation "linear_attention" with the "focused" map
+    computes (FLatten Eq. 4-6: f_p per head row in the max-scaled form, linear order, normaliser "sum"
+    + eps, no mask), and a non-NumPy backend is selected: then it dispatches there (the default NumPy
+    backend never does, so its results stay the definition's bits).  Taps need the NumPy intermediates."""
+    return (backends.current() != "numpy" and order == "linear" and normaliser == "sum"
+            and power_scaling == "max" and mask is None and taps is None
+            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64))
+
+
 def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
                       hw: tuple[int, int] | None = None, dwc_weight: Any = None, dwc_bias: Any = None,
                       order: str = "linear", eps: float = 0.0, normaliser: str = "sum",
@@ -430,6 +456,13 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     -------
     ndarray (B, h, N, e), working precision.
 
+    Backends: under ``refimpl.backends.use("c")`` (any non-NumPy backend) the attention term of the
+    linear order with normaliser "sum", power_scaling "max", no taps and one float32/float64 dtype runs
+    in the fused C kernel (operation "linear_attention", ``feature_map="focused"``: f_p, KV, key sum and
+    outputs in two passes; ckernels/linattn_body.h), within :func:`focused_attention_bound` of this
+    definition; the DWC branch goes through ``layers.depthwise_conv2d``'s own dispatch.  Every other
+    configuration, and the default NumPy backend, computes the definition.
+
     References
     ----------
     FLatten Eq. 4-6 and 10-12.
@@ -441,10 +474,14 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     _check_order(order)
     if normaliser not in ("sum", "mean_scaled"):
         raise ValueError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
-    phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
-    phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
-    att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
-                  max_elements=max_elements)
+    if _fused_kernel_applies(q, k, v, order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None,
+                             taps=taps):
+        att = backends.get("linear_attention", dtype=q.dtype)(q, k, v, "focused", eps, "add", None, _check_p(p))
+    else:
+        phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
+        phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
+        att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
+                      max_elements=max_elements)
     if taps is not None:
         taps["attention"] = att
     if dwc_weight is None:
@@ -600,11 +637,22 @@ def _heads_and_dwc(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_ele
         if pe.shape != (1,) + k.shape[1:]:
             raise ValueError(f"argument 'positional_encoding': expected shape {(1,) + k.shape[1:]}, got {pe.shape}")
         k = k + pe
-    phi_q = _features(q, params, cfg)
-    phi_k = _features(k, params, cfg)
-    vh = _split_heads(v, cfg.num_heads)
-    att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
-                  taps=taps, max_elements=max_elements)
+    if cfg.norm_scope == "head" and _fused_kernel_applies(q, k, v, order=order, normaliser=cfg.normaliser,
+                                                          power_scaling=cfg.power_scaling, mask=mask, taps=taps):
+        # The fused kernel applies ReLU then f_p per head row: the pre-features (ReLU (+ relu_eps)
+        # (/ softplus(scale))) are >= 0 or NaN, on which its ReLU is the identity, so phi_p of the kernel
+        # equals _features' focused_function of them (FLatten Eq. 6 per head).
+        h = cfg.num_heads
+        aq = _split_heads(_pre_features(q, params, cfg), h)
+        ak = _split_heads(_pre_features(k, params, cfg), h)
+        vh = _split_heads(v, h)
+        att = backends.get("linear_attention", dtype=aq.dtype)(aq, ak, vh, "focused", cfg.eps, "add", None, cfg.p)
+    else:
+        phi_q = _features(q, params, cfg)
+        phi_k = _features(k, params, cfg)
+        vh = _split_heads(v, cfg.num_heads)
+        att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
+                      taps=taps, max_elements=max_elements)
     dwc = _dwc(vh, hw_kv, hw_q, _p(params, "dwc.weight"), params.get("dwc.bias"), cfg.dwc_shared,
                cfg.dwc_resample)
     y = _merge_heads(att + dwc)
@@ -945,11 +993,12 @@ def _err_features(t, e_t, params, cfg, dtype=None):
     a, e = _err_pre_features(t, e_t, params, cfg, dtype)
     h = cfg.num_heads
     if cfg.norm_scope == "token":
-        phi = focused_function(a, cfg.p, power_scaling=cfg.power_scaling)
+        phi = _focused_function_numpy(a, cfg.p, power_scaling=cfg.power_scaling)
         ephi = focused_function_error(a, cfg.p, e, dtype=dtype)
         return _split_heads(phi, h), _split_heads(ephi, h), a.shape[-1]
     ah, eh = _split_heads(a, h), _split_heads(e, h)
-    return focused_function(ah, cfg.p, power_scaling=cfg.power_scaling), focused_function_error(ah, cfg.p, eh, dtype=dtype), \
+    return _focused_function_numpy(ah, cfg.p, power_scaling=cfg.power_scaling), \
+        focused_function_error(ah, cfg.p, eh, dtype=dtype), \
         ah.shape[-1]
 
 
@@ -1038,7 +1087,8 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
     v = numerics.as_float(v, "v")
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h n d"), v=(v, "B h n e"))
     cfg = FocusedConfig(dim=sz["h"] * sz["d"], num_heads=sz["h"], p=p, normaliser=normaliser, eps=eps)
-    phi_q, phi_k = focused_feature_map(q, p), focused_feature_map(k, p)
+    phi_q = _focused_function_numpy(numerics.relu(q), p)
+    phi_k = _focused_function_numpy(numerics.relu(k), p)
     e_q = focused_function_error(numerics.relu(q), p, dtype=dtype)
     e_k = focused_function_error(numerics.relu(k), p, dtype=dtype)
     e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype)

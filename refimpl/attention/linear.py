@@ -377,7 +377,7 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     _check_policy(order, eps, eps_policy, clamp_min)
     opts = dict(feature_map_options or {})
     if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
-            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)
+            and feature_map in FEATURE_MAPS and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)
             and backends.current() != "numpy"):
         # The configurations the fused kernels implement go through the backend switch (the default
         # backend is NumPy, which lands in _linear_attention_numpy below: the same computation).
@@ -390,14 +390,17 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
 
 
 #: Feature maps of the fused linear-attention kernels (operation "linear_attention" of refimpl.backends).
-FUSED_MAPS = ("relu", "elu1")
+#: "focused" is FLatten's phi_p (refimpl.attention.focused.focused_feature_map); it is not one of
+#: :data:`FEATURE_MAPS` (focused.focused_attention is its public entry).
+FUSED_MAPS = ("relu", "elu1", "focused")
 
 
 @backends.register("linear_attention", "numpy")
 def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
                             eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
-                            clamp_min: float | None = None, *, out: np.ndarray | None = None,
-                            workspace: Any = None, threads: Any = None) -> np.ndarray:
+                            clamp_min: float | None = None, p: float = config.FLATTEN_FOCUSING_FACTOR, *,
+                            out: np.ndarray | None = None, workspace: Any = None,
+                            threads: Any = None) -> np.ndarray:
     """The NumPy definition of operation "linear_attention" of :mod:`refimpl.backends` (the twin of the
     fused C and Numba kernels): :func:`linear_attention` in linear order, normalised, without taps,
     for ``feature_map`` in :data:`FUSED_MAPS`.
@@ -407,8 +410,10 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
     Parameters
     ----------
     q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : float arrays (computed in their working precision).
-    feature_map : "relu" or "elu1".  eps, eps_policy, clamp_min : the normaliser policy
-        (:func:`apply_normaliser`).
+    feature_map : "relu", "elu1" or "focused" (FLatten Eq. 6: phi_p(x) = f_p(ReLU(x)) per row, computed by
+        ``refimpl.attention.focused``'s NumPy body of focused_feature_map(x, p, power_scaling="max")).
+    eps, eps_policy, clamp_min : the normaliser policy (:func:`apply_normaliser`).
+    p : the focusing factor of "focused" (real, finite, >= 1; validated for every map, used only there).
     out : optional (B, h, N, e) array the result is copied into (and returned), for signature parity with
         the kernels.  workspace, threads : accepted and ignored (the kernels' buffers and thread count).
 
@@ -418,16 +423,23 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
 
     References
     ----------
-    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. (2020) Eq. 7.
+    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020) Eq. 7.
     """
     if feature_map not in FUSED_MAPS:
         raise ValueError(f"argument 'feature_map': operation 'linear_attention' takes {FUSED_MAPS}, got "
                          f"{feature_map!r}; use linear_attention() for the other maps")
+    from . import focused  # at call time: focused imports this module
+    p = focused._check_p(p)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
-    phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
-    phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
+    if feature_map == "focused":
+        # The NumPy body, not the public (dispatching) focused_function: this is the definition.
+        phi_q = focused._focused_function_numpy(numerics.relu(q), p, axis=-1, power_scaling="max")
+        phi_k = focused._focused_function_numpy(numerics.relu(k), p, axis=-1, power_scaling="max")
+    else:
+        phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
+        phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
     res = kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps, eps_policy=eps_policy,
                                clamp_min=clamp_min)
     if out is not None:

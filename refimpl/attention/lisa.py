@@ -47,6 +47,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import scipy.fft as sfft
 
 from .. import backends, config, numerics, toeplitz as tz
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, mlp, subparams
@@ -367,6 +368,50 @@ def _convolve(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...], exact_to
     return y.reshape((b, h, n_tok) + y.shape[2 + r:])
 
 
+def _fft_lengths(grid: tuple[int, ...], exact_toeplitz: bool, fft_lengths) -> tuple[int, ...]:
+    """The FFT lengths of lisa_core: the grid (circular, Eq. 10) or the padded lengths (exact_toeplitz)."""
+    if not exact_toeplitz:
+        return grid
+    lens = tz.default_lengths(grid) if fft_lengths is None else tz._tuple(fft_lengths, len(grid), "fft_lengths")
+    for a, (n, length) in enumerate(zip(grid, lens)):
+        if length < n:
+            raise ValueError(f"argument 'fft_lengths': axis {a} FFT length {length} is smaller than the grid size {n}")
+    return lens
+
+
+def _kernel_on_lengths(kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz: bool,
+                       lens: tuple[int, ...]) -> np.ndarray:
+    """kernel (P, *ch) as the circular kernel of the FFT grid ``lens`` (*lens, *ch): Wa / Wb reshaped to the
+    grid (Eq. 10), or the Toeplitz parameters periodised to the padded lengths (what
+    refimpl.toeplitz.toeplitz_product convolves with)."""
+    r = len(grid)
+    kg = tuple(2 * n - 1 for n in grid) if exact_toeplitz else grid
+    kern = kernel.reshape(kg + kernel.shape[1:])
+    return tz.periodize(kern, r, lens) if exact_toeplitz else kern
+
+
+def _convolve_dispatched(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz: bool,
+                         fft_lengths) -> np.ndarray:
+    """:func:`_convolve` (transform "rfft") with the spectral product run by backend operation
+    "lisa_spectral_product": the same transforms as refimpl.toeplitz._fft_convolve, whose ``xf * kf`` is
+    that operation's definition.  Used by lisa_core under a non-NumPy backend when the fused operation is
+    not taken (taps requested)."""
+    r = len(grid)
+    b, h, n_tok, c = x.shape[:4]
+    lens = _fft_lengths(grid, exact_toeplitz, fft_lengths)
+    kern = _kernel_on_lengths(kernel, grid, exact_toeplitz, lens)                  # (*lens, c|1, D)
+    axes = tuple(range(2, 2 + r))
+    xf = sfft.rfftn(x.reshape((b, h) + grid + (c,)), s=lens, axes=axes)           # (B, h, *half, c)
+    kf = sfft.rfftn(kern, axes=tuple(range(r)))                                    # (*half, c|1, D)
+    half = xf.shape[2:2 + r]
+    nf = int(np.prod(half))
+    prod = backends.get("lisa_spectral_product", dtype=x.dtype)(xf.reshape(b * h, nf, c),
+                                                                kf.reshape((nf,) + kf.shape[r:]))
+    y = sfft.irfftn(prod.reshape((b, h) + half + prod.shape[-2:]), s=lens, axes=axes)
+    y = y[(slice(None), slice(None)) + tuple(slice(0, n) for n in grid)]
+    return y.reshape((b, h, n_tok) + y.shape[2 + r:])
+
+
 def _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, grid, exact_toeplitz):
     wa, wb = as_float(weight_a, "weight_a"), as_float(weight_b, "weight_b")
     ba, bb = as_float(bias_a, "bias_a"), as_float(bias_b, "bias_b")
@@ -398,6 +443,13 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     taps : optional dict receiving "q_bar", "k_bar" (B,h,N,c), "G_a", "G_b" (B,h,N,c,D), "A" (= G_a + B_a),
         "Bv" (= G_b + B_b), "S" (B,h,N,D; = sum_c Qb (G_a + B_a)), "out" (B,h,N,c).
 
+    Backends: on the default ("numpy") backend this is the NumPy path above.  Under any other backend
+    (refimpl.backends.use) with transform "rfft", everything after the L2 normalisation runs as backend
+    operation "lisa_fft_core" (definition :func:`_lisa_fft_core_numpy`; Numba kernel
+    refimpl.backends._numba.lisa_fft_core, which never forms G_a, G_b whole), or, when taps are
+    requested, the spectral products and the contraction run as "lisa_spectral_product" and
+    "lisa_contraction".  The contraction is dispatched on every path.
+
     Returns
     -------
     (B, h, N, c) float array.
@@ -412,8 +464,18 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     if transform not in TRANSFORMS:
         raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {transform!r}")
     qb, kb = _l2(q, eps), _l2(k, eps)
-    ga = _convolve(kb[..., None], wa, g, exact_toeplitz, fft_lengths, transform)           # (B,h,N,c,D)
-    gb = _convolve(v[..., None], wb[:, None, :], g, exact_toeplitz, fft_lengths, transform)  # (B,h,N,c,D)
+    if backends.current() != "numpy" and transform == "rfft":
+        if taps is None:      # fused: Ga, Gb never formed whole (backend operation "lisa_fft_core")
+            lens = _fft_lengths(g, exact_toeplitz, fft_lengths)
+            _, out = backends.get("lisa_fft_core", dtype=qb.dtype)(
+                qb, kb, v, _kernel_on_lengths(wa, g, exact_toeplitz, lens),
+                _kernel_on_lengths(wb, g, exact_toeplitz, lens), ba, bb, g, None if lens == g else lens)
+            return out
+        ga = _convolve_dispatched(kb, wa, g, exact_toeplitz, fft_lengths)            # taps need Ga, Gb
+        gb = _convolve_dispatched(v, wb[:, None, :], g, exact_toeplitz, fft_lengths)
+    else:
+        ga = _convolve(kb[..., None], wa, g, exact_toeplitz, fft_lengths, transform)           # (B,h,N,c,D)
+        gb = _convolve(v[..., None], wb[:, None, :], g, exact_toeplitz, fft_lengths, transform)  # (B,h,N,c,D)
     a = ga + ba
     bv = gb + bb
     s, out = backends.get("lisa_contraction", dtype=qb.dtype)(qb, a, bv)
@@ -437,6 +499,34 @@ def _lisa_contraction_numpy(qb: np.ndarray, a: np.ndarray, bv: np.ndarray) -> tu
     s = np.einsum("bhnc,bhncd->bhnd", qb, a)
     out = np.einsum("bhnd,bhnvd->bhnv", s, bv)
     return s, out
+
+
+@backends.register("lisa_fft_core", "numpy")
+def _lisa_fft_core_numpy(qb: np.ndarray, kb: np.ndarray, v: np.ndarray, weight_a: np.ndarray, weight_b: np.ndarray,
+                         bias_a: np.ndarray, bias_b: np.ndarray, grid: tuple[int, ...],
+                         lengths: tuple[int, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """LiSA's FFT core after the L2 normalisation (the definition of backend operation "lisa_fft_core"):
+    Ga = Kb (*) Wa, Gb = V (*) Wb (refimpl.toeplitz's FFT convolution, the very calls :func:`lisa_core`
+    makes with transform "rfft"), then :func:`_lisa_contraction_numpy` of (Qb, Ga + Ba, Gb + Bb).
+
+    qb, kb, v : (B, h, N, c) float.  weight_a : (*L, c, D) and weight_b : (*L, D) float, the circular kernels
+    on the FFT grid L (Wa, Wb reshaped to the token grid; or, with exact_toeplitz, the Toeplitz parameters
+    periodised to the padded lengths).  bias_a, bias_b : (c, D).  grid : the token grid.
+    lengths : L (None: the grid, circular convolutions).
+    Returns (S (B, h, N, D), Y (B, h, N, c)).  Accelerated twin: refimpl/backends/_numba.py (lisa_fft_core).
+
+    References
+    ----------
+    LiSA Eq. 9, Eq. 10, Fig. 7, Appendix A.
+    """
+    r = len(grid)
+    lens = tuple(grid) if lengths is None else tuple(lengths)
+    b, h, n_tok, c = qb.shape
+    d = weight_a.shape[-1]
+    gshape = (b, h) + tuple(grid) + (c, 1)
+    ga = tz._fft_convolve(kb.reshape(gshape), weight_a, r, lens, "rfft", None).reshape(b, h, n_tok, c, d)
+    gb = tz._fft_convolve(v.reshape(gshape), weight_b[..., None, :], r, lens, "rfft", None).reshape(b, h, n_tok, c, d)
+    return _lisa_contraction_numpy(qb, ga + bias_a, gb + bias_b)
 
 
 def sa_eq4(q: Any, k: Any, v: Any, rpe: Any, *, eps: float = config.LISA_L2_EPS, taps: dict | None = None,

@@ -18,8 +18,9 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
 - ``"depthwise_conv2d"``: ``depthwise_conv2d(x, weight, bias, stride, pads, dilation=(1, 1), *, out=None)``
   (twin ``refimpl.layers._depthwise_conv2d_numpy``);
 - ``"linear_attention"``: ``linear_attention(q, k, v, feature_map="relu", eps=0.0, eps_policy="add",
-  clamp_min=None, *, out=None, workspace=None, threads=None)`` with q (B, h, N, d), k (B, h, M, d),
-  v (B, h, M, e) -> (B, h, N, e); feature maps "relu" and "elu1" (twin
+  clamp_min=None, p=config.FLATTEN_FOCUSING_FACTOR, *, out=None, workspace=None, threads=None)`` with
+  q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) -> (B, h, N, e); feature maps "relu", "elu1" and
+  "focused" (FLatten's f_p(ReLU(x)) per row with focusing factor ``p``) (twin
   ``refimpl.attention.linear._linear_attention_numpy``; ckernels/linattn.c).  ``threads`` (default
   :func:`default_threads`) changes the speed only, never a bit.
 - ``"reweighted_linear_attention"`` (RALA Eq. 2-4, linear order, no RoPE):
@@ -47,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from . import _validate, register
 
 _LOCK = threading.Lock()
@@ -168,7 +170,7 @@ def _call(mod: Any, result: np.ndarray, a: "_validate.DepthwiseArgs") -> None:
 # ---------------------------------------------------------------------------------------------------
 
 #: Feature maps of the fused kernel and their codes (REFIMPL_LA_MAP_* in ckernels/refimpl_kernels.h).
-LINEAR_ATTENTION_MAPS = {"relu": 0, "elu1": 1}
+LINEAR_ATTENTION_MAPS = {"relu": 0, "elu1": 1, "focused": 2}
 _EPS_POLICIES = {"add": 0, "clamp": 1}
 
 
@@ -215,17 +217,21 @@ def linear_attention_workspace(B: int, h: int, M: int, d: int, e: int, dtype: An
 
 @register("linear_attention", "c")
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu",
-                     eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None, *,
-                     out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+                     eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None,
+                     p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
                      threads: int | None = None) -> np.ndarray:
     """Fused kernelized linear attention forward in C: the C twin of
     ``refimpl.attention.linear._linear_attention_numpy``.
 
     O_i = phi(Q_i) (sum_j phi(K_j)^T V_j) / den_eff_i,  den_i = phi(Q_i) . sum_j phi(K_j)
 
-    (L2ViT Eq. 2-4, with the clamp of Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. 2020 Eq. 7 for
+    (L2ViT Eq. 2-4, with the clamp of Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. 2020 Eq. 7 for
     ELU + 1), den_eff = max(den, clamp_min) if clamp_min is given, then den + eps ("add", skipped for
-    eps = 0) or max(den, eps) ("clamp").  Two passes over the tokens (KV and key sums, then outputs), the
+    eps = 0) or max(den, eps) ("clamp").  The "focused" map is FLatten's phi_p(x) = f_p(ReLU(x)) per row
+    of d features in the max-scaled form of ``refimpl.attention.focused.focused_feature_map(x, p,
+    power_scaling="max")``, with r**p formed by p - 1 multiplications for an integer p <= 6
+    (``config.ELEMENTARY_FUNCTION_ULPS + 2``, the largest p for which that stays inside the error model's
+    budget for pow) and by libm pow otherwise (docs/kernels_c.md).  Two passes over the tokens (KV and key sums, then outputs), the
     N x M matrix never formed; computed in the dtype of q with a fixed summation order (ckernels/
     linattn_body.h), so the result is bitwise reproducible across runs, thread counts and vector levels,
     and lies within ``refimpl.attention.linear.linear_attention_bound`` of the float64 definition.
@@ -235,9 +241,12 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     q : (B, h, N, d) float32 or float64.
     k : (B, h, M, d), same dtype.
     v : (B, h, M, e), same dtype.
-    feature_map : "relu" (max(x, 0)) or "elu1" (x + 1 for x > 0, exp(x) otherwise).
+    feature_map : "relu" (max(x, 0)), "elu1" (x + 1 for x > 0, exp(x) otherwise) or "focused"
+        (f_p(ReLU(x)) per row, FLatten Eq. 6).
     eps : float, eps_policy : "add" | "clamp", clamp_min : float or None - the normaliser policy of
         ``refimpl.attention.linear.apply_normaliser`` (applied in the dtype of q).
+    p : real, finite, >= 1: the focusing factor of the "focused" map (default
+        ``config.FLATTEN_FOCUSING_FACTOR`` = 3); validated for every map, used only by "focused".
     out : optional (B, h, N, e) C-contiguous aligned writeable array of the same dtype, written in place
         and returned; allocated 64-byte aligned if None.
     workspace : optional C-contiguous aligned writeable array of the same dtype with at least
@@ -251,22 +260,35 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
 
     Raises
     ------
-    TypeError for dtypes other than float32/float64 or mixed; ValueError for inconsistent shapes, an
-    unknown feature map / eps policy, bad threads, an unusable ``out``/``workspace``; ImportError if the
-    compiled module is missing; RuntimeError if the kernel refuses its arguments (a validation bug).
+    TypeError for dtypes other than float32/float64 or mixed, or a non-real ``p``; ValueError for
+    inconsistent shapes, an unknown feature map / eps policy, ``p`` not finite or < 1, bad threads, an
+    unusable ``out``/``workspace``; ImportError if the compiled module is missing; RuntimeError if the
+    kernel refuses its arguments (a validation bug).
 
     References
     ----------
-    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-4; Katharopoulos et al. (2020), Eq. 2-7.
+    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020), Eq. 2-7.
     """
     return _linear_attention_call(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, out, workspace,
-                                  threads)
+                                  threads, p)
+
+
+def _check_focusing_factor(p: Any) -> float:
+    """p as a float: a real number (not bool), finite, >= 1; TypeError / ValueError naming 'p' otherwise."""
+    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
+        raise TypeError(f"argument 'p': expected a real number (the focusing factor), got {type(p).__name__}")
+    pf = float(p)
+    if not np.isfinite(pf) or pf < 1:
+        raise ValueError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
+    return pf
 
 
 def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map: str, eps: Any, eps_policy: str,
-                           clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any) -> np.ndarray:
+                           clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any,
+                           p: Any = config.FLATTEN_FOCUSING_FACTOR) -> np.ndarray:
     """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status."""
     mod = _load()
+    power = _check_focusing_factor(p)
     if feature_map not in LINEAR_ATTENTION_MAPS:
         raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
                          f"{feature_map!r} (other maps run on the NumPy definition)")
@@ -306,7 +328,7 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
                 ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
                 ffi.NULL if kw is None else ffi.from_buffer(ct, kw),
-                LINEAR_ATTENTION_MAPS[feature_map], 0 if clamp_min is None else 1,
+                LINEAR_ATTENTION_MAPS[feature_map], power, 0 if clamp_min is None else 1,
                 0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
                 float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
     if status != 0:
@@ -346,6 +368,8 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     ----------
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 2-4.
     """
+    if kernel not in ("elu1", "relu"):
+        raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
     return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads)
 
 
@@ -396,6 +420,55 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
     if status != 0:
         msg = ffi.string(lib.refimpl_status_string(status)).decode()
         raise RuntimeError(f"C kernel refimpl_elu1_feature_map refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result
+
+
+def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None) -> np.ndarray:
+    """FLatten's focused feature map phi_p(x) = f_p(ReLU(x)) along the last axis, in C, with the fused
+    kernel's own staging code (the map inside :func:`linear_attention` with ``feature_map="focused"``, the
+    same bits); spec ``refimpl.attention.focused.focused_feature_map(x, p, power_scaling="max")``.
+
+    Per row of d features: a = ReLU(x) (NaN stays NaN), m = max a, r = a / m, ||a|| = m sqrt(sum r^2),
+    t = r**p (p - 1 multiplications for an integer p <= 6, else pow), f = ||a|| (t / ||t||); f = 0 for a
+    row without a positive entry; a NaN or +Inf anywhere makes the row NaN (as the reference).  Not a
+    registered operation (focused.focused_function dispatches to the Numba kernel "focused_function");
+    used by the tests to check the kernel's map alone, within ``focused.focused_function_bound``.
+
+    Parameters
+    ----------
+    x : float32 or float64 array (..., d), any sign, non-empty.
+    p : real, finite, >= 1 (default ``config.FLATTEN_FOCUSING_FACTOR``).
+    out : optional array of x's shape and dtype, C-contiguous, aligned, writeable, sharing no memory with
+        x; written in place and returned (allocated 64-byte aligned if None).
+
+    Returns
+    -------
+    Array of x's shape and dtype.
+
+    References
+    ----------
+    FLatten (Han et al., ICCV 2023) Eq. 5-6, Appendix Eq. 20-21 (the max-normalised form).
+    """
+    mod = _load()
+    power = _check_focusing_factor(p)
+    a = _validate._array(x, "x", "C")
+    if a.size < 1 or a.ndim < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")
+    if out is not None:
+        _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
+    a = _validate._contiguous(a)
+    from . import empty_aligned
+    result = out if out is not None else empty_aligned(a.shape, a.dtype)
+    result.fill(np.nan)  # poison
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(a.dtype)
+    fn = lib.refimpl_focused_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_focused_feature_map_f32
+    d = a.shape[-1]
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size // d, d, power)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_focused_feature_map refused its arguments (status {status}: {msg}); "
                            f"this is a bug in refimpl.backends._c's validation")
     return result
 

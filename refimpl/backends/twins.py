@@ -146,7 +146,9 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     """f_p(x) = ||x|| / ||x**p|| * x**p along ``axis`` (x >= 0).
 
     The NumPy twin of the ``"focused_function"`` operation: exactly
-    :func:`refimpl.attention.focused.focused_function` (the specification; same arguments).
+    :func:`refimpl.attention.focused.focused_function` (the specification; same arguments), by calling its
+    NumPy body ``focused._focused_function_numpy`` (the public function dispatches to this operation when
+    a non-NumPy backend is selected).
 
     Parameters
     ----------
@@ -161,7 +163,8 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     FLatten Eq. 6 (and Eq. 20-21, the max-normalised form).
     """
     from ..attention import focused
-    return focused.focused_function(x, p, axis=axis, power_scaling=power_scaling)
+    # The NumPy body, not the public function: that one dispatches through this operation again.
+    return focused._focused_function_numpy(x, p, axis=axis, power_scaling=power_scaling)
 
 
 # ---------------------------------------------------------------------------------------------------
