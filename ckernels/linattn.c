@@ -4,15 +4,17 @@
  * extensions and per-function target attributes; POSIX threads; no allocation of buffers (the caller
  * passes the workspace); int status return.
  *
- *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, feature_map, power, clamp,
- *                                    clamp_min, eps, eps_policy, kv_scale, BH, N, M, d, e, workspace_len,
- *                                    nthreads)
+ *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, v_scale, v_scale_divide,
+ *                                    feature_map, power, clamp, clamp_min, eps, eps_policy, kv_scale, BH, N,
+ *                                    M, d, e, workspace_len, nthreads)
  *   (and _f32)
  *
  *   out        (BH, N, e)   written completely on success, untouched on a nonzero status
  *   workspace  workspace_len >= refimpl_linear_attention_workspace(BH, M, d, e, nthreads) elements
  *   q (BH, N, d), k (BH, M, d), v (BH, M, e)     BH = batch x heads, packed C order
  *   key_weight   (BH, M) or NULL: w_j multiplies phi(K_j) (RALA Eq. 3's alpha_j)
+ *   v_scale      (BH) or NULL: head bh uses v / v_scale[bh] (v_scale_divide != 0) or v * v_scale[bh] in
+ *                place of v (L2ViT's gain, the definition's rounded v_eff), applied as V rows are staged
  *   kv_scale     s multiplies KV and the key sum after the sum (1: none; RALA's 1/N token scaling)
  *   feature_map  LA_MAP_RELU (0), LA_MAP_ELU1 (1) or LA_MAP_FOCUSED (2)
  *   power        LA_MAP_FOCUSED: the focusing factor p (finite, >= 1); ignored by the other maps
@@ -21,6 +23,13 @@
  *   nthreads     threads to use (>= 1; capped at LA_MAX_THREADS and at the number of work items)
  *
  * What is computed, and in which order, is described at the top of linattn_body.h.
+ *
+ *   int refimpl_rala_alpha_f64(alpha, workspace, q, k, feature_map, kappa_q, scale, BH, N, M, d,
+ *                              workspace_len, nthreads)   (and _f32)
+ *
+ *   alpha (BH, M) = M softmax_j(scale Q_g . kappa(K_j)), Q_g the mean of Q (or kappa(Q)) over its N tokens:
+ *   RALA's reweighting coefficients, Eq. 4 (rala_body.h, rala_entry.h); the same thread and determinism
+ *   rules as the attention kernels.
  *
  *   int refimpl_focused_feature_map_f64(out, x, rows, d, power)   (and _f32)
  *
@@ -117,6 +126,7 @@ struct la_policy {
     int castling;     /* 0: num / den_eff.  1: Castling: c_i + (1/pi) num_i [/ (M/2 + (1/pi) q^_i . ksum)] */
     int own;          /* castling: c_i = 1/2 v_i (1) or 1/2 sum_j v_j (0) */
     int simsum;       /* castling: divide by the similarity sum */
+    int v_divide;     /* with a V scale s: v / s (1) or v * s (0) */
     int64_t M;
 };
 
@@ -139,10 +149,25 @@ int64_t refimpl_linear_attention_workspace(int64_t BH, int64_t M, int64_t d, int
         return -1;
     const int64_t lim = PTRDIFF_MAX / 8;
     const int64_t nc = refimpl_linear_attention_chunks(M);
-    if (d > lim / (e + 2) || d * (e + 2) > lim / nc || d * (e + 2) * nc > lim / BH || d > lim / (LA_TB + 1))
+    if (d > lim / (e + 2) || d * (e + 2) > lim / nc || d * (e + 2) * nc > lim / BH || d + e > lim / (LA_TB + 1))
         return -1;
     const int64_t part = BH * nc * (d * (e + 1) + e);
-    const int64_t scratch = la_threads(nthreads) * (LA_TB * d + LA_TB);
+    const int64_t scratch = la_threads(nthreads) * (LA_TB * (d + e) + LA_TB);
+    return part > lim - scratch ? -1 : part + scratch;
+}
+
+/* RALA's alpha (rala_entry.h): per head ncq d partial sums of Q, d of Q_g, nck chunk maxima and nck chunk
+ * sums; per thread a staging buffer of LA_TB tokens (LA_TB d). */
+int64_t refimpl_rala_alpha_workspace(int64_t BH, int64_t N, int64_t M, int64_t d, int64_t nthreads)
+{
+    if (BH < 1 || N < 1 || M < 1 || d < 1)
+        return -1;
+    const int64_t lim = PTRDIFF_MAX / 8;
+    const int64_t ncq = refimpl_linear_attention_chunks(N), nck = refimpl_linear_attention_chunks(M);
+    if (d > lim / (LA_MAX_CHUNKS + 1) || BH > lim / ((ncq + 1) * d + 2 * nck) || d > lim / (LA_TB * LA_MAX_THREADS))
+        return -1;
+    const int64_t part = BH * ((ncq + 1) * d + 2 * nck);
+    const int64_t scratch = la_threads(nthreads) * LA_TB * d;
     return part > lim - scratch ? -1 : part + scratch;
 }
 
@@ -165,6 +190,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -174,6 +200,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET __attribute__((target("avx2")))
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -182,6 +209,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw")))
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -189,6 +217,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define TSUF f64
 #include "linattn_entry.h"
 #include "winattn_entry.h"
+#include "rala_entry.h"
 #undef TSUF
 #undef LA_EXP
 #undef REAL
@@ -202,6 +231,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -211,6 +241,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET __attribute__((target("avx2")))
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -219,6 +250,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define LA_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw")))
 #include "linattn_body.h"
 #include "winattn_body.h"
+#include "rala_body.h"
 #undef SUF
 #undef VBYTES
 #undef LA_TARGET
@@ -226,6 +258,7 @@ int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int6
 #define TSUF f32
 #include "linattn_entry.h"
 #include "winattn_entry.h"
+#include "rala_entry.h"
 #undef TSUF
 #undef LA_EXP
 #undef REAL

@@ -366,11 +366,13 @@ static REFIMPL_INLINE void LA_FN(la_kv_rows)(REAL *restrict kv, const REAL *rest
 }
 
 /* Pass 1 for one chunk of keys: kvp (d x e) and ksp (d) are this chunk's partials (set to +0 here);
- * k (T x d) and v (T x e) the chunk's rows; scratch holds LA_TB x d elements. */
+ * k (T x d) and v (T x e) the chunk's rows; scratch holds LA_TB (d + e + 1) elements.  vs: NULL, or this
+ * head's V scale s (L2ViT's gain): each V element is replaced by v / s (pol->v_divide) or v * s, one
+ * rounded operation, as the definition's v_eff = V / s or V * t, staged LA_TB rows at a time. */
 LA_TARGET static void LA_FN(la_pass1)(REAL *restrict kvp, REAL *restrict ksp, REAL *restrict vsp,
                                       REAL *restrict scratch, const REAL *restrict k, const REAL *restrict v,
-                                      const REAL *restrict w, int64_t T, int64_t d, int64_t e,
-                                      const struct la_policy *pol)
+                                      const REAL *restrict w, const REAL *restrict vs, int64_t T, int64_t d,
+                                      int64_t e, const struct la_policy *pol)
 {
     for (int64_t x = 0; x < d * e; ++x)
         kvp[x] = 0;
@@ -385,6 +387,18 @@ LA_TARGET static void LA_FN(la_pass1)(REAL *restrict kvp, REAL *restrict ksp, RE
     for (int64_t t0 = 0; t0 < T; t0 += LA_TB) {
         const int64_t tb = T - t0 < LA_TB ? T - t0 : LA_TB;
         const REAL *vb = v + t0 * e;
+        if (vs) {                                               /* L2ViT: v_eff = v / s or v * s, rounded */
+            REAL *vsb = scratch + LA_TB * d + LA_TB;
+            const REAL s = *vs;
+            const int64_t n = tb * e;
+            if (pol->v_divide)
+                for (int64_t x = 0; x < n; ++x)
+                    vsb[x] = vb[x] / s;
+            else
+                for (int64_t x = 0; x < n; ++x)
+                    vsb[x] = vb[x] * s;
+            vb = vsb;
+        }
         LA_FN(la_stage)(scratch, k + t0 * d, tb, d, pol);
         if (w)                                                  /* RALA: alpha_t phi(K_t), rounded */
             for (int64_t t = 0; t < tb; ++t)

@@ -9,15 +9,15 @@
 #define LE_FN(name) LE_CAT(name, TSUF)
 
 typedef void (*LE_FN(la_pass1_fn))(REAL *restrict, REAL *restrict, REAL *restrict, REAL *restrict,
-                                   const REAL *restrict, const REAL *restrict, const REAL *restrict, int64_t,
-                                   int64_t, int64_t, const struct la_policy *);
+                                   const REAL *restrict, const REAL *restrict, const REAL *restrict,
+                                   const REAL *restrict, int64_t, int64_t, int64_t, const struct la_policy *);
 typedef void (*LE_FN(la_pass2_fn))(REAL *restrict, REAL *restrict, const REAL *restrict, const REAL *restrict,
                                    const REAL *restrict, const REAL *restrict, const REAL *restrict, int64_t,
                                    int64_t, int64_t, const struct la_policy *);
 
 struct LE_FN(la_job) {
     REAL *out, *ws, *scratch0;
-    const REAL *q, *k, *v, *kw;
+    const REAL *q, *k, *v, *kw, *vs;
     int64_t BH, N, M, d, e, nc, nqb, nthreads, scratch_len;
     int64_t next;  /* the current pass's next unclaimed item (atomic; reset before each pass) */
     int pass;
@@ -50,8 +50,8 @@ static void LE_FN(la_run)(struct LE_FN(la_job) *j, int64_t tid)
             const int64_t t0 = j->M * c / j->nc, t1 = j->M * (c + 1) / j->nc;
             REAL *kvp = j->ws + (bh * j->nc + c) * slot;
             j->pass1(kvp, kvp + j->d * j->e, kvp + j->d * (j->e + 1), scratch, j->k + (bh * j->M + t0) * j->d,
-                     j->v + (bh * j->M + t0) * j->e, j->kw ? j->kw + bh * j->M + t0 : 0, t1 - t0, j->d, j->e,
-                     &j->pol);
+                     j->v + (bh * j->M + t0) * j->e, j->kw ? j->kw + bh * j->M + t0 : 0, j->vs ? j->vs + bh : 0,
+                     t1 - t0, j->d, j->e, &j->pol);
         } else {
             const int64_t bh = it / j->nqb, b = it % j->nqb;
             const int64_t t0 = b * LA_QB, t1 = (t0 + LA_QB < j->N) ? t0 + LA_QB : j->N;
@@ -103,8 +103,9 @@ static int LE_FN(la_focused_policy)(struct la_policy *pol, double power)
 
 /* Both public entries: checks, then the two passes.  pol is filled by the caller except M. */
 static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
-                             const REAL *key_weight, struct la_policy pol, double kv_scale, int64_t BH,
-                             int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads)
+                             const REAL *key_weight, const REAL *v_scale, struct la_policy pol, double kv_scale,
+                             int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len,
+                             int64_t nthreads)
 {
     if (!out || !workspace || !q || !k || !v)
         return REFIMPL_ERR_NULL;
@@ -130,6 +131,7 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
     j.k = k;
     j.v = v;
     j.kw = key_weight;
+    j.vs = v_scale;
     j.BH = BH;
     j.N = N;
     j.M = M;
@@ -138,7 +140,7 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
     j.nc = refimpl_linear_attention_chunks(M);
     j.nqb = (N + LA_QB - 1) / LA_QB;
     j.scratch0 = workspace + BH * j.nc * (d * (e + 1) + e);
-    j.scratch_len = LA_TB * d + LA_TB;
+    j.scratch_len = LA_TB * (d + e) + LA_TB;
     j.pol = pol;
     j.pol.M = M;
     j.pass1 = LE_FN(la_pass1_base);
@@ -184,8 +186,9 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
 }
 
 int LE_FN(refimpl_linear_attention)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
-                                    const REAL *key_weight, int feature_map, double power, int clamp,
-                                    double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH,
+                                    const REAL *key_weight, const REAL *v_scale, int v_scale_divide,
+                                    int feature_map, double power, int clamp, double clamp_min, double eps,
+                                    int eps_policy, double kv_scale, int64_t BH,
                                     int64_t N, int64_t M, int64_t d, int64_t e,
                                     int64_t workspace_len, int64_t nthreads)
 {
@@ -201,8 +204,9 @@ int LE_FN(refimpl_linear_attention)(REAL *out, REAL *workspace, const REAL *q, c
     pol.clamp_min = clamp_min;
     pol.eps = eps;
     pol.eps_clamp = eps_policy == 1;
-    return LE_FN(la_run_all)(out, workspace, q, k, v, key_weight, pol, kv_scale, BH, N, M, d, e, workspace_len,
-                             nthreads);
+    pol.v_divide = v_scale_divide != 0;
+    return LE_FN(la_run_all)(out, workspace, q, k, v, key_weight, v_scale, pol, kv_scale, BH, N, M, d, e,
+                             workspace_len, nthreads);
 }
 
 int LE_FN(refimpl_linear_angular)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
@@ -216,7 +220,7 @@ int LE_FN(refimpl_linear_angular)(REAL *out, REAL *workspace, const REAL *q, con
     pol.castling = 1;
     pol.own = constant_own != 0;
     pol.simsum = similarity_sum != 0;
-    return LE_FN(la_run_all)(out, workspace, q, k, v, 0, pol, 1.0, BH, N, M, d, e, workspace_len, nthreads);
+    return LE_FN(la_run_all)(out, workspace, q, k, v, 0, 0, pol, 1.0, BH, N, M, d, e, workspace_len, nthreads);
 }
 
 /* out[i] = ELU(x[i]) + 1 for i < n: the fused kernel's own ELU + 1 staging (la_stage with LA_MAP_ELU1:

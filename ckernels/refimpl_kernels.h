@@ -46,11 +46,13 @@ int refimpl_dwconv2d_f32(float *out, const float *x, const float *weight, const 
                          int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                          int64_t OH, int64_t OW);
 int refimpl_linear_attention_f64(double *out, double *workspace, const double *q, const double *k,
-                                 const double *v, const double *key_weight, int feature_map, double power, int clamp,
+                                 const double *v, const double *key_weight, const double *v_scale,
+                                 int v_scale_divide, int feature_map, double power, int clamp,
                                  double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
                                  int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_attention_f32(float *out, float *workspace, const float *q, const float *k,
-                                 const float *v, const float *key_weight, int feature_map, double power, int clamp,
+                                 const float *v, const float *key_weight, const float *v_scale,
+                                 int v_scale_divide, int feature_map, double power, int clamp,
                                  double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
                                  int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_angular_f64(double *out, double *workspace, const double *q, const double *k,
@@ -73,6 +75,13 @@ int refimpl_elu1_feature_map_f64(double *out, const double *x, int64_t n);
 int refimpl_elu1_feature_map_f32(float *out, const float *x, int64_t n);
 int refimpl_focused_feature_map_f64(double *out, const double *x, int64_t rows, int64_t d, double power);
 int refimpl_focused_feature_map_f32(float *out, const float *x, int64_t rows, int64_t d, double power);
+int refimpl_rala_alpha_f64(double *alpha, double *workspace, const double *q, const double *k, int feature_map,
+                           int kappa_q, double scale, int64_t BH, int64_t N, int64_t M, int64_t d,
+                           int64_t workspace_len, int64_t nthreads);
+int refimpl_rala_alpha_f32(float *alpha, float *workspace, const float *q, const float *k, int feature_map,
+                           int kappa_q, double scale, int64_t BH, int64_t N, int64_t M, int64_t d,
+                           int64_t workspace_len, int64_t nthreads);
+int64_t refimpl_rala_alpha_workspace(int64_t BH, int64_t N, int64_t M, int64_t d, int64_t nthreads);
 int64_t refimpl_window_attention_workspace(int64_t N, int64_t M, int64_t d, int64_t nthreads);
 int64_t refimpl_linear_attention_workspace(int64_t BH, int64_t M, int64_t d, int64_t e, int64_t nthreads);
 int64_t refimpl_linear_attention_chunks(int64_t M);

@@ -279,9 +279,14 @@ LISA_INIT_STD = 0.02
 #: Python and scipy.fft call overhead is small (14x14: all 32 channels of a head in one block), small
 #: enough to keep a block's spectra and its inverse transforms cache-resident at 56x56 and above.
 LISA_FUSED_BLOCK_BYTES = 1 << 20
-#: scipy.fft ``workers`` of the accelerated LiSA core (1: single-threaded).  Results do not depend on it
-#: (pocketfft computes each transform whole in one thread).
-LISA_FFT_WORKERS = 1
+#: Accelerated LiSA core: below this much inverse-transform work per call (B h c D prod(L) elements,
+#: the Ga half) it runs on one thread whatever ``threads`` says; at and above it, on up to one thread per
+#: head (refimpl.backends._numba.lisa_threads).  Results never depend on the thread count (tested).
+#: Measured crossover (2 threads against 1, h = 2, D = 16, float64, median of 31 interleaved calls):
+#: 7x7 c = 8 (work 12544) 0.44 against 0.34 ms; 7x7 c = 16 (25088) 0.54 against 0.53 ms; 7x7 c = 32
+#: (50176) 0.77 against 0.95 ms; 14x14 c = 32 (200704) 1.34 against 2.18 ms.  Starting and joining the
+#: second thread costs about 0.1 ms.
+LISA_PARALLEL_MIN_WORK = 1 << 15
 
 # --- networks: L2ViT, RAVLT, LiSANet (models/l2vit.py, ravlt.py, lisanet.py, _netparts.py) ---------
 

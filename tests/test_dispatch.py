@@ -186,6 +186,35 @@ def test_enhanced_dispatch_default_bits_and_taps(monkeypatch, preset):
                           np.float64, name=f"enhanced_attention dispatched [{preset}]")
 
 
+@DTYPES
+@pytest.mark.parametrize("preset", ["paper", "official"])
+def test_enhanced_dispatch_passes_the_gain_to_the_kernel(monkeypatch, dtype, preset):
+    """Under use("c") the gain t of L2ViT §4.2 (V / s, paper; V * t_h per head, official) goes to the C
+    kernel as ``v_scale`` (applied as V rows are loaded, no t V temporary), and the result is the bits of
+    the kernel on the prescaled v_eff = V / s (V * t) that the NumPy path uses: the same rounded operands."""
+    if not STATUS["c"].ok:
+        assert not REQUIRE, STATUS["c"].reason
+        return
+    c = _case((1, 3, 90, 90, 16, 16), seed=13, q="mixed_scale", preset=preset, c_min=1e2)
+    q, k, v = (a.astype(dtype) for a in _qkv(c, dtype))
+    s, mode = _enhanced_scale(c, dtype)
+    s = s.astype(dtype)
+    orig = backends._REGISTRY["linear_attention"]["c"]
+    seen = []
+
+    def wrapped(*a, **kw):
+        seen.append(kw)
+        return orig(*a, **kw)
+
+    wrapped.SUPPORTS_V_SCALE = True
+    monkeypatch.setitem(backends._REGISTRY["linear_attention"], "c", wrapped)
+    with backends.use("c"), numerics.precision(dtype):
+        got = enhanced.enhanced_linear_attention(q, k, v, c_min=1e2, scale=s, scale_mode=mode)
+    assert len(seen) == 1 and seen[0]["v_scale_mode"] == mode and seen[0]["v_scale"].size == s.size
+    v_eff = v / s.reshape(1, -1, 1, 1) if mode == "divide" else v * s.reshape(1, -1, 1, 1)
+    np.testing.assert_array_equal(got, orig(q, k, v_eff, "relu", 0.0, "add", 1e2))
+
+
 # ---------------------------------------------------------------------------------------------------
 # Castling-ViT: linear_angular_attention -> "linear_angular_attention"
 # ---------------------------------------------------------------------------------------------------

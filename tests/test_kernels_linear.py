@@ -202,14 +202,14 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
     w = ffi.from_buffer("double[]", wsb, require_writable=True)
     one = ffi.from_buffer("double[]", np.ones(64))
     f = lib.refimpl_linear_attention_f64
-    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 0, 1, 1, 1, 4096, 1) == 1     # N = 0
-    assert f(o, w, one, one, one, ffi.NULL, 3, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown map
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 0, 1, 1, 1, 4096, 1) == 1     # N = 0
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 3, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown map
     for bad_p in (0.5, float("nan"), float("inf")):                                                  # focused: p
-        assert f(o, w, one, one, one, ffi.NULL, 2, bad_p, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6
-    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 2, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown eps policy
-    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4   # overflow
-    assert f(o, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 2, 2, 2, 2, 3, 1) == 7        # workspace too small
-    assert f(ffi.NULL, w, one, one, one, ffi.NULL, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 5
+        assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 2, bad_p, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 2, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown eps policy
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4   # overflow
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 2, 2, 2, 2, 3, 1) == 7        # workspace too small
+    assert f(ffi.NULL, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 5
     np.testing.assert_array_equal(sentinel, 7.0)
     assert "workspace" in ffi.string(lib.refimpl_status_string(7)).decode()
 
@@ -359,6 +359,49 @@ def test_linear_attention_dispatches_to_the_selected_backend(fm):
 
 
 # ---------------------------------------------------------------------------------------------------
+# 5b. The V scale (L2ViT's gain applied in the kernel)
+# ---------------------------------------------------------------------------------------------------
+
+@DTYPES
+@pytest.mark.parametrize("mode", ["divide", "multiply"])
+@pytest.mark.parametrize("per_head", [False, True])
+def test_v_scale_is_the_prescaled_v_bit_for_bit(dtype, mode, per_head):
+    """linear_attention(q, k, v, v_scale=s, v_scale_mode=mode) returns the bits of linear_attention(q, k,
+    v_eff) with v_eff = v / s (divide) or v * s (multiply) computed in NumPy in the same dtype: the kernel
+    replaces each V element by one rounded division (product) with the same operands as it stages the V
+    rows (L2ViT §4.2: t V, with the clamp of App. 8), for a scalar and a per-head s, at 1, 2 and 3 threads
+    (the shape is above the single-thread threshold) and at every vector level.  Bad v_scale arguments are
+    refused naming the argument."""
+    if not needs_c():
+        return
+    q, k, v = make(case((2, 3, 800, 701, 24, 40), seed=21, q="mixed_scale", v="large"), dtype)
+    assert 2 * 3 * (800 + 701) * 24 * 40 > 2 ** 23
+    rng = np.random.default_rng(5)
+    s = np.asarray(rng.uniform(0.3, 3.0, size=(1, 3, 1, 1) if per_head else (1,)) *
+                   rng.choice([-1.0, 1.0], size=(1, 3, 1, 1) if per_head else (1,)), dtype=dtype)
+    v_eff = v / s.reshape(1, -1, 1, 1) if mode == "divide" else v * s.reshape(1, -1, 1, 1)
+    assert v_eff.dtype == dtype
+    want = _c.linear_attention(q, k, v_eff, "relu", 0.0, "add", 1e2)
+    lib = _c._load().lib
+    for t in (1, 2, 3):
+        np.testing.assert_array_equal(_c.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
+                                                          v_scale_mode=mode, threads=t), want)
+    try:
+        for level in range(lib.refimpl_isa_supported() + 1):
+            assert lib.refimpl_set_max_isa(level) == level
+            np.testing.assert_array_equal(_c.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
+                                                              v_scale_mode=mode), want)
+    finally:
+        lib.refimpl_set_max_isa(2)
+    with pytest.raises(TypeError, match="'v_scale'"):
+        _c.linear_attention(q, k, v, v_scale=s.astype(np.float16))
+    with pytest.raises(ValueError, match="'v_scale'.*one per head \\(3\\)"):
+        _c.linear_attention(q, k, v, v_scale=np.ones(2, dtype))
+    with pytest.raises(ValueError, match="'v_scale_mode'"):
+        _c.linear_attention(q, k, v, v_scale=s, v_scale_mode="add")
+
+
+# ---------------------------------------------------------------------------------------------------
 # 6. RALA's reweighted forward (operation "reweighted_linear_attention")
 # ---------------------------------------------------------------------------------------------------
 
@@ -399,8 +442,8 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
     """rala.rala_core under backends.use("c") (the RoPE-free linear order dispatches to the fused kernel
     with key weights alpha_j, RALA Eq. 2-4) lies within rala_core_bound(dtype) of the float64 definition,
     and (float32) within NAIVE_ERROR_RATIO_MAX of NumPy's float32 computation; it is the C kernel's result
-    bit for bit, given the alpha of Eq. 4 computed on the C feature map (operation "elu1_feature_map" for
-    ELU + 1, so alpha may differ from the NumPy path's in the last bits; ReLU is exact in both)."""
+    bit for bit, given the alpha of Eq. 4 from the C kernel of operation "rala_alpha" (its own summation
+    order and exp, so alpha may differ from the NumPy path's in the last bits)."""
     rala, cfg, q, k, v = _rala_inputs(c, dtype)
     with backends.use("c"), numerics.precision(dtype), np.errstate(all="ignore"):
         got = rala.rala_core(q, k, v, cfg)                    # computed in dtype (alpha too)
@@ -413,14 +456,10 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
                                                                               dtype=np.float32)
     numerics.assert_close(got, ref, bound, dtype, naive=naive, name=f"rala_core[c, {c['cfg']}]")
     if needs_c():
-        def phi(x):
-            return _c.elu1_feature_map(x) if cfg.kernel == "elu1" else rala.kappa(x, cfg.kernel)
-
         with numerics.precision(dtype), np.errstate(all="ignore"):
-            if cfg.reweight:                                  # Eq. 4 on the C feature map
-                q_g = np.mean(q if cfg.global_query == "q" else phi(q), axis=-2, keepdims=True)
-                alpha = rala.reweighting_coefficients(q_g, phi(k), c["d"] ** -0.5 if cfg.alpha_scale == "head_dim"
-                                                      else 1.0)
+            if cfg.reweight:                                  # Eq. 4 by the C kernel
+                alpha = _c.rala_alpha(q, k, cfg.global_query, cfg.kernel,
+                                      c["d"] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0)
             else:
                 alpha = np.ones(q.shape[:-1], dtype=dtype)
             direct = _c.reweighted_linear_attention(q, k, v, alpha, cfg.kernel,

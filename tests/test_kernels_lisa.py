@@ -14,8 +14,9 @@ same inputs; float32 also against NumPy's own float32 run): lisa_core[numba] wit
 1-, 2- and 3-axis grids, odd / even / non-square, one token, c = 1, D = 1, D > c, circular and
 exact_toeplitz with odd and even padded lengths; the kernel's S and Y against the twin's (S through the
 same running-error rules, lisa._tr_conv / _tr_einsum); NaN-poisoned outputs (a kernel that writes
-nothing returns all NaN, also into a caller's out=); out= / s_out= written in place; repeated runs
-bitwise identical; bad arguments refused by name; dispatch (which operation runs under which backend);
+nothing returns all NaN, also into a caller's out=, also on 2 threads); out= / s_out= written in place;
+repeated runs bitwise identical; 1, 2, 3 and 4 threads bitwise identical (every Hypothesis draw on 1 and 3
+threads, plus fixed cases), worker exceptions reaching the caller, the thread rule; bad arguments refused by name; dispatch (which operation runs under which backend);
 the default backend bit-identical to the definition.
 
 Drawn values exclude the 'subnormal' kind: a product that underflows in the S stage is multiplied by |Bv|
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -136,9 +138,17 @@ def _s_bound(qb, kb, wa, ba, grid, exact, lens, dtype) -> numerics.Bound:
 @example(case=ONE_TOKEN)
 def test_lisa_fft_core_kernel_agrees_with_its_twin(dtype, case):
     """The Numba kernel's (S, Y) vs the twin _lisa_fft_core_numpy in float64 on the same (rounded,
-    normalised) inputs: S within the S-stage bound, Y within lisa_core_bound (LiSA Eq. 9-10)."""
+    normalised) inputs: S within the S-stage bound, Y within lisa_core_bound (LiSA Eq. 9-10).  The
+    kernel on 1 thread and on 3 (crossover forced to 0) gives the same bits on every draw."""
     args, (q, k, v, wa, wb, ba, bb), lens = _kernel_args(case, dtype)
-    s, y = numba_kernel()(*args)
+    if HAVE_NUMBA:
+        s, y = numba_kernel()(*args, threads=1)
+        with mock.patch.object(config, "LISA_PARALLEL_MIN_WORK", 0):
+            s3, y3 = numba_kernel()(*args, threads=3)
+        np.testing.assert_array_equal(y3, y)
+        np.testing.assert_array_equal(s3, s)
+    else:
+        s, y = numba_kernel()(*args)
     assert s.dtype == dtype and y.dtype == dtype
     a64 = [x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args]
     s_ref, y_ref = lisa._lisa_fft_core_numpy(*a64)
@@ -347,14 +357,107 @@ def test_registered_on_numpy_and_numba():
     assert got is backends._REGISTRY["lisa_fft_core"]["numba" if HAVE_NUMBA else "numpy"]
 
 
-def test_fft_workers_do_not_change_the_bits(monkeypatch):
-    """config.LISA_FFT_WORKERS = 2 gives the same bits as 1 (pocketfft computes each transform whole in
-    one thread), on an even (packed) and an odd (fallback) last length."""
-    for grid in ((4, 6), (3, 5)):
-        args = _kernel_small(grid=grid)
-        monkeypatch.setattr(config, "LISA_FFT_WORKERS", 1)
-        s1, y1 = numba_kernel()(*args)
-        monkeypatch.setattr(config, "LISA_FFT_WORKERS", 2)
-        s2, y2 = numba_kernel()(*args)
-        np.testing.assert_array_equal(y1, y2)
-        np.testing.assert_array_equal(s1, s2)
+THREAD_CASES = [
+    dict(grid=(4, 6), B=1, h=5, c=3, D=2, exact=False, extra=0, kind="normal", seed=21),    # even last: packed
+    dict(grid=(3, 5), B=2, h=2, c=4, D=3, exact=False, extra=0, kind="mixed_scale", seed=22),  # odd last
+    dict(grid=(3, 4), B=1, h=3, c=2, D=5, exact=True, extra=1, kind="large", seed=23),      # padded, odd L
+    dict(grid=(2, 3, 4), B=3, h=1, c=3, D=2, exact=True, extra=0, kind="normal", seed=24),  # 3 axes, even L
+    dict(grid=(1, 1), B=1, h=1, c=1, D=1, exact=False, extra=0, kind="normal", seed=25),    # one head, one token
+]
+
+
+@DTYPES
+@pytest.mark.parametrize("case", THREAD_CASES, ids=["packed", "odd-last", "toeplitz-odd", "3d", "one-head"])
+def test_thread_counts_give_the_same_bits(dtype, case, monkeypatch):
+    """threads = 1, 2, 3, 4 give bitwise identical S and Y (each head is computed whole by one thread, the
+    kernel-spectra rows are split in blocks whose transforms do not depend on their batch), and the
+    multi-threaded result agrees with the twin within the S-stage bound and lisa_core_bound (LiSA
+    Eq. 9-10).  config.LISA_PARALLEL_MIN_WORK = 0 forces the split on these small sizes."""
+    monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
+    args, (q, k, v, wa, wb, ba, bb), lens = _kernel_args(case, dtype)
+    s1, y1 = numba_kernel()(*args, **({"threads": 1} if HAVE_NUMBA else {}))
+    if HAVE_NUMBA:
+        for t in (2, 3, 4, 2):
+            st_, yt = numba_kernel()(*args, threads=t)
+            np.testing.assert_array_equal(yt, y1)
+            np.testing.assert_array_equal(st_, s1)
+    a64 = [x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args]
+    s_ref, y_ref = lisa._lisa_fft_core_numpy(*a64)
+    grid, exact = case["grid"], case["exact"]
+    w64 = [x.astype(np.float64) for x in (wa, wb, ba, bb)]
+    b_s = _s_bound(a64[0], a64[1], w64[0], w64[2], grid, exact, lens, dtype)
+    b_y = lisa.lisa_core_bound(a64[0], a64[1], a64[2], *w64, grid, exact_toeplitz=exact, fft_lengths=lens,
+                               dtype=dtype)
+    numerics.assert_close(s1, s_ref, b_s, dtype, name="lisa_fft_core S (threads)")
+    numerics.assert_close(y1, y_ref, b_y, dtype, name="lisa_fft_core Y (threads)")
+
+
+def test_lisa_core_thread_count_does_not_change_the_bits(monkeypatch):
+    """lisa_core under use("numba") (default threads, the C kernels' rule capped by
+    config.C_KERNEL_THREADS_MAX) returns the same bits with the cap at 1 and at 3, at the LiSANet 14 x 14
+    shape (h = 2, c = 32, D = 16) with the default crossover config.LISA_PARALLEL_MIN_WORK."""
+    (q, k, v, wa, wb, ba, bb), _ = core_inputs(NET_14, np.float64)
+    got = []
+    for cap in (1, 3):
+        monkeypatch.setattr(config, "C_KERNEL_THREADS_MAX", cap)
+        with backends.use("numba"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got.append(lisa.lisa_core(q, k, v, wa, wb, ba, bb, (14, 14)))
+    np.testing.assert_array_equal(got[1], got[0])
+
+
+def test_thread_rule_and_bad_threads():
+    """lisa_threads: at most one thread per head, one below config.LISA_PARALLEL_MIN_WORK, None = the C
+    kernels' default; threads that are not integers >= 1 are refused by name."""
+    if not HAVE_NUMBA:
+        assert not REQUIRE
+        assert "numpy" in backends.kernels()["lisa_fft_core"]
+        return
+    big = max(config.LISA_PARALLEL_MIN_WORK, 1)
+    assert _numba.lisa_threads(4, 2, big) == 2
+    assert _numba.lisa_threads(2, 6, big) == 2
+    assert _numba.lisa_threads(3, 1, big) == 1
+    from refimpl.backends._c import default_threads
+    assert _numba.lisa_threads(None, 64, big) == min(64, default_threads())
+    if config.LISA_PARALLEL_MIN_WORK > 0:
+        assert _numba.lisa_threads(2, 2, config.LISA_PARALLEL_MIN_WORK - 1) == 1
+    args = _kernel_small()
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="'threads'"):
+            numba_kernel()(*args, threads=bad)
+
+
+def test_threaded_outputs_are_nan_poisoned(monkeypatch):
+    """With threads = 2 and every compiled kernel replaced by one that writes nothing, S and Y come back
+    all NaN (the worker threads write only through the kernels)."""
+    if not HAVE_NUMBA:
+        assert not REQUIRE
+        assert "numpy" in backends.kernels()["lisa_fft_core"]
+        return
+    monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
+    args = _kernel_small()
+    monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *a: None))
+    s, y = numba_kernel()(*args, threads=2)
+    assert np.isnan(s).all() and np.isnan(y).all()
+
+
+def test_threaded_errors_reach_the_caller_and_the_pool_survives(monkeypatch):
+    """An exception raised in a unit (here by every compiled kernel) reaches the caller of a 2-thread
+    call, and the next call (real kernels again) gives the 1-thread bits."""
+    if not HAVE_NUMBA:
+        assert not REQUIRE
+        assert "numpy" in backends.kernels()["lisa_fft_core"]
+        return
+    monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
+    args = _kernel_small()
+    s1, y1 = numba_kernel()(*args, threads=1)
+
+    def failing(*a):
+        raise RuntimeError("unit failed")
+    with monkeypatch.context() as mp:
+        mp.setattr(_numba, "_compile", lambda name, fn, sig: failing)
+        with pytest.raises(RuntimeError, match="unit failed"):
+            numba_kernel()(*args, threads=2)
+    s2, y2 = numba_kernel()(*args, threads=2)
+    np.testing.assert_array_equal(y2, y1)
+    np.testing.assert_array_equal(s2, s1)

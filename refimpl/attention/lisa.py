@@ -446,7 +446,8 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     Backends: on the default ("numpy") backend this is the NumPy path above.  Under any other backend
     (refimpl.backends.use) with transform "rfft", everything after the L2 normalisation runs as backend
     operation "lisa_fft_core" (definition :func:`_lisa_fft_core_numpy`; Numba kernel
-    refimpl.backends._numba.lisa_fft_core, which never forms G_a, G_b whole), or, when taps are
+    refimpl.backends._numba.lisa_fft_core, which never forms G_a, G_b whole and shares the heads out over
+    refimpl.backends._c.default_threads() threads, bitwise identical for any count), or, when taps are
     requested, the spectral products and the contraction run as "lisa_spectral_product" and
     "lisa_contraction".  The contraction is dispatched on every path.
 

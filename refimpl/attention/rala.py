@@ -476,26 +476,57 @@ def _reweighting(q: np.ndarray, kq: np.ndarray | None, kk: np.ndarray, cfg: RALA
 
 
 def _rala_core_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: RALAConfig) -> np.ndarray:
-    """:func:`rala_core` for linear order without RoPE or taps, on the selected backend: alpha (Eq. 4, O(N d))
-    here, then operation "reweighted_linear_attention" (Eq. 2-3), which applies kappa itself.
+    """:func:`rala_core` for linear order without RoPE or taps, on the selected backend: operation
+    "rala_alpha" (Eq. 4, O(N d)), then operation "reweighted_linear_attention" (Eq. 2-3); both take the raw
+    q, k and apply kappa themselves.
 
-    kappa is evaluated here only where Eq. 4 needs it: kappa(K) for the logits, and kappa(Q) when Q_g is
-    its mean (global_query "kappa_q"); not at all without reweighting.  ELU + 1 goes through operation
-    "elu1_feature_map" (the fused kernel's own map on the C backend: the same real function, exp within
-    config.ELEMENTARY_FUNCTION_ULPS, as rala_core_bound assumes), so alpha may differ from the NumPy path's
-    in the last bits; ReLU (exact) stays in NumPy."""
-    def phi(x: np.ndarray) -> np.ndarray:
-        if cfg.kernel == "elu1":
-            return backends.get("elu1_feature_map", dtype=x.dtype)(x)
-        return kappa(x, cfg.kernel)
-
+    On the C backend alpha comes from its own multi-threaded kernel (ckernels/rala_body.h): the same
+    operations as :func:`_rala_alpha_numpy` in a fixed order of its own, with the kernel's exp (within
+    config.ELEMENTARY_FUNCTION_ULPS, as rala_core_bound assumes), so alpha may differ from the NumPy
+    path's in the last bits; the NumPy path is unchanged."""
     if cfg.reweight:
-        kq = phi(q) if cfg.global_query != "q" else None
-        alpha = _reweighting(q, kq, phi(k), cfg)[2]
+        scale = q.shape[-1] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
+        alpha = backends.get("rala_alpha", dtype=q.dtype)(q, k, cfg.global_query, cfg.kernel, scale)
     else:
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     kv_scale = 1.0 / q.shape[-2] if cfg.token_scaling == "mean" else 1.0
     return backends.get("reweighted_linear_attention", dtype=q.dtype)(q, k, v, alpha, cfg.kernel, kv_scale, cfg.eps)
+
+
+@backends.register("rala_alpha", "numpy")
+def _rala_alpha_numpy(q: Any, k: Any, global_query: str = "q", kernel: str = "elu1", scale: float = 1.0, *,
+                      out: np.ndarray | None = None, workspace: Any = None, threads: Any = None) -> np.ndarray:
+    """The NumPy definition of operation "rala_alpha" (twin of the C kernel ``refimpl_rala_alpha``): RALA's
+    reweighting coefficients with the operations of :func:`rala_core` (``_reweighting``),
+
+    Q_g = mean_i x_i (x = Q, or kappa(Q) for global_query "kappa_q"),  alpha_j = M softmax_j(scale Q_g . kappa(K_j)).
+
+    Parameters
+    ----------
+    q : (B, h, N, d) float.  k : (B, h, M, d) float (M = N in RALA).  global_query : "q" | "kappa_q".
+    kernel : "elu1" | "relu" (kappa).  scale : float (d^(-1/2) for alpha_scale "head_dim", else 1).
+    out : optional (B, h, M) array the result is copied into and returned.
+    workspace, threads : accepted and ignored (the C kernel's buffer and thread count).
+
+    Returns
+    -------
+    ndarray (B, h, M): positive, summing to M over j (to rounding).
+
+    References
+    ----------
+    RALA Eq. 4.
+    """
+    q = numerics.as_float(q, "q")
+    k = numerics.as_float(k, "k")
+    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"))
+    _choice(global_query, "global_query", _GLOBAL_QUERIES)
+    _choice(kernel, "kernel", _KERNELS)
+    q_g = np.mean(q if global_query == "q" else kappa(q, kernel), axis=-2, keepdims=True)
+    res = reweighting_coefficients(q_g, kappa(k, kernel), scale)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
 
 
 @backends.register("reweighted_linear_attention", "numpy")

@@ -27,9 +27,12 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
   ``reweighted_linear_attention(q, k, v, alpha, kernel="elu1", kv_scale=1.0, eps=0.0, *, out=None,
   workspace=None, threads=None)``, alpha (B, h, M) (twin ``refimpl.attention.rala.
   _reweighted_linear_attention_numpy``; the same kernel with key weights).
+- ``"rala_alpha"`` (RALA Eq. 4): ``rala_alpha(q, k, global_query="q", kernel="elu1", scale=1.0, *,
+  out=None, workspace=None, threads=None)``, q (B, h, N, d), k (B, h, M, d) -> alpha (B, h, M) (twin
+  ``refimpl.attention.rala._rala_alpha_numpy``; ckernels/rala_body.h).
 - ``"elu1_feature_map"``: ``elu1_feature_map(x, *, out=None)``, ELU(x) + 1 element-wise with the fused
   kernel's own code (twin ``refimpl.backends.twins.elu1_feature_map``, spec ``refimpl.attention.linear.
-  feature_map(x, "elu1")``); RALA's alpha logits (Eq. 4) on the fused path.
+  feature_map(x, "elu1")``).
 - ``"linear_angular_attention"`` (Castling-ViT Eq. 9): ``linear_angular_attention(q, k, v, constant="sum",
   normalizer="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
   (twin ``refimpl.backends.twins.linear_angular_attention``, spec ``refimpl.attention.angular.
@@ -198,8 +201,8 @@ def _threads(threads: Any) -> int:
 def linear_attention_workspace_size(B: int, h: int, M: int, d: int, e: int, threads: int | None = None) -> int:
     """Elements of the workspace the fused linear attention needs: per head, one partial KV (d x e) and
     key sum (d) for each of its key chunks (ckernels/linattn.c: at most 16 chunks, a function of M only),
-    plus per thread a staging buffer of 64 tokens' feature maps (64 d + 64).  O(B h d e + threads d),
-    independent of N."""
+    plus per thread a staging buffer of 64 tokens' feature maps, denominators and (with a V scale) values
+    (64 (d + e) + 64).  O(B h d e + threads (d + e)), independent of N."""
     lib = _load().lib
     n = lib.refimpl_linear_attention_workspace(B * h, M, d, e, _threads(threads))
     if n < 0:
@@ -218,8 +221,9 @@ def linear_attention_workspace(B: int, h: int, M: int, d: int, e: int, dtype: An
 @register("linear_attention", "c")
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu",
                      eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None,
-                     p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
-                     threads: int | None = None) -> np.ndarray:
+                     p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None,
+                     workspace: np.ndarray | None = None, threads: int | None = None, v_scale: Any = None,
+                     v_scale_mode: str = "divide") -> np.ndarray:
     """Fused kernelized linear attention forward in C: the C twin of
     ``refimpl.attention.linear._linear_attention_numpy``.
 
@@ -253,6 +257,12 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
         :func:`linear_attention_workspace_size` elements (see :func:`linear_attention_workspace`);
         allocated if None.
     threads : int >= 1 or None (:func:`default_threads`).  Speed only: the result is the same bits.
+    v_scale : None, or an array of q's dtype with 1 or h values (any shape of that size, e.g. L2ViT's
+        (1, h, 1, 1) gain): the kernel then uses V / s ("divide") or V * s ("multiply") per head in place
+        of V, each element rounded once as the value rows are staged in pass 1 - the same rounded operands
+        as ``v_eff = v / s`` (or ``v * s``) computed beforehand, without that (B, h, M, e) temporary.  A
+        C-only keyword (``SUPPORTS_V_SCALE``); the NumPy twin takes the prescaled V.
+    v_scale_mode : "divide" | "multiply".
 
     Returns
     -------
@@ -260,17 +270,23 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
 
     Raises
     ------
-    TypeError for dtypes other than float32/float64 or mixed, or a non-real ``p``; ValueError for
-    inconsistent shapes, an unknown feature map / eps policy, ``p`` not finite or < 1, bad threads, an
-    unusable ``out``/``workspace``; ImportError if the compiled module is missing; RuntimeError if the
-    kernel refuses its arguments (a validation bug).
+    TypeError for dtypes other than float32/float64 or mixed (v_scale included), or a non-real ``p``;
+    ValueError for inconsistent shapes, an unknown feature map / eps policy / v_scale_mode, ``p`` not
+    finite or < 1, a v_scale with neither 1 nor h values, bad threads, an unusable ``out``/``workspace``;
+    ImportError if the compiled module is missing; RuntimeError if the kernel refuses its arguments (a
+    validation bug).
 
     References
     ----------
     L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020), Eq. 2-7.
     """
     return _linear_attention_call(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, out, workspace,
-                                  threads, p)
+                                  threads, p, v_scale, v_scale_mode)
+
+
+#: The C "linear_attention" takes the keywords ``v_scale=`` / ``v_scale_mode=`` (L2ViT's per-head gain applied
+#: inside the kernel); refimpl.attention.enhanced checks this before passing them.
+linear_attention.SUPPORTS_V_SCALE = True  # type: ignore[attr-defined]
 
 
 def _check_focusing_factor(p: Any) -> float:
@@ -285,7 +301,8 @@ def _check_focusing_factor(p: Any) -> float:
 
 def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map: str, eps: Any, eps_policy: str,
                            clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any,
-                           p: Any = config.FLATTEN_FOCUSING_FACTOR) -> np.ndarray:
+                           p: Any = config.FLATTEN_FOCUSING_FACTOR, v_scale: Any = None,
+                           v_scale_mode: str = "divide") -> np.ndarray:
     """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status."""
     mod = _load()
     power = _check_focusing_factor(p)
@@ -313,6 +330,18 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
             raise ValueError(f"argument 'alpha': expected shape ({sz['B']}, {sz['h']}, {sz['M']}) (B, h, M), got "
                              f"{kw.shape}")
         kw = _validate._contiguous(kw)
+    vs = None
+    if v_scale is not None:
+        if v_scale_mode not in ("divide", "multiply"):
+            raise ValueError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
+        vs = _validate._array(v_scale, "v_scale", "C")
+        if vs.dtype != dt:
+            raise TypeError(f"argument 'v_scale': expected dtype {dt} (the dtype of 'q'), got {vs.dtype}; the C "
+                            f"kernel does not mix precisions")
+        if vs.size not in (1, sz["h"]):
+            raise ValueError(f"argument 'v_scale': expected 1 value or one per head ({sz['h']}), got shape "
+                             f"{vs.shape}")
+        vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # (B, h): one per bh
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
     from . import empty_aligned
     if workspace is None:
@@ -328,6 +357,7 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
                 ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
                 ffi.NULL if kw is None else ffi.from_buffer(ct, kw),
+                ffi.NULL if vs is None else ffi.from_buffer(ct, vs), 1 if v_scale_mode == "divide" else 0,
                 LINEAR_ATTENTION_MAPS[feature_map], power, 0 if clamp_min is None else 1,
                 0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
                 float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
@@ -373,6 +403,107 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads)
 
 
+def rala_alpha_workspace_size(B: int, h: int, N: int, M: int, d: int, threads: int | None = None) -> int:
+    """Elements of the workspace of :func:`rala_alpha`: per head, the partial sums of Q over its token
+    chunks (at most 16 x d), Q_g (d) and two values per key chunk; per thread a staging buffer of 64 tokens'
+    kappa (64 d).  O(B h d + threads d), independent of N and M."""
+    lib = _load().lib
+    n = lib.refimpl_rala_alpha_workspace(B * h, N, M, d, _threads(threads))
+    if n < 0:
+        raise ValueError(f"arguments 'q'/'k': sizes B={B}, h={h}, N={N}, M={M}, d={d} overflow the workspace size")
+    return int(n)
+
+
+_RALA_GLOBAL_QUERIES = {"q": 0, "kappa_q": 1}
+
+
+@register("rala_alpha", "c")
+def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: str = "elu1", scale: float = 1.0,
+               *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+               threads: int | None = None) -> np.ndarray:
+    """RALA's reweighting coefficients in C: the C twin of ``refimpl.attention.rala._rala_alpha_numpy``.
+
+    Q_g = (sum_i x_i) / N with x = Q (global_query "q") or kappa(Q) ("kappa_q"); l_j = scale (Q_g . kappa(K_j));
+    alpha_j = M (exp(l_j - max l) / sum_j' exp(l_j' - max l))   (RALA Eq. 4)
+
+    with the definition's operations (the mean as a sum then one division by N; the logits' product by
+    scale; max subtraction; the quotient, then the product by M), each sum in a fixed order of the kernel's
+    own (ckernels/rala_body.h), the exp of the fused kernel (within ``config.ELEMENTARY_FUNCTION_ULPS``),
+    (head, token chunk) work items on ``threads`` threads: bitwise reproducible across runs, thread counts
+    and vector levels, within ``refimpl.attention.rala.rala_core_bound`` of the float64 definition when
+    fed to :func:`reweighted_linear_attention`.  NaN anywhere in a head's logits makes the head's alpha NaN
+    (np.max propagates it), as in the definition.
+
+    Parameters
+    ----------
+    q : (B, h, N, d) float32 or float64.  k : (B, h, M, d), same dtype.
+    global_query : "q" | "kappa_q".  kernel : "elu1" | "relu" (kappa).  scale : real number.
+    out : optional (B, h, M) C-contiguous aligned writeable array of q's dtype, written in place and
+        returned; allocated 64-byte aligned if None.
+    workspace : optional C-contiguous aligned writeable array of q's dtype with at least
+        :func:`rala_alpha_workspace_size` elements; allocated if None.
+    threads : int >= 1 or None (:func:`default_threads`).  Speed only: the result is the same bits.
+
+    Returns
+    -------
+    (B, h, M) array of q's dtype.
+
+    Raises
+    ------
+    TypeError for dtypes other than float32/float64 or mixed, or a non-real scale; ValueError for
+    inconsistent shapes, an unknown global query or kernel, bad threads, an unusable ``out``/``workspace``.
+
+    References
+    ----------
+    RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 4.
+    """
+    mod = _load()
+    if global_query not in _RALA_GLOBAL_QUERIES:
+        raise ValueError(f"argument 'global_query': expected 'q' or 'kappa_q', got {global_query!r}")
+    if kernel not in ("elu1", "relu"):
+        raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"argument 'scale': expected a real number, got {type(scale).__name__}")
+    nthreads = _threads(threads)
+    qa = _validate._array(q, "q", "C")
+    ka = _validate._array(k, "k", "C")
+    dt = qa.dtype
+    if ka.dtype != dt:
+        raise TypeError(f"argument 'k': expected dtype {dt} (the dtype of 'q'), got {ka.dtype}; the C kernel "
+                        f"does not mix precisions")
+    for name, a, spec in (("q", qa, "(B, h, N, d)"), ("k", ka, "(B, h, M, d)")):
+        if a.ndim != 4 or min(a.shape) < 1:
+            raise ValueError(f"argument '{name}': expected a non-empty 4-d array of shape {spec}, got shape "
+                             f"{a.shape}")
+    b_, h, n, d = qa.shape
+    if ka.shape[:2] != (b_, h) or ka.shape[3] != d:
+        raise ValueError(f"argument 'k': expected shape ({b_}, {h}, M, {d}) for q of shape {qa.shape}, got "
+                         f"{ka.shape}")
+    m = ka.shape[2]
+    if out is not None:
+        _validate._check_out(out, dt, (b_, h, m), (("q", qa), ("k", ka)), "q")
+    need = rala_alpha_workspace_size(b_, h, n, m, d, nthreads)
+    from . import empty_aligned
+    if workspace is None:
+        ws = empty_aligned(need, dt)
+    else:
+        ws = _validate.workspace_buffer(workspace, dt, need, (("q", qa), ("k", ka), ("out", out)), "q")
+    qa, ka = _validate._contiguous(qa), _validate._contiguous(ka)
+    result = out if out is not None else empty_aligned((b_, h, m), dt)
+    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(dt)
+    fn = lib.refimpl_rala_alpha_f64 if dt == np.float64 else lib.refimpl_rala_alpha_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
+                ffi.from_buffer(ct, qa), ffi.from_buffer(ct, ka), LINEAR_ATTENTION_MAPS[kernel],
+                _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, nthreads)
+    if status != 0:
+        msg = ffi.string(lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel refimpl_rala_alpha refused its arguments (status {status}: {msg}); "
+                           f"this is a bug in refimpl.backends._c's validation")
+    return result
+
+
 @register("elu1_feature_map", "c")
 def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """The ELU + 1 feature map in C: the C twin of ``refimpl.backends.twins.elu1_feature_map`` (spec:
@@ -382,8 +513,8 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
     staging code (ckernels/linattn_body.h): x + 1 rounded once (the definition's bits), exp by the kernel's
     vector exp (at most 1.14 ulp measured, docs/kernels_c.md; the error model assumes
     ``config.ELEMENTARY_FUNCTION_ULPS``), libm exp below its range and for NaN, so NaN and +-inf map as
-    in the definition.  Used by :func:`refimpl.attention.rala.rala_core` for kappa(K) in alpha's logits
-    (RALA Eq. 4) when the fused "reweighted_linear_attention" kernel takes the rest.
+    in the definition.  (RALA's alpha, Eq. 4, used it for kappa(K) until operation "rala_alpha" took over
+    the whole of Eq. 4; the map stays exposed for callers that need kappa outside a kernel.)
 
     Parameters
     ----------

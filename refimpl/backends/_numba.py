@@ -11,6 +11,7 @@ file in ``__pycache__``, or in NUMBA_CACHE_DIR), so the compile cost is paid onc
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable
 
@@ -782,42 +783,117 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 
     Fresh temporaries of this size cost one minor page fault per 4 KiB on every call (issue 6: about
     1.8 us each, more than the arithmetic on them); reused buffers are faulted in once."""
-    from . import empty_aligned
     dt = np.dtype(dtype)
-    size = int(np.prod(shape))
+    size = math.prod(shape)
     bufs = getattr(_SCRATCH, "bufs", None)
     if bufs is None:
         bufs = _SCRATCH.bufs = {}
     buf = bufs.get((name, dt))
     if buf is None or buf.size < size:
+        from . import empty_aligned
         buf = bufs[(name, dt)] = empty_aligned(max(size, 1), dt)
     return buf[:size].reshape(shape)
 
 
 def release_scratch() -> None:
-    """Drop this thread's scratch buffers of :func:`lisa_fft_core` (they are otherwise kept for reuse)."""
+    """Drop the scratch buffers of :func:`lisa_fft_core`: this thread's, and those of the worker threads
+    (the pool is shut down; the next multi-threaded call starts a new one).  Call it while no
+    lisa_fft_core call is running."""
+    global _POOL, _POOL_SIZE
     _SCRATCH.bufs = {}
+    with _POOL_LOCK:
+        pool, _POOL, _POOL_SIZE = _POOL, None, 0
+    if pool is not None:
+        pool.shutdown(wait=True)
 
 
-def _transpose_kernel(dst, src):  # pragma: no cover - runs compiled
-    """dst[m, c, n] = src[m, n, c] in 32 x 32 tiles (a plain strided copy of a transpose misses the cache
-    on one side: 10 ms for Wa at 56 x 56, C = 64 against 1 ms tiled)."""
-    nm, nn, nc = src.shape
+# Worker threads of lisa_fft_core: one persistent pool (threads and their scratch buffers are reused
+# across calls); the calling thread always takes a share of the work itself.
+_POOL: Any = None
+_POOL_SIZE = 0
+_POOL_LOCK = threading.Lock()
+_IN_WORKER = threading.local()
+
+
+def _pool_worker_init() -> None:
+    _IN_WORKER.flag = True
+
+
+def _run_shared(units: list[Callable[[], None]], nthreads: int) -> None:
+    """Run every callable of ``units`` exactly once on ``nthreads`` threads (the caller and nthreads - 1
+    pool threads), each thread claiming the next unclaimed unit in list order (so a descheduled core
+    delays nothing).  Each unit writes only its own outputs and uses its executing thread's scratch, so
+    the results do not depend on which thread ran which unit.  Re-raises the first exception."""
+    global _POOL, _POOL_SIZE
+    nthreads = max(1, min(nthreads, len(units)))
+    if nthreads == 1 or getattr(_IN_WORKER, "flag", False):    # a worker never waits on its own pool
+        for u in units:
+            u()
+        return
+    with _POOL_LOCK:
+        if _POOL is None or _POOL_SIZE < nthreads - 1:
+            from concurrent.futures import ThreadPoolExecutor
+            # A smaller pool is dropped, not shut down: a concurrent call may still hold it (its idle
+            # threads exit when it is garbage-collected).
+            _POOL = ThreadPoolExecutor(max_workers=nthreads - 1, thread_name_prefix="refimpl-lisa",
+                                       initializer=_pool_worker_init)
+            _POOL_SIZE = nthreads - 1
+        pool = _POOL
+    claim = threading.Lock()
+    nxt = [0]
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        while True:
+            with claim:
+                i = nxt[0]
+                if failed or i >= len(units):
+                    return
+                nxt[0] = i + 1
+            try:
+                units[i]()
+            except BaseException as e:       # noqa: BLE001 - re-raised by the caller below
+                with claim:
+                    failed.append(e)
+                return
+
+    futs = [pool.submit(drain) for _ in range(nthreads - 1)]
+    drain()
+    for f in futs:
+        f.result()
+    if failed:
+        raise failed[0]
+
+
+def lisa_threads(threads: Any, heads: int, work: int) -> int:
+    """Threads :func:`lisa_fft_core` uses: ``threads`` (None: refimpl.backends._c.default_threads(), the
+    CPUs this process may run on capped at config.C_KERNEL_THREADS_MAX, the rule of the C kernels),
+    at most one per head (B h), and 1 when the inverse-transform work ``work`` = B h c D prod(L) is below
+    config.LISA_PARALLEL_MIN_WORK (where waking a second thread costs more than it saves)."""
+    if threads is None:
+        from ._c import default_threads
+        threads = default_threads()
+    elif isinstance(threads, (bool, np.bool_)) or not isinstance(threads, (int, np.integer)) or threads < 1:
+        raise ValueError(f"argument 'threads': expected an integer >= 1 or None, got {threads!r}")
+    if work < config.LISA_PARALLEL_MIN_WORK:
+        return 1
+    return int(max(1, min(int(threads), heads)))
+
+
+def _transpose_kernel(dst, src, c0):  # pragma: no cover - runs compiled
+    """dst[m, c, n] = src[m, n, c0 + c] (c < dst.shape[1]) in 32 x 32 tiles (a plain strided copy of a
+    transpose misses the cache on one side: 10 ms for Wa at 56 x 56, C = 64 against 1 ms tiled)."""
+    nm, nn = src.shape[0], src.shape[1]
+    nc = dst.shape[1]
     for m in range(nm):
         for n0 in range(0, nn, 32):
             n1 = min(n0 + 32, nn)
-            for c0 in range(0, nc, 32):
-                c1 = min(c0 + 32, nc)
-                for c in range(c0, c1):
+            for t0 in range(0, nc, 32):
+                t1 = min(t0 + 32, nc)
+                for c in range(t0, t1):
                     drow = dst[m, c]
                     for n in range(n0, n1):
-                        drow[n] = src[m, n, c]
-
-
-def _workers() -> int:
-    """scipy.fft workers of lisa_fft_core: config.LISA_FFT_WORKERS (each transform is computed whole by one
-    thread, so the result does not depend on the count)."""
-    return max(1, int(config.LISA_FFT_WORKERS))
+                        drow[n] = src[m, n, c0 + c]
 
 
 def _twiddles(length: int, sign: int, count: int, rdt: np.dtype) -> np.ndarray:
@@ -834,6 +910,11 @@ class _SpectralPlan:
     def __init__(self, lens: tuple[int, ...], dtype: np.dtype):
         import scipy.fft as sfft
         self.sfft = sfft
+        try:    # scipy.fft's own pocketfft binding (private; without it the public functions are used)
+            from scipy.fft._pocketfft import pypocketfft
+            self.pocketfft: Any = pypocketfft
+        except Exception:  # noqa: BLE001 - any failure: fall back to the public API
+            self.pocketfft = None
         self.lens = lens
         self.r = len(lens)
         self.axes = tuple(range(1, self.r + 1))
@@ -866,14 +947,26 @@ class _SpectralPlan:
         else:
             self.prod_sig = f"void({t}[:, :, ::1], {t}[:, ::1], {t}[:, :, ::1], boolean)"
 
+    def c2c(self, a: np.ndarray, forward: bool) -> np.ndarray:
+        """In-place complex FFT (forward) or inverse FFT scaled by 1 / prod (backward normalisation) over
+        the last r axes of ``a``: scipy.fft.fftn / ifftn(a, axes, overwrite_x=True), calling their
+        pocketfft routine directly when it can be imported (scipy.fft's argument handling and backend
+        dispatch cost about 6 us a call against 0.7 us; same routine, same arguments, same bits)."""
+        if self.pocketfft is not None:
+            return self.pocketfft.c2c(a, self.axes, forward, 0 if forward else 2, a, 1)
+        fn = self.sfft.fftn if forward else self.sfft.ifftn
+        return fn(a, axes=self.axes, overwrite_x=True)
+
     def forward(self, y: np.ndarray, x: np.ndarray) -> np.ndarray:
         """rfftn over the last r axes of y (R, *lens) real C-contiguous (consumed) -> (R, F) complex, in x
-        (a complex buffer of R F elements) when the last length is even."""
+        (a complex buffer of R F elements)."""
         sf = self.sfft
         nrow = y.shape[0]
         if not self.split:
-            return sf.rfftn(y, axes=self.axes, workers=_workers()).reshape(nrow, self.nf)
-        zc = sf.fftn(y.view(self.cdt), axes=self.axes, overwrite_x=True, workers=_workers())  # packed samples
+            x = x.reshape(nrow, self.nf)
+            np.copyto(x, sf.rfftn(y, axes=self.axes).reshape(nrow, self.nf))
+            return x
+        zc = self.c2c(y.view(self.cdt), True)                              # packed samples, in place
         x = x.reshape(nrow, self.g, self.k + 1)
         post = _compile("lisa_rfft_post", _rfft_post_kernel, self.post_sig)
         post(x.view(self.rdt), zc.reshape(nrow, self.g, self.k).view(self.rdt), self.neg, self.tw_fwd, self.half_t)
@@ -888,14 +981,13 @@ class _SpectralPlan:
             p = work[:nj * nd * self.nf].reshape(nj, nd, self.nf)
             _compile("lisa_fused_product", _fused_product_kernel, self.prod_sig)(
                 p.view(self.rdt), xf.view(self.rdt), kf.view(self.rdt), shared)
-            y = sf.irfftn(p.reshape((nj * nd,) + self.half), s=self.lens, axes=self.axes, workers=_workers())
+            y = sf.irfftn(p.reshape((nj * nd,) + self.half), s=self.lens, axes=self.axes)
             return y.reshape(nj, nd, self.ntok)
         z = work[:nj * nd * self.g * self.k].reshape(nj, nd, self.g, self.k)
         pre = _compile("lisa_product_pre", _product_pre_kernel, self.pre_sig)
         pre(z.reshape(nj, nd, self.g * self.k).view(self.rdt), xf.view(self.rdt), kf.view(self.rdt), shared,
             self.src, self.tw_inv, self.half_t, _scratch("prow", (2 * self.nf,), self.rdt))
-        z = sf.ifftn(z.reshape((nj * nd,) + self.lead + (self.k,)), axes=self.axes, overwrite_x=True,
-                     workers=_workers())
+        z = self.c2c(z.reshape((nj * nd,) + self.lead + (self.k,)), False)
         return z.view(self.rdt).reshape(nj, nd, self.ntok)
 
 
@@ -905,7 +997,8 @@ _PLANS: dict[tuple[tuple[int, ...], str], _SpectralPlan] = {}    # read-only aft
 @register("lisa_fft_core", "numba")
 def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any, bias_b: Any,
                   grid: tuple[int, ...], lengths: tuple[int, ...] | None = None, *,
-                  out: np.ndarray | None = None, s_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  out: np.ndarray | None = None, s_out: np.ndarray | None = None,
+                  threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """LiSA's FFT core fused (Eq. 9-10): the twin of ``refimpl.attention.lisa._lisa_fft_core_numpy``.
 
     Ga = Kb (*) Wa, Gb = V (*) Wb (circular convolutions over the grid; with ``lengths`` linear ones by
@@ -913,9 +1006,15 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
     and Y = sum_d S (Gb + Bb).  Computed one head and one block of channels at a time: the spectral
     products of the block (Numba), its inverse transforms (scipy.fft, complex, see the comment above),
     the bias and the contraction (Numba), so the (N, c, D) tensors Ga, Gb are never formed whole.  The
-    kernel spectra are computed once per call (shared by all heads).  Single-threaded unless
-    config.LISA_FFT_WORKERS > 1 (scipy.fft workers; the bits do not depend on it).  Scratch buffers are
-    per thread, 64-byte aligned and reused across calls (:func:`release_scratch`).
+    kernel spectra are computed once per call (shared by all heads).
+
+    Threads (:func:`lisa_threads`), two rounds: the forward spectra in blocks of rows (the kernels' split
+    into one block of (c, D) rows per thread, the signals' into blocks of heads), then the heads (B h),
+    each computed whole by one thread (inverse transforms, biases, contraction) on that thread's scratch,
+    writing only its own rows of S and Y.  No sum crosses a thread, and a transform's bits do not depend
+    on how many others share its pocketfft call, so the result is bitwise identical for any thread count
+    (tested).  Scratch buffers are per thread, 64-byte aligned and reused across calls
+    (:func:`release_scratch`).
 
     Parameters
     ----------
@@ -924,6 +1023,9 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
         Toeplitz kernel); weight_b : (*lengths, D).  bias_a, bias_b : (c, D).  All of qb's dtype.
     grid : token grid (N = prod(grid)).  lengths : FFT lengths per axis (None: the grid, circular).
     out : optional (B, h, N, c) buffer; s_out : optional (B, h, N, D) buffer.
+    threads : int >= 1 or None (default: the C kernels' rule, refimpl.backends._c.default_threads());
+        at most one thread per head is used, and one below config.LISA_PARALLEL_MIN_WORK.  Changes the
+        speed only, never a bit.
 
     Returns
     -------
@@ -965,57 +1067,79 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
     skern = _compile("lisa_fused_s", _fused_s_kernel, f"void({t}[:, ::1], {t}[:, ::1], {t}[:, :, ::1], {t}[:, ::1])")
     ykern = _compile("lisa_fused_y", _fused_y_kernel,
                      f"void({t}[:, ::1], {t}[:, ::1], {t}[:, ::1], {t}[:, :, ::1], {t}[:, ::1], int64, {t}[::1], {t})")
+    transpose = _compile("lisa_transpose", _transpose_kernel, f"void({t}[:, :, ::1], {t}[:, :, ::1], int64)")
     plan = _PLANS.get((lens, dt.name))
     if plan is None:
         plan = _PLANS[(lens, dt.name)] = _SpectralPlan(lens, dt)
     m = nb * nh
     padded = lens != grid
     cdt = plan.cdt
+    nf = plan.nf
     cropsl = tuple(slice(0, n) for n in grid)
+    nthreads = lisa_threads(threads, m, m * nc * nd * plan.ntok)
 
-    transpose = _compile("lisa_transpose", _transpose_kernel, f"void({t}[:, :, ::1], {t}[:, :, ::1])")
-
-    def spectra(name, src, npos, pad):
-        """rfftn over the grid of src (M, npos, C) -> (M C, F): the rows (M, C) transposed into reused scratch
-        (zero-padded to lens when ``pad``), then transformed in place."""
-        mm, cc = src.shape[0], src.shape[2]
-        y = _scratch(name + "_in", (mm * cc,) + lens, dt)
+    def spectra(name, src, col0, ncol, npos, pad, x):
+        """rfftn over the grid of columns col0 .. col0 + ncol of src (M', npos, C) -> x (M' ncol F,) complex:
+        the columns transposed into this thread's scratch rows (M', ncol) (zero-padded to lens when
+        ``pad``), transformed in place."""
+        mm = src.shape[0]
+        y = _scratch(name + "_in", (mm * ncol,) + lens, dt)
         if padded and pad:
-            yt = _scratch(name + "_t", (mm, cc, npos), dt)
-            transpose(yt, _kernel_input(src))
+            yt = _scratch(name + "_t", (mm, ncol, npos), dt)
+            transpose(yt, src, col0)
             y.fill(0)
-            np.copyto(y[(slice(None),) + cropsl], yt.reshape((mm * cc,) + grid))
+            np.copyto(y[(slice(None),) + cropsl], yt.reshape((mm * ncol,) + grid))
         else:
-            transpose(y.reshape(mm, cc, npos), _kernel_input(src))
-        return plan.forward(y, _scratch(name, (mm * cc * plan.nf,), cdt))
+            transpose(y.reshape(mm, ncol, npos), src, col0)
+        return plan.forward(y, x)
 
-    # Kernel spectra, once per call (shared by the heads): rows (c, D) and (D,) over the FFT grid.
-    waf = spectra("wa", wa.reshape(1, plan.ntok, nc * nd), plan.ntok, False).reshape(nc, nd, plan.nf)
-    wbf = spectra("wb", wb.reshape(1, plan.ntok, nd), plan.ntok, False).reshape(1, nd, plan.nf)
-    ba, bb = np.ascontiguousarray(ba), np.ascontiguousarray(bb)
-    # Signal spectra (M, c, F) of Kb and V; Qb transposed to (M, c, N).
-    kf = spectra("kb", kb.reshape(m, ntok, nc), ntok, True).reshape(m, nc, plan.nf)
-    vf = spectra("v", v.reshape(m, ntok, nc), ntok, True).reshape(m, nc, plan.nf)
+    # Spectra, in blocks written into disjoint parts of the calling thread's buffers (nthreads blocks of
+    # rows of each kind): the kernels' (rows (c, D) and (D,) over the FFT grid; once per call, shared by
+    # the heads) and the signals' (rows (B h, c) of Kb and V, blocks of heads); Qb transposed to (B h, c, N).
+    ncd = nc * nd
+    wa3 = _kernel_input(wa.reshape(1, plan.ntok, ncd))
+    wb3 = _kernel_input(wb.reshape(1, plan.ntok, nd))
+    kb3 = _kernel_input(kb.reshape(m, ntok, nc))
+    v3 = _kernel_input(v.reshape(m, ntok, nc))
+    q3 = _kernel_input(qb.reshape(m, ntok, nc))
+    waf, wbf = _scratch("waf", (ncd * nf,), cdt), _scratch("wbf", (nd * nf,), cdt)
+    kf, vf = _scratch("kf", (m * nc * nf,), cdt), _scratch("vf", (m * nc * nf,), cdt)
     qt = _scratch("qt", (m, nc, ntok), dt)
-    transpose(qt, _kernel_input(qb.reshape(m, ntok, nc)))
-    # Channel blocks: about config.LISA_FUSED_BLOCK_BYTES of spectra per block.
-    per_channel = nd * plan.nf * cdt.itemsize
-    cb = int(max(1, min(nc, config.LISA_FUSED_BLOCK_BYTES // max(per_channel, 1))))
-    work = _scratch("work", (cb * nd * plan.nf,), cdt)          # >= cb D prod(lens) / 2 (nf >= ntok / 2)
-    st = _scratch("st", (nd, ntok), dt)
-    acc = _scratch("acc", (ntok,), dt)
+    rb, hb = -(-ncd // nthreads), -(-m // nthreads)
+    units = [lambda r0=r0, r1=min(ncd, r0 + rb): spectra("wa", wa3, r0, r1 - r0, plan.ntok, False,
+                                                          waf[r0 * nf:r1 * nf]) for r0 in range(0, ncd, rb)]
+    for name, src, dst in (("kb", kb3, kf), ("v", v3, vf)):
+        units += [lambda name=name, src=src, dst=dst, h0=h0, h1=min(m, h0 + hb):
+                  spectra(name, src[h0:h1], 0, nc, ntok, True, dst[h0 * nc * nf:h1 * nc * nf])
+                  for h0 in range(0, m, hb)]
+    units.append(lambda: spectra("wb", wb3, 0, nd, plan.ntok, False, wbf))
+    units.append(lambda: transpose(qt, q3, 0))
+    _run_shared(units, nthreads)
+    waf, wbf = waf.reshape(nc, nd, nf), wbf.reshape(1, nd, nf)
+    kf, vf = kf.reshape(m, nc, nf), vf.reshape(m, nc, nf)
+    ba, bb = np.ascontiguousarray(ba), np.ascontiguousarray(bb)
     out3 = res.reshape(m, ntok, nc)
     s3 = s.reshape(m, ntok, nd)
+    # Channel blocks: about config.LISA_FUSED_BLOCK_BYTES of spectra per block.
+    per_channel = nd * nf * cdt.itemsize
+    cb = int(max(1, min(nc, config.LISA_FUSED_BLOCK_BYTES // max(per_channel, 1))))
+    zero = dt.type(0)
 
-    def inverse_block(spec_rows, kern_rows, shared, j):
-        g = plan.product_inverse(spec_rows, kern_rows, shared, work)                   # (j, D, prod(lens))
-        if padded:
-            crop = _scratch("crop", (j, nd) + grid, dt)
-            np.copyto(crop, g.reshape((j, nd) + lens)[(slice(None), slice(None)) + cropsl])
-            g = crop
-        return g.reshape(j, nd, ntok)
+    def head(mi):
+        """Head mi (of B h) whole, on this thread's scratch: Ga and Gb a block of channels at a time, into
+        the rows of head mi of S and Y."""
+        work = _scratch("work", (cb * nd * nf,), cdt)          # >= cb D prod(lens) / 2 (nf >= ntok / 2)
+        st = _scratch("st", (nd, ntok), dt)
+        acc = _scratch("acc", (ntok,), dt)
 
-    for mi in range(m):
+        def inverse_block(spec_rows, kern_rows, shared, j):
+            g = plan.product_inverse(spec_rows, kern_rows, shared, work)                   # (j, D, prod(lens))
+            if padded:
+                crop = _scratch("crop", (j, nd) + grid, dt)
+                np.copyto(crop, g.reshape((j, nd) + lens)[(slice(None), slice(None)) + cropsl])
+                g = crop
+            return g.reshape(j, nd, ntok)
+
         st.fill(0)
         for c0 in range(0, nc, cb):
             j = min(cb, nc - c0)
@@ -1024,5 +1148,7 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
         for c0 in range(0, nc, cb):
             j = min(cb, nc - c0)
             gb = inverse_block(vf[mi, c0:c0 + j], wbf, True, j)
-            ykern(out3[mi], s3[mi], st, gb, bb[c0:c0 + j], c0, acc, dt.type(0))
+            ykern(out3[mi], s3[mi], st, gb, bb[c0:c0 + j], c0, acc, zero)
+
+    _run_shared([lambda mi=mi: head(mi) for mi in range(m)], nthreads)
     return s, res
