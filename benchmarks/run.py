@@ -247,6 +247,9 @@ def print_report(result: dict) -> None:
             r = w.get("best_over_torch")
             print(f"{w['name'][:44]:44s} {w['dtype']:7s} " + " ".join(cells) +
                   (f" {r['ratio']:6.2f} {r['backend']}" if r else ""))
+        print("targets of issue 6:")
+        for label, res, status in targets(col):
+            print(f"  {status.strip('*'):7s} {label}: {res}")
         mem = col.get("memory")
         if mem:
             print("peak memory, linear attention N=65536 float64 (tracemalloc; multiple of N*C*8 bytes):")
@@ -258,6 +261,58 @@ def print_report(result: dict) -> None:
             line = ", ".join(f"{impl}/{dt}={v['exponent']:.2f}" for impl, by in impls.items()
                              for dt, v in by.items() if v["exponent"] is not None)
             print(f"  [{t} thr] {s}: {line}")
+
+
+#: The issue-6 targets that the tables decide (float64 unless stated): (label, workload-name prefix, dtype,
+#: kind, limit).  kind "ratio": best accelerated backend / torch <= limit (every matching workload);
+#: "peak": the accelerated backend's fraction of the same column's NumPy matmul peak >= limit, over the
+#: matching workloads with N >= 16384.
+TARGETS = [
+    ("depthwise (C) <= 0.5x torch, float64", "depthwise", "float64", "ratio", 0.5),
+    ("depthwise (C) <= 2x torch, float32", "depthwise", "float32", "ratio", 2.0),
+] + [(f"linear attention {fam}: no slower than torch, every N", f"linattn {fam} N=", "float64", "ratio", 1.0)
+     for fam in ("relu (generic)", "L2ViT", "FLatten focused", "RALA", "Castling")] + \
+    [(f"linear attention {fam}: >= 40% of the float64 matmul peak at N >= 16384", f"linattn {fam} N=", "float64",
+      "peak", 0.40) for fam in ("relu (generic)", "L2ViT", "FLatten focused", "RALA", "Castling")] + [
+    ("window attention no slower than torch", "window attn", "float64", "ratio", 1.0),
+    ("LiSA (14x14 C=192 D=16, 56x56 C=64 D=16) no slower than torch", "LiSA ", "float64", "ratio", 1.0),
+]
+
+
+def _accelerated(w: dict) -> tuple[str, float] | None:
+    """(backend, median) of the fastest accelerated backend (numba, c) that ran a kernel, or None."""
+    acc = {b: w["impls"][b]["median_s"] for b in ("numba", "c") if w["impls"].get(b, {}).get("median_s")}
+    if not acc:
+        return None
+    b = min(acc, key=acc.get)
+    return b, acc[b]
+
+
+def targets(col: dict) -> list[tuple[str, str, str]]:
+    """[(target, result, "met" | "missed")] for one thread column, from :data:`TARGETS`.  LiSA counts only
+    the issue's two workloads (not the "(scaling)" rows); the result lists each matching workload's value."""
+    rows = []
+    for label, prefix, dtype, kind, limit in TARGETS:
+        vals = []
+        for w in col["workloads"]:
+            if not w["name"].startswith(prefix) or w["dtype"] != dtype or "(scaling)" in w["name"]:
+                continue
+            acc = _accelerated(w)
+            if acc is None or "torch" not in w["impls"] or not w["impls"]["torch"].get("median_s"):
+                continue
+            if kind == "ratio":
+                vals.append((w["name"], acc[1] / w["impls"]["torch"]["median_s"]))
+            elif (w.get("N") or 0) >= 16384:
+                frac = w["impls"][acc[0]].get("peak_fraction")
+                if frac is not None:
+                    vals.append((w["name"], frac))
+        if not vals:
+            rows.append((label, "not measured", "missed"))
+            continue
+        ok = all(v <= limit for _, v in vals) if kind == "ratio" else all(v >= limit for _, v in vals)
+        fmt = (lambda v: f"{v:.2f}x") if kind == "ratio" else (lambda v: f"{100 * v:.0f}%")
+        rows.append((label, ", ".join(fmt(v) for _, v in vals), "met" if ok else "**missed**"))
+    return rows
 
 
 def markdown(result: dict) -> str:
@@ -288,6 +343,14 @@ def markdown(result: dict) -> str:
             r = w.get("best_over_torch")
             lines.append(f"| {w['name']} | {w['dtype']} | " + " | ".join(cells) + " | " +
                          (f"{r['ratio']:.2f} ({r['backend']})" if r else "-") + " |")
+        lines.append("")
+        lines.append(f"Targets of issue 6, {t} thread(s), computed from the table above (benchmarks/run.py, "
+                     f"`TARGETS`; each result lists the matching workloads in table order):")
+        lines.append("")
+        lines.append("| target | result | status |")
+        lines.append("| --- | --- | --- |")
+        for label, res, status in targets(col):
+            lines.append(f"| {label} | {res} | {status} |")
         lines.append("")
         mem = col.get("memory")
         if mem:
@@ -417,13 +480,20 @@ class Bench:
                 out[k] = {"n": n, "median_s": med, "gflops": 2 * n ** 3 / med / 1e9}
         return out
 
-    def interleaved(self, fns: dict, repeats: int) -> dict:
+    def interleaved(self, fns: dict, repeats: int, settle: bool = True) -> dict:
+        """Median inputs: ``repeats`` rounds, each calling every implementation in turn.  With ``settle``,
+        each timed call follows one untimed call of the same implementation, so the timing is the steady
+        state of that implementation (its threads awake, its buffers recycled, the other implementation's
+        cache footprint and idle BLAS/OpenMP workers flushed out) while drift on the shared machine still
+        affects all implementations alike."""
         for f in fns.values():       # warm-up
             f()
             f()
         times = {k: [] for k in fns}
         for _ in range(repeats):
             for k, f in fns.items():
+                if settle:
+                    f()
                 t0 = time.perf_counter()
                 f()
                 times[k].append(time.perf_counter() - t0)
@@ -476,9 +546,10 @@ class Bench:
         reps = self.repeats
         t_one = time.perf_counter()
         fns["numpy"]()
-        if time.perf_counter() - t_one > 1.0:
+        slow = time.perf_counter() - t_one
+        if slow > 1.0:
             reps = 3
-        times = self.interleaved(fns, reps)
+        times = self.interleaved(fns, reps, settle=slow < 0.25)
         for k, f in fns.items():
             out = f()
             if hasattr(out, "detach"):
