@@ -33,6 +33,9 @@
  * element-by-element path), and how many input rows ((tile rows - 1) stride_h + KH) it stages at once. */
 #define RI_BUF 128
 #define RI_EDGE_ROWS 32
+/* The staged path's zero-padded plane buffer (on the stack of the plane loop): planes whose padded size
+ * exceeds it take the tile-by-tile path. */
+#define RI_STAGE_BYTES 65536
 
 /* *r = a * b * c * d, returning nonzero if any partial product exceeds lim (all arguments >= 1). */
 static int ri_mul4(int64_t a, int64_t b, int64_t c, int64_t d, int64_t lim, int64_t *r)
@@ -62,6 +65,9 @@ static int ri_mul4(int64_t a, int64_t b, int64_t c, int64_t d, int64_t lim, int6
 #define REFIMPL_X86_DISPATCH 1
 #else
 #define REFIMPL_X86_DISPATCH 0
+#endif
+#if REFIMPL_X86_DISPATCH
+#include <immintrin.h>
 #endif
 
 static int ri_max_isa = REFIMPL_ISA_AVX512;

@@ -55,12 +55,31 @@ int RE_FN(refimpl_dwconv2d)(REAL *out, const REAL *x, const REAL *weight, const 
         ri_mul4(OW, stride_w, 1, 1, lim, &n) || n > lim - KW - W - pad_left)
         return REFIMPL_ERR_OVERFLOW;
 
+    /* The staged path (dwconv2d_body.h) at the widest level the CPU has: any row width (partial tiles
+     * are masked at AVX-512).  It declines planes too large for its buffer. */
+    const int isa = refimpl_isa_in_use();
+    (void)isa;
+    {
+        int done;
+#if REFIMPL_X86_DISPATCH
+        if (isa >= REFIMPL_ISA_AVX512)
+            done = RE_FN(dw_planes_staged_avx512)(out, x, weight, bias, stride_h, stride_w, pad_top, pad_left,
+                                                  B * C, C, H, W, KH, KW, OH, OW, RE_FN(dw_plane_literal));
+        else if (isa >= REFIMPL_ISA_AVX2)
+            done = RE_FN(dw_planes_staged_avx2)(out, x, weight, bias, stride_h, stride_w, pad_top, pad_left,
+                                                B * C, C, H, W, KH, KW, OH, OW, RE_FN(dw_plane_literal));
+        else
+#endif
+            done = RE_FN(dw_planes_staged_base)(out, x, weight, bias, stride_h, stride_w, pad_top, pad_left,
+                                                B * C, C, H, W, KH, KW, OH, OW, RE_FN(dw_plane_literal));
+        if (done)
+            return REFIMPL_OK;
+    }
+
     /* The widest vector level the CPU has whose tiles (64, 32 or 16 bytes of outputs) fit in a row of
      * OW outputs: a narrower row would be computed element by element at the wider level.  Every level
      * computes the same bits, so this choice changes speed only. */
     RE_FN(dw_plane_fn) plane = RE_FN(dw_plane_base);
-    const int isa = refimpl_isa_in_use();
-    (void)isa;
 #if REFIMPL_X86_DISPATCH
     if (isa >= REFIMPL_ISA_AVX512 && OW * (int64_t)sizeof(REAL) >= 64)
         plane = RE_FN(dw_plane_avx512);

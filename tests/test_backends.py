@@ -432,6 +432,51 @@ def test_c_kernel_gives_the_same_bits_at_every_vector_level(dtype, case):
         np.testing.assert_array_equal(r, results[0])
 
 
+PLANE_CASES = [
+    # the issue's workloads: the staged-plane tiles (7x7 with a half-width last tile, 3x3 one masked tile)
+    dict(shape=(1, 4, 56, 56), kernel=(7, 7), stride=(1, 1), pads=(3, 3, 3, 3), bias=True, seed=11,
+         x_kind="normal", w_kind="normal"),
+    dict(shape=(1, 6, 14, 14), kernel=(3, 3), stride=(1, 1), pads=(1, 1, 1, 1), bias=True, seed=12,
+         x_kind="mixed_scale", w_kind="normal"),
+    # planes too large for the kernel's 64 KiB staging buffer (the tile-by-tile fallback), both dtypes
+    dict(shape=(1, 2, 131, 140), kernel=(7, 7), stride=(1, 1), pads=(3, 3, 3, 3), bias=True, seed=13,
+         x_kind="normal", w_kind="normal"),
+    dict(shape=(1, 2, 150, 171), kernel=(3, 5), stride=(2, 1), pads=(1, 2, 2, 2), bias=False, seed=14,
+         x_kind="large", w_kind="mixed_scale"),
+    # staged-plane pitch boundaries (row pitch 32 / 64 / 128 elements)
+    dict(shape=(1, 3, 40, 26), kernel=(7, 7), stride=(1, 1), pads=(3, 3, 3, 3), bias=True, seed=15,
+         x_kind="near_duplicate", w_kind="normal"),
+    dict(shape=(1, 3, 33, 58), kernel=(7, 7), stride=(1, 1), pads=(3, 3, 3, 3), bias=False, seed=16,
+         x_kind="subnormal", w_kind="normal"),
+    dict(shape=(2, 2, 20, 122), kernel=(3, 3), stride=(1, 1), pads=(1, 1, 1, 1), bias=True, seed=17,
+         x_kind="normal", w_kind="mixed_scale"),
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("case", PLANE_CASES, ids=lambda c: "x".join(map(str, c["shape"][2:])) + f"_k{c['kernel'][0]}")
+def test_c_kernel_plane_paths_are_the_definition_at_every_vector_level(dtype, case):
+    """The network-size planes (staged into the kernel's zero-padded plane buffer, specialised 7x7 and 3x3
+    tiles, masked or half-width last tiles), the planes too large for that buffer (the tile-by-tile
+    fallback: Hypothesis' small planes never reach it) and the row-pitch boundaries: at every vector level
+    the C kernel returns exactly the NumPy definition's bits in T (same products and sums in the same
+    order; ckernels/dwconv2d_body.h)."""
+    x, w, b = make(case, dtype)
+    want = DEFINITION(x, w, b, case["stride"], case["pads"])
+    if not STATUS["c"].ok:
+        assert not REQUIRE, STATUS["c"].reason
+        np.testing.assert_array_equal(kernel("numpy")(x, w, b, case["stride"], case["pads"]), want)
+        return
+    lib = _c._load().lib
+    try:
+        for level in range(lib.refimpl_isa_supported() + 1):
+            assert lib.refimpl_set_max_isa(level) == level
+            np.testing.assert_array_equal(_c.depthwise_conv2d(x, w, b, case["stride"], case["pads"]), want,
+                                          err_msg=f"vector level {level}")
+    finally:
+        lib.refimpl_set_max_isa(2)
+
+
 # ---------------------------------------------------------------------------------------------------
 # 7. The switch
 # ---------------------------------------------------------------------------------------------------
