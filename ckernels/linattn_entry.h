@@ -223,6 +223,22 @@ int LE_FN(refimpl_linear_angular)(REAL *out, REAL *workspace, const REAL *q, con
     return LE_FN(la_run_all)(out, workspace, q, k, v, 0, 0, pol, 1.0, BH, N, M, d, e, workspace_len, nthreads);
 }
 
+/* The staging function (feature map code) of the vector level in use: the same bits at every level. */
+typedef void (*LE_FN(la_stage_fn))(REAL *restrict, const REAL *restrict, int64_t, int64_t,
+                                   const struct la_policy *);
+
+static LE_FN(la_stage_fn) LE_FN(la_stage_for_isa)(void)
+{
+#if LA_X86_DISPATCH
+    const int isa = refimpl_isa_in_use();
+    if (isa >= REFIMPL_ISA_AVX512)
+        return LE_FN(la_stage_avx512);
+    if (isa >= REFIMPL_ISA_AVX2)
+        return LE_FN(la_stage_avx2);
+#endif
+    return LE_FN(la_stage_base);
+}
+
 /* out[i] = ELU(x[i]) + 1 for i < n: the fused kernel's own ELU + 1 staging (la_stage with LA_MAP_ELU1:
  * x + 1 for x > 0, the vector exp of linattn_body.h for x <= 0, libm exp below its range and for NaN),
  * exposed for callers that need the map outside the kernel (RALA's alpha logits, Eq. 4).  One thread;
@@ -236,17 +252,7 @@ int LE_FN(refimpl_elu1_feature_map)(REAL *out, const REAL *x, int64_t n)
     struct la_policy pol;
     memset(&pol, 0, sizeof pol);
     pol.map = LA_MAP_ELU1;
-    void (*stage)(REAL *restrict, const REAL *restrict, int64_t, int64_t, const struct la_policy *) =
-        LE_FN(la_stage_base);
-#if LA_X86_DISPATCH
-    {
-        const int isa = refimpl_isa_in_use();
-        if (isa >= REFIMPL_ISA_AVX512)
-            stage = LE_FN(la_stage_avx512);
-        else if (isa >= REFIMPL_ISA_AVX2)
-            stage = LE_FN(la_stage_avx2);
-    }
-#endif
+    const LE_FN(la_stage_fn) stage = LE_FN(la_stage_for_isa)();
     stage(out, x, 1, n, &pol);   /* ELU + 1 is element-wise: one "token" of n features */
     return REFIMPL_OK;
 }
@@ -268,17 +274,7 @@ int LE_FN(refimpl_focused_feature_map)(REAL *out, const REAL *x, int64_t rows, i
     memset(&pol, 0, sizeof pol);
     if (!LE_FN(la_focused_policy)(&pol, power))
         return REFIMPL_ERR_OPTION;
-    void (*stage)(REAL *restrict, const REAL *restrict, int64_t, int64_t, const struct la_policy *) =
-        LE_FN(la_stage_base);
-#if LA_X86_DISPATCH
-    {
-        const int isa = refimpl_isa_in_use();
-        if (isa >= REFIMPL_ISA_AVX512)
-            stage = LE_FN(la_stage_avx512);
-        else if (isa >= REFIMPL_ISA_AVX2)
-            stage = LE_FN(la_stage_avx2);
-    }
-#endif
+    const LE_FN(la_stage_fn) stage = LE_FN(la_stage_for_isa)();
     stage(out, x, rows, d, &pol);
     return REFIMPL_OK;
 }
