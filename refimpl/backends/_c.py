@@ -96,6 +96,15 @@ def status(refresh: bool = False) -> tuple[bool, str]:
     return True, f"compiled module {mod.__file__}; vector level {isa}; built with: {flags}{stale}"
 
 
+def _check_status(mod: Any, status: int, kernel: str) -> None:
+    """Raise if a kernel returned a nonzero status: the wrappers validate every argument first, so a
+    refusal by the C side's second line of defence is a bug in this module's validation."""
+    if status != 0:
+        msg = mod.ffi.string(mod.lib.refimpl_status_string(status)).decode()
+        raise RuntimeError(f"C kernel {kernel} refused its arguments (status {status}: {msg}); this is a bug in "
+                           f"refimpl.backends._c's validation")
+
+
 def _ctype(dtype: np.dtype) -> str:
     return "double[]" if dtype == np.float64 else "float[]"
 
@@ -161,11 +170,7 @@ def _call(mod: Any, result: np.ndarray, a: "_validate.DepthwiseArgs") -> None:
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a.x),
                 ffi.from_buffer(ct, a.weight), ffi.NULL if a.bias is None else ffi.from_buffer(ct, a.bias),
                 a.stride[0], a.stride[1], a.pad_top, a.pad_left, b_, c, h, w, kh, kw, oh, ow)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel {fn.__name__ if hasattr(fn, '__name__') else 'refimpl_dwconv2d'} refused "
-                           f"its arguments (status {status}: {msg}); this is a bug in refimpl.backends._c's "
-                           f"validation")
+    _check_status(mod, status, "refimpl_dwconv2d")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,10 +366,7 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                 LINEAR_ATTENTION_MAPS[feature_map], power, 0 if clamp_min is None else 1,
                 0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
                 float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_linear_attention refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_linear_attention")
     return result
 
 
@@ -497,10 +499,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
                 ffi.from_buffer(ct, qa), ffi.from_buffer(ct, ka), LINEAR_ATTENTION_MAPS[kernel],
                 _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, nthreads)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_rala_alpha refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_rala_alpha")
     return result
 
 
@@ -548,10 +547,7 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
     ct = _ctype(a.dtype)
     fn = lib.refimpl_elu1_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_elu1_feature_map_f32
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_elu1_feature_map refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_elu1_feature_map")
     return result
 
 
@@ -597,10 +593,7 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     fn = lib.refimpl_focused_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_focused_feature_map_f32
     d = a.shape[-1]
     status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size // d, d, power)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_focused_feature_map refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_focused_feature_map")
     return result
 
 
@@ -661,10 +654,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
                 ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v), float(eps),
                 1 if constant == "own" else 0, 1 if normalizer == "similarity_sum" else 0,
                 sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_linear_angular refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_linear_angular")
     return result
 
 
@@ -751,8 +741,5 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
                 ffi.NULL if bias_c is None else ffi.from_buffer(ct, bias_c),
                 ffi.NULL if mask_c is None else ffi.from_buffer("unsigned char[]", mask_c),
                 float(scale), bw * h, h, n, m, d, sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads)
-    if status != 0:
-        msg = ffi.string(lib.refimpl_status_string(status)).decode()
-        raise RuntimeError(f"C kernel refimpl_window_attention refused its arguments (status {status}: {msg}); "
-                           f"this is a bug in refimpl.backends._c's validation")
+    _check_status(mod, status, "refimpl_window_attention")
     return result
