@@ -13,12 +13,16 @@ import re
 DOCS = pathlib.Path(__file__).resolve().parent
 ROOT = DOCS.parent
 
-#: (section title, documents in order).  Every docs/*.md except the head must appear exactly once.
+#: (section title, documents in order).  Every docs/*.md except the head and LINKED must appear exactly once.
 SECTIONS = [
     ("Mechanisms", ["linear.md", "softmax.md", "l2vit.md", "flatten.md", "rala.md", "castling.md", "lisa.md"]),
     ("Networks", ["models_l2vit_ravlt_lisanet.md", "models_flatten_castling.md"]),
     ("Fast paths and benchmarks", ["backends.md", "kernels_c.md", "benchmarks.md"]),
 ]
+
+#: Documents linked from the README head instead of inlined: generated tables (benchmarks/verdict.py writes
+#: docs/verdict.md).
+LINKED = ["verdict.md", "design.md"]
 
 
 def _demote(text: str) -> str:

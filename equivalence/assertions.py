@@ -1,8 +1,11 @@
-"""Comparison helpers of the equivalence suite, built on the error model (refimpl.numerics).
+"""Comparison helpers of the equivalence suite, built on the verdict (refimpl.verdict).
 
 Every comparison checks the tensor's shape and dtype first, then values through
-:func:`refimpl.numerics.assert_close`: a per-element bound k u_T S, agreement of the NaN/Inf patterns, and
-the ratio to a naive same-precision NumPy computation.  No test in this suite uses hand-picked atol/rtol.
+:func:`refimpl.verdict.assert_close`: agreement of the NaN/Inf patterns, a per-element probabilistic bound
+gamma~_k(lam) S, and the ensemble criterion against legitimate evaluations of the same computation (the NumPy
+definition run in T, and the twin re-run under other summation orders, convolution algorithms and oneDNN off:
+:mod:`refimpl.ensemble`).  A verdict of "inconclusive" fails like "diverges".  No test in this suite uses
+hand-picked atol/rtol.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from refimpl import numerics
+from refimpl import ensemble, numerics
 from refimpl.numerics import Bound, ErrorReport
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -39,7 +42,7 @@ def to_torch(a: np.ndarray, dtype_name: str, device: str) -> torch.Tensor:
 
 
 def state_dict_to_numpy(module: torch.nn.Module) -> dict[str, np.ndarray]:
-    """The module's state_dict as float64 arrays, keyed exactly as PyTorch keys it (DESIGN.md convention 1).
+    """The module's state_dict as float64 arrays, keyed exactly as PyTorch keys it (docs/design.md, "Conventions").
     Integer buffers (e.g. BatchNorm's num_batches_tracked) are dropped: the reference takes floats only."""
     return {k: to_numpy(v) for k, v in module.state_dict().items() if v.is_floating_point()}
 
@@ -61,19 +64,40 @@ def load_numpy_state(module: torch.nn.Module, params: Mapping[str, np.ndarray]) 
             sd[k].copy_(torch.from_numpy(np.asarray(v, dtype=np.float64)))
 
 
-def assert_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bound: Bound, dtype_name: str,
-                   *, naive: Any = None, name: str = "output") -> ErrorReport:
-    """Check shape, dtype, then values of a tested output against the float64 reference.
+def compare_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bound: Bound, dtype_name: str,
+                    *, naive: Any = None, rerun: Callable[[], torch.Tensor] | None = None,
+                    ensemble_outputs: Mapping[str, Any] | None = None, name: str = "output") -> ErrorReport:
+    """Check shape and dtype of a tested output, then return the verdict's report on its values.
 
     actual : the PyTorch output (its dtype must be the tested dtype ``dtype_name``).
     reference : the refimpl output on the same T-rounded inputs and weights.
     naive : the naive same-precision NumPy computation (numerics.naive_same_precision), or None for float64.
+    rerun : a callable that recomputes ``actual`` (same module, same inputs); it is run under each of
+        ``refimpl.ensemble.DEFAULT_VARIANTS`` to form the ensemble of legitimate evaluations.
+    ensemble_outputs : the ensemble's outputs when the caller already has them (instead of ``rerun``).
     """
     if isinstance(actual, torch.Tensor) and actual.dtype != torch_dtype(dtype_name):
         raise AssertionError(f"{name}: dtype {actual.dtype}, expected {torch_dtype(dtype_name)}")
     if tuple(actual.shape) != tuple(np.shape(reference)):
         raise AssertionError(f"{name}: shape {tuple(actual.shape)}, reference {tuple(np.shape(reference))}")
-    return numerics.assert_close(to_numpy(actual), reference, bound, dtype_name, naive=naive, name=name)
+    members = dict(ensemble_outputs or {})
+    if rerun is not None:
+        members.update(ensemble.legitimate_runs(rerun))
+    members = {k: to_numpy(v) for k, v in members.items()}
+    return numerics.compare(to_numpy(actual), reference, bound, dtype_name, naive=naive, ensemble=members or None,
+                            name=name)
+
+
+def assert_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bound: Bound, dtype_name: str,
+                   *, naive: Any = None, rerun: Callable[[], torch.Tensor] | None = None,
+                   ensemble_outputs: Mapping[str, Any] | None = None, name: str = "output") -> ErrorReport:
+    """:func:`compare_matches`, raising ``AssertionError`` with the report unless the verdict is "match"
+    ("diverges" and "inconclusive" both fail)."""
+    report = compare_matches(actual, reference, bound, dtype_name, naive=naive, rerun=rerun,
+                             ensemble_outputs=ensemble_outputs, name=name)
+    if not report.ok:
+        raise AssertionError(f"error-model comparison: {report.verdict}\n{report}")
+    return report
 
 
 def naive(fn: Callable[..., Any], *args: Any, dtype_name: str, **kwargs: Any) -> Any:

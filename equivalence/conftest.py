@@ -4,6 +4,10 @@
 matmul and cuDNN (TF32 would carry a 10-bit significand and break the float32 error model) and
 deterministic algorithms are required, so a CUDA run is reproducible and its float32 is IEEE float32.
 ``dtype_name``: "float32" and "float64", the two precisions every module is compared in.
+
+Other legitimate algorithms, for running the whole suite as another machine would (the verdict must accept
+them all): ``REFIMPL_TORCH_ONEDNN=0`` switches oneDNN (mkldnn) off, ``REFIMPL_TORCH_THREADS=N`` sets torch's
+intra-op thread count.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 def pytest_configure(config):
     torch.use_deterministic_algorithms(True, warn_only=False)
+    if os.environ.get("REFIMPL_TORCH_ONEDNN", "1") == "0":
+        torch._C._set_mkldnn_enabled(False)
+    if os.environ.get("REFIMPL_TORCH_THREADS"):
+        torch.set_num_threads(int(os.environ["REFIMPL_TORCH_THREADS"]))
     if torch.cuda.is_available():
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # required by deterministic cuBLAS
         torch.backends.cuda.matmul.allow_tf32 = False

@@ -40,10 +40,12 @@ def _params(shapes, seed, dtype_name):
 
 
 def _run(module, params, x, dtype_name, device):
+    """(torch output, rerun): ``rerun()`` recomputes the output from the same module and input tensor."""
     module = module.to(device=device, dtype=torch_dtype(dtype_name)).eval()
     load_numpy_state(module, params)
+    xt = to_torch(x, dtype_name, device)
     with torch.no_grad():
-        return module(to_torch(x, dtype_name, device))
+        return module(xt), lambda: module(xt)
 
 
 @given(lisa_shapes(), st.booleans(), st.sampled_from(("rfft", "fft")), st.data())
@@ -53,10 +55,11 @@ def test_lisa_attention(device, dtype_name, shapes, exact, transform, data):
     cfg = lisa.LiSAConfig(dim=h * c, num_heads=h, grid=grid, latent=d, exact_toeplitz=exact, transform=transform)
     p = _params(lisa.lisa_param_shapes(cfg), data.draw(st.integers(0, 2**16)), dtype_name)
     x = numerics.round_to(data.draw(adversarial_arrays((b, cfg.num_tokens, cfg.dim))), dtype_name)
-    out = _run(tl.from_config(cfg), p, x, dtype_name, device)
+    out, rerun = _run(tl.from_config(cfg), p, x, dtype_name, device)
     ref = lisa.lisa_attention(x, p, cfg)
     assert_matches(out, ref, lisa.lisa_attention_bound(x, p, cfg, dtype=dtype_name), dtype_name,
-                   naive=naive(lisa.lisa_attention, x, p, cfg, dtype_name=dtype_name), name="lisa_attention")
+                   naive=naive(lisa.lisa_attention, x, p, cfg, dtype_name=dtype_name),
+                   name="lisa_attention", rerun=rerun)
 
 
 @given(lisa_shapes(ndims=(1, 2, 2, 3), max_side=5), st.sampled_from(lisa.SA_FORMS),
@@ -68,11 +71,11 @@ def test_structure_aware_attention(device, dtype_name, shapes, form, rpe, per_he
                         rpe_per_head=per_head and form == "eq4")
     p = _params(lisa.sa_param_shapes(cfg), data.draw(st.integers(0, 2**16)), dtype_name)
     x = numerics.round_to(data.draw(adversarial_arrays((b, cfg.num_tokens, cfg.dim))), dtype_name)
-    out = _run(tl.from_config(cfg), p, x, dtype_name, device)
+    out, rerun = _run(tl.from_config(cfg), p, x, dtype_name, device)
     ref = lisa.structure_aware_attention(x, p, cfg)
     assert_matches(out, ref, lisa.structure_aware_attention_bound(x, p, cfg, dtype=dtype_name), dtype_name,
                    naive=naive(lisa.structure_aware_attention, x, p, cfg, dtype_name=dtype_name),
-                   name=f"sa_{form}_{rpe}")
+                   name=f"sa_{form}_{rpe}", rerun=rerun)
 
 
 @settings(max_examples=15)  # lowered: the block is the slowest comparison of this file
@@ -83,10 +86,10 @@ def test_lisa_block(device, dtype_name, shapes, exact, data):
     cfg = lisa.LiSAConfig(dim=h * c, num_heads=h, grid=grid, latent=d, exact_toeplitz=exact)
     p = _params(lisa.lisa_block_param_shapes(cfg), data.draw(st.integers(0, 2**16)), dtype_name)
     x = numerics.round_to(data.draw(adversarial_arrays((b, cfg.num_tokens, cfg.dim))), dtype_name)
-    out = _run(tl.block_from_config(cfg), p, x, dtype_name, device)
+    out, rerun = _run(tl.block_from_config(cfg), p, x, dtype_name, device)
     ref = lisa.lisa_block(x, p, cfg)
     assert_matches(out, ref, lisa.lisa_block_bound(x, p, cfg, dtype=dtype_name), dtype_name,
-                   naive=naive(lisa.lisa_block, x, p, cfg, dtype_name=dtype_name), name="lisa_block")
+                   naive=naive(lisa.lisa_block, x, p, cfg, dtype_name=dtype_name), name="lisa_block", rerun=rerun)
 
 
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**16))
@@ -95,7 +98,8 @@ def test_paper_sized_head_and_rectangular_video(device, dtype_name, hh, ww, seed
     cfg = lisa.LiSAConfig(dim=32, num_heads=2, grid=(hh, ww), latent=16)
     p = _params(lisa.lisa_param_shapes(cfg), seed, dtype_name)
     x = numerics.round_to(np.random.default_rng(seed).standard_normal((1, cfg.num_tokens, 32)), dtype_name)
-    out = _run(tl.from_config(cfg), p, x, dtype_name, device)
+    out, rerun = _run(tl.from_config(cfg), p, x, dtype_name, device)
     ref = lisa.lisa_attention(x, p, cfg)
     assert_matches(out, ref, lisa.lisa_attention_bound(x, p, cfg, dtype=dtype_name), dtype_name,
-                   naive=naive(lisa.lisa_attention, x, p, cfg, dtype_name=dtype_name), name="lisa_paper_head")
+                   naive=naive(lisa.lisa_attention, x, p, cfg, dtype_name=dtype_name),
+                   name="lisa_paper_head", rerun=rerun)

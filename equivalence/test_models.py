@@ -7,19 +7,18 @@ dtype; the images too), and:
 
 1. **Units, teacher-forced** (families with ``unit_names``/``run_unit``/``unit_bound`` and twins with
    ``run_unit``): each twin unit (stem, every block, every patch merging, head) gets the reference's input of
-   that unit rounded to T, and its output is compared with the reference unit's through the unit's running
-   error bound (``unit_bound``: rigorous to first order from exact inputs) and the naive same-precision ratio
-   (``assert_matches``).  The first sample is also run alone (batched == per-sample, each against the
-   reference).  In float64 these bounds are tight enough (relative ~1e-9 .. 1e-7) to catch any structural
-   difference; in float32 the worst-case first-order coefficient of a whole block (LayerNorm -> attention ->
-   LayerNorm -> MLP) exceeds the values themselves, so :func:`_assert_not_worse_than_naive` adds the sharp
-   float32 criterion (the error model's naive ratio, without compare's bound-derived floor).
+   that unit rounded to T, and its output is judged by the verdict (refimpl.verdict): the unit's running error
+   bound (``unit_bound``: rigorous to first order from exact inputs) and the ensemble criterion against the
+   NumPy naive run and the twin re-run under legitimate variants (refimpl.ensemble).  The first sample is also
+   run alone (batched == per-sample, each against the reference).  Where a unit's bound is void (in float32 the
+   worst-case first-order coefficient of a whole block, LayerNorm -> attention -> LayerNorm -> MLP, reaches the
+   size of the values), the unit's verdict is "inconclusive" and the comparison goes stage-wise: each of the
+   unit's parts (``unit_parts``: a block's attention and MLP residual branches) is teacher-forced and must
+   match, and the twin's unit must be its parts composed bit for bit.
 2. **Composition**: the twin's ``forward`` equals its units applied in order, bit for bit.
 3. **End to end**: logits and every stage's feature map through the network's running bound
-   (``forward_bounds``: rigorous to first order, loose through depth) with compare's naive ratio.  The sharp
-   float32 criterion is applied per unit only: end to end, the per-unit errors of two float32 computations
-   are amplified differently by the later units, and the ratio of their maxima is not a property of either
-   implementation (measured up to 3.9 on flatten_swin_b's stage-2 features with every unit at <= 1.75).
+   (``forward_bounds``), which compounds every unit's worst case and is void at depth; there the verdict
+   must not be "diverges", and it is made conclusive by 1. and 2.
 
 A failure of 1. names the unit, so a divergence is located block by block.
 """
@@ -34,9 +33,11 @@ import torch
 
 import equivalence.models as em
 import refimpl.models as rm
-from equivalence.assertions import assert_matches, load_numpy_state, naive, round_params, to_numpy, to_torch, \
-    torch_dtype
+from equivalence.assertions import assert_matches, compare_matches, load_numpy_state, naive, round_params, to_numpy, \
+    to_torch, torch_dtype
 from refimpl import config, numerics
+from refimpl.ensemble import legitimate_runs
+from refimpl.verdict import DIVERGES, INCONCLUSIVE, MATCH
 
 SEED = 20240607
 BATCH = 2
@@ -98,23 +99,6 @@ def image_hw(fam, cfg, full: bool = False) -> tuple[int, int]:
     raise AssertionError(f"{fam.__name__}: config has no img_size and the family no test_image_hw(cfg)")
 
 
-def _assert_not_worse_than_naive(actual, reference, naive_out, dtype_name: str, name: str) -> None:
-    """The error model's naive criterion on its own: max|actual - ref| <= NAIVE_ERROR_RATIO_MAX *
-    max(max|naive - ref|, NAIVE_ULP_FLOOR ulps of max|ref|) (numerics.compare applies the same rule, but with a
-    floor sqrt(k) u max(S) taken from the bound, which for a whole float32 block is larger than the outputs
-    and would make the criterion void).  Float32 only: in float64 the naive computation is the reference."""
-    act, ref, nv = to_numpy(actual), np.asarray(reference, np.float64), np.asarray(naive_out, np.float64)
-    fin = np.isfinite(ref) & np.isfinite(act) & np.isfinite(nv)
-    err = float(np.max(np.abs(act - ref)[fin], initial=0.0))
-    nerr = float(np.max(np.abs(nv - ref)[fin], initial=0.0))
-    biggest = float(np.max(np.abs(ref)[fin], initial=0.0))
-    spacing = 2.0 ** np.floor(np.log2(biggest)) * 2.0 * numerics.unit_roundoff(dtype_name) if biggest > 0 else 0.0
-    floor = max(nerr, config.NAIVE_ULP_FLOOR * spacing)
-    assert err <= config.NAIVE_ERROR_RATIO_MAX * floor, (
-        f"{name} ({dtype_name}): max error {err:.3e} is {err / floor:.2f}x the naive same-precision error "
-        f"{nerr:.3e} (limit {config.NAIVE_ERROR_RATIO_MAX})")
-
-
 def _setup(name: str, preset: str, device: str, dtype_name: str):
     fam = rm.family_of(name)
     cfg = small_config(name, preset)
@@ -133,30 +117,25 @@ def test_network_matches_reference(name, preset, device, dtype_name):
     (logits and every stage's features), through the error model; batched equals per-sample."""
     fam, cfg, params, images, twin = _setup(name, preset, device, dtype_name)
     img_t = to_torch(images, dtype_name, device)
-    f32 = dtype_name != "float64"
     with torch.no_grad():
         logits_t = twin(img_t)
         feats_t = twin.features(img_t)
-    # --- 1. units, teacher-forced ---
+    # --- 1. units, teacher-forced (stage-wise inside a unit whose own bound is void) ---
     has_units = all(hasattr(fam, a) for a in ("unit_names", "run_unit", "unit_bound")) and hasattr(twin, "run_unit")
     if has_units:
         x = images
         chain_t = img_t
         for unit in fam.unit_names(cfg):
-            ref = fam.run_unit(params, unit, x, cfg)
-            bnd = fam.unit_bound(params, unit, x, cfg, dtype=dtype_name)
-            nv = naive(fam.run_unit, params, unit, x, cfg, dtype_name=dtype_name)
+            report = _check_stage(
+                f"{name}/{preset} unit {unit}", x, dtype_name, device,
+                reference=lambda v, u=unit: fam.run_unit(params, u, v, cfg),
+                bound=lambda v, u=unit: fam.unit_bound(params, u, v, cfg, dtype=dtype_name),
+                twin_fn=lambda v, u=unit: twin.run_unit(u, v))
+            if report.verdict == INCONCLUSIVE:
+                _check_parts(fam, twin, params, cfg, unit, x, dtype_name, device, report, f"{name}/{preset}")
             with torch.no_grad():
-                out = twin.run_unit(unit, to_torch(x, dtype_name, device))
-                one = twin.run_unit(unit, to_torch(x[:1], dtype_name, device))
                 chain_t = twin.run_unit(unit, chain_t)
-            assert_matches(out, ref, bnd, dtype_name, naive=nv, name=f"{name}/{preset} unit {unit}")
-            b1 = numerics.Bound(np.asarray(bnd.scale)[:1] if np.ndim(bnd.scale) else bnd.scale, bnd.k, bnd.note)
-            assert_matches(one, ref[:1], b1, dtype_name, naive=None if nv is None else nv[:1],
-                           name=f"{name}/{preset} unit {unit}, first sample alone")
-            if f32:
-                _assert_not_worse_than_naive(out, ref, nv, dtype_name, f"{name}/{preset} unit {unit}")
-            x = numerics.round_to(ref, dtype_name)
+            x = numerics.round_to(fam.run_unit(params, unit, x, cfg), dtype_name)
         # --- 2. forward is the composition of the units, bit for bit ---
         np.testing.assert_array_equal(to_numpy(chain_t), to_numpy(logits_t))
     # --- 3. end to end ---
@@ -165,10 +144,63 @@ def test_network_matches_reference(name, preset, device, dtype_name):
     nv_logits = naive(fam.forward, params, images, cfg, dtype_name=dtype_name)
     nv_feats = naive(fam.features, params, images, cfg, dtype_name=dtype_name)
     assert len(feats_t) == len(ref_feats) == len(fbounds)
-    assert_matches(logits_t, ref_logits, lbound, dtype_name, naive=nv_logits, name=f"{name}/{preset} logits")
+    # End to end the running bound compounds every unit's worst case and is void at depth (relative bound up to
+    # 1e37 in float64 for a reduced Swin): such a comparison is "inconclusive", and the conclusive check is the
+    # stage-wise one above (every unit matched from the reference's own input, and the forward is the exact
+    # composition of the units).  End to end, the comparison must still never diverge: NaN/Inf patterns, and
+    # the ensemble criterion against the twin re-run under the legitimate variants.
+    runs = legitimate_runs(lambda: (twin(img_t), twin.features(img_t)))
+    reports = [compare_matches(logits_t, ref_logits, lbound, dtype_name, naive=nv_logits,
+                               ensemble_outputs={k: v[0] for k, v in runs.items()}, name=f"{name}/{preset} logits")]
     for i, (ft, fr, fb) in enumerate(zip(feats_t, ref_feats, fbounds)):
-        assert_matches(ft, fr, fb, dtype_name, naive=None if nv_feats is None else nv_feats[i],
-                       name=f"{name}/{preset} stage {i + 1} features")
+        reports.append(compare_matches(ft, fr, fb, dtype_name, naive=None if nv_feats is None else nv_feats[i],
+                                       ensemble_outputs={k: v[1][i] for k, v in runs.items()},
+                                       name=f"{name}/{preset} stage {i + 1} features"))
+    for r in reports:
+        assert r.verdict != DIVERGES, str(r)
+        assert r.verdict == MATCH or has_units, f"{r}\n(no unit-wise check exists to make it conclusive)"
+
+
+def _check_stage(label: str, x: np.ndarray, dtype_name: str, device: str, *, reference, bound, twin_fn):
+    """One teacher-forced comparison: ``twin_fn`` on x (rounded to T already) against ``reference(x)`` through
+    ``bound(x)``, with the NumPy naive run and the twin's legitimate variants as the ensemble; the first sample
+    alone is compared too (batched == per-sample).  "diverges" fails here; the report is returned so that the
+    caller can go stage-wise when it is "inconclusive"."""
+    ref, bnd = reference(x), bound(x)
+    nv = naive(reference, x, dtype_name=dtype_name)
+    x_t, x1_t = to_torch(x, dtype_name, device), to_torch(x[:1], dtype_name, device)
+    with torch.no_grad():
+        out, one = twin_fn(x_t), twin_fn(x1_t)
+    report = compare_matches(out, ref, bnd, dtype_name, naive=nv, rerun=lambda: twin_fn(x_t), name=label)
+    b1 = numerics.Bound(np.asarray(bnd.scale)[:1] if np.ndim(bnd.scale) else bnd.scale, bnd.k, bnd.note,
+                        bnd.accumulation)
+    alone = compare_matches(one, ref[:1], b1, dtype_name, naive=None if nv is None else nv[:1],
+                            rerun=lambda: twin_fn(x1_t), name=f"{label}, first sample alone")
+    assert report.verdict != DIVERGES, str(report)
+    assert alone.verdict != DIVERGES, str(alone)
+    return report
+
+
+def _check_parts(fam, twin, params, cfg, unit, x, dtype_name, device, report, label) -> None:
+    """Stage-wise comparison of a unit whose own bound is void: each of its parts (fam.unit_parts) teacher-forced
+    from the reference's input of that part must match, and the twin's unit must be its parts composed, bit for
+    bit.  A unit without parts cannot be made conclusive: that fails with the unit's report."""
+    parts = fam.unit_parts(cfg, unit) if hasattr(fam, "unit_parts") else ()
+    assert parts and hasattr(twin, "run_unit_part"), f"{report}\n(the unit has no parts to compare stage-wise)"
+    xp = x
+    x_t = to_torch(x, dtype_name, device)
+    chain = x_t
+    for part in parts:
+        r = _check_stage(f"{label} unit {unit}, part {part}", xp, dtype_name, device,
+                         reference=lambda v, q=part: fam.run_unit_part(params, unit, q, v, cfg),
+                         bound=lambda v, q=part: fam.unit_part_bound(params, unit, q, v, cfg, dtype=dtype_name),
+                         twin_fn=lambda v, q=part: twin.run_unit_part(unit, q, v))
+        assert r.verdict == MATCH, f"{r}\n(stage-wise comparison of {unit!r}: part {part!r} is not conclusive)"
+        with torch.no_grad():
+            chain = twin.run_unit_part(unit, part, chain)
+        xp = numerics.round_to(fam.run_unit_part(params, unit, part, xp, cfg), dtype_name)
+    with torch.no_grad():
+        np.testing.assert_array_equal(to_numpy(chain), to_numpy(twin.run_unit(unit, x_t)))
 
 
 def test_every_registered_model_has_a_twin():

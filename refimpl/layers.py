@@ -79,7 +79,8 @@ def linear_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = No
     (n products and n-1 additions, plus one addition for the bias).  Rigorous for any summation order."""
     n = np.shape(weight)[-1]
     s = linear(np.abs(as_float(x, "x")), np.abs(weight), None if bias is None else np.abs(bias))
-    return Bound(s, n + (1 if bias is not None else 0), f"linear: gamma_(n+1), n = {n} (Higham 3.12)")
+    return Bound(s, n + (1 if bias is not None else 0), f"linear: gamma_(n+1), n = {n} (Higham 3.12)",
+                 accumulation=True)
 
 
 # ===================================================================================================
@@ -120,13 +121,15 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
     at the exact mean), so var has relative error <= gamma_{n+3} and s <= gamma_{n+3}/2 + 2u.  Hence
     |err y_i| <= [(|d_i| + mean|x|) / s |w| + |b|] * gamma_k with k = n + 8 (n+1 for the mean, the
     quotient, the sqrt, the scale and the shift).  First-order in u (products of two error terms dropped);
-    not rigorous for n u close to 1."""
+    not rigorous for n u close to 1.  Over a single channel (n = 1) the mean is x itself, exactly, so
+    d = 0 and y = b exactly: only the bias term remains."""
     x = as_float(x, "x")
     n = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
     d = x - mu
     s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
-    scale = (np.abs(d) + np.mean(np.abs(x), axis=-1, keepdims=True)) / s
+    mean_err = np.mean(np.abs(x), axis=-1, keepdims=True) if n > 1 else 0.0
+    scale = (np.abs(d) + mean_err) / s
     if weight is not None:
         scale = scale * np.abs(as_float(weight, "weight"))
     if bias is not None:
@@ -281,7 +284,8 @@ def conv2d_bound(x, weight, bias=None, stride=1, padding=0, groups=1, dilation=1
     s = conv2d(np.abs(as_float(x, "x")), w, None if bias is None else np.abs(as_float(bias, "bias")),
                stride, padding, groups, dilation)
     n = int(np.prod(w.shape[1:]))
-    return Bound(s, n + (1 if bias is not None else 0), f"conv2d: gamma_(n+1), n = {n}")
+    return Bound(s, n + (1 if bias is not None else 0), f"conv2d: gamma_(n+1), n = {n}",
+                 accumulation=True)
 
 
 def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride=1,
@@ -349,7 +353,8 @@ def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1
                                 conv_padding(padding, w.shape[2:], _pair(stride, "stride"), _pair(dilation, "dilation")),
                                 _pair(dilation, "dilation"))
     n = w.shape[2] * w.shape[3]
-    return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}")
+    return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}",
+                 accumulation=True)
 
 
 # ===================================================================================================

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, strategies as st
 
 from equivalence.strategies import arrays
-from refimpl import config, numerics
+from refimpl import config, numerics, verdict
 from refimpl.attention import angular as A
 from refimpl.numerics import Bound
 from tests import naive_angular as NA
@@ -102,7 +102,9 @@ def test_arccos_arcsin_identity_mpmath(x):
         with np.errstate(divide="ignore"):
             e_in = min(2.0 / math.sqrt(max(0.0, 1.0 - x * x)) if abs(x) < 1 else math.inf,
                        math.pi * math.sqrt(1.0 / U64)) / math.pi
-        numerics.assert_close(got, np.array([[ref]]), e_bound(e[..., 0, 0] + e_in + abs(ref), "Sim"),
+        # The bound's validity against mpmath: near x = +-1 arccos amplifies the input's rounding (Hoelder), so
+        # the bound exceeds the value and the verdict is "inconclusive" there (never a match).
+        verdict.assert_no_divergence(got, np.array([[ref]]), e_bound(e[..., 0, 0] + e_in + abs(ref), "Sim"),
                               np.float64, name=f"Sim via {method}")
 
 
@@ -419,7 +421,9 @@ def test_behaviour_near_parallel(sign, delta):
         got = A.angular_similarity(q, k, method=method)
         assert np.all(np.isfinite(got))
         _, e = A.angular_similarity_bound(q, k, dtype=np.float64, method=method)
-        numerics.assert_close(got, np.full_like(got, truth), e_bound(e + abs(truth), method), np.float64,
+        # Near-parallel q, k: the bound exceeds the value (arccos/atan2 conditioning), so the verdict is
+        # "inconclusive" (never a match); the bound must hold.
+        verdict.assert_no_divergence(got, np.full_like(got, truth), e_bound(e + abs(truth), method), np.float64,
                               name=f"Sim near parallel, {method}")
     v = np.ones((1, 1, 1, d))
     for cfg in (core_cfg(1, d), core_cfg(1, d, normalizer="similarity_sum"),

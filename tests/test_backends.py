@@ -4,7 +4,7 @@ What is checked (issue 2, "First compiled path"; issue 6 items 4-5):
 
 1. Agreement: on every Hypothesis draw, float64 and float32, the C and Numba depthwise convolutions lie
    within the error model's bound of the float64 NumPy definition (refimpl.layers._depthwise_conv2d_numpy
-   on the same, dtype-rounded inputs), and within NAIVE_ERROR_RATIO_MAX of the naive same-precision NumPy
+   on the same, dtype-rounded inputs), and accepted by the verdict's ensemble criterion with the naive same-precision NumPy
    computation.  Shapes cover odd and even kernels, stride 1-3, asymmetric padding (including padding as
    wide as the kernel), one pixel, odd and non-square grids, C = 1 and many channels, and rows wider and
    narrower than every vector tile of the C kernel.
@@ -145,7 +145,7 @@ WIDE_ROW = dict(shape=(1, 2, 11, 70), kernel=(3, 5), stride=(1, 2), pads=(1, 1, 
 @example(case=WIDE_ROW)
 def test_kernel_agrees_with_definition_through_error_model(backend, dtype, case):
     """|kernel - definition| <= gamma_(KH KW + 1) u_T S element-wise (S: the conv of |x|, |w|, |b|), and the
-    kernel's error is at most NAIVE_ERROR_RATIO_MAX times that of NumPy's own computation in T."""
+    kernel's error passes the verdict's ensemble criterion against NumPy's own computation in T."""
     x, w, b = make(case, dtype)
     got = kernel(backend)(x, w, b, case["stride"], case["pads"])
     assert got.dtype == dtype and got.flags.c_contiguous

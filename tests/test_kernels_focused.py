@@ -108,7 +108,7 @@ def test_kernel_map_agrees_with_focused_function_through_error_model(dtype, c):
     lies within focused_function_bound(ReLU(x), p, dtype) of the float64 definition (k = 2p + 2c + 2d + 8:
     the power, both norms, the quotient and the product; the power by p - 1 multiplications for an integer
     p <= 6 fits the (c + 1) u budgeted for pow), with the same NaN/Inf pattern, and (float32) within
-    NAIVE_ERROR_RATIO_MAX of NumPy's float32 evaluation.  Row magnitudes span 1e-300..1e300 (float64)."""
+    the ensemble criterion of NumPy's float32 evaluation (refimpl.verdict).  Row magnitudes span 1e-300..1e300 (float64)."""
     x64 = _map_input(c, dtype)
     got = c_feature_map(x64.astype(dtype), c["p"])
     assert got.dtype == dtype and got.shape == x64.shape
@@ -227,7 +227,7 @@ def make(c, dtype):
 def test_fused_focused_attention_agrees_with_definition_through_error_model(dtype, c):
     """|C - definition| <= focused_attention_bound(dtype) element-wise (FLatten Eq. 4-6: f_p's error
     coefficients propagated through num / den, plus the attention's own rounding, k = the feature depth
-    + d + M + 2), NaN/Inf patterns equal, and (float32) within NAIVE_ERROR_RATIO_MAX of NumPy's float32
+    + d + M + 2), NaN/Inf patterns equal, and (float32) within the ensemble criterion (refimpl.verdict) of NumPy's float32
     computation of the definition."""
     q64, k64, v64 = make(c, dtype)
     p, eps = c["p"], c["eps"]

@@ -93,7 +93,7 @@ def test_lisa_core_on_numba_agrees_with_the_definition(dtype, case):
     """lisa_core under use("numba") (the fused lisa_fft_core) vs lisa_core on the NumPy definition in
     float64 on the same inputs: within lisa_core_bound (LiSA Eq. 9-10; the FFT stages are charged
     config.FFT_REAL_SPLIT_STAGES for the real split that the packed transforms perform); float32 also
-    against NumPy's float32 run (naive ratio)."""
+    against NumPy's float32 run (the ensemble criterion)."""
     (q, k, v, wa, wb, ba, bb), lens = core_inputs(case, dtype)
     grid, exact = case["grid"], case["exact"]
     kw = dict(exact_toeplitz=exact, fft_lengths=lens)

@@ -19,7 +19,7 @@ NONNEG_MAPS = tuple(m for m in ALL_MAPS if m[0] in L.NON_NEGATIVE_MAPS and m[1].
 
 def _agree(actual, reference, bound: numerics.Bound, name: str) -> None:
     """Two float64 evaluations of the same definition agree within ``bound`` (and their NaN/Inf patterns
-    agree).  The naive-ratio part of numerics.assert_close is not applied: neither side is an implementation
+    agree).  The verdict's ensemble criterion is not applied: neither side is an implementation
     under test (both are the reference), and its floor has no underflow term, so two outputs entirely in the
     subnormal range would be judged on a 1-ulp floor (reported to the lead)."""
     report = numerics.compare(actual, reference, bound, "float64", name=name)

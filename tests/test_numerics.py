@@ -77,7 +77,12 @@ def test_gelu_matches_mpmath(xs, approximate):
         c = mpmath.sqrt(2 / mpmath.pi)
         # 1 + tanh(t) = 2 / (1 + exp(-2t)), free of cancellation for t << 0
         truth = _mp(lambda v: v / (1 + mpmath.exp(-2 * c * (v + mpmath.mpf(config.GELU_TANH_COEF) * v ** 3))), x)
-    numerics.assert_close(numerics.gelu(x, approximate), truth, _gelu_b(x, approximate), "float64")
+    # The bound's safety (it must hold for the reference itself).  Its verdict can be "inconclusive": the bound
+    # is written on |x| because implementations (torch included) evaluate 1 + erf(x / sqrt 2), which cancels
+    # for x << 0 (GELU(-8) = -5e-15 with an absolute error of a few u |x|), so relative to the value the bound
+    # is void there.
+    report = numerics.compare(numerics.gelu(x, approximate), truth, _gelu_b(x, approximate), "float64")
+    assert report.pattern_ok and report.within_bound and report.verdict != "diverges", str(report)
 
 
 def _gelu_b(x, approximate):
@@ -199,16 +204,17 @@ def test_compare_requires_identical_nan_and_inf_patterns():
     assert not numerics.compare(np.array([np.nan, np.nan, np.inf]), ref, b, "float64").ok
 
 
-def test_compare_checks_the_ratio_to_the_naive_computation():
-    """An implementation 3x worse than naive same-precision arithmetic fails even inside the bound; when
-    the naive computation is exact, the pure ULP floor keeps the check from collapsing to 'error 0'."""
+def test_compare_checks_the_ensemble_of_legitimate_evaluations():
+    """An implementation several times worse than every legitimate evaluation fails even inside the bound;
+    when every member is exact, the final-rounding member (u_T |ref|) keeps the check from collapsing to
+    'error 0' (refimpl.verdict, "the ensemble criterion")."""
     ref = np.full(4, 1.0)
-    b = Bound(np.ones(4), 1000, "loose")  # bound 1000 u = 500 ulp, floor sqrt(1000) u ~ 16 ulp
+    b = Bound(np.ones(4), 1000, "loose")  # bound 1000 u = 500 ulp
     ulp = 2.0 ** -23
     naive = ref + np.array([ulp * 50, 0, 0, 0])
-    worse = ref + np.array([0, ulp * 160, 0, 0])
+    worse = ref + np.array([0, ulp * 50 * (config.VERDICT_MAX_FACTOR + 1), 0, 0])
     report = numerics.compare(worse, ref, b, "float32", naive=naive)
-    assert report.within_bound and report.naive_ratio > 2 and not report.ok
+    assert report.within_bound and report.zmax > report.zmax_threshold and report.verdict == "diverges", str(report)
     one_ulp = ref + np.array([ulp, 0, 0, 0])
     report = numerics.compare(one_ulp, ref, Bound(ref, 2), "float32", naive=ref.copy())
     assert report.ok, str(report)

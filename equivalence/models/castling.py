@@ -36,9 +36,14 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(c, cfg.hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One stage of the block: "attn" (x + attn(LN1 x)) or "mlp" (x + MLP(LN2 x))."""
+        if name == "attn":
+            return x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.part("mlp", self.part("attn", x))
 
 
 class CastlingDeiT(nn.Module):
@@ -69,6 +74,9 @@ class CastlingDeiT(nn.Module):
         if name == "head":
             return self.head_unit(x)
         return self.blocks[int(name.split(".")[1])](x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[int(name.split(".")[1])].part(part, x)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         x = self.stem(images)

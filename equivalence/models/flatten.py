@@ -45,9 +45,14 @@ class DeiTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(c, cfg.hidden)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), self.hw)
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One stage of the block: "attn" (x + attn(LN1 x)) or "mlp" (x + MLP(LN2 x))."""
+        if name == "attn":
+            return x + self.attn(self.norm1(x), self.hw)
         return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.part("mlp", self.part("attn", x))
 
 
 class FlattenDeiT(nn.Module):
@@ -76,6 +81,9 @@ class FlattenDeiT(nn.Module):
         if name == "head":
             return self.head_unit(x)
         return self.blocks[int(name.split(".")[1])](x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks[int(name.split(".")[1])].part(part, x)
 
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.cfg.grid)
@@ -112,15 +120,20 @@ class SwinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(c, cfg.hidden(i))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One stage of the block: "attn" (x + attn(LN1 x)) or "mlp" (x + MLP(LN2 x))."""
+        if name == "mlp":
+            return x + self.mlp(self.norm2(x))
         b, h, w, c = x.shape
         y = self.norm1(x)
         if self.focused:
             y = self.attn(y.reshape(b, h * w, c), (h, w), shift=self.shift).reshape(b, h, w, c)
         else:
             y = self.attn(y)
-        x = x + y
-        return x + self.mlp(self.norm2(x))
+        return x + y
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.part("mlp", self.part("attn", x))
 
 
 class SwinStage(nn.Module):
@@ -160,6 +173,10 @@ class FlattenSwin(nn.Module):
         parts = name.split(".")
         stage = self.layers[int(parts[1])]
         return stage.downsample(x) if parts[2] == "downsample" else stage.blocks[int(parts[3])](x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        parts = name.split(".")
+        return self.layers[int(parts[1])].blocks[int(parts[3])].part(part, x)
 
     def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
         x = self.stem(images)

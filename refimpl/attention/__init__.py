@@ -1,1 +1,1 @@
-"""Attention mechanisms, one file per family (see DESIGN.md)."""
+"""Attention mechanisms, one file per family (see docs/design.md)."""

@@ -1205,7 +1205,7 @@ def _check_params(params: Mapping[str, Any], cfg: CastlingConfig) -> None:
 
 
 # ===================================================================================================
-# 5. Error bounds (first-order running error analysis; DESIGN.md "The error model")
+# 5. Error bounds (first-order running error analysis; docs/design.md "The verdict")
 # ===================================================================================================
 #
 # Every helper below returns, next to the reference value, an error coefficient E >= 0 with
@@ -1257,15 +1257,17 @@ def _e_softmax_masked(logits: np.ndarray, el: np.ndarray, threshold: float, u: f
 
     dP_ij = P_ij (dL_ij - sum_l P_il dL_il) to first order; the rounding of L - max (u |L - max|, an absolute
     error of the exponent), exp (ELEM u relative), the sum of M positive terms (gamma_M) and the quotient (u):
-        E(P_ij) = P_ij (E(L_ij) + sum_l P_il E(L_il) + |L_ij - m_i| + sum_l P_il |L_il - m_i| + 2 ELEM + M + 1).
+        E(P_ij) = P_ij ((1 - 2 P_ij)(E(L_ij) + |L_ij - m_i|) + sum_l P_il (E(L_il) + |L_il - m_i|) + 2 ELEM + M + 1)
+    (|P_ij ((1 - P_ij) x_j - sum_{l != j} P_il x_l)| <= P_ij ((1 - 2 P_ij)|x_j| + sum_l P_il |x_l|)).
     The mask is discontinuous: where |P_ij - eps| <= u E(P_ij) + |eps - fl_T(eps)| the tested code may decide
     either way, so the whole weight P_ij is admitted as error (returned as ``amb``, a 0/1 array)."""
     m = np.max(logits, axis=-1, keepdims=True)
     p = numerics.softmax(logits, axis=-1)
     shift = np.abs(logits - m)
     width = logits.shape[-1]
-    e = p * (el + np.sum(p * el, axis=-1, keepdims=True) + shift + np.sum(p * shift, axis=-1, keepdims=True)
-             + 2 * _ELEM + width + 1)
+    # The Jacobian p_ij (delta_jl - p_il) taken exactly: (1 - 2 p) x + sum_l p x >= (1 - p) x >= 0.
+    e = p * ((1 - 2 * p) * el + np.sum(p * el, axis=-1, keepdims=True) + (1 - 2 * p) * shift
+             + np.sum(p * shift, axis=-1, keepdims=True) + 2 * _ELEM + width + 1)
     amb = np.abs(p - threshold) <= u * e + tested_threshold_gap
     return p, e, amb
 

@@ -568,7 +568,7 @@ def enhanced_linear_attention_bound(q: Any, k: Any, v: Any, *, c_min: float = co
 
     References
     ----------
-    L2ViT Eq. 4, Appendix 8; DESIGN.md "The error model".
+    L2ViT Eq. 4, Appendix 8; docs/design.md "The verdict".
     """
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
@@ -601,7 +601,7 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
 
     References
     ----------
-    L2ViT Eq. 4; DESIGN.md "The error model".
+    L2ViT Eq. 4; docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
@@ -634,7 +634,7 @@ def lcm_bound(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
 
     References
     ----------
-    L2ViT Eq. 6-7; DESIGN.md "The error model".
+    L2ViT Eq. 6-7; docs/design.md "The verdict".
     """
     x, hw = _check_hw(x, hw, np.shape(x)[-1])
     _, e, depth = _err_lcm(x, np.zeros_like(x), params, hw, batch_norm_eps)
@@ -673,7 +673,7 @@ def lga_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
 
     References
     ----------
-    L2ViT Eq. 4-8, Fig. 3; DESIGN.md "The error model".
+    L2ViT Eq. 4-8, Fig. 3; docs/design.md "The verdict".
     """
     x, hw = _check_hw(x, hw, cfg.dim)
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
@@ -742,7 +742,7 @@ def lwa_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
 
     References
     ----------
-    L2ViT §4.3, Fig. 3; Swin §3.2; DESIGN.md "The error model".
+    L2ViT §4.3, Fig. 3; Swin §3.2; docs/design.md "The verdict".
     """
     x, hw = _check_hw(x, hw, cfg.dim)
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)

@@ -294,7 +294,7 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
 
     References
     ----------
-    FLatten Eq. 6, 18-21; Higham (2002) §3.1; DESIGN.md "The error model".
+    FLatten Eq. 6, 18-21; Higham (2002) §3.1; docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
     p = _check_p(p)
@@ -330,7 +330,7 @@ def focused_function_bound(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *,
 
     References
     ----------
-    FLatten Eq. 6; DESIGN.md "The error model".
+    FLatten Eq. 6; docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
     e = focused_function_error(x, p, axis=axis, dtype=dtype)
@@ -542,7 +542,7 @@ def resample_linear_bound(x: Any, size: int, axis: int = -1) -> numerics.Bound:
 
     References
     ----------
-    FLatten Eq. 10-12 (V for the DWC with sr > 1); DESIGN.md "The error model".
+    FLatten Eq. 10-12 (V for the DWC with sr > 1); docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
     _, e = _err_resample(x, np.zeros_like(x), numerics.check_positive_int(size, "size"), axis)
@@ -850,7 +850,7 @@ def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int
 # The error model
 # ===================================================================================================
 #
-# Every bound below is a running first-order error bound (Higham §3.1; DESIGN.md): each intermediate t of
+# Every bound below is a running first-order error bound (Higham §3.1; docs/design.md): each intermediate t of
 # the reference carries a coefficient E_t >= 0 with |fl_T(t) - t| <= u_T E_t, propagated through each stage
 # by the stage's (absolute) Jacobian and increased by the stage's own rounding (its k times its scale S).
 # The final Bound has k = K, the summed depth of the stages, and scale E_out / K, so that
@@ -875,6 +875,8 @@ def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float):
     w = 1.0 if weight is None else np.abs(weight)
     prop = w / s * (e_x + np.mean(e_x, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * e_x, axis=-1,
                                                                                          keepdims=True))
+    if x.shape[-1] == 1:  # over one channel the output is the bias whatever x is: the Jacobian is 0
+        prop = np.zeros_like(prop)
     b = layer_norm_bound(x, weight, bias, eps)
     return y, prop + b.k * np.asarray(b.scale), b.k
 
@@ -1080,7 +1082,7 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
 
     References
     ----------
-    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
@@ -1116,7 +1118,7 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
 
     References
     ----------
-    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
     x, big_h, big_w = _check_x(x, hw, cfg)
     c = cfg.dim
@@ -1153,7 +1155,7 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
 
     References
     ----------
-    FLatten Eq. 4-6, 10-12; DESIGN.md "The error model".
+    FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
     x, big_h, big_w = _check_x(x, hw, cfg)
     (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)

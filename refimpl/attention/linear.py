@@ -176,8 +176,8 @@ def feature_map_error(x: Any, name: str = "relu", **opts: Any) -> np.ndarray:
 
     References
     ----------
-    Higham, *Accuracy and Stability of Numerical Algorithms* (2nd ed.), §2.2, §3.1; DESIGN.md "The error
-    model".
+    Higham, *Accuracy and Stability of Numerical Algorithms* (2nd ed.), §2.2, §3.1; docs/design.md "The
+    verdict".
     """
     x = numerics.as_float(x, "x")
     return _map_and_error(x, name, opts, want_error=True)[1]
@@ -509,7 +509,7 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
 
     References
     ----------
-    DESIGN.md "The error model"; Higham (2002) Lemma 3.1, eq. (3.4)-(3.5); L2ViT Eq. 4; FLatten Eq. 4.
+    docs/design.md "The verdict"; Higham (2002) Lemma 3.1, eq. (3.4)-(3.5); L2ViT Eq. 4; FLatten Eq. 4.
     """
     phi_q = numerics.as_float(phi_q, "phi_q")
     phi_k = numerics.as_float(phi_k, "phi_k")
@@ -595,7 +595,7 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
 
     References
     ----------
-    DESIGN.md "The error model"; L2ViT Eq. 4; FLatten Eq. 4; Higham (2002) ch. 3.
+    docs/design.md "The verdict"; L2ViT Eq. 4; FLatten Eq. 4; Higham (2002) ch. 3.
     """
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")

@@ -989,7 +989,7 @@ def lisanet_isotropic_param_count(*, img_size: int | Sequence[int] = 224, patch_
 
 
 # ===================================================================================================
-# Error bounds (first-order running error analysis; DESIGN.md "The error model")
+# Error bounds (first-order running error analysis; docs/design.md "The verdict")
 # ===================================================================================================
 #
 # Every tracked quantity is a pair (value, E) with |fl_T(value) - value| <= u_T E to first order, E >= 0.
@@ -1242,7 +1242,7 @@ def _tr_layer_norm(x, ex, w, b, eps):
     y = layer_norm(x, w, b, eps)
     lb = layer_norm_bound(x, w, b, eps)
     err = lb.k * np.asarray(lb.scale)
-    if ex is not None:
+    if ex is not None and x.shape[-1] > 1:  # over one channel the output is the bias: no input dependence
         mu = np.mean(x, axis=-1, keepdims=True)
         s = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
         xh = np.abs(x - mu) / s

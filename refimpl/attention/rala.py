@@ -57,6 +57,7 @@ the attention layer; the RAVLT block; parameter shapes; the error model.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping
 
 import numpy as np
@@ -1014,7 +1015,10 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
 
 
 def _as_bound(e: np.ndarray, depth: int, pr: _Prec, note: str) -> numerics.Bound:
-    return numerics.Bound(e / pr.g(depth), depth,
+    g = pr.g(depth)
+    if not math.isfinite(g):  # K u >= 1: no bound of this form exists (inf, not E / inf = 0 and 0 * inf = NaN)
+        return numerics.Bound(np.full_like(e, np.inf), depth, note + f"; gamma_K is infinite (K = {depth}): no bound")
+    return numerics.Bound(e / g, depth,
                           note + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
                                  "libm accuracy assumption)")
 
@@ -1028,7 +1032,7 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     Valid for both orders and for the stage orders of the PyTorch twin (official: 1/(den + eps) then a
     product; k * softmax * N).
 
-    References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; DESIGN.md "The error model".
+    References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
     """
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
@@ -1046,7 +1050,7 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     propagated error of V), the addition, the gate product (phi's own error: gamma_{C+1} linear, c u
     |tanh| for tanh) and the output projection.  Returns Bound with the output's shape and layout.
 
-    References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; DESIGN.md "The error model".
+    References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; docs/design.md "The verdict".
     """
     x = _check_grid(x, cfg.layout, cfg.dim)
     pr = _Prec.of(dtype)

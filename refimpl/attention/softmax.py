@@ -185,11 +185,12 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
        add (1) give |ds_ij| <= u Es_ij with
        Es_ij = (d + 2)(|scale| |q_i| . |k_j| + |b_ij|) + |scale| (E_q_i . |k_j| + |q_i| . E_k_j).
     2. Softmax p = exp(s - m) / sum exp(s - m) (max subtraction; m exact).  A logit error ds changes p by
-       |dp_ij| <= p_ij (|ds_ij| + sum_l p_il |ds_il|).  Own rounding: the argument t = s - m carries r
-       roundings (relative u each), i.e. a relative error r |t| u of exp(t); exp adds c u; the sum of M
-       non-negative terms adds (M - 1) u plus the weighted terms' errors (r w_i + c) u with
-       w_i = sum_l p_il |s_il - m_i|; the quotient adds u.  Together
-       Ep_ij = p_ij (Es_ij + sum_l p_il Es_il + r |s_ij - m_i| + r w_i + 2c + M).
+       |dp_ij| <= p_ij ((1 - p_ij) |ds_ij| + sum_{l != j} p_il |ds_il|) (the Jacobian p_ij (delta_jl - p_il),
+       taken exactly: the entry's own logit moves it by (1 - p_ij), not by 1 + p_ij).  Own rounding: the
+       argument t = s - m carries r roundings (relative u each), i.e. a relative error r |t| u of exp(t), which
+       enters through the same Jacobian; exp adds c u; the sum of M non-negative terms adds (M - 1) u; the
+       quotient adds u.  With w_i = sum_l p_il |s_il - m_i| and pes_i = sum_l p_il Es_il:
+       Ep_ij = p_ij ((1 - 2 p_ij) Es_ij + pes_i + r ((1 - 2 p_ij) |s_ij - m_i| + w_i) + 2c + M).
     3. O = P V, a length-M product: E = M P|V| + Ep |V| + P E_v.
     4. With ``dtype`` given, gradual underflow (Higham eq. 2.8, each rounding may add eta_T absolutely):
        the probabilities (exp and the quotient) err by up to 2 eta_T each, and the M products and M - 1 sums
@@ -205,7 +206,7 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
 
     References
     ----------
-    Higham (2002) §3.1, Lemma 3.1; DESIGN.md "The error model"; Blanchard, Higham & Higham (2021),
+    Higham (2002) §3.1, Lemma 3.1; docs/design.md "The verdict"; Blanchard, Higham & Higham (2021),
     "Accurately computing the log-sum-exp and softmax functions", IMA J. Numer. Anal. (the |t| u term).
     """
     q = numerics.as_float(q, "q")
@@ -231,7 +232,10 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
         dev = np.where(live, np.abs(s - m), 0.0)
         w = np.sum(p * dev, axis=-1, keepdims=True)
         pes = np.sum(p * es, axis=-1, keepdims=True)
-        ep = np.where(live, p * (es + pes + r * dev + r * w + 2.0 * c + m_len), 0.0)
+        # dp_ij = p_ij ((1 - p_ij) ds_ij - sum_{l != j} p_il ds_il): the exact first-order form, for the logit
+        # errors and for exp's argument rounding alike ((1 - 2 p) x + sum p x >= (1 - p) x >= 0).
+        ep = np.where(live, p * ((1.0 - 2.0 * p) * es + pes + r * ((1.0 - 2.0 * p) * dev + w) + 2.0 * c + m_len),
+                      0.0)
         e_out = m_len * (p @ np.abs(v)) + ep @ np.abs(v) + p @ ev
     if dtype is not None:
         e_out = e_out + _eta_times(2.0 * np.sum(np.abs(v), axis=-2)[..., None, :] + 2.0 * m_len, dtype) \
@@ -249,7 +253,7 @@ def softmax_attention_bound(q: Any, k: Any, v: Any, *, scale: float | None = Non
 
     References
     ----------
-    DESIGN.md "The error model"; L2ViT Eq. 1.
+    docs/design.md "The verdict"; L2ViT Eq. 1.
     """
     e = softmax_attention_error(q, k, v, scale=scale, bias=bias, mask=mask, dtype=dtype)
     return numerics.Bound(e, 1, "softmax attention: running error coefficient (logits gamma_(d+2), softmax with "
@@ -413,7 +417,7 @@ def window_attention_bound(x: Any, p: Mapping[str, Any], *, num_heads: int, wind
 
     References
     ----------
-    Swin (Liu et al., 2021) Eq. 4; DESIGN.md "The error model"; Higham (2002) §3.1.
+    Swin (Liu et al., 2021) Eq. 4; docs/design.md "The verdict"; Higham (2002) §3.1.
     """
     x, dims, nh, ws, sh, table = _window_setup(x, p, num_heads, window_size, shift, pad, rel_pos_bias,
                                                mask_padding, mask_value)

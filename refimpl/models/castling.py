@@ -179,9 +179,32 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConf
     if name == "head":
         y = layers.layer_norm(x[:, 0], params["norm.weight"], params["norm.bias"], eps)
         return layers.linear(y, params["head.weight"], params["head.bias"])
+    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+
+
+def unit_parts(cfg: CastlingDeiTConfig, name: str) -> tuple[str, ...]:
+    """The stages a unit is made of, for stage-wise comparison: a block is "attn" (x + attn(LN1 x)) then
+    "mlp" (x + MLP(LN2 x)); the stem and the head have no parts (())."""
+    if name not in unit_names(cfg):
+        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    return ("attn", "mlp") if name.startswith("blocks.") else ()
+
+
+def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingDeiTConfig) -> np.ndarray:
+    """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
+    if part not in unit_parts(cfg, name):
+        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
+    x = numerics.as_float(x, "x")
+    numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
+    return _block_part(params, name, part, x, cfg)
+
+
+def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarray:
+    eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
-    y = layers.layer_norm(x, p["norm1.weight"], p["norm1.bias"], eps)
-    x = x + castling_attention(y, layers.subparams(p, "attn"), cfg.attention_config())
+    if part == "attn":
+        y = layers.layer_norm(x, p["norm1.weight"], p["norm1.bias"], eps)
+        return x + castling_attention(y, layers.subparams(p, "attn"), cfg.attention_config())
     return x + common.mlp2d(layers.layer_norm(x, p["norm2.weight"], p["norm2.bias"], eps), layers.subparams(p, "mlp"))
 
 
@@ -259,11 +282,28 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingDeiTConfi
         cls = Err(t.value[:, 0], t.err[:, 0], t.depth)
         return common.e_linear(common.e_layer_norm(cls, params["norm.weight"], params["norm.bias"], eps),
                                params["head.weight"], params["head.bias"])
+    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+
+
+def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: CastlingDeiTConfig,
+                  dtype: Any) -> Err:
+    """:func:`_block_part` with the running error analysis."""
+    eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
-    y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps)
-    x = common.e_add(t, common.e_castling(y, layers.subparams(p, "attn"), cfg.attention_config(), dtype=dtype))
-    return common.e_add(x, common.e_mlp(common.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], eps),
+    if part == "attn":
+        y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps)
+        return common.e_add(t, common.e_castling(y, layers.subparams(p, "attn"), cfg.attention_config(), dtype=dtype))
+    return common.e_add(t, common.e_mlp(common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps),
                                         layers.subparams(p, "mlp")))
+
+
+def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingDeiTConfig, *,
+                    dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
+    if part not in unit_parts(cfg, name):
+        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
+    return common.to_bound(_e_block_part(params, name, part, common.e_exact(numerics.as_float(x, "x")), cfg, dtype),
+                           f"unit {name}, {part}")
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConfig, *,

@@ -9,7 +9,7 @@ Contents: configuration helpers (image-size and override normalisation), random 
 shape table, the patch embedding, Swin's stage geometry (grids, window clamp, shift), and the running
 error propagation (:class:`Err` and the ``e_*`` functions), which any family may use.
 
-The running error analysis (DESIGN.md "The error model"; Higham 2002, §3.1).  Every intermediate t of the
+The running error analysis (docs/design.md "The verdict"; Higham 2002, §3.1).  Every intermediate t of the
 float64 reference carries a coefficient E_t >= 0 such that an implementation computing in precision T
 (inputs and weights already rounded to T) satisfies |fl_T(t) - t| <= u_T E_t to first order in u_T.  Each
 stage propagates E through its Jacobian taken on absolute values (linear maps: |W| E; LayerNorm: its
@@ -412,8 +412,8 @@ def to_bound(t: Err, what: str) -> numerics.Bound:
     with np.errstate(invalid="ignore", over="ignore"):
         scale = t.err / depth
     # A coefficient that overflowed (inf, or NaN from inf * 0 in the propagation) means "no finite bound".  It
-    # is stored as the largest finite float64 rather than inf: numerics.compare leaves non-finite scales out of
-    # its naive-ratio floor, which would turn "no bound" into a 1-ulp requirement.
+    # is stored as the largest finite float64 rather than inf, so that the bound's scale stays usable as the
+    # verdict's weights; either way the verdict there is "inconclusive" (refimpl.verdict).
     overflow = ~np.isfinite(scale)
     scale = np.where(overflow, np.finfo(np.float64).max, scale)
     note = (f"{what}: network running first-order error bound (stage Jacobians on absolute values + each stage's "

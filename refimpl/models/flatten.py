@@ -376,15 +376,38 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any,
         return layers.linear(pooled, params["head.weight"], params["head.bias"])
     if name.endswith("downsample"):
         return common.patch_merging2d(x, layers.subparams(params, name), eps)
+    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+
+
+def unit_parts(cfg: FlattenDeiTConfig | FlattenSwinConfig, name: str) -> tuple[str, ...]:
+    """The stages a unit is made of, in order, for stage-wise comparison: a block is "attn"
+    (x + attn(LN1 x)) then "mlp" (x + MLP(LN2 x)); other units have no parts (())."""
+    _check_cfg(cfg)
+    if name not in unit_names(cfg):
+        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    return ("attn", "mlp") if ".blocks." in f".{name}" and not name.endswith("downsample") else ()
+
+
+def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
+                  cfg: FlattenDeiTConfig | FlattenSwinConfig) -> np.ndarray:
+    """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
+    if part not in unit_parts(cfg, name):
+        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
+    return _block_part(params, name, part, _check_unit_input(x, name, cfg), cfg)
+
+
+def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
+    eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
+    if part == "mlp":
+        return x + common.mlp2d(layers.layer_norm(x, p["norm2.weight"], p["norm2.bias"], eps),
+                                layers.subparams(p, "mlp"))
     y = layers.layer_norm(x, p["norm1.weight"], p["norm1.bias"], eps)
     if isinstance(cfg, FlattenDeiTConfig):
-        x = x + focused_linear_attention(y, layers.subparams(p, "attn"), cfg.attention_config(), cfg.grid)
-    else:
-        i, j = _parse(name)
-        ws, sh = cfg.stage_windows[i]
-        x = x + _swin_attention(y, layers.subparams(p, "attn"), cfg, i, ws, sh if j % 2 else 0)
-    return x + common.mlp2d(layers.layer_norm(x, p["norm2.weight"], p["norm2.bias"], eps), layers.subparams(p, "mlp"))
+        return x + focused_linear_attention(y, layers.subparams(p, "attn"), cfg.attention_config(), cfg.grid)
+    i, j = _parse(name)
+    ws, sh = cfg.stage_windows[i]
+    return x + _swin_attention(y, layers.subparams(p, "attn"), cfg, i, ws, sh if j % 2 else 0)
 
 
 def _feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
@@ -474,7 +497,16 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) 
         return common.e_linear(pooled, params["head.weight"], params["head.bias"])
     if name.endswith("downsample"):
         return common.e_patch_merging(t, layers.subparams(params, name), eps)
+    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+
+
+def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
+    """:func:`_block_part` with the running error analysis."""
+    eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
+    if part == "mlp":
+        return common.e_add(t, common.e_mlp(common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps),
+                                            layers.subparams(p, "mlp")))
     ap = layers.subparams(p, "attn")
     y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps)
     if isinstance(cfg, FlattenDeiTConfig):
@@ -489,9 +521,16 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) 
             opts = cfg.window_options
             opts.pop("shift", None)
             a = common.e_window_attention(y, ap, num_heads=cfg.num_heads[i], window_size=ws, shift=shift, **opts)
-    x = common.e_add(t, a)
-    return common.e_add(x, common.e_mlp(common.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], eps),
-                                        layers.subparams(p, "mlp")))
+    return common.e_add(t, a)
+
+
+def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any,
+                    cfg: FlattenDeiTConfig | FlattenSwinConfig, *, dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
+    if part not in unit_parts(cfg, name):
+        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
+    x = _check_unit_input(x, name, cfg)
+    return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig, *,

@@ -1,0 +1,564 @@
+"""The verdict: how a tested output is judged against the float64 reference.
+
+Layer: beside :mod:`refimpl.numerics` (imports only :mod:`refimpl.config`); numerics re-exports the names
+below, so ``numerics.compare`` and ``verdict.compare`` are the same function.
+
+A comparison has three outcomes (``ErrorReport.verdict``):
+
+``"diverges"``
+    the NaN/Inf patterns differ, or some element is outside its bound, or the tested output is less
+    accurate than every legitimate evaluation of the same computation by more than a calibrated factor
+    (the *ensemble criterion*, below).  Each of these is evidence of a defect.
+``"inconclusive"``
+    nothing diverged, but the bound cannot tell a correct result from a wrong one: it is not finite at some
+    element, or it reaches the size of the quantity itself (relative bound >= 1, defined below).  The
+    report says what would make the check conclusive.  Tests and the verifier treat it as not passing.
+``"match"``
+    everything else.
+
+**Two bounds per element** (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., ch. 3; Higham
+and Mary, "A new approach to probabilistic rounding error analysis", SIAM J. Sci. Comput. 41(5), 2019).  A
+:class:`Bound` carries the magnitude ``S`` (the computation on absolute values) and the depth ``k``.  Then
+
+- the deterministic worst case is ``|err| <= gamma_k(u) S`` with ``gamma_k(u) = k u / (1 - k u)``; it is
+  infinite once ``k u >= 1`` (k = 3526 in float16 already);
+- the probabilistic bound (Higham-Mary Theorem 2.4, as used in their Theorem 3.1 for inner products) replaces
+  ``gamma_k`` by ``gamma~_k(lam) = exp(lam sqrt(k) u + k u^2 / (1 - u)) - 1``, which holds for one product
+  of k rounding factors with probability at least ``1 - 2 exp(-lam^2 (1 - u)^2 / 2)`` when the rounding errors
+  are independent and mean-zero.  It grows like ``sqrt(k) u`` and is finite for every k.
+
+The verdict uses ``min(gamma_k, gamma~_k(lam))`` (both hold, so the minimum holds with the probabilistic
+bound's probability) and reports both.  ``lam`` is chosen per comparison by a union bound over every rounding
+factor it involves: ``n_elements * k`` of them, so that the probability of a false alarm on a correct
+computation is at most ``p`` (``config.VERDICT_FALSE_ALARM`` = 1e-6, split across stages by the caller):
+
+    lam = sqrt(2 log(2 n_elements k / p)) / (1 - u).
+
+The float64 reference's own error is added with the deterministic ``gamma_k(u_64)`` (it is tiny).
+
+**Relative bound.**  Element i's bound ``b_i`` is compared with the size of the quantity,
+``max(|ref_i|, rms(ref))``: an element whose reference is near zero by cancellation is measured against the
+tensor's typical size, not against its own (which would make every bound void there, in any precision).  A
+reference that is exactly zero everywhere has no size: there any finite bound is conclusive (the tested output
+must reproduce the zeros to within it).
+
+**The ensemble criterion** replaces the former "at most 2x the naive NumPy error" rule, which compared two
+single samples of rounding error and failed legitimate algorithms (cuDNN/oneDNN convolutions, other GEMM
+blockings) by 2-4x.  An *ensemble* of legitimate evaluations of the same computation in the same precision
+(the NumPy definition run in T, and other summation orders, convolution algorithms, thread counts and library
+settings: :mod:`refimpl.ensemble` builds them for torch code) gives the errors a correct implementation
+actually makes.  With ``z_i = |x_i - ref_i| / w_i``, ``w_i = S_i + eta_T`` (error in units of the element's
+magnitude, the quantity its rounding errors scale with, so that small elements count as much as large ones;
+finite even where the bound is not) and for each evaluation x the two statistics
+
+    zmax(x) = max_i z_i,        zrms(x) = sqrt(mean_i z_i^2),
+
+the tested output must satisfy ``zmax <= VERDICT_MAX_FACTOR * max_m zmax(m)`` and
+``zrms <= VERDICT_RMS_FACTOR * max_m zrms(m)`` over the ensemble members m (the RMS condition from
+``config.VERDICT_RMS_MIN_ELEMENTS`` compared elements on, below which the mean square of one algorithm's errors
+is too noisy a statistic: see that constant's derivation).  The maximum catches a defect
+confined to a few elements (a boundary row, one batch item); the RMS, which averages over the whole output and
+so varies little between legitimate algorithms, catches a small defect spread over every element (a scale
+applied twice at a small magnitude).  One member is always present: the output's own final rounding,
+``u_T |ref_i|``, which no implementation in T can avoid; it keeps the criterion from collapsing to "error 0"
+when every other member happens to be exact.  A member equal to the tested output bit for bit (a variant that
+did not change the arithmetic) is dropped: it is the tested algorithm again and would make the criterion unable
+to fail.  With fewer than two legitimate evaluations left (the kernel-agreement tests, which have only the
+NumPy naive run), the random-rounding model's typical accumulated error
+``sqrt(k) u_T |ref_i|`` joins too: one sample of another algorithm's error on a handful of elements is no
+measure of a third algorithm's.  The two factors are calibrated in
+``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate algorithm's statistic to the
+maximum of the others', measured over every module and precision, times a stated margin).
+
+When no ensemble is given (kernel-agreement tests in float64, where the naive computation is the reference
+itself), the verdict rests on the bound alone and says so in the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import config
+
+__all__ = [
+    "unit_roundoff", "underflow_eta", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
+    "ulp_distance", "ErrorReport", "compare", "assert_close", "assert_no_divergence", "MATCH", "DIVERGES",
+    "INCONCLUSIVE",
+]
+
+MATCH, DIVERGES, INCONCLUSIVE = "match", "diverges", "inconclusive"
+
+# Unit roundoff u = 2^-p (p = significand bits incl. the implicit one) and the smallest subnormal.
+_FORMATS = {
+    "float64": (2.0 ** -53, 2.0 ** -1074),
+    "float32": (2.0 ** -24, 2.0 ** -149),
+    "float16": (2.0 ** -11, 2.0 ** -24),
+    "bfloat16": (2.0 ** -8, 2.0 ** -133),
+}
+
+
+def format_name(dtype: Any) -> str:
+    """"float16" | "bfloat16" | "float32" | "float64" for a NumPy/torch dtype or its name."""
+    name = str(dtype).replace("torch.", "")
+    if name in _FORMATS:
+        return name
+    try:
+        name = np.dtype(dtype).name
+    except TypeError:
+        pass
+    if name not in _FORMATS:
+        raise TypeError(f"argument 'dtype': expected float16, bfloat16, float32 or float64, got {dtype!r}")
+    return name
+
+
+def unit_roundoff(dtype: Any) -> float:
+    """u_T = 2^-p: the largest relative error of rounding to nearest in T (float64: 2^-53)."""
+    return _FORMATS[format_name(dtype)][0]
+
+
+def underflow_eta(dtype: Any) -> float:
+    """eta_T: a bound on the absolute error of rounding a result into T's subnormal range.
+
+    Rounding to nearest errs by at most half the smallest subnormal (Higham eq. 2.8), but for float64
+    that half, 2^-1075, is not representable (it rounds to 0).  We return the smallest subnormal itself,
+    an upper bound twice as large, so the underflow term never vanishes."""
+    return _FORMATS[format_name(dtype)][1]
+
+
+def gamma(n: float, u: float) -> float:
+    """gamma_n = n u / (1 - n u) (Higham Lemma 3.1); inf when n u >= 1 (no bound exists)."""
+    nu = n * u
+    return nu / (1.0 - nu) if nu < 1.0 else math.inf
+
+
+def probabilistic_gamma(n: float, u: float, lam: float) -> float:
+    """gamma~_n(lam) = exp(lam sqrt(n) u + n u^2 / (1 - u)) - 1 (Higham & Mary 2019, Theorem 2.4).
+
+    |prod_{i<=n} (1 + delta_i)^(+-1) - 1| <= gamma~_n(lam) with probability at least
+    1 - 2 exp(-lam^2 (1 - u)^2 / 2) when the delta_i are independent, mean-zero and |delta_i| <= u.
+    Finite for every n (inf only if the exponent overflows)."""
+    if n <= 0:
+        return 0.0
+    x = lam * math.sqrt(n) * u + n * u * u / (1.0 - u)
+    return math.expm1(x) if x < 700.0 else math.inf
+
+
+def confidence_lambda(events: float, p: float, u: float) -> float:
+    """The smallest lam with events * 2 exp(-lam^2 (1 - u)^2 / 2) <= p: a union bound over ``events``
+    products of rounding factors, each outside gamma~(lam) with probability <= 2 exp(-lam^2 (1-u)^2 / 2)."""
+    if not (0.0 < p < 1.0) or not math.isfinite(p):
+        raise ValueError(f"argument 'p': expected a probability in (0, 1), got {p!r}")
+    events = max(float(events), 1.0)
+    return math.sqrt(2.0 * math.log(2.0 * events / p)) / (1.0 - u)
+
+
+def round_to(x: np.ndarray, dtype: Any) -> np.ndarray:
+    """Round float64 values to ``dtype`` (float16/bfloat16/float32/float64) and return them as float64.
+
+    Both sides of a comparison then see exactly the same inputs (docs/design.md: "compare on identical
+    inputs").  bfloat16 rounding is round-to-nearest-even on the float32 bit pattern, as torch does.
+    """
+    x = np.asarray(x, dtype=np.float64)
+    name = format_name(dtype)
+    if name != "bfloat16":
+        return x.astype(name).astype(np.float64)
+    f = x.astype(np.float32)
+    bits = f.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    out = rounded.astype(np.uint32).view(np.float32)
+    out = np.where(np.isnan(f), f, out)  # keep NaN payloads NaN
+    return out.astype(np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """A running error bound for one operation: |err| <= gamma_k(u_T) * scale + k * eta_T.
+
+    scale : ndarray broadcastable to the output: the operation evaluated on absolute values (S).
+    k     : the depth constant, derived per operation (number of roundings along the longest path,
+            counting the final rounding of the output into T).
+    note  : how k was derived, and whether the bound is rigorous.
+    accumulation : True when the bound has Higham's inner-product form: S = sum_j |x_j y_j| and every term
+            x_j y_j of the computed sum carries a product of at most k rounding factors (dot products, matrix
+            products, convolutions, with or without a bias).  Only then does the probabilistic factor
+            gamma~_k(lam) replace gamma_k (Higham & Mary 2019, Theorem 3.1).  A composite first-order bound
+            (a running coefficient E written as scale = E / K with k = K, where E already sums every stage's
+            rounding terms) is not of that form: a single rounding can carry the whole of E (the final
+            rounding of an output does), so it keeps the deterministic factor.
+    """
+
+    scale: np.ndarray
+    k: float
+    note: str = ""
+    accumulation: bool = False
+
+    def factor(self, dtype: Any, lam: float | None = None) -> float:
+        """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,
+        min(gamma_k, gamma~_k(lam))."""
+        u = unit_roundoff(dtype)
+        g = gamma(self.k, u)
+        if lam is None or not self.accumulation:
+            return g
+        return min(g, probabilistic_gamma(self.k, u, lam))
+
+    def array(self, dtype: Any, shape: tuple[int, ...], lam: float | None = None) -> np.ndarray:
+        """The element-wise bound on |tested - reference|: the tested code's error in T plus the float64
+        reference's own error (the reference is not exact either):
+        (f_k(u_T) + gamma_k(u_64)) S + k (eta_T + eta_64), f_k = :meth:`factor` (deterministic when
+        ``lam`` is None, else the minimum of the deterministic and the probabilistic factor)."""
+        s = np.broadcast_to(np.asarray(self.scale, dtype=np.float64), shape)
+        g = self.factor(dtype, lam) + gamma(self.k, unit_roundoff("float64"))
+        eta = underflow_eta(dtype) + underflow_eta("float64")
+        with np.errstate(over="ignore", invalid="ignore"):
+            return g * s + self.k * eta
+
+    def chain(self, other: "Bound") -> "Bound":
+        """Combine with a later stage that adds its own k on the same scale (depths add; the result is
+        composite, so it keeps the deterministic factor)."""
+        return Bound(np.maximum(self.scale, other.scale), self.k + other.k,
+                     f"{self.note}; {other.note}".strip("; "))
+
+
+def ulp_distance(a: np.ndarray, b: np.ndarray, dtype: Any) -> np.ndarray:
+    """|a - b| in units of the spacing of T at |b| (b the reference).  Uses T's spacing at the
+    reference value, floored at T's smallest subnormal."""
+    name = format_name(dtype)
+    u, tiny = _FORMATS[name]
+    b = np.asarray(b, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        mag = np.abs(b)
+        exp = np.floor(np.log2(np.where(mag > 0, mag, 1.0)))
+        spacing = np.where(mag > 0, np.exp2(exp) * 2.0 * u, tiny)
+        spacing = np.maximum(spacing, tiny)
+        return np.abs(np.asarray(a, dtype=np.float64) - b) / spacing
+
+
+# ===================================================================================================
+# The report
+# ===================================================================================================
+
+@dataclasses.dataclass
+class ErrorReport:
+    """What :func:`compare` measured.  ``verdict`` is the outcome, ``ok`` is ``verdict == "match"``;
+    ``str(report)`` explains it."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    verdict: str
+    reasons: list[str]
+    k: float
+    note: str
+    lam: float
+    p_false_alarm: float
+    max_abs_err: float
+    max_err_over_bound: float          # against the verdict's (probabilistic) bound
+    max_err_over_worst_case: float     # against the deterministic gamma_k bound
+    max_relative_bound: float          # max_i b_i / max(|ref_i|, rms(ref)); >= 1 is void
+    worst_index: tuple[int, ...] | None
+    worst_actual: float
+    worst_reference: float
+    worst_bound: float
+    worst_case_bound: float
+    ulp_at_worst: float
+    max_ulp: float
+    rel_err: float                     # ||actual - ref||_F / ||ref||_F over the finite slots
+    zmax: float
+    zrms: float
+    ensemble: dict[str, tuple[float, float]]  # member -> (zmax, zrms)
+    zmax_threshold: float
+    zrms_threshold: float
+    pattern_ok: bool
+    pattern_msg: str
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == MATCH
+
+    @property
+    def within_bound(self) -> bool:
+        return self.max_err_over_bound <= 1.0
+
+    @property
+    def ensemble_ok(self) -> bool:
+        return self.zmax <= self.zmax_threshold and self.zrms <= self.zrms_threshold
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.name}: {self.verdict.upper()}; shape {self.shape}, tested dtype {self.dtype}, k = {self.k:g}"
+            f" ({self.note})",
+        ]
+        lines += [f"  - {r}" for r in self.reasons]
+        lines += [
+            f"  max |err| = {self.max_abs_err:.3e} (relative, Frobenius: {self.rel_err:.3e});"
+            f" err/bound = {self.max_err_over_bound:.3g} (probabilistic, lam = {self.lam:.3g},"
+            f" P(false alarm) <= {self.p_false_alarm:.1e}), {self.max_err_over_worst_case:.3g} (worst case);"
+            f" largest relative bound {self.max_relative_bound:.3g}",
+            f"  worst index {self.worst_index}: actual {self.worst_actual!r}, reference {self.worst_reference!r},"
+            f" bound {self.worst_bound:.3e} (worst case {self.worst_case_bound:.3e}), {self.ulp_at_worst:.3g} ulp"
+            f" (max {self.max_ulp:.3g} ulp)",
+            f"  ensemble criterion: zmax {self.zmax:.3g} <= {self.zmax_threshold:.3g}, zrms {self.zrms:.3g} <="
+            f" {self.zrms_threshold:.3g} {'ok' if self.ensemble_ok else 'FAIL'}; members (zmax, zrms): "
+            + ", ".join(f"{m} ({a:.3g}, {b:.3g})" for m, (a, b) in self.ensemble.items()),
+            f"  NaN/Inf pattern: {self.pattern_msg}",
+        ]
+        return "\n".join(lines)
+
+
+def _pattern(actual: np.ndarray, reference: np.ndarray) -> tuple[bool, str]:
+    an, rn = np.isnan(actual), np.isnan(reference)
+    if not np.array_equal(an, rn):
+        bad = np.argwhere(an != rn)[0]
+        return False, (f"NaN positions differ ({int(an.sum())} in actual, {int(rn.sum())} in reference);"
+                       f" first at {tuple(int(i) for i in bad)}: actual {actual[tuple(bad)]!r},"
+                       f" reference {reference[tuple(bad)]!r}")
+    ai, ri = np.isinf(actual), np.isinf(reference)
+    if not np.array_equal(ai, ri) or not np.array_equal(np.sign(actual[ai]), np.sign(reference[ri])):
+        bad = np.argwhere((ai != ri) | (ai & ri & (np.sign(actual) != np.sign(reference))))[0]
+        return False, (f"Inf positions or signs differ; first at {tuple(int(i) for i in bad)}: actual"
+                       f" {actual[tuple(bad)]!r}, reference {reference[tuple(bad)]!r}")
+    return True, f"agree ({int(an.sum())} NaN, {int(ai.sum())} Inf)"
+
+
+def _z_stats(err: np.ndarray, bnd: np.ndarray, mask: np.ndarray) -> tuple[float, float]:
+    """(max, rms) of err / bnd over ``mask`` (0 where err is 0; +inf where err > 0 meets a zero weight)."""
+    if not mask.any():
+        return 0.0, 0.0
+    e, b = err[mask], bnd[mask]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        z = np.where(e > 0, e / b, 0.0)
+    z = np.where(np.isnan(z), np.inf, z)
+    with np.errstate(over="ignore"):
+        return float(z.max()), float(np.sqrt(np.mean(z * z)))
+
+
+def _nan_to_inf(b: np.ndarray) -> np.ndarray:
+    return np.where(np.isnan(b), np.inf, b)
+
+
+def _rms(a: np.ndarray) -> float:
+    """sqrt(mean(a^2)) without overflow or underflow of the squares (scaled by max |a|); 0 for no entries,
+    inf if an entry is inf."""
+    a = np.abs(np.asarray(a, dtype=np.float64))
+    if a.size == 0:
+        return 0.0
+    m = float(a.max())
+    if m == 0.0 or not math.isfinite(m):
+        return m
+    return m * float(np.sqrt(np.mean((a / m) ** 2)))
+
+
+def _weights(bound: Bound, ref: np.ndarray, finite: np.ndarray, dtype_name: str) -> np.ndarray:
+    """w_i = S_i + eta_T: the magnitude each element's rounding error scales with.  Where S is not finite (a
+    coefficient that overflowed), the size of the quantity max(|ref_i|, rms(ref)) stands in."""
+    s = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
+    size = _rms(ref[finite])
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(s), np.abs(s), np.maximum(np.abs(ref), size)) + underflow_eta(dtype_name)
+
+
+def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
+            ensemble: Mapping[str, Any] | None = None, name: str = "output",
+            p_false_alarm: float | None = None) -> ErrorReport:
+    """Compare a tested output with the float64 reference: the verdict of the module docstring.
+
+    Parameters
+    ----------
+    actual : array (any float dtype or a torch tensor), the tested implementation's output, computed in T.
+    reference : float64 array of the same shape, the refimpl output on the same (T-rounded) inputs.
+    bound : :class:`Bound` for this operation (scale S and depth k).
+    dtype : T, the precision the tested code computed in ("float32", np.float32, torch.float32, ...).
+    naive : optional array, the NumPy definition run in T (:func:`refimpl.numerics.naive_same_precision`):
+        one member of the ensemble, and the judge of precision-excused non-finite slots (below).
+    ensemble : optional mapping name -> array of further legitimate evaluations in T
+        (:func:`refimpl.ensemble.legitimate_runs`).
+    p_false_alarm : the probability budget of this comparison (default ``config.VERDICT_FALSE_ALARM``);
+        a caller comparing several stages passes its share.
+
+    Non-finite slots: the NaN/Inf patterns must agree exactly; the one exception is a slot where the naive T
+    computation is itself non-finite while the reference is finite (T cannot represent that result), which
+    the tested code may match, and the report counts.
+    """
+    act = _to_numpy64(actual)
+    ref = _to_numpy64(reference)
+    if act.shape != ref.shape:
+        raise AssertionError(f"{name}: shape mismatch, actual {act.shape} vs reference {ref.shape}")
+    dname = format_name(dtype)
+    u = unit_roundoff(dname)
+    p = config.VERDICT_FALSE_ALARM if p_false_alarm is None else float(p_false_alarm)
+    members: dict[str, np.ndarray] = {}
+    if naive is not None:
+        members["numpy naive"] = _to_numpy64(naive)
+    for key, val in (ensemble or {}).items():
+        members[str(key)] = _to_numpy64(val)
+    for key, val in members.items():
+        if val.shape != ref.shape:
+            raise AssertionError(f"{name}: ensemble member {key!r} has shape {val.shape}, reference {ref.shape}")
+    # A member equal to the tested output bit for bit ran the tested arithmetic again: it says nothing about
+    # what another algorithm would do (and would make the criterion unable to fail), so it is dropped.
+    same = [key for key, val in members.items() if key != "numpy naive" and np.array_equal(val, act, equal_nan=True)]
+    for key in same:
+        del members[key]
+    excused = np.zeros(ref.shape, dtype=bool)
+    if naive is not None:
+        nv = members["numpy naive"]
+        excused = np.isfinite(ref) & ~np.isfinite(nv) & ~np.isfinite(act)
+    pattern_ok, pattern_msg = _pattern(np.where(excused, ref, act), ref)
+    if excused.any():
+        pattern_msg += (f"; {int(excused.sum())} slot(s) non-finite in the tested code where the naive"
+                        f" {dname} computation is non-finite too (beyond {dname}'s range; excused)")
+    finite = np.isfinite(act) & np.isfinite(ref)
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.where(finite, np.abs(act - ref), 0.0)
+
+    lam = confidence_lambda(ref.size * max(bound.k, 1.0), p, u)
+    # A NaN bound (inf * 0 inside a bound's own arithmetic) is no bound: +inf, which makes the verdict
+    # "inconclusive" there rather than failing every nonzero error.
+    bnd = _nan_to_inf(bound.array(dname, ref.shape, lam))
+    worst_case = _nan_to_inf(bound.array(dname, ref.shape))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = np.where(err > 0, err / bnd, 0.0)
+        ratio_wc = np.where(err > 0, err / worst_case, 0.0)
+    ratio = np.where(np.isnan(ratio), np.inf, ratio)  # err > 0 against a NaN/0 bound is a failure
+    ratio_wc = np.where(np.isnan(ratio_wc), np.inf, ratio_wc)
+
+    # Relative size of the bound: b_i against max(|ref_i|, rms(ref)) over the finite slots.  A reference that
+    # is exactly zero everywhere has no size of its own: it is measured against the magnitude of the
+    # computation on absolute values (rms of S), and a bound that is all underflow term (S = 0) is conclusive.
+    size = _rms(ref[finite])
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        rel_b = np.where(finite, np.where(np.isnan(bnd), np.inf, bnd) / np.maximum(np.abs(ref), size), 0.0)
+    if size == 0.0:
+        rel_b = np.where(finite & ~np.isfinite(bnd), np.inf, 0.0)
+    rel_b = np.where(finite & np.isnan(rel_b), np.inf, np.where(finite, rel_b, 0.0))
+    max_rel_b = float(rel_b.max(initial=0.0))
+    void = int(np.count_nonzero(rel_b >= 1.0))
+
+    # The ensemble criterion, in units of each element's magnitude w_i = S_i + eta_T (finite even where the
+    # bound is not).  Members are compared where they, the tested output and the reference are finite.
+    w = _weights(bound, ref, finite, dname)
+    zmax, zrms = _z_stats(err, w, finite)
+    stats: dict[str, tuple[float, float]] = {}
+    outside = []
+    for key, val in members.items():
+        m = finite & np.isfinite(val)
+        with np.errstate(invalid="ignore", over="ignore"):
+            e_m = np.where(m, np.abs(val - ref), 0.0)
+            stats[key] = _z_stats(e_m, w, m)
+            # A member outside the bound is no evidence of what a correct implementation does (either the
+            # member or the bound is wrong): it is named in the report and left out of the thresholds.
+            if np.any(e_m > np.where(np.isnan(bnd), np.inf, bnd)):
+                outside.append(key)
+    stats["final rounding"] = _z_stats(u * np.abs(ref), w, finite)
+    if len(members) < 2:
+        # One sample of another algorithm's rounding error says little about a third algorithm's (the max over a
+        # handful of elements of two such samples can differ by 10x): with fewer than two legitimate evaluations
+        # the random-rounding model's typical accumulated error, sqrt(k) u |ref_i| (k roundings of mean zero
+        # on a result of size |ref_i|, Higham & Mary 2019), joins as a member.
+        stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * np.abs(ref), w, finite)
+    usable = [v for key, v in stats.items() if key not in outside]
+    zmax_thr = config.VERDICT_MAX_FACTOR * max(s[0] for s in usable)
+    zrms_thr = config.VERDICT_RMS_FACTOR * max(s[1] for s in usable)
+    have_ensemble = bool(members)
+
+    reasons: list[str] = []
+    notes = [f"ensemble member {key!r} is outside the bound: not used" for key in outside]
+    if same:
+        notes.append(f"ensemble member(s) {', '.join(repr(k) for k in same)} equal the tested output bit for bit:"
+                     f" dropped")
+    if not pattern_ok:
+        reasons.append(f"NaN/Inf patterns differ: {pattern_msg}")
+    over = ratio > 1.0
+    if over.any():
+        reasons.append(f"{int(over.sum())} element(s) outside the probabilistic bound (max err/bound "
+                       f"{float(ratio.max()):.3g}; a false alarm has probability <= {p:.1e})")
+    if have_ensemble and zmax > zmax_thr:
+        reasons.append(f"largest error {zmax / max(zmax_thr, 1e-300) * config.VERDICT_MAX_FACTOR:.3g}x the"
+                       f" largest of the legitimate evaluations (zmax {zmax:.3g} > {zmax_thr:.3g} ="
+                       f" {config.VERDICT_MAX_FACTOR:g} x ensemble max)")
+    rms_applies = int(np.count_nonzero(finite)) >= config.VERDICT_RMS_MIN_ELEMENTS
+    if have_ensemble and rms_applies and zrms > zrms_thr:
+        reasons.append(f"RMS error {zrms / max(zrms_thr, 1e-300) * config.VERDICT_RMS_FACTOR:.3g}x the largest"
+                       f" of the legitimate evaluations (zrms {zrms:.3g} > {zrms_thr:.3g} ="
+                       f" {config.VERDICT_RMS_FACTOR:g} x ensemble max)")
+    if reasons:
+        verdict = DIVERGES
+    else:
+        nonfinite_bound = bool(np.any(finite & ~np.isfinite(bnd)))
+        if nonfinite_bound or max_rel_b >= 1.0:
+            verdict = INCONCLUSIVE
+            what = ("the bound is not finite at some element" if nonfinite_bound else
+                    f"the bound reaches the size of the quantity at {void} element(s) (relative bound up to"
+                    f" {max_rel_b:.3g})")
+            reasons.append(f"{what}: the check cannot tell a correct result from a wrong one.  To make it"
+                           f" conclusive: compare stage by stage (teacher-forced), at a smaller size, or in a"
+                           f" higher precision")
+        else:
+            verdict = MATCH
+            if not have_ensemble:
+                reasons.append("no ensemble of legitimate evaluations: judged by the bound alone")
+    reasons += notes
+
+    if ref.size:
+        worst = np.unravel_index(int(np.argmax(ratio)), ref.shape) if ratio.max() > 0 else \
+            np.unravel_index(int(np.argmax(err)), ref.shape)
+        worst = tuple(int(i) for i in worst)
+    else:
+        worst = None
+    ulps = ulp_distance(np.where(finite, act, 0.0), np.where(finite, ref, 0.0), dname)
+    with np.errstate(over="ignore", invalid="ignore"):
+        nref = float(np.sqrt(np.sum(np.where(finite, ref, 0.0) ** 2)))
+        rel_err = float(np.sqrt(np.sum(err * err))) / nref if nref > 0 else (0.0 if not err.any() else math.inf)
+    return ErrorReport(
+        name=name, dtype=dname, shape=tuple(ref.shape), verdict=verdict, reasons=reasons, k=bound.k,
+        note=bound.note, lam=lam, p_false_alarm=p, max_abs_err=float(err.max(initial=0.0)),
+        max_err_over_bound=float(ratio.max(initial=0.0)), max_err_over_worst_case=float(ratio_wc.max(initial=0.0)),
+        max_relative_bound=max_rel_b, worst_index=worst,
+        worst_actual=float(act[worst]) if worst is not None else math.nan,
+        worst_reference=float(ref[worst]) if worst is not None else math.nan,
+        worst_bound=float(bnd[worst]) if worst is not None else math.nan,
+        worst_case_bound=float(worst_case[worst]) if worst is not None else math.nan,
+        ulp_at_worst=float(ulps[worst]) if worst is not None else 0.0, max_ulp=float(ulps.max(initial=0.0)),
+        rel_err=rel_err, zmax=zmax, zrms=zrms, ensemble=stats, zmax_threshold=zmax_thr, zrms_threshold=zrms_thr,
+        pattern_ok=pattern_ok, pattern_msg=pattern_msg)
+
+
+def assert_close(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
+                 ensemble: Mapping[str, Any] | None = None, name: str = "output",
+                 p_false_alarm: float | None = None) -> ErrorReport:
+    """:func:`compare`, raising ``AssertionError`` with the full report unless the verdict is "match"."""
+    report = compare(actual, reference, bound, dtype, naive=naive, ensemble=ensemble, name=name,
+                     p_false_alarm=p_false_alarm)
+    if not report.ok:
+        raise AssertionError(f"error-model comparison: {report.verdict}\n" + str(report))
+    return report
+
+
+def assert_no_divergence(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
+                         ensemble: Mapping[str, Any] | None = None, name: str = "output",
+                         p_false_alarm: float | None = None) -> ErrorReport:
+    """:func:`compare`, raising ``AssertionError`` only when the verdict is "diverges"; returns the report.
+
+    For property tests whose object is the bound itself (the reference against an mpmath oracle, the two
+    association orders of an attention against each other, a kernel against its NumPy twin in a precision
+    where the bound is known to be void in places): everything checkable is checked (NaN/Inf patterns, the
+    bound where it is finite, the ensemble criterion), and an "inconclusive" verdict is returned, never
+    reported as a match.  Not for judging an implementation: that is :func:`assert_close`."""
+    report = compare(actual, reference, bound, dtype, naive=naive, ensemble=ensemble, name=name,
+                     p_false_alarm=p_false_alarm)
+    if report.verdict == DIVERGES:
+        raise AssertionError(f"error-model comparison: {report.verdict}\n" + str(report))
+    return report
+
+
+def _to_numpy64(x: Any) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # a torch tensor; torch is never imported here
+        x = x.detach().cpu()
+        if str(x.dtype) in ("torch.bfloat16", "torch.float16"):
+            x = x.float()
+        x = x.double().numpy()
+    return np.asarray(x, dtype=np.float64)

@@ -1,0 +1,154 @@
+"""refimpl.ensemble: every legitimate variant computes the same mathematics as the torch function it replaces.
+
+In float64 a variant may differ from torch's own kernel only by rounding: each output is compared with the
+float64 torch result through the verdict with the operation's inner-product bound (Higham 3.12; no ensemble, so
+the bound alone decides), and the variant must actually intercept the call (a summation order that changes no
+bit anywhere in a long sum would mean the call went to torch untouched).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from refimpl import ensemble, layers, verdict  # noqa: E402
+from refimpl.verdict import Bound  # noqa: E402
+
+GEN = torch.Generator().manual_seed(7)
+
+
+def _t(*shape):
+    return torch.randn(*shape, generator=GEN, dtype=torch.float64)
+
+
+def _abs_bound(fn_abs, k):
+    """Higham's bound of an inner-product computation: gamma_k times the computation on absolute values."""
+    return Bound(np.asarray(fn_abs, dtype=np.float64), k, "test: gamma_k on absolute values", accumulation=True)
+
+
+CASES = {
+    # name: (callable, callable on absolute values, k)
+    "linear": (lambda x, w, b: F.linear(x, w, b), lambda x, w, b: F.linear(x.abs(), w.abs(), b.abs()), 65),
+    "matmul": (lambda x, w, b: x @ w.t(), lambda x, w, b: x.abs() @ w.abs().t(), 64),
+    "einsum": (lambda x, w, b: torch.einsum("bnc,oc->bno", x, w), lambda x, w, b: x.abs() @ w.abs().t(), 64),
+    "sum": (lambda x, w, b: x.sum(dim=-1), lambda x, w, b: x.abs().sum(dim=-1), 64),
+    "mean": (lambda x, w, b: x.mean(dim=(0, 2)), lambda x, w, b: x.abs().mean(dim=(0, 2)), 6 * 64 + 1),
+}
+
+
+@pytest.mark.parametrize("variant", ensemble.ORDERS)
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_summation_orders_compute_the_same_contractions(variant, case):
+    fn, fn_abs, k = CASES[case]
+    x, w, b = _t(2, 3, 64), _t(5, 64), _t(5)
+    ref = fn(x, w, b)
+    with torch.no_grad(), ensemble.variant(variant):
+        got = fn(x, w, b)
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    verdict.assert_close(got, ref.numpy(), _abs_bound(fn_abs(x, w, b).numpy(), 2 * k), "float64",
+                         name=f"{case} [{variant}]")
+
+
+def test_a_long_sum_is_actually_reordered():
+    """Recursive and pairwise summation of 4096 terms differ somewhere: the mode intercepts the call."""
+    x = _t(64, 4096)
+    with ensemble.variant("recursive"):
+        a = x.sum(dim=-1)
+    with ensemble.variant("pairwise"):
+        b = x.sum(dim=-1)
+    assert not torch.equal(a, b)
+
+
+@pytest.mark.parametrize("variant", ensemble.ORDERS + ("fft conv",))
+@pytest.mark.parametrize("conv", [dict(padding=1, groups=2), dict(padding="same"), dict(padding="valid", stride=2),
+                                  dict(padding=2, dilation=2, groups=4), dict(stride=(2, 1), padding=(0, 1))])
+def test_convolution_variants(variant, conv):
+    """im2col in each summation order, and FFT convolution, against torch's conv2d (groups, stride,
+    dilation, "same"/"valid" padding)."""
+    x = _t(2, 4, 9, 8)
+    groups = conv.get("groups", 1)
+    w = _t(6 if groups < 4 else 4, 4 // groups, 3, 3)
+    b = _t(w.shape[0])
+    ref = F.conv2d(x, w, b, **conv)
+    with torch.no_grad(), ensemble.variant(variant):
+        got = F.conv2d(x, w, b, **conv)
+    s = F.conv2d(x.abs(), w.abs(), b.abs(), **conv).numpy()
+    n = w.shape[1] * 9 + 1
+    # FFT convolution errs normwise: each output sees a transform of the padded plane (log2 terms) on the
+    # plane's and the kernel's 1-norms; the element-wise inner-product bound covers it at these sizes with the
+    # transform's depth added (2 log2(plane) + 2 stages).
+    k = n + (2 * int(np.ceil(np.log2(x.shape[-1] * x.shape[-2] * 4))) + 2 if variant == "fft conv" else 0)
+    bound = _abs_bound(s, k)
+    if variant == "fft conv":
+        bound = Bound(np.broadcast_to(np.abs(x).sum().item() * np.abs(w).max().item(), s.shape), k,
+                      "FFT convolution: normwise", accumulation=False)
+    verdict.assert_close(got, ref.numpy(), bound, "float64", name=f"conv2d {conv} [{variant}]")
+
+
+@pytest.mark.parametrize("variant", ensemble.ORDERS + ("libm",))
+def test_norms_softmax_and_layer_norm(variant):
+    x = _t(3, 5, 16) * 3
+    ln = torch.nn.LayerNorm(16).double()
+    with torch.no_grad():
+        ln.weight.copy_(_t(16))
+        ln.bias.copy_(_t(16))
+        refs = [torch.softmax(x, -1), x.softmax(dim=1), F.softmax(x, dim=-1), x.norm(dim=-1),
+                torch.linalg.vector_norm(x, dim=(1, 2)), F.normalize(x, dim=-1), ln(x)]
+        with ensemble.variant(variant):
+            gots = [torch.softmax(x, -1), x.softmax(dim=1), F.softmax(x, dim=-1), x.norm(dim=-1),
+                    torch.linalg.vector_norm(x, dim=(1, 2)), F.normalize(x, dim=-1), ln(x)]
+    for i, (g, r) in enumerate(zip(gots, refs)):
+        r = r.numpy()
+        # softmax rows and norms are well conditioned: a relative bound with the depth of their sums (16 or
+        # 80 terms, exp's and sqrt's few ulps); LayerNorm by layers.layer_norm_bound.
+        lw, lb = ln.weight.detach().numpy(), ln.bias.detach().numpy()
+        b = layers.layer_norm_bound(x.numpy(), lw, lb, ln.eps) if i == 6 else \
+            Bound(np.abs(r), 2 * 80 + 16, "sums of <= 80 terms, exp/sqrt ulps")
+        verdict.assert_close(g, r, b, "float64", name=f"op {i} [{variant}]")
+
+
+def test_libm_elementwise_functions():
+    x = _t(2000) * 6
+    fns = [torch.exp, torch.tanh, torch.sigmoid, lambda t: F.gelu(t), lambda t: F.gelu(t, approximate="tanh")]
+    for i, fn in enumerate(fns):
+        ref = fn(x)
+        with ensemble.variant("libm"):
+            got = fn(x)
+        # a few ulps of the result, or of |x| for GELU, whose 1 + erf cancels for x << 0
+        scale = np.abs(x.numpy()) if i >= 3 else np.abs(ref.numpy())
+        verdict.assert_close(got, ref.numpy(), Bound(scale, 16, "few-ulp formulas"), "float64", name=f"libm {i}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_half_inputs_accumulate_in_float32_and_keep_their_dtype(dtype):
+    x, w = _t(4, 256).to(dtype), _t(8, 256).to(dtype)
+    with ensemble.variant("recursive"):
+        got = F.linear(x, w)
+    assert got.dtype == dtype
+    exact = (x.double() @ w.double().t())
+    # float32 accumulation then one rounding to T: |err| <= gamma_256(u_32) S + u_T |y|
+    s = (x.double().abs() @ w.double().abs().t()).numpy()
+    u_t = verdict.unit_roundoff(str(dtype))
+    bound = verdict.gamma(256, verdict.unit_roundoff("float32")) * s + u_t * (np.abs(exact.numpy()) + 1e-300)
+    err = np.abs(got.double().numpy() - exact.numpy())
+    assert np.all(err <= bound * (1 + 4 * u_t)), float(np.max(err / bound))
+
+
+def test_unknown_variant_is_refused():
+    with pytest.raises(ValueError, match="argument 'name'"):
+        with ensemble.variant("bogus"):
+            pass
+
+
+def test_legitimate_runs_runs_every_variant_once():
+    calls = []
+
+    def fn():
+        calls.append(1)
+        return _t(3)
+
+    out = ensemble.legitimate_runs(fn)
+    assert list(out) == list(ensemble.DEFAULT_VARIANTS) and len(calls) == len(ensemble.DEFAULT_VARIANTS)

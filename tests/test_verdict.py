@@ -1,0 +1,183 @@
+"""The verdict (refimpl.verdict): three outcomes, the two bounds, the ensemble criterion.
+
+Each test is a property the verdict promises in its module docstring; the probabilistic bound against
+simulated rounding is in tests/test_probabilistic_bound.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from refimpl import config, verdict
+from refimpl.verdict import DIVERGES, INCONCLUSIVE, MATCH, Bound
+
+U32 = 2.0 ** -24
+
+
+def _data(n: int = 512, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n)
+
+
+def test_void_deterministic_bound_is_never_a_match():
+    """k u >= 1 makes gamma_k infinite: whatever the output (here a 7% error, the size of the planted
+    batch-state bug of the issue), a composite bound cannot say "match"; with no ensemble it says
+    "inconclusive" and tells what would make the check conclusive."""
+    ref = _data()
+    b = Bound(np.abs(ref), 3526, "FLatten-PVT-sized depth")
+    assert verdict.gamma(3526, verdict.unit_roundoff("float16")) == math.inf
+    for out in (ref, ref * 1.07):
+        r = verdict.compare(out, ref, b, "float16")
+        assert r.verdict == INCONCLUSIVE and not r.ok, str(r)
+        assert "stage by stage" in str(r) and "higher precision" in str(r)
+    with pytest.raises(AssertionError, match="inconclusive"):
+        verdict.assert_close(ref, ref, b, "float16")
+
+
+def test_relative_bound_of_one_is_inconclusive_and_below_one_is_not():
+    """An element whose bound reaches max(|ref_i|, rms(ref)) makes the comparison inconclusive."""
+    ref = np.ones(8)
+    k = 10
+    g = verdict.gamma(k, U32) + verdict.gamma(k, verdict.unit_roundoff("float64"))
+    at_one = Bound(np.ones(8) / g, k)           # bound exactly |ref| (up to the eta term): void
+    below = Bound(np.ones(8) * 0.5 / g, k)
+    assert verdict.compare(ref, ref, at_one, "float32").verdict == INCONCLUSIVE
+    r = verdict.compare(ref, ref, below, "float32")
+    assert r.verdict == MATCH and r.max_relative_bound == pytest.approx(0.5, rel=1e-6), str(r)
+
+
+def test_near_zero_elements_are_measured_against_the_tensor_not_themselves():
+    """A reference entry near zero by cancellation does not make a tight bound void: the relative bound
+    divides by max(|ref_i|, rms(ref))."""
+    ref = np.array([1.0, -1.0, 1e-30, 2.0])
+    b = Bound(np.full(4, 2.0), 2)
+    r = verdict.compare(ref, ref, b, "float32")
+    assert r.verdict == MATCH and r.max_relative_bound < 1e-6, str(r)
+
+
+def test_an_element_outside_the_bound_diverges_even_if_elsewhere_void():
+    """Evidence beats ignorance: an element outside a finite bound is "diverges" even when another element's
+    bound is void."""
+    ref = np.array([1.0, 1.0])
+    scale = np.array([1.0, np.inf])
+    out = ref + np.array([1e-3, 0.0])
+    r = verdict.compare(out, ref, Bound(scale, 4), "float32")
+    assert r.verdict == DIVERGES and "outside" in r.reasons[0], str(r)
+
+
+def test_probabilistic_factor_only_for_accumulation_bounds():
+    """gamma~_k(lam) < gamma_k for large k, used only when the bound declares Higham's inner-product form."""
+    ref = np.abs(_data(64)) + 1.0
+    k = 10_000
+    acc, comp = Bound(ref, k, accumulation=True), Bound(ref, k)
+    ra, rc = verdict.compare(ref, ref, acc, "float32"), verdict.compare(ref, ref, comp, "float32")
+    assert ra.worst_bound < 0.1 * rc.worst_bound
+    assert rc.worst_bound == pytest.approx(rc.worst_case_bound)
+    lam = verdict.confidence_lambda(ref.size * k, config.VERDICT_FALSE_ALARM, U32)
+    assert ra.lam == pytest.approx(lam)
+    assert acc.factor("float32", lam) == pytest.approx(verdict.probabilistic_gamma(k, U32, lam))
+    # for short sums the deterministic factor is the smaller one, and the minimum is used
+    assert Bound(ref, 3, accumulation=True).factor("float32", lam) == verdict.gamma(3, U32)
+
+
+def test_probabilistic_bound_stays_finite_where_the_deterministic_one_is_void():
+    """float16 at k = 3526 (FLatten-PVT stage 1): gamma_k = inf, gamma~_k(lam) finite."""
+    u = verdict.unit_roundoff("float16")
+    lam = verdict.confidence_lambda(2 * 3136 * 64 * 3526, 1e-6, u)
+    assert verdict.gamma(3526, u) == math.inf
+    assert math.isfinite(verdict.probabilistic_gamma(3526, u, lam))
+
+
+@given(n=st.integers(1, 10**6), p=st.sampled_from([1e-3, 1e-6, 1e-9]))
+def test_confidence_lambda_inverts_the_union_bound(n, p):
+    u = U32
+    lam = verdict.confidence_lambda(n, p, u)
+    assert 2 * n * math.exp(-lam ** 2 * (1 - u) ** 2 / 2) == pytest.approx(p, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [0.0, 1.0, -1e-6, math.nan, math.inf])
+def test_confidence_lambda_refuses_a_non_probability(p):
+    with pytest.raises(ValueError, match="argument 'p'"):
+        verdict.confidence_lambda(10, p, U32)
+
+
+def test_ensemble_criterion_max_statistic_catches_a_localised_defect():
+    """One element 3 VERDICT_MAX_FACTOR times the legitimate evaluations' largest error fails, inside the bound."""
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal(4096)
+    b = Bound(np.abs(ref) + 1.0, 4096, accumulation=True)
+    legit = {f"m{i}": ref + rng.standard_normal(4096) * 3e-7 for i in range(4)}
+    good = ref + rng.standard_normal(4096) * 3e-7
+    bad = good.copy()
+    bad[17] = ref[17] + 3 * config.VERDICT_MAX_FACTOR * max(np.max(np.abs(v - ref)) for v in legit.values())
+    assert verdict.compare(good, ref, b, "float32", ensemble=legit).verdict == MATCH
+    r = verdict.compare(bad, ref, b, "float32", ensemble=legit)
+    assert r.within_bound and r.verdict == DIVERGES and r.zmax > r.zmax_threshold, str(r)
+
+
+def test_ensemble_criterion_rms_statistic_catches_a_diffuse_defect():
+    """A small error on every element (a scale off by a few u) passes the maximum test yet fails the RMS
+    one: the RMS averages over the whole output, so it is sharper than the maximum."""
+    rng = np.random.default_rng(2)
+    ref = rng.standard_normal(65536)
+    b = Bound(np.abs(ref) + 1.0, 4096, accumulation=True)
+    noise = 2e-7
+    legit = {f"m{i}": ref + rng.standard_normal(ref.size) * noise for i in range(4)}
+    zmax_legit = max(np.max(np.abs(v - ref)) for v in legit.values())
+    diffuse = ref + np.sign(rng.standard_normal(ref.size)) * 0.8 * zmax_legit  # each below the legit maximum
+    r = verdict.compare(diffuse, ref, b, "float32", ensemble=legit)
+    assert r.zmax <= r.zmax_threshold and r.zrms > r.zrms_threshold and r.verdict == DIVERGES, str(r)
+
+
+def test_ensemble_member_outside_the_bound_is_named_and_not_used():
+    ref = np.ones(16)
+    b = Bound(np.ones(16), 8)
+    wild = ref + 1e-2
+    ok_member = ref - 1e-7
+    r = verdict.compare(ref + 1e-7, ref, b, "float32", ensemble={"wild": wild, "fine": ok_member})
+    assert r.verdict == MATCH and any("'wild'" in x and "not used" in x for x in r.reasons), str(r)
+    assert r.zmax_threshold == pytest.approx(config.VERDICT_MAX_FACTOR * max(r.ensemble["fine"][0],
+                                                                             r.ensemble["final rounding"][0]))
+
+
+def test_report_states_both_bounds_probability_and_k():
+    ref = _data(256)
+    r = verdict.compare(ref, ref, Bound(np.abs(ref) + 1, 300, accumulation=True), "float32")
+    text = str(r)
+    for piece in ("probabilistic", "worst case", "P(false alarm)", "k = 300", "lam ="):
+        assert piece in text, text
+
+
+def test_rms_criterion_minimum_size_is_the_stated_f_tail():
+    """config.VERDICT_RMS_MIN_ELEMENTS is the smallest n at which two equally accurate algorithms' mean squares
+    differ by (factor / calibrated ratio)^2 with probability below the false-alarm budget (an F(n, n) tail)."""
+    from scipy.stats import f
+    r = (config.VERDICT_RMS_FACTOR / config.VERDICT_RMS_CALIBRATED_RATIO) ** 2
+    n = config.VERDICT_RMS_MIN_ELEMENTS
+    assert f.sf(r, n, n) < config.VERDICT_FALSE_ALARM <= f.sf(r, n - 1, n - 1)
+
+
+def test_member_equal_to_the_tested_output_is_dropped():
+    """A variant that did not change the arithmetic is the tested algorithm again: kept, it would make the
+    criterion unable to fail.  It is dropped and named."""
+    ref = np.linspace(1.0, 2.0, 64)
+    b = Bound(ref, 64, accumulation=True)
+    tested = ref + 3e-6
+    r = verdict.compare(tested, ref, b, "float32", ensemble={"same": tested.copy(), "other": ref + 1e-7})
+    assert "same" not in r.ensemble and any("'same'" in x and "dropped" in x for x in r.reasons), str(r)
+    assert r.verdict == DIVERGES, str(r)
+
+
+def test_ensemble_shape_mismatch_is_an_error():
+    ref = np.ones(4)
+    with pytest.raises(AssertionError, match="ensemble member 'x' has shape"):
+        verdict.compare(ref, ref, Bound(ref, 2), "float32", ensemble={"x": np.ones(5)})
+
+
+def test_numerics_reexports_are_the_verdict_functions():
+    from refimpl import numerics
+    for name in ("Bound", "ErrorReport", "gamma", "round_to", "ulp_distance", "unit_roundoff", "underflow_eta"):
+        assert getattr(numerics, name) is getattr(verdict, name)
