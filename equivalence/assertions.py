@@ -17,6 +17,7 @@ import torch
 
 from refimpl import ensemble, numerics
 from refimpl.numerics import Bound, ErrorReport
+from refimpl.verdict import INCONCLUSIVE
 
 _TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
                  "float64": torch.float64}
@@ -90,11 +91,30 @@ def compare_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bo
 
 def assert_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bound: Bound, dtype_name: str,
                    *, naive: Any = None, rerun: Callable[[], torch.Tensor] | None = None,
-                   ensemble_outputs: Mapping[str, Any] | None = None, name: str = "output") -> ErrorReport:
+                   ensemble_outputs: Mapping[str, Any] | None = None, name: str = "output",
+                   higher: Callable[[], torch.Tensor] | None = None,
+                   higher_bound: Callable[[], Bound] | None = None) -> ErrorReport:
     """:func:`compare_matches`, raising ``AssertionError`` with the report unless the verdict is "match"
-    ("diverges" and "inconclusive" both fail)."""
+    ("diverges" and "inconclusive" both fail).
+
+    higher, higher_bound : for property tests whose strategies reach ill-conditioned inputs (exponentials of
+        logits in the thousands), a float64 run of the same module on the same T-rounded inputs and weights,
+        and a callable giving the bound of that computation in float64 (evaluated only when needed).  Where the comparison in T is "inconclusive" (T cannot
+        resolve the answer on this input: the relative bound reaches 1), the remedy the report names is taken:
+        the float64 run must match instead.  "diverges" in T fails whatever float64 says."""
     report = compare_matches(actual, reference, bound, dtype_name, naive=naive, rerun=rerun,
                              ensemble_outputs=ensemble_outputs, name=name)
+    if report.verdict == INCONCLUSIVE and higher is not None and dtype_name != "float64":
+        if higher_bound is None:
+            raise TypeError("assert_matches: 'higher' needs 'higher_bound' (the float64 bound)")
+        with torch.no_grad():
+            out64 = higher()
+        again = compare_matches(out64, reference, higher_bound(), "float64", rerun=higher,
+                                name=f"{name} (float64: {dtype_name} was inconclusive)")
+        if not again.ok:
+            raise AssertionError(f"error-model comparison: {dtype_name} inconclusive, float64 {again.verdict}\n"
+                                 f"{report}\n{again}")
+        return again
     if not report.ok:
         raise AssertionError(f"error-model comparison: {report.verdict}\n{report}")
     return report
@@ -106,3 +126,34 @@ def naive(fn: Callable[..., Any], *args: Any, dtype_name: str, **kwargs: Any) ->
     if dtype_name == "float64":
         return None
     return numerics.naive_same_precision(fn, *args, dtype=dtype_name, **kwargs)
+
+
+def capture(module: torch.nn.Module, run: Callable[[], Any],
+            points: Mapping[str, tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Run ``run()`` once with forward hooks that record tensors for a stage-wise comparison
+    (:func:`refimpl.verdict.compare_stages`): ``points`` maps a tensor name to (submodule name, "input" or
+    "output"), the submodule's first positional input or its output.  Returns name -> tensor (detached)."""
+    got: dict[str, torch.Tensor] = {}
+    subs = dict(module.named_modules())
+    handles = []
+    for name, (sub, where) in points.items():
+        if sub not in subs:
+            raise KeyError(f"argument 'points': {name!r} names submodule {sub!r}, which the module does not have"
+                           f" (it has {sorted(k for k in subs if k)})")
+        if where not in ("input", "output"):
+            raise ValueError(f"argument 'points': {name!r}: expected 'input' or 'output', got {where!r}")
+
+        def hook(mod, args, out, name=name, where=where):
+            got[name] = (args[0] if where == "input" else out).detach()
+
+        handles.append(subs[sub].register_forward_hook(hook))
+    try:
+        with torch.no_grad():
+            run()
+    finally:
+        for h in handles:
+            h.remove()
+    missing = sorted(set(points) - set(got))
+    if missing:
+        raise RuntimeError(f"capture: the forward pass did not call the submodules of {missing}")
+    return got

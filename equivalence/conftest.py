@@ -33,6 +33,10 @@ def pytest_configure(config):
         torch.backends.cudnn.deterministic = True
         torch.backends.cudnn.benchmark = False
         torch.set_float32_matmul_precision("highest")
+        # The error model assumes half-precision sums accumulate in float32 (config.ACCUMULATION_FORMAT);
+        # cuBLAS's reduced-precision split-K reductions would round partial sums to T.
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
 
 @pytest.fixture(scope="session", params=DEVICES)

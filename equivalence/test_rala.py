@@ -14,6 +14,8 @@ error.
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -139,8 +141,10 @@ def test_rala_attention_layer(device, dtype_name, case):
     bound = R.rala_attention_bound(x, params, cfg, dtype=dtype_name)
     nv = naive(R.rala_attention, x, params, cfg, dtype_name=dtype_name)
     _assume_representable(nv, ref)
+    mod64, xt64 = copy.deepcopy(mod).double(), xt.double()
     assert_matches(out, ref, bound, dtype_name, naive=nv, name=f"rala_attention ({cfg.layout}, gate {cfg.gate})",
-                   rerun=lambda: mod(xt))
+                   rerun=lambda: mod(xt), higher=lambda: mod64(xt64),
+                   higher_bound=lambda: R.rala_attention_bound(x, params, cfg, dtype="float64"))
 
 
 @given(st.sampled_from(("paper", "official")), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**32 - 1))

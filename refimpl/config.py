@@ -54,6 +54,18 @@ GELU_LIPSCHITZ = 1.13
 #: libraries we run on.
 ELEMENTARY_FUNCTION_ULPS = 4
 
+#: The accumulation format the error model assumes for tested code in a given precision T (refimpl.verdict,
+#: "Mixed precision").  Sums of float16/bfloat16 data (inner products, convolutions, reductions, the statistics
+#: of a normalisation) are accumulated in float32 and each operation's result is rounded to T once.  That is
+#: what torch does on CPU (its Half/BFloat16 GEMM, convolution, reduction, layer_norm and softmax kernels
+#: accumulate in float) and on CUDA with the default math modes, provided
+#: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction and
+#: allow_bf16_reduced_precision_reduction are False (their defaults allow cuBLAS split-K partial sums in T;
+#: equivalence/conftest.py turns them off).  Code that accumulates in T itself (NumPy's float16 matmul does)
+#: is outside this model: its error can exceed the bound, and the verdict then says "diverges", naming the
+#: assumption.  Formats not listed accumulate in themselves.
+ACCUMULATION_FORMAT = {"float16": "float32", "bfloat16": "float32"}
+
 #: The verdict's false-alarm budget: the probability that a comparison of a correct computation says
 #: "diverges" because a rounding error fell outside the probabilistic bound (Higham & Mary 2019), union over
 #: every element and rounding factor of the comparison (refimpl.verdict, "lam").  A caller comparing several

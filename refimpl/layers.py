@@ -14,13 +14,14 @@ depth k derived in its note).
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from . import backends, config
-from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu
+from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu, sum_depth
+from .verdict import accumulation_format
 
 __all__ = [
     "subparams", "linear", "linear_bound", "layer_norm", "layer_norm_bound", "layer_norm_cf",
@@ -113,7 +114,7 @@ def check_vector(v: np.ndarray, name: str, size: int) -> np.ndarray:
 
 
 def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
-                     eps: float = config.LAYER_NORM_EPS) -> Bound:
+                     eps: float = config.LAYER_NORM_EPS, dtype: Any = None) -> Bound:
     """First-order running bound for LayerNorm over n channels.
 
     With d_i = x_i - mean and s = sqrt(var + eps):  the computed mean has absolute error <= gamma_{n+1}
@@ -122,7 +123,9 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
     |err y_i| <= [(|d_i| + mean|x|) / s |w| + |b|] * gamma_k with k = n + 8 (n+1 for the mean, the
     quotient, the sqrt, the scale and the shift).  First-order in u (products of two error terms dropped);
     not rigorous for n u close to 1.  Over a single channel (n = 1) the mean is x itself, exactly, so
-    d = 0 and y = b exactly: only the bias term remains."""
+    d = 0 and y = b exactly: only the bias term remains.  With a mixed-precision ``dtype``
+    (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
+    stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8."""
     x = as_float(x, "x")
     n = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
@@ -134,7 +137,9 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
         scale = scale * np.abs(as_float(weight, "weight"))
     if bias is not None:
         scale = scale + np.abs(as_float(bias, "bias"))
-    return Bound(scale, n + 8, f"layer_norm over n = {n}: first-order, k = n + 8")
+    k = sum_depth(n, dtype) + 8
+    how = "" if k == n + 8 else f" (the sums over n accumulated in {accumulation_format(dtype)}: k = {k:.4g})"
+    return Bound(scale, k, f"layer_norm over n = {n}: first-order, k = n + 8{how}", ref_depth=n + 8)
 
 
 def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,

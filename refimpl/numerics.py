@@ -29,14 +29,15 @@ import numpy as np
 import scipy.special
 
 from . import config
-from .verdict import (Bound, ErrorReport, assert_close, compare, format_name, gamma, round_to, ulp_distance,
+from .verdict import (Bound, ErrorReport, Stage, StageReport, accumulation_ratio, assert_close, compare,
+                      compare_stages, format_name, gamma, round_to, running_bound, sum_depth, ulp_distance,
                       underflow_eta, unit_roundoff)
 
 __all__ = [
     "working_dtype", "precision", "as_float", "check_shapes", "check_positive_int",
     "softmax", "softmax_bound", "gelu", "elu", "softplus", "relu", "leaky_relu", "l2_normalize",
-    "unit_roundoff", "underflow_eta", "gamma", "round_to", "Bound", "ErrorReport", "compare",
-    "assert_close", "naive_same_precision", "ulp_distance",  # the error model's names: refimpl.verdict
+    "unit_roundoff", "underflow_eta", "gamma", "sum_depth", "accumulation_ratio", "running_bound", "round_to", "Bound", "ErrorReport", "compare",
+    "assert_close", "naive_same_precision", "ulp_distance", "Stage", "StageReport", "compare_stages",  # the error model's names: refimpl.verdict
 ]
 
 # ===================================================================================================

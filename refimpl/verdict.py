@@ -37,8 +37,11 @@ computation is at most ``p`` (``config.VERDICT_FALSE_ALARM`` = 1e-6, split acros
 The float64 reference's own error is added with the deterministic ``gamma_k(u_64)`` (it is tiny).
 
 **Relative bound.**  Element i's bound ``b_i`` is compared with the size of the quantity,
-``max(|ref_i|, rms(ref))``: an element whose reference is near zero by cancellation is measured against the
-tensor's typical size, not against its own (which would make every bound void there, in any precision).  A
+``max(|ref_i|, rms(ref), eta_T / u_T)``: an element whose reference is near zero by cancellation is measured
+against the tensor's typical size, not against its own (which would make every bound void there, in any
+precision); and a quantity below T's normal range (eta_T / u_T is of the order of T's smallest normal number) is
+measured against that floor, where T resolves only absolute differences of eta_T whatever the algorithm (an
+elu1 feature exp(-277) = 5e-122 is 0 in float32, and its bound k eta_T cannot be relatively small).  A
 reference that is exactly zero everywhere has no size: there any finite bound is conclusive (the tested output
 must reproduce the zeros to within it).
 
@@ -65,9 +68,10 @@ when every other member happens to be exact.  A member equal to the tested outpu
 did not change the arithmetic) is dropped: it is the tested algorithm again and would make the criterion unable
 to fail.  With fewer than two legitimate evaluations left (the kernel-agreement tests, which have only the
 NumPy naive run), the random-rounding model's typical accumulated error
-``sqrt(k) u_T |ref_i|`` joins too: one sample of another algorithm's error on a handful of elements is no
-measure of a third algorithm's.  The two factors are calibrated in
-``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate algorithm's statistic to the
+``sqrt(k) u_T |ref_i|`` joins too, as it does when the ensemble holds fewer than
+``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
+sample of another algorithm's error on a handful of elements is no measure of a third algorithm's.  The two
+factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate algorithm's statistic to the
 maximum of the others', measured over every module and precision, times a stated margin).
 
 When no ensemble is given (kernel-agreement tests in float64, where the naive computation is the reference
@@ -78,16 +82,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from . import config
 
 __all__ = [
-    "unit_roundoff", "underflow_eta", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
+    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
     "ulp_distance", "ErrorReport", "compare", "assert_close", "assert_no_divergence", "MATCH", "DIVERGES",
-    "INCONCLUSIVE",
+    "INCONCLUSIVE", "Stage", "StageReport", "compare_stages",
 ]
 
 MATCH, DIVERGES, INCONCLUSIVE = "match", "diverges", "inconclusive"
@@ -127,6 +131,33 @@ def underflow_eta(dtype: Any) -> float:
     that half, 2^-1075, is not representable (it rounds to 0).  We return the smallest subnormal itself,
     an upper bound twice as large, so the underflow term never vanishes."""
     return _FORMATS[format_name(dtype)][1]
+
+
+def accumulation_format(dtype: Any) -> str:
+    """The format in which the error model assumes tested code in ``dtype`` accumulates its sums
+    (``config.ACCUMULATION_FORMAT``; the format itself when not listed)."""
+    name = format_name(dtype)
+    return format_name(config.ACCUMULATION_FORMAT.get(name, name))
+
+
+def accumulation_ratio(dtype: Any = None) -> float:
+    """u_A / u_T for tested code in ``dtype`` (config.ACCUMULATION_FORMAT); 1.0 when it accumulates in T
+    itself or ``dtype`` is None."""
+    if dtype is None:
+        return 1.0
+    return min(1.0, unit_roundoff(accumulation_format(dtype)) / unit_roundoff(dtype))
+
+
+def sum_depth(n: float, dtype: Any = None) -> float:
+    """The rounding count, in units of u_T, of an n-term accumulation whose result is stored in T.
+
+    Accumulated in T itself (``dtype`` None or not mixed): n (Higham 3.12 counts gamma_n for an n-term inner
+    product).  Accumulated in A with u_A < u_T and rounded to T once at the end (mixed precision,
+    ``config.ACCUMULATION_FORMAT``): |fl_T(fl_A(s)) - s| <= gamma_n(u_A) S + u_T |s| (1 + gamma_n(u_A)), and
+    with |s| <= S that is at most (n u_A / u_T + 1) u_T S to first order: n u_A / u_T + 1 roundings of
+    size u_T.  For float16 data (u_A / u_T = 2^-13) a 4096-term sum counts 1.5 instead of 4096."""
+    r = accumulation_ratio(dtype)
+    return float(n) if r >= 1.0 else float(n) * r + 1.0
 
 
 def gamma(n: float, u: float) -> float:
@@ -182,6 +213,9 @@ class Bound:
     k     : the depth constant, derived per operation (number of roundings along the longest path,
             counting the final rounding of the output into T).
     note  : how k was derived, and whether the bound is rigorous.
+    ref_depth : the depth used for the float64 reference's own error gamma_k(u_64) S, when it differs from
+            k: a composite bound whose k counts mixed-precision sums as a few roundings of u_T
+            (:func:`sum_depth`) passes the true rounding count here (or an upper bound of it).
     accumulation : True when the bound has Higham's inner-product form: S = sum_j |x_j y_j| and every term
             x_j y_j of the computed sum carries a product of at most k rounding factors (dot products, matrix
             products, convolutions, with or without a bias).  Only then does the probabilistic factor
@@ -195,11 +229,24 @@ class Bound:
     k: float
     note: str = ""
     accumulation: bool = False
+    ref_depth: float | None = None
 
     def factor(self, dtype: Any, lam: float | None = None) -> float:
         """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,
-        min(gamma_k, gamma~_k(lam))."""
+        min(gamma_k, gamma~_k(lam)).
+
+        An accumulation bound in a mixed-precision format T (``config.ACCUMULATION_FORMAT`` maps T to A with
+        u_A < u_T): the k-term sum is accumulated in A and rounded to T, so the factor is
+        g_A + 2 u_T (1 + g_A) with g_A = gamma_k(u_A) (or min(gamma_k, gamma~_k(lam)) in u_A): the sum's
+        rounding to T, and one more for a bias added in T after it (x @ W.T + b as two operations).
+        Rigorous, as |s| <= S for a sum whose scale is the sum of the terms' magnitudes."""
         u = unit_roundoff(dtype)
+        u_acc = unit_roundoff(accumulation_format(dtype))
+        if self.accumulation and u_acc < u:
+            g_a = gamma(self.k, u_acc)
+            if lam is not None:
+                g_a = min(g_a, probabilistic_gamma(self.k, u_acc, lam))
+            return g_a + 2.0 * u * (1.0 + g_a)
         g = gamma(self.k, u)
         if lam is None or not self.accumulation:
             return g
@@ -211,7 +258,8 @@ class Bound:
         (f_k(u_T) + gamma_k(u_64)) S + k (eta_T + eta_64), f_k = :meth:`factor` (deterministic when
         ``lam`` is None, else the minimum of the deterministic and the probabilistic factor)."""
         s = np.broadcast_to(np.asarray(self.scale, dtype=np.float64), shape)
-        g = self.factor(dtype, lam) + gamma(self.k, unit_roundoff("float64"))
+        g = self.factor(dtype, lam) + gamma(self.k if self.ref_depth is None else self.ref_depth,
+                                            unit_roundoff("float64"))
         eta = underflow_eta(dtype) + underflow_eta("float64")
         with np.errstate(over="ignore", invalid="ignore"):
             return g * s + self.k * eta
@@ -219,8 +267,30 @@ class Bound:
     def chain(self, other: "Bound") -> "Bound":
         """Combine with a later stage that adds its own k on the same scale (depths add; the result is
         composite, so it keeps the deterministic factor)."""
+        ref = None
+        if self.ref_depth is not None or other.ref_depth is not None:
+            ref = (self.k if self.ref_depth is None else self.ref_depth) + \
+                (other.k if other.ref_depth is None else other.ref_depth)
         return Bound(np.maximum(self.scale, other.scale), self.k + other.k,
-                     f"{self.note}; {other.note}".strip("; "))
+                     f"{self.note}; {other.note}".strip("; "), ref_depth=ref)
+
+
+def running_bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> Bound:
+    """The :class:`Bound` of a running first-order error coefficient: |err| <= u_T E, written as scale E / K and
+    k = K, so that gamma_K(u_T) E / K >= u_T E (Higham §3.1).  ``depth`` K is the summed rounding count of the
+    stages, in units of u_T.  With a mixed-precision ``dtype`` (``config.ACCUMULATION_FORMAT``) those counts
+    take each length-n sum as n u_A / u_T + 1 (:func:`sum_depth`); every count c is then at least c u_A / u_T, so
+    K u_T / u_A bounds the float64 reference's own rounding count (``ref_depth``)."""
+    depth = max(float(depth), 1.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        scale = np.asarray(e, dtype=np.float64) / depth
+    ratio = accumulation_ratio(dtype)
+    how = (f"; sums accumulated in {accumulation_format(dtype)} and counted as n u_A/u_T + 1" if ratio < 1.0
+           else "")
+    return Bound(scale, depth, f"{what}: running first-order bound (Jacobian propagation of every stage's "
+                               f"rounding; O(u^2) neglected; elementary functions {config.ELEMENTARY_FUNCTION_ULPS}"
+                               f" u{how}), K = summed stage depths = {depth:.4g}",
+                 ref_depth=depth / ratio if ratio < 1.0 else None)
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray, dtype: Any) -> np.ndarray:
@@ -429,10 +499,15 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     # Relative size of the bound: b_i against max(|ref_i|, rms(ref)) over the finite slots.  A reference that
     # is exactly zero everywhere has no size of its own: it is measured against the magnitude of the
     # computation on absolute values (rms of S), and a bound that is all underflow term (S = 0) is conclusive.
-    size = _rms(ref[finite])
+    # Below T's normal range (magnitude eta_T / u_T, the smallest normal number's order) T resolves absolute
+    # differences of eta_T only, whatever the algorithm: a quantity there is measured against that floor.  A
+    # reference that is exactly zero everywhere has no size: any finite bound is conclusive there (the tested
+    # output must reproduce the zeros to within it).
+    rms = _rms(ref[finite])
+    size = max(rms, underflow_eta(dname) / u)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rel_b = np.where(finite, np.where(np.isnan(bnd), np.inf, bnd) / np.maximum(np.abs(ref), size), 0.0)
-    if size == 0.0:
+    if rms == 0.0:
         rel_b = np.where(finite & ~np.isfinite(bnd), np.inf, 0.0)
     rel_b = np.where(finite & np.isnan(rel_b), np.inf, np.where(finite, rel_b, 0.0))
     max_rel_b = float(rel_b.max(initial=0.0))
@@ -454,11 +529,13 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
             if np.any(e_m > np.where(np.isnan(bnd), np.inf, bnd)):
                 outside.append(key)
     stats["final rounding"] = _z_stats(u * np.abs(ref), w, finite)
-    if len(members) < 2:
+    if len(members) < 2 or int(np.count_nonzero(finite)) * len(members) < config.VERDICT_RMS_MIN_ELEMENTS:
         # One sample of another algorithm's rounding error says little about a third algorithm's (the max over a
-        # handful of elements of two such samples can differ by 10x): with fewer than two legitimate evaluations
-        # the random-rounding model's typical accumulated error, sqrt(k) u |ref_i| (k roundings of mean zero
-        # on a result of size |ref_i|, Higham & Mary 2019), joins as a member.
+        # handful of elements of two such samples can differ by 10x): with fewer than two legitimate evaluations,
+        # or fewer than VERDICT_RMS_MIN_ELEMENTS compared errors in all (a two-element output: the calibration's
+        # factors hold for maxima over many elements), the random-rounding model's typical accumulated error,
+        # sqrt(k) u |ref_i| (k roundings of mean zero on a result of size |ref_i|, Higham & Mary 2019), joins as a
+        # member.
         stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * np.abs(ref), w, finite)
     usable = [v for key, v in stats.items() if key not in outside]
     zmax_thr = config.VERDICT_MAX_FACTOR * max(s[0] for s in usable)
@@ -553,6 +630,99 @@ def assert_no_divergence(actual: Any, reference: Any, bound: Bound, dtype: Any, 
     if report.verdict == DIVERGES:
         raise AssertionError(f"error-model comparison: {report.verdict}\n" + str(report))
     return report
+
+
+# ---------------------------------------------------------------------------------------------------
+# Stage-wise (teacher-forced) comparison
+# ---------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage of a module, for a teacher-forced comparison.
+
+    name      : the stage, and the name of the tensor it produces.
+    inputs    : the names of the tensors it consumes (the module's input, or earlier stages' outputs).
+    reference : float64 arrays of ``inputs`` -> the stage's output (the paper's equation for this stage).
+    bound     : (float64 arrays of ``inputs``, dtype=T) -> :class:`Bound` of the stage computed in T on them.
+    equation  : where the stage is written down (paper and equation).
+
+    Teacher forcing: each stage is evaluated on the *tested* implementation's own inputs to it (rounded to T,
+    hence exact data for the stage), so its bound holds its own rounding errors only.  A module whose
+    whole-module bound is void (relative >= 1) - the errors of a long chain of stages propagated through
+    their Jacobians in absolute value - is judged stage by stage instead: every stage must match."""
+
+    name: str
+    inputs: tuple[str, ...]
+    reference: Callable[..., np.ndarray]
+    bound: Callable[..., "Bound"]
+    equation: str = ""
+
+
+@dataclasses.dataclass
+class StageReport:
+    """What :func:`compare_stages` measured: one :class:`ErrorReport` per stage, in order.
+
+    ``verdict``: "diverges" when any stage diverges (``first_divergence`` names the first), else
+    "inconclusive" when any stage is, else "match"."""
+
+    verdict: str
+    stages: list[ErrorReport]
+    first_divergence: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == MATCH
+
+    def __str__(self) -> str:
+        head = f"stage-wise (teacher-forced) comparison: {self.verdict.upper()}"
+        if self.first_divergence is not None:
+            head += f"; first divergence at stage {self.first_divergence!r}"
+        rows = [f"  {r.name:<10s} {r.verdict:<12s} err/bound {r.max_err_over_bound:9.3g}  relative bound "
+                f"{r.max_relative_bound:9.3g}  k {r.k:9.4g}  rel. error {r.rel_err:9.3g}" for r in self.stages]
+        details = [str(r) for r in self.stages if r.verdict != MATCH]
+        return "\n".join([head] + rows + details)
+
+
+def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: Any, *,
+                   naive: Callable[..., Any] | None = None, p_false_alarm: float | None = None) -> StageReport:
+    """Teacher-forced comparison of a tested module, stage by stage.
+
+    Parameters
+    ----------
+    stages : the module's :class:`Stage` list, in execution order (e.g.
+        :func:`refimpl.attention.focused.focused_linear_attention_stages`).
+    tensors : name -> the tested implementation's tensor: every stage's output and every input a stage
+        names (captured from the tested code, e.g. with forward hooks).
+    dtype : T, the precision the tested code computed in.
+    naive : optional ``naive(fn, *arrays, dtype=T)`` (:func:`refimpl.numerics.naive_same_precision`): each
+        stage's reference run in T on the same inputs joins its ensemble, so the ensemble criterion applies.
+    p_false_alarm : the whole comparison's budget (default ``config.VERDICT_FALSE_ALARM``), split evenly
+        between the stages (union bound).
+
+    Returns
+    -------
+    :class:`StageReport`."""
+    p = config.VERDICT_FALSE_ALARM if p_false_alarm is None else float(p_false_alarm)
+    for s in stages:
+        for key in (s.name,) + tuple(s.inputs):
+            if key not in tensors:
+                raise KeyError(f"argument 'tensors': stage {s.name!r} needs tensor {key!r}; given "
+                               f"{sorted(tensors)}")
+    reports: list[ErrorReport] = []
+    for s in stages:
+        args = [_to_numpy64(tensors[key]) for key in s.inputs]
+        ref = s.reference(*args)
+        nv = None if naive is None else naive(s.reference, *args, dtype=dtype)
+        reports.append(compare(tensors[s.name], ref, s.bound(*args, dtype=dtype), dtype, naive=nv,
+                               name=s.name, p_false_alarm=p / len(stages)))
+    first = next((r.name for r in reports if r.verdict == DIVERGES), None)
+    if first is not None:
+        verdict = DIVERGES
+    elif any(r.verdict == INCONCLUSIVE for r in reports):
+        verdict = INCONCLUSIVE
+    else:
+        verdict = MATCH
+    return StageReport(verdict, reports, first)
 
 
 def _to_numpy64(x: Any) -> np.ndarray:

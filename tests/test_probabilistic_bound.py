@@ -329,14 +329,16 @@ def test_linear_attention_core(fmt, signs):
 # ----------------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fmt", sorted(EMULATED))
-def test_compare_bound_holds_on_model_conforming_matmul(fmt):
+def test_compare_bound_holds_on_model_conforming_matmul(fmt, monkeypatch):
     """compare() with an accumulation Bound (k = n, as refimpl.layers' linear bound) accepts matrix products
     whose roundings follow the model: 20 simulated evaluations of a (16, 1024) x (1024, 16) product; every one
     must be within compare's bound (its lam = confidence_lambda(256 k, 1e-6, u); a false alarm has probability
-    <= 1e-6 per comparison).  At n = 1024 bfloat16's deterministic gamma_n is infinite, so the bound is
-    gamma~_n alone.  compare's bound covers the float64 reference's k roundings, not the simulation's 2k: the
+    <= 1e-6 per comparison).  The products accumulate in T itself here (config.ACCUMULATION_FORMAT emptied:
+    the model's probabilistic factor in u_T; the mixed-precision model is the next test).  At n = 1024
+    bfloat16's deterministic gamma_n is infinite, so the bound is gamma~_n alone.  compare's bound covers the float64 reference's k roundings, not the simulation's 2k: the
     scale is raised by exactly the missing share, (g + (1 + g) gamma_2k(u_64) + gamma_k(u_64)) / ((g +
     gamma_k(u_64)) (1 - gamma_k(u_64))) with g compare's factor (module docstring)."""
+    monkeypatch.setattr(config, "ACCUMULATION_FORMAT", {})
     u, n = EMULATED[fmt], 1024
     rng = np.random.default_rng(36)
     a, b = _data(rng, (16, n), "random"), _data(rng, (n, 16), "random")
@@ -349,6 +351,31 @@ def test_compare_bound_holds_on_model_conforming_matmul(fmt):
     sim = _accumulate(*_matmul_rows(a, b), u, 20, rng).reshape(20, 16, 16)
     for t in range(sim.shape[0]):
         report = compare(sim[t], ref, bound, fmt, name=f"simulated {fmt} matmul #{t}")
+        assert report.pattern_ok and report.within_bound, str(report)
+
+
+@pytest.mark.parametrize("fmt", sorted(EMULATED))
+def test_compare_bound_holds_on_mixed_precision_matmul(fmt):
+    """The mixed-precision model (config.ACCUMULATION_FORMAT: half data accumulated in float32, each result
+    rounded to T): 20 simulated evaluations of a (16, 4096) x (4096, 16) product with every product and
+    addition rounded by a random factor of size <= u_32 and the result by one of size <= u_T must all be inside
+    compare's bound with the accumulation factor g_A + 2 u_T (1 + g_A).  k u_T >= 1 here in both formats: the
+    in-T factors gamma_n and gamma~_n would be void or 16-64 times wider.  The float64 reference's share is
+    lifted as in the test above."""
+    u_t, u_a, n = EMULATED[fmt], unit_roundoff("float32"), 4096
+    rng = np.random.default_rng(37)
+    a, b = _data(rng, (16, n), "random"), _data(rng, (n, 16), "random")
+    ref, s_hat = a @ b, abs(a) @ abs(b)
+    lam = confidence_lambda(ref.size * n, config.VERDICT_FALSE_ALARM, u_t)
+    g = Bound(s_hat, n, accumulation=True).factor(fmt, lam)
+    assert math.isinf(gamma(n, u_t)) and g < 3 * u_t
+    g64 = gamma(n, U64)
+    lift = (g + (1.0 + g) * gamma(2 * n, U64) + g64) / ((g + g64) * (1.0 - g64))
+    bound = Bound(s_hat * lift, n, "matmul: float32 accumulation, one rounding to T", accumulation=True)
+    sim = _accumulate(*_matmul_rows(a, b), u_a, 20, rng) * _factors(rng, (20, ref.size), u_t)
+    sim = sim.reshape(20, 16, 16)
+    for t in range(sim.shape[0]):
+        report = compare(sim[t], ref, bound, fmt, name=f"simulated {fmt} matmul, float32 accumulation #{t}")
         assert report.pattern_ok and report.within_bound, str(report)
 
 

@@ -133,8 +133,8 @@ def test_ensemble_criterion_rms_statistic_catches_a_diffuse_defect():
 
 
 def test_ensemble_member_outside_the_bound_is_named_and_not_used():
-    ref = np.ones(16)
-    b = Bound(np.ones(16), 8)
+    ref = np.ones(32)            # 32 elements x 2 members >= VERDICT_RMS_MIN_ELEMENTS: no rounding-model member
+    b = Bound(np.ones(32), 8)
     wild = ref + 1e-2
     ok_member = ref - 1e-7
     r = verdict.compare(ref + 1e-7, ref, b, "float32", ensemble={"wild": wild, "fine": ok_member})
@@ -181,3 +181,94 @@ def test_numerics_reexports_are_the_verdict_functions():
     from refimpl import numerics
     for name in ("Bound", "ErrorReport", "gamma", "round_to", "ulp_distance", "unit_roundoff", "underflow_eta"):
         assert getattr(numerics, name) is getattr(verdict, name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Mixed precision (config.ACCUMULATION_FORMAT) and stage-wise comparison
+# ---------------------------------------------------------------------------------------------------
+
+def test_sum_depth_counts_a_wider_accumulation_as_a_fraction_of_a_rounding():
+    assert verdict.sum_depth(4096) == 4096 and verdict.sum_depth(4096, "float32") == 4096
+    assert verdict.sum_depth(4096, "float16") == pytest.approx(4096 * 2.0 ** -13 + 1)
+    assert verdict.sum_depth(4096, "bfloat16") == pytest.approx(4096 * 2.0 ** -16 + 1)
+    assert verdict.accumulation_ratio("float16") == 2.0 ** -13 and verdict.accumulation_ratio("float64") == 1.0
+
+
+@pytest.mark.parametrize("dtype,np_dtype", [("float16", np.float16)])
+@pytest.mark.parametrize("n", [64, 4096, 65536])
+def test_mixed_accumulation_bound_holds_for_float32_sums_of_half_data(dtype, np_dtype, n):
+    """A half-precision inner product accumulated in float32 and rounded once (torch's Half GEMM) is inside the
+    mixed factor g_A + 2 u_T, also where gamma_n(u_T) is void (n u_T >= 1)."""
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal((32, n)).astype(np_dtype).astype(np.float64)
+    y = rng.standard_normal(n).astype(np_dtype).astype(np.float64)
+    exact = x @ y
+    tested = (x.astype(np.float32) @ y.astype(np.float32)).astype(np_dtype)
+    b = Bound(np.abs(x) @ np.abs(y), n, "dot", accumulation=True)
+    assert math.isinf(verdict.gamma(n, verdict.unit_roundoff(dtype))) == (n * 2.0 ** -11 >= 1)
+    bound = b.array(dtype, exact.shape)
+    assert np.all(np.isfinite(bound)) and np.all(np.abs(tested - exact) <= bound)
+
+
+def test_a_half_precision_accumulation_is_outside_the_mixed_model_and_diverges():
+    """Code that accumulates float16 data in float16 breaks the model's assumption, and the verdict says so:
+    a recursive float16 sum of 4096 ones stagnates at 2048 (2049 is not a float16)."""
+    ones = np.ones((1, 4096))
+    acc = np.float16(0)
+    for v in ones[0].astype(np.float16):
+        acc = np.float16(acc + v)
+    assert float(acc) == 2048.0
+    r = verdict.compare(np.array([float(acc)]), np.array([4096.0]),
+                        Bound(np.array([4096.0]), 4096, "sum", accumulation=True), "float16")
+    assert r.verdict == DIVERGES
+
+
+def _identity_stage(name, source):
+    return verdict.Stage(name, (source,), lambda t: t, lambda t, dtype=None: Bound(np.abs(t), 2, "copy"))
+
+
+def test_compare_stages_names_the_first_divergence_and_aggregates():
+    x = np.linspace(1.0, 2.0, 64)
+    stages = [_identity_stage("a", "x"), _identity_stage("b", "a"), _identity_stage("c", "b")]
+    good = {"x": x, "a": x, "b": x, "c": x}
+    rep = verdict.compare_stages(stages, good, "float32")
+    assert rep.verdict == MATCH and rep.first_divergence is None and [r.name for r in rep.stages] == ["a", "b", "c"]
+    bad = dict(good, b=x * 1.01, c=x * 1.01)       # b is wrong; c is right *given* b (teacher forcing)
+    rep = verdict.compare_stages(stages, bad, "float32")
+    assert rep.verdict == DIVERGES and rep.first_divergence == "b"
+    assert [r.verdict for r in rep.stages] == [MATCH, DIVERGES, MATCH]
+    assert "first divergence at stage 'b'" in str(rep)
+    # the false-alarm budget is split between the stages
+    assert all(r.p_false_alarm == pytest.approx(config.VERDICT_FALSE_ALARM / 3) for r in rep.stages)
+
+
+def test_compare_stages_is_inconclusive_when_a_stage_is():
+    x = np.linspace(1.0, 2.0, 64)
+    void = verdict.Stage("v", ("x",), lambda t: t, lambda t, dtype=None: Bound(np.abs(t) * 1e9, 2, "void"))
+    rep = verdict.compare_stages([_identity_stage("a", "x"), void], {"x": x, "a": x, "v": x}, "float32")
+    assert rep.verdict == INCONCLUSIVE and rep.first_divergence is None
+
+
+def test_small_ensembles_get_the_rounding_model_member():
+    """A two-element output with three members is 6 compared errors: the calibrated factors are for maxima over
+    many elements, so the rounding model's sqrt(k) u |ref| joins (thorough profile, LiSA (1, 1, 2) in float32:
+    4.5x the largest member, inside the bound)."""
+    ref = np.array([1.0, -2.0])
+    b = Bound(np.abs(ref), 44)
+    members = {f"m{i}": ref * (1 + 1e-8 * (i + 1)) for i in range(3)}
+    r = verdict.compare(ref * (1 + 3 * 2.0 ** -24), ref, b, "float32", ensemble=members)
+    assert "rounding model" in r.ensemble and r.verdict == MATCH, str(r)
+    big = {f"m{i}": np.tile(v, 16) for i, v in enumerate(members.values())}
+    r = verdict.compare(np.tile(ref, 16), np.tile(ref, 16), Bound(np.tile(np.abs(ref), 16), 44), "float32",
+                        ensemble=big)
+    assert "rounding model" not in r.ensemble
+
+
+def test_quantities_below_the_normal_range_are_measured_against_its_floor():
+    """exp(-277) = 5e-122 is 0 in float32; its bound k eta_T cannot be relatively small, and T resolves nothing
+    finer there: conclusive (thorough profile, elu1 features)."""
+    ref = np.array([5.3e-122])
+    r = verdict.compare(np.zeros(1), ref, Bound(np.zeros(1), 2), "float32")
+    assert r.verdict == MATCH and r.max_relative_bound < 1, str(r)
+    r = verdict.compare(np.array([1e-40]), ref, Bound(np.zeros(1), 2), "float32")   # 1e-40: 70000 eta away
+    assert r.verdict == DIVERGES

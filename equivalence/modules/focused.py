@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from equivalence.assertions import capture
 from equivalence.modules.layers import shifted_window_mask, window_partition, window_reverse
 from refimpl.attention.focused import FocusedConfig
 
@@ -89,7 +90,11 @@ def attend(q, k, v, normaliser: str, eps: float, order: str, mask=None):
 
 
 class _FocusedBase(nn.Module):
-    """Shared pieces: features, DWC, projection."""
+    """Shared pieces: features, DWC, projection.  ``taps``: None, or a dict that each forward fills with the
+    tensors a stage-wise comparison needs besides submodule inputs and outputs ("phi_q", "phi_k",
+    "attention"; refimpl.attention.focused.focused_linear_attention_stages with ``fine=True``)."""
+
+    taps: dict | None = None
 
     def _common(self, cfg: FocusedConfig, n_kv: int):
         c, d, kk = cfg.dim, cfg.head_dim, cfg.kernel_size
@@ -122,6 +127,8 @@ class _FocusedBase(nn.Module):
         qf, kf = self._features(q), self._features(k)
         vh = v.reshape(b, n, h, d).transpose(1, 2)                         # (B, h, n, d)
         att = attend(qf, kf, vh, cfg.normaliser, cfg.eps, order, mask)
+        if self.taps is not None:
+            self.taps.update(phi_q=qf.detach(), phi_k=kf.detach(), attention=att.detach())
         big_h, big_w = hw_q
         if tuple(hw_kv) != tuple(hw_q):
             if cfg.dwc_resample == "linear_flat":
@@ -197,3 +204,32 @@ class FocusedWindowAttention(_FocusedBase):
         if shift:
             g = torch.roll(g, shifts=(shift, shift), dims=(1, 2))
         return g.reshape(b, n, c)
+
+
+#: Where the stage tensors of refimpl.attention.focused's stage lists are in these modules: tensor name ->
+#: (submodule, "input" | "output"); "phi_q", "phi_k" and "attention" come from ``taps``.
+STAGE_POINTS = {
+    "global": {"x": ("q", "input"), "q": ("q", "output"), "sr": ("sr", "output"), "norm": ("norm", "output"),
+               "kv": ("kv", "output"), "dwc_in": ("dwc", "input"), "dwc": ("dwc", "output"),
+               "core": ("proj", "input"), "proj": ("proj", "output")},
+    "window": {"x": ("qkv", "input"), "qkv": ("qkv", "output"), "dwc_in": ("dwc", "input"),
+               "dwc": ("dwc", "output"), "core": ("proj", "input"), "proj": ("proj", "output")},
+}
+
+
+def stage_tensors(module: _FocusedBase, run) -> dict[str, torch.Tensor]:
+    """Run ``run()`` (a forward of ``module``) once and return the tensors of the fine stage list
+    (refimpl.attention.focused.focused_linear_attention_stages / focused_window_attention_stages with
+    ``fine=True``): submodule inputs and outputs through forward hooks, the features and the attention through
+    ``module.taps``."""
+    points = dict(STAGE_POINTS["window" if isinstance(module, FocusedWindowAttention) else "global"])
+    if not hasattr(module, "sr"):
+        points.pop("sr", None)
+        points.pop("norm", None)
+    module.taps = {}
+    try:
+        got = capture(module, run, points)
+        got.update(module.taps)
+    finally:
+        module.taps = None
+    return got

@@ -51,7 +51,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, numerics
-from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, mlp,
+from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, linear_bound, mlp,
                       pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
                       subparams, window_partition, window_reverse)
 from .focused import err_attention, err_dwconv, err_layer_norm, err_linear, relu_error
@@ -537,11 +537,8 @@ def init_l2vit_params(cfg: L2ViTConfig, block: str, *, seed: int = 0) -> dict[st
 # The error model (running first-order bounds; conventions of refimpl.attention.focused)
 # ===================================================================================================
 
-def _bound(e: np.ndarray, depth: int, what: str) -> numerics.Bound:
-    depth = max(int(depth), 1)
-    return numerics.Bound(e / depth, depth, f"{what}: running first-order bound (stage Jacobians propagate "
-                                            f"every rounding; O(u^2) neglected; elementary functions "
-                                            f"{config.ELEMENTARY_FUNCTION_ULPS} u), K = summed depths = {depth}")
+def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> numerics.Bound:
+    return numerics.running_bound(e, depth, what, dtype)
 
 
 def _err_core(q, k, v, eq, ek, ev, *, c_min, scale, scale_mode, scale_target, dtype):
@@ -576,13 +573,13 @@ def enhanced_linear_attention_bound(q: Any, k: Any, v: Any, *, c_min: float = co
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     e, depth = _err_core(q, k, v, np.zeros_like(q), np.zeros_like(k), np.zeros_like(v), c_min=c_min, scale=scale,
                          scale_mode=scale_mode, scale_target=scale_target, dtype=dtype)
-    return _bound(e, depth + 1, "enhanced linear attention")
+    return _bound(e, depth + 1, "enhanced linear attention", dtype)
 
 
 def _err_attention_module(x, e_x, params, cfg, dtype):
     b, n, c = x.shape
     h, d = cfg.num_heads, cfg.head_dim
-    qkv, e, k1 = err_linear(x, e_x, _p(params, "qkv.weight"), _opt(params, "qkv.bias"))
+    qkv, e, k1 = err_linear(x, e_x, _p(params, "qkv.weight"), _opt(params, "qkv.bias"), dtype)
     qkv, e = qkv.reshape(b, n, 3, h, d), e.reshape(b, n, 3, h, d)
     (q, k, v), (eq, ek, ev) = [[t[:, :, i].transpose(0, 2, 1, 3) for i in range(3)] for t in (qkv, e)]
     s, mode = _scale_args(params, cfg)
@@ -590,7 +587,7 @@ def _err_attention_module(x, e_x, params, cfg, dtype):
                        dtype=dtype)
     o = enhanced_linear_attention(q, k, v, c_min=cfg.c_min, scale=s, scale_mode=mode, scale_target=cfg.scale_target)
     y, ey = o.transpose(0, 2, 1, 3).reshape(b, n, c), eo.transpose(0, 2, 1, 3).reshape(b, n, c)
-    out, eout, k3 = err_linear(y, ey, _p(params, "proj.weight"), _opt(params, "proj.bias"))
+    out, eout, k3 = err_linear(y, ey, _p(params, "proj.weight"), _opt(params, "proj.bias"), dtype)
     return out, eout, k1 + k2 + 1 + k3
 
 
@@ -606,7 +603,50 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _, e, depth = _err_attention_module(x, np.zeros_like(x), params, cfg, dtype)
-    return _bound(e, depth, "enhanced attention")
+    return _bound(e, depth, "enhanced attention", dtype)
+
+
+def enhanced_attention_stages(params: Mapping[str, Any], cfg: L2ViTConfig) -> list[numerics.Stage]:
+    """The stages of :func:`enhanced_attention`, for :func:`refimpl.verdict.compare_stages`.
+
+    Tensors: "x" (B, N, C) (the qkv projection's input); "qkv" (B, N, 3C); "core" (B, N, C), the enhanced linear
+    attention with heads merged (the output projection's input); "proj" (B, N, C).
+
+    References
+    ----------
+    L2ViT Eq. 4 (and Appendix 8 for the scale); docs/design.md "Stages".
+    """
+    h, d, c = cfg.num_heads, cfg.head_dim, cfg.dim
+    s, mode = _scale_args(params, cfg)
+
+    def heads(qkv):
+        b, n, _ = qkv.shape
+        t = qkv.reshape(b, n, 3, h, d)
+        return [t[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]
+
+    def merge(o):
+        return o.transpose(0, 2, 1, 3).reshape(o.shape[0], o.shape[2], c)
+
+    def core(qkv):
+        return merge(enhanced_linear_attention(*heads(qkv), c_min=cfg.c_min, scale=s, scale_mode=mode,
+                                               scale_target=cfg.scale_target))
+
+    def core_bound(qkv, dtype=None):
+        q, k, v = heads(qkv)
+        z = np.zeros_like
+        e, depth = _err_core(q, k, v, z(q), z(k), z(v), c_min=cfg.c_min, scale=s, scale_mode=mode,
+                             scale_target=cfg.scale_target, dtype=dtype)
+        return _bound(merge(e), depth + 1, "enhanced linear attention on exact q, k, v", dtype)
+
+    def lin(name, source, key):
+        w, b = _p(params, key + ".weight"), _opt(params, key + ".bias")
+        return numerics.Stage(name, (source,), lambda t: linear(t, w, b),
+                              lambda t, dtype=None: linear_bound(t, w, b), f"L2ViT: the {key} projection")
+
+    return [lin("qkv", "x", "qkv"),
+            numerics.Stage("core", ("qkv",), core, core_bound,
+                           "L2ViT Eq. 4: ReLU(Q) (ReLU(K)^T V) / max(ReLU(Q) sum ReLU(K), C_min), scaled by s"),
+            lin("proj", "core", "proj")]
 
 
 def _err_lcm(x, e_x, params, hw, bn_eps):

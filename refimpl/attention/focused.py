@@ -54,8 +54,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, numerics
-from ..layers import conv2d, depthwise_conv2d, layer_norm, layer_norm_bound, linear, shifted_window_mask, \
-    window_partition, window_reverse
+from ..layers import conv2d, conv2d_bound, depthwise_conv2d, depthwise_conv2d_bound, layer_norm, layer_norm_bound, linear, linear_bound, \
+    shifted_window_mask, window_partition, window_reverse
 from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
 
 __all__ = [
@@ -317,7 +317,9 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
         a = r ** (p - 1.0)
         prop = g * np.sum(r * ex, axis=axis, keepdims=True) / safe_nr \
             + p * nr / safe_nt * (a * ex + g * np.sum(a * g * ex, axis=axis, keepdims=True))
-        rounding = (2.0 * p + 2.0 * c + 2.0 * d + 8.0) * f + (p + c + 4.0) * nx * _eta_in_u(dtype)
+        # the two length-d norms count numerics.sum_depth(d) each (d, or d u_A / u_T + 1 in mixed precision)
+        rounding = (2.0 * p + 2.0 * c + 2.0 * numerics.sum_depth(d, dtype) + 8.0) * f + \
+            (p + c + 4.0) * nx * _eta_in_u(dtype)
         zero = np.sqrt(np.sum(ex * ex, axis=axis, keepdims=True)) + 0.0 * x
     return np.where(m == 0, zero, prop + rounding)
 
@@ -631,7 +633,13 @@ def _features(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig) -> n
 
 
 def _heads_and_dwc(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
-    """Shared tail of both layouts: APE on K, features, attention, DWC, output projection."""
+    """Shared tail of both layouts: :func:`_core`, then the output projection."""
+    y = _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements)
+    return linear(y, _p(params, "proj.weight"), params.get("proj.bias"))
+
+
+def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
+    """APE on K, features, attention, DWC and their sum (B, N, C): everything between the projections."""
     if cfg.positional_encoding:
         pe = _p(params, "positional_encoding")
         if pe.shape != (1,) + k.shape[1:]:
@@ -656,10 +664,9 @@ def _heads_and_dwc(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_ele
     dwc = _dwc(vh, hw_kv, hw_q, _p(params, "dwc.weight"), params.get("dwc.bias"), cfg.dwc_shared,
                cfg.dwc_resample)
     y = _merge_heads(att + dwc)
-    out = linear(y, _p(params, "proj.weight"), params.get("proj.bias"))
     if taps is not None:
         taps.update(k_pe=k, attention=att, dwc=dwc, pre_proj=y)
-    return out
+    return y
 
 
 def _check_x(x: Any, hw: Any, cfg: FocusedConfig) -> tuple[np.ndarray, int, int]:
@@ -857,15 +864,16 @@ def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int
 # gamma_K(u) scale >= u E_out.  Products of two error terms (O(u^2)) are neglected; elementary functions
 # are assumed accurate to config.ELEMENTARY_FUNCTION_ULPS.  The helpers are shared with enhanced.py.
 
-def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
-    """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12)."""
+def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None):
+    """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12);
+    with a mixed-precision ``dtype`` the in-term sum counts numerics.sum_depth(in) (the bias add one more)."""
     y = linear(x, weight, bias)
-    k = weight.shape[-1] + (1 if bias is not None else 0)
+    k = numerics.sum_depth(weight.shape[-1], dtype) + (1 if bias is not None else 0)
     s = linear(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
     return y, e_x @ np.abs(weight).T + k * s, k
 
 
-def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float):
+def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dtype: Any = None):
     """LayerNorm over the last axis: input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n),
     bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus layers.layer_norm_bound's rounding."""
     y = layer_norm(x, weight, bias, eps)
@@ -877,15 +885,16 @@ def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float):
                                                                                          keepdims=True))
     if x.shape[-1] == 1:  # over one channel the output is the bias whatever x is: the Jacobian is 0
         prop = np.zeros_like(prop)
-    b = layer_norm_bound(x, weight, bias, eps)
+    b = layer_norm_bound(x, weight, bias, eps, dtype=dtype)
     return y, prop + b.k * np.asarray(b.scale), b.k
 
 
-def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None):
-    """Depthwise 'same' conv (B, C, H, W): E = conv(e_x, |W|) + k (conv(|x|, |W|) + |b|), k = KH KW + 1."""
+def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None):
+    """Depthwise 'same' conv (B, C, H, W): E = conv(e_x, |W|) + k (conv(|x|, |W|) + |b|), k = KH KW + 1
+    (the KH KW-term sum counted by numerics.sum_depth for a mixed-precision ``dtype``)."""
     pad = weight.shape[-1] // 2
     y = depthwise_conv2d(x, weight, bias, padding=pad)
-    k = weight.shape[-1] * weight.shape[-2] + (1 if bias is not None else 0)
+    k = numerics.sum_depth(weight.shape[-1] * weight.shape[-2], dtype) + (1 if bias is not None else 0)
     s = depthwise_conv2d(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias), padding=pad)
     return y, depthwise_conv2d(e_x, np.abs(weight), None, padding=pad) + k * s, k
 
@@ -924,11 +933,13 @@ def relu_error(t: np.ndarray, e_t: np.ndarray, dtype: Any = None) -> np.ndarray:
     return np.where(t > -numerics.unit_roundoff(dtype) * e_t, e_t, 0.0)
 
 
-def _err_resample(x, e_x, size, axis):
+def _err_resample(x, e_x, size, axis, dtype=None):
     """Linear resampling along ``axis``: the weights' absolute error (FLATTEN_RESAMPLE_INDEX_ROUNDINGS
     roundings of size <= u (src + 1)) times the local slope (<= twice the largest of the four neighbours,
     which also covers a floor() that lands in the adjacent interval), 3 roundings of the two products and
-    the sum, and the inputs' errors (weights >= 0 summing to 1)."""
+    the sum, and the inputs' errors (weights >= 0 summing to 1).  With a mixed-precision ``dtype`` the source
+    coordinate is computed in the accumulation format (torch's upsampling computes it in its opmath type,
+    float for Half/BFloat16): its roundings count u_A / u_T each."""
     ax = axis % x.ndim
     n_in = x.shape[ax]
     src, i0, i1, lam = _resample_plan(n_in, size)
@@ -941,12 +952,12 @@ def _err_resample(x, e_x, size, axis):
     local = np.maximum(np.maximum(np.abs(a), np.abs(b)), np.maximum(lo, hi))
     y = a * (1 - lam_b) + b * lam_b
     e = (np.take(e_x, i0, axis=ax) * (1 - lam_b) + np.take(e_x, i1, axis=ax) * lam_b
-         + config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS * (src_b + 1.0) * 2.0 * local
+         + config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS * numerics.accumulation_ratio(dtype) * (src_b + 1.0) * 2.0 * local
          + 3.0 * (np.abs(a) * (1 - lam_b) + np.abs(b) * lam_b))
     return y, e
 
 
-def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample):
+def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample, dtype=None):
     """E of the DWC branch (B, h, N, e) (resampling + depthwise conv); returns (dwc, E, k)."""
     b, h, _, e = vh.shape
     k_res = 0
@@ -967,7 +978,7 @@ def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample):
         g = _to_grid(t, hw_out).transpose(0, 1, 4, 2, 3)
         return g.reshape(b * h, e, big_h, big_w) if shared else g.reshape(b, h * e, big_h, big_w)
 
-    y, ey, k = err_dwconv(grid(vh), grid(e_v), weight, bias)
+    y, ey, k = err_dwconv(grid(vh), grid(e_v), weight, bias, dtype)
 
     def back(t):
         return t.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
@@ -1004,8 +1015,10 @@ def _err_features(t, e_t, params, cfg, dtype=None):
         ah.shape[-1]
 
 
-def _feature_depth(p: float, d: int) -> int:
-    return int(math.ceil(2 * p + 2 * config.ELEMENTARY_FUNCTION_ULPS + 2 * d + 8)) + \
+def _feature_depth(p: float, d: int, dtype: Any = None) -> float:
+    """Rounding count of the feature map: f_p's (:func:`focused_function_error`, its two length-d norms
+    counted by numerics.sum_depth) plus the pre-features' 2 c + 4 (ReLU, + eps, softplus, the quotient)."""
+    return math.ceil(2 * p + 2 * config.ELEMENTARY_FUNCTION_ULPS + 8) + 2 * numerics.sum_depth(d, dtype) + \
         2 * config.ELEMENTARY_FUNCTION_ULPS + 4
 
 
@@ -1032,6 +1045,15 @@ def _err_attend(phi_q, phi_k, vh, eq, ek, ev, cfg, mask, dtype):
 
 
 def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype):
+    y, ey, depth = _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype)
+    bias = params.get("proj.bias")
+    out, eo, k_proj = err_linear(y, ey, _p(params, "proj.weight"), None if bias is None else _p(params, "proj.bias"),
+                                 dtype)
+    return out, eo, depth + k_proj
+
+
+def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype):
+    """(y, E_y, depth) of :func:`_core`."""
     if cfg.positional_encoding:
         pe = _p(params, "positional_encoding")
         k = k + pe
@@ -1044,22 +1066,14 @@ def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtyp
                   max_elements=None)
     dwc, e_dwc, k_dwc = _err_dwc(vh, evh, hw_kv, hw_q, _p(params, "dwc.weight"),
                                  None if params.get("dwc.bias") is None else _p(params, "dwc.bias"),
-                                 cfg.dwc_shared, cfg.dwc_resample)
+                                 cfg.dwc_shared, cfg.dwc_resample, dtype)
     y = _merge_heads(att + dwc)
     ey = _merge_heads(e_att + e_dwc + np.abs(att) + np.abs(dwc))
-    bias = params.get("proj.bias")
-    out, eo, k_proj = err_linear(y, ey, _p(params, "proj.weight"), None if bias is None else _p(params, "proj.bias"))
-    depth = _feature_depth(cfg.p, dq) + k_att + k_dwc + 1 + k_proj
-    return out, eo, depth
+    return y, ey, _feature_depth(cfg.p, dq, dtype) + k_att + k_dwc + 1
 
 
-def _bound(e: np.ndarray, depth: int, what: str) -> numerics.Bound:
-    depth = max(int(depth), 1)
-    with np.errstate(invalid="ignore", over="ignore"):
-        scale = e / depth
-    return numerics.Bound(scale, depth, f"{what}: running first-order bound (Jacobian propagation of every "
-                                        f"stage's rounding; O(u^2) neglected; elementary functions "
-                                        f"{config.ELEMENTARY_FUNCTION_ULPS} u), K = summed stage depths = {depth}")
+def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> numerics.Bound:
+    return numerics.running_bound(e, depth, what, dtype)
 
 
 def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
@@ -1094,17 +1108,17 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
     e_q = focused_function_error(numerics.relu(q), p, dtype=dtype)
     e_k = focused_function_error(numerics.relu(k), p, dtype=dtype)
     e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype)
-    depth = _feature_depth(p, sz["d"]) + k_att
+    depth = _feature_depth(p, sz["d"], dtype) + k_att
     if dwc_weight is None:
-        return _bound(e_att, depth, "focused attention")
+        return _bound(e_att, depth, "focused attention", dtype)
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
     att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
                   max_elements=None)
     dwc, e_dwc, k_dwc = _err_dwc(v, np.zeros_like(v), tuple(hw), tuple(hw), dwc_weight,
                                  None if dwc_bias is None else numerics.as_float(dwc_bias, "dwc_bias"), shared,
-                                 "bilinear")
-    return _bound(e_att + e_dwc + np.abs(att) + np.abs(dwc), depth + k_dwc + 1, "focused attention + DWC")
+                                 "bilinear", dtype)
+    return _bound(e_att + e_dwc + np.abs(att) + np.abs(dwc), depth + k_dwc + 1, "focused attention + DWC", dtype)
 
 
 def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
@@ -1123,27 +1137,27 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     x, big_h, big_w = _check_x(x, hw, cfg)
     c = cfg.dim
     zero = np.zeros_like(x)
-    q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias))
+    q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias), dtype)
     depth = kq
     if cfg.sr_ratio > 1:
         grid = x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
         w_sr, b_sr = _p(params, "sr.weight"), _p(params, "sr.bias")
         red = conv2d(grid, w_sr, b_sr, stride=cfg.sr_ratio)
         s_red = conv2d(np.abs(grid), np.abs(w_sr), np.abs(b_sr), stride=cfg.sr_ratio)
-        k_sr = int(np.prod(w_sr.shape[1:])) + 1
+        k_sr = numerics.sum_depth(int(np.prod(w_sr.shape[1:])), dtype) + 1
         hw_kv = red.shape[2], red.shape[3]
         tok = red.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
         e_tok = (k_sr * s_red).reshape(red.shape[0], c, -1).transpose(0, 2, 1)
         src, e_src, k_ln = err_layer_norm(tok, e_tok, _p(params, "norm.weight"), _p(params, "norm.bias"),
-                                          cfg.layer_norm_eps)
+                                          cfg.layer_norm_eps, dtype)
         depth_kv = k_sr + k_ln
     else:
         hw_kv, src, e_src, depth_kv = (big_h, big_w), x, zero, 0
-    kv, ekv, k_kv = err_linear(src, e_src, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias))
+    kv, ekv, k_kv = err_linear(src, e_src, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias), dtype)
     depth = max(depth, depth_kv + k_kv)
     _, eo, d2 = _err_heads_and_dwc(q, eq, kv[..., :c], ekv[..., :c], kv[..., c:], ekv[..., c:], params, cfg, hw_kv,
                                    (big_h, big_w), None, dtype)
-    return _bound(eo, depth + d2, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})")
+    return _bound(eo, depth + d2, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})", dtype)
 
 
 def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
@@ -1165,7 +1179,7 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
         grid = np.roll(grid, (-sh, -sw), axis=(1, 2))
     win = window_partition(grid, (wh, ww))
     qkv, e, k_lin = err_linear(win, np.zeros_like(win), _p(params, "qkv.weight"),
-                               _opt(params, "qkv.bias", cfg.qkv_bias))
+                               _opt(params, "qkv.bias", cfg.qkv_bias), dtype)
     mask = None
     if (sh or sw) and cfg.shift_mask == "apply":
         mask = shifted_window_mask(big_h, big_w, (wh, ww), (sh, sw))
@@ -1174,4 +1188,204 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     eg = window_reverse(eo, (wh, ww), big_h, big_w)
     if sh or sw:
         eg = np.roll(eg, (sh, sw), axis=(1, 2))
-    return _bound(eg.reshape(b, big_h * big_w, c), k_lin + d2, "focused_window_attention")
+    return _bound(eg.reshape(b, big_h * big_w, c), k_lin + d2, "focused_window_attention", dtype)
+
+
+# ===================================================================================================
+# Stages (teacher-forced comparison, refimpl.verdict.compare_stages)
+# ===================================================================================================
+#
+# The stages are cut where the released modules (and the PyTorch twins) have submodules: the projections,
+# PVT's reduction conv and its LayerNorm, and the output projection.  Between them lies the "core" (APE on K,
+# features, attention, DWC and their sum), whose intermediates are not a submodule's input or output in a
+# port; its bound holds with exact (tested) q, k, v.  Tensor names: "x" the module input (the windows for the
+# Swin layout), then each stage's name.
+
+def _core_stage(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q, mask, split) -> numerics.Stage:
+    def reference(*t):
+        q, k, v = split(*t)
+        return _core(q, k, v, params, cfg, hw_kv, hw_q, mask, "linear", None, None)
+
+    def bound(*t, dtype=None):
+        q, k, v = split(*t)
+        z = np.zeros_like
+        _, ey, depth = _err_core(q, z(q), k, z(k), v, z(v), params, cfg, hw_kv, hw_q, mask, dtype)
+        return _bound(ey, depth, "core (APE, features, attention, DWC, sum) on exact q, k, v", dtype)
+
+    return numerics.Stage("core", (), reference, bound,
+                          "FLatten Eq. 5-6 (f_p features), 10-12 (normalised attention + DWC(V))")
+
+
+def _linear_stage(name: str, source: str, params: Mapping[str, Any], key: str, bias: bool,
+                  equation: str) -> numerics.Stage:
+    w, b = _p(params, key + ".weight"), _opt(params, key + ".bias", bias)
+    return numerics.Stage(name, (source,), lambda x: linear(x, w, b), lambda x, dtype=None: linear_bound(x, w, b),
+                          equation)
+
+
+def _fine_core_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q, mask, qkv_inputs, split
+                      ) -> list[numerics.Stage]:
+    """The core cut finer, for ports whose features, attention and DWC input can be captured: "phi_q"
+    (B, h, N, d), "phi_k" (B, h, n, d) (after the APE), "attention" (B, h, N, d), "dwc_in" (the depthwise
+    conv's input, V resampled to the query grid: (B h, d, H, W) for a shared bank, else (B, h d, H, W)), "dwc"
+    (its output, same layout) and "core" (B, N, C), their sum with heads merged."""
+    h = cfg.num_heads
+    shared = cfg.dwc_shared
+    w_dwc, b_dwc = _p(params, "dwc.weight"), params.get("dwc.bias")
+    pad = w_dwc.shape[-1] // 2
+    big_h, big_w = hw_q
+
+    def k_pe(k):
+        return k + _p(params, "positional_encoding") if cfg.positional_encoding else k
+
+    def feat_bound(t, e, what, dtype):
+        _, ephi, d = _err_features(t, e, params, cfg, dtype)
+        return _bound(ephi, _feature_depth(cfg.p, d, dtype) + (1 if cfg.positional_encoding else 0), what, dtype)
+
+    def phi_k_bound(*t, dtype=None):
+        k = k_pe(split(*t)[1])
+        return feat_bound(k, np.abs(k) if cfg.positional_encoding else np.zeros_like(k),
+                          "phi_p(K + APE) on exact K", dtype)
+
+    def vh_of(*t):
+        return _split_heads(split(*t)[2], h)
+
+    def attention(phi_q, phi_k, *t):
+        return _attend(phi_q, phi_k, vh_of(*t), normaliser=cfg.normaliser, eps=cfg.eps, order="linear", mask=mask,
+                       taps=None, max_elements=None)
+
+    def attention_bound(phi_q, phi_k, *t, dtype=None):
+        vh = vh_of(*t)
+        z = np.zeros_like
+        e, k = _err_attend(phi_q, phi_k, vh, z(phi_q), z(phi_k), z(vh), cfg, mask, dtype)
+        return _bound(e, k, "normalised attention on exact features and V", dtype)
+
+    def to_conv(vr):            # (B, h, N, d) on the query grid -> the depthwise conv's input layout
+        b, _, _, e = vr.shape
+        g = _to_grid(vr, hw_q).transpose(0, 1, 4, 2, 3)
+        return g.reshape(b * h, e, big_h, big_w) if shared else g.reshape(b, h * e, big_h, big_w)
+
+    def dwc_in(*t):
+        return to_conv(_resample_v(vh_of(*t), hw_kv, hw_q, cfg.dwc_resample))
+
+    def dwc_in_bound(*t, dtype=None):
+        vh = vh_of(*t)
+        if tuple(hw_kv) == tuple(hw_q):
+            return numerics.Bound(np.zeros(1), 1.0, "a reshape of V: exact")
+        if cfg.dwc_resample == "linear_flat":
+            _, e = _err_resample(vh, np.zeros_like(vh), big_h * big_w, 2, dtype)
+            k = config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3
+        else:
+            g = _to_grid(vh, hw_kv)
+            g, eg = _err_resample(g, np.zeros_like(g), big_h, 2, dtype)
+            g, eg = _err_resample(g, eg, big_w, 3, dtype)
+            e = eg.reshape(vh.shape[0], h, big_h * big_w, -1)
+            k = 2 * (config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3)
+        return _bound(to_conv(e), k, f"V resampled {hw_kv} -> {hw_q} ({cfg.dwc_resample})", dtype)
+
+    def back(dw, like):         # the conv's output layout -> (B, h, N, d)
+        b, _, n, e = like.shape
+        return dw.reshape(b, h, e, n).swapaxes(-1, -2)
+
+    def core(att, dw):
+        return _merge_heads(att + back(dw, att))
+
+    return [
+        numerics.Stage("phi_q", qkv_inputs, lambda *t: _features(split(*t)[0], params, cfg),
+                       lambda *t, dtype=None: feat_bound(split(*t)[0], np.zeros_like(split(*t)[0]),
+                                                         "phi_p(Q) on exact Q", dtype),
+                       "FLatten Eq. 5-6: phi_p(ReLU(Q) / softplus(s))"),
+        numerics.Stage("phi_k", qkv_inputs, lambda *t: _features(k_pe(split(*t)[1]), params, cfg), phi_k_bound,
+                       "FLatten Eq. 5-6: phi_p(ReLU(K + APE) / softplus(s))"),
+        numerics.Stage("attention", ("phi_q", "phi_k") + qkv_inputs, attention, attention_bound,
+                       "FLatten Eq. 4, 10: the normalised linear attention"),
+        numerics.Stage("dwc_in", qkv_inputs, dwc_in, dwc_in_bound, "FLatten Eq. 12: V on the query grid"),
+        numerics.Stage("dwc", ("dwc_in",), lambda g: depthwise_conv2d(g, w_dwc, b_dwc, padding=pad),
+                       lambda g, dtype=None: depthwise_conv2d_bound(g, w_dwc, b_dwc, padding=pad),
+                       "FLatten Eq. 12: DWC(V)"),
+        numerics.Stage("core", ("attention", "dwc"), core,
+                       lambda att, dw, dtype=None: numerics.Bound(
+                           _merge_heads(np.abs(att) + np.abs(back(dw, att))), 1.0,
+                           "the sum attention + DWC(V): one addition", accumulation=True),
+                       "FLatten Eq. 12: attention + DWC(V)"),
+    ]
+
+
+def focused_linear_attention_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                                    fine: bool = False) -> list[numerics.Stage]:
+    """The stages of :func:`focused_linear_attention` (DeiT / PVT layout), for
+    :func:`refimpl.verdict.compare_stages`.
+
+    Tensors: "x" (B, N, C); "q" (B, N, C); with sr > 1 "sr" (B, C, H/sr, W/sr) (the reduction conv's output,
+    channels-first as nn.Conv2d gives it) and "norm" (B, n, C); "kv" (B, n, 2C); "core" (B, N, C) (the output
+    projection's input); "proj" (B, N, C), the module's output.  ``fine``: the core is cut further into
+    "phi_q", "phi_k", "attention", "dwc_in", "dwc" and "core" (:func:`_fine_core_stages`), which the bound
+    needs in float16 / bfloat16 at real sizes (docs/verdict.md).
+
+    References
+    ----------
+    FLatten Eq. 5-6, 10-12; PVT's spatial-reduction attention.
+    """
+    big_h, big_w = hw
+    c = cfg.dim
+    stages = [_linear_stage("q", "x", params, "q", cfg.qkv_bias, "FLatten Eq. 5: Q = x W_Q")]
+    if cfg.sr_ratio > 1:
+        w_sr, b_sr = _p(params, "sr.weight"), _p(params, "sr.bias")
+        sr = cfg.sr_ratio
+
+        def grid(x):
+            return x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
+
+        def tokens(red):
+            return red.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
+
+        w_n, b_n = _p(params, "norm.weight"), _p(params, "norm.bias")
+        stages += [
+            numerics.Stage("sr", ("x",), lambda x: conv2d(grid(x), w_sr, b_sr, stride=sr),
+                           lambda x, dtype=None: conv2d_bound(grid(x), w_sr, b_sr, stride=sr),
+                           "PVT spatial reduction: Conv_{sr x sr, stride sr}"),
+            numerics.Stage("norm", ("sr",), lambda red: layer_norm(tokens(red), w_n, b_n, cfg.layer_norm_eps),
+                           lambda red, dtype=None: layer_norm_bound(tokens(red), w_n, b_n, cfg.layer_norm_eps,
+                                                                    dtype=dtype),
+                           "PVT spatial reduction: LayerNorm"),
+        ]
+        source, hw_kv = "norm", (big_h // sr, big_w // sr)
+    else:
+        source, hw_kv = "x", (big_h, big_w)
+    stages.append(_linear_stage("kv", source, params, "kv", cfg.qkv_bias, "FLatten Eq. 5: K, V = x W_K, x W_V"))
+    split = (lambda q, kv: (q, kv[..., :c], kv[..., c:]))
+    if fine:
+        stages += _fine_core_stages(params, cfg, hw_kv, (big_h, big_w), None, ("q", "kv"), split)
+    else:
+        stages.append(dataclasses.replace(_core_stage(params, cfg, hw_kv, (big_h, big_w), None, split),
+                                          inputs=("q", "kv")))
+    stages.append(_linear_stage("proj", "core", params, "proj", True, "FLatten Eq. 12: the output projection"))
+    return stages
+
+
+def focused_window_attention_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
+                                    window_size: int | tuple[int, int],
+                                    shift: int | tuple[int, int] = 0, fine: bool = False) -> list[numerics.Stage]:
+    """The stages of :func:`focused_window_attention` (Swin layout), per window, for
+    :func:`refimpl.verdict.compare_stages`.  The shift and the window partition are exact and are not stages.
+
+    Tensors: "x" (B nW, n, C), the windows of the shifted grid (the qkv projection's input); "qkv"
+    (B nW, n, 3C); "core" (B nW, n, C); "proj" (B nW, n, C) (before the window reverse).  ``fine``: as in
+    :func:`focused_linear_attention_stages`.
+
+    References
+    ----------
+    FLatten Eq. 5-6, 10-12, §4.3 (Swin); Swin Transformer §3.2.
+    """
+    (wh, ww), (sh, sw) = _window_geometry(tuple(hw), window_size, shift)
+    c = cfg.dim
+    mask = None
+    if (sh or sw) and cfg.shift_mask == "apply":
+        mask = shifted_window_mask(hw[0], hw[1], (wh, ww), (sh, sw))
+    split = (lambda qkv: (qkv[..., :c], qkv[..., c:2 * c], qkv[..., 2 * c:]))
+    if fine:
+        core = _fine_core_stages(params, cfg, (wh, ww), (wh, ww), mask, ("qkv",), split)
+    else:
+        core = [dataclasses.replace(_core_stage(params, cfg, (wh, ww), (wh, ww), mask, split), inputs=("qkv",))]
+    return [_linear_stage("qkv", "x", params, "qkv", cfg.qkv_bias, "FLatten Eq. 5: Q, K, V = x W"), *core,
+            _linear_stage("proj", "core", params, "proj", True, "FLatten Eq. 12: the output projection")]

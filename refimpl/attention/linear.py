@@ -486,7 +486,9 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
     eta_T): the numerator collects at most eta_T (M ||phi_q_i||_1 + d sum_j |v_je| + d + M), the normaliser
     eta_T (M ||phi_q_i||_1 + d M + d + M) (the worse of the two orders), the feature maps' own underflow
     (eta_T per entry) eta_T (sum_c (|phi_k|^T |v|)_ce + ||phi_q_i||_1 sum_j |v_je|) and
-    eta_T (sum_cj |phi_k_jc| + M ||phi_q_i||_1) more, and the quotient divides both by
+    eta_T (sum_cj |phi_k_jc| + M ||phi_q_i||_1) more (only where err_q or err_k is nonzero: maps computed in T;
+    exact maps - ReLU, identity, or features whose errors the caller propagates itself - have none), and the
+    quotient divides both by
     D_low; the term is added to the scale in units of gamma_k(u_T).  Without ``dtype`` only Bound's own
     k eta_T is included (not propagated through the quotient).
 
@@ -520,22 +522,34 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
     ek = np.zeros_like(phi_k) if err_k is None else numerics.as_float(err_k, "err_k")
     numerics.check_shapes(sz, err_q=(eq, "B h N d"), err_k=(ek, "B h M d"))
     d, m = sz["d"], sz["M"]
+    computed_features = bool(np.any(eq) or np.any(ek))     # maps with rounding error of their own
     aq, ak, av = np.abs(phi_q), np.abs(phi_k), np.abs(v)
     with np.errstate(over="ignore", invalid="ignore"):
         kv_abs = ak.swapaxes(-1, -2) @ av
         s_num = aq @ kv_abs
         f_num = eq @ kv_abs + aq @ (ek.swapaxes(-1, -2) @ av)
+    # Rounding counts in units of u_T: a length-n sum counts n, or n u_A / u_T + 1 when T accumulates in a
+    # wider format A (numerics.sum_depth, config.ACCUMULATION_FORMAT); ref_depth keeps the float64 count.
+    sum_d, sum_m = numerics.sum_depth(d, dtype), numerics.sum_depth(m, dtype)
     if not normalize:
-        k_depth = d + m
+        k_depth = sum_d + sum_m
         scale = s_num + f_num
         if dtype is not None:  # gradual underflow, as in the normalised case below
-            scale = scale + _eta_times(m * np.sum(aq, axis=-1)[..., None] + d * np.sum(av, axis=-2)[..., None, :]
-                                       + d + m, dtype) / numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
+            # every rounding of the two inner products (eta_T (M ||phi_q_i||_1 + d sum_j |v_je| + d + M)), and,
+            # where the feature maps are computed (err_q / err_k given), their own underflow, eta_T per entry of
+            # phi_q and phi_k, carried through the products: eta_T (sum_c (|phi_k|^T |v|)_ce + ||phi_q_i||_1 sum_j
+            # |v_je|).  Exact features (ReLU, identity; the callers' pre-computed maps) carry none.
+            q1 = np.sum(aq, axis=-1)[..., None]
+            v1 = np.sum(av, axis=-2)[..., None, :]
+            count = m * q1 + d * v1 + d + m
+            if computed_features:
+                count = count + np.sum(kv_abs, axis=-2)[..., None, :] + q1 * v1
+            scale = scale + _eta_times(count, dtype) / numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
         return numerics.Bound(
             scale, k_depth,
-            f"kernelized attention numerator: k = d + M = {d} + {m} (two inner products); scale "
-            f"|phi_q|(|phi_k|^T|v|) + feature-map error terms (first order)")
-    k_depth = d + m + 2
+            f"kernelized attention numerator: k = d + M = {d} + {m} (two inner products{_mixed_note(dtype)});"
+            f" scale |phi_q|(|phi_k|^T|v|) + feature-map error terms (first order)", ref_depth=d + m)
+    k_depth = sum_d + sum_m + 2
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         ksum_abs = np.sum(ak, axis=-2)
         s_den = np.einsum("bhnd,bhd->bhn", aq, ksum_abs)
@@ -561,16 +575,26 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
             # eta (sum_c (|phi_k|^T|v|)_ce + ||phi_q_i||_1 sum_j |v_je|) and eta (sum_c sum_j |phi_k_jc| + M ||phi_q_i||_1).
             q1 = np.sum(aq, axis=-1)[..., None]
             v1 = np.sum(av, axis=-2)[..., None, :]
-            eta_num = _eta_times(m * q1 + d * v1 + d + m + np.sum(kv_abs, axis=-2)[..., None, :] + q1 * v1, dtype)
-            eta_den = _eta_times(m * q1 + d * m + d + m + np.sum(ksum_abs, axis=-1)[..., None, None] + m * q1, dtype)
+            own_num = np.sum(kv_abs, axis=-2)[..., None, :] + q1 * v1 if computed_features else 0.0
+            own_den = np.sum(ksum_abs, axis=-1)[..., None, None] + m * q1 if computed_features else 0.0
+            eta_num = _eta_times(m * q1 + d * v1 + d + m + own_num, dtype)
+            eta_den = _eta_times(m * q1 + d * m + d + m + own_den, dtype)
             scale = scale + (eta_num + o_abs * eta_den) / d_low[..., None] / \
                 numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
         scale = np.where(np.isnan(scale) & (d_low[..., None] == 0) & (den_eff[..., None] > 0), np.inf, scale)
-    note = (f"kernelized attention: k = d + M + 2 = {d} + {m} + 2 (inner products of length d and M, "
-            f"the eps add, the quotient); scale (S_num + F_num + |O| (S_den + F_den)) / |den_eff|, {how}; "
+    note = (f"kernelized attention: k = d + M + 2 = {d} + {m} + 2 (inner products of length d and M"
+            f"{_mixed_note(dtype)}, the eps add, the quotient); scale (S_num + F_num + |O| (S_den + F_den)) / |den_eff|, {how}; "
             f"{'underflow terms eta_T propagated through the quotient; ' if dtype is not None else ''}"
             f"feature-map error products O(u^2) neglected")
-    return numerics.Bound(scale, k_depth, note)
+    return numerics.Bound(scale, k_depth, note, ref_depth=d + m + 2)
+
+
+def _mixed_note(dtype: Any) -> str:
+    """How the sums are counted when T accumulates in a wider format (numerics.sum_depth)."""
+    if dtype is None or numerics.sum_depth(2, dtype) == 2:
+        return ""
+    return (f" accumulated in {config.ACCUMULATION_FORMAT[numerics.format_name(dtype)]} and rounded to "
+            f"{numerics.format_name(dtype)}: a length-n sum counts n u_A/u_T + 1")
 
 
 def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu", normalize: bool = True,

@@ -38,7 +38,7 @@ import numpy as np
 
 from .. import backends, config, numerics
 from .linear import _eta_times
-from ..layers import (linear, pad_to_multiple, relative_position_bias, relative_position_index,
+from ..layers import (linear, linear_bound, pad_to_multiple, relative_position_bias, relative_position_index,
                       shifted_window_mask, window_partition, window_reverse)
 
 __all__ = ["softmax_attention", "softmax_attention_error", "softmax_attention_bound", "window_attention",
@@ -197,6 +197,12 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
        of P V add 2M eta_T: E += (eta_T / u_T)(2 sum_j |V_je| + 2M).  Underflow inside the logits is an
        absolute eta_T in exp's argument, i.e. a relative eta_T << u_T in p, and is neglected.
 
+    With a mixed-precision ``dtype`` (config.ACCUMULATION_FORMAT) the lengths d and M above are replaced by
+    numerics.sum_depth(d) and sum_depth(M) (the sums accumulated in the wider format, each result rounded once),
+    and the softmax is one operation: c and r count u_A / u_T each (its arithmetic is done in the wider
+    format), the probabilities are rounded to T once.  A softmax written as separate operations in T (exp of an
+    argument rounded to T) is outside that model.
+
     Masked entries have p = 0 exactly on both sides and contribute nothing.  Not rigorous beyond the
     assumptions on exp (c, r); products of errors (O(u^2)) neglected.
 
@@ -220,11 +226,17 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
     ev = np.zeros_like(v) if err_v is None else numerics.as_float(err_v, "err_v")
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
     r = float(config.SOFTMAX_EXP_ARG_ROUNDINGS)
+    # Sums counted by numerics.sum_depth: d and M (or d u_A / u_T + 1, M u_A / u_T + 1 when T accumulates in a
+    # wider format, config.ACCUMULATION_FORMAT).  The softmax is one operation there: exp's argument s - max and
+    # exp itself are evaluated in A (their c and r roundings count u_A / u_T each) and the probabilities are
+    # rounded to T once (the + 1 of sum_m).
+    sum_d, sum_m = numerics.sum_depth(d, dtype), numerics.sum_depth(m_len, dtype)
+    c, r = c * numerics.accumulation_ratio(dtype), r * numerics.accumulation_ratio(dtype)
     s = _logits(q, k, scale, None if bias is None else numerics.as_float(bias, "bias"), mask)
     with np.errstate(invalid="ignore", over="ignore"):
         p = numerics.softmax(s, axis=-1)
         ab = 0.0 if bias is None else np.abs(numerics.as_float(bias, "bias"))
-        es = (d + 2) * (abs(scale) * (np.abs(q) @ np.abs(k).swapaxes(-1, -2)) + ab) \
+        es = (sum_d + 2) * (abs(scale) * (np.abs(q) @ np.abs(k).swapaxes(-1, -2)) + ab) \
             + abs(scale) * (eq @ np.abs(k).swapaxes(-1, -2) + np.abs(q) @ ek.swapaxes(-1, -2))
         live = p > 0
         es = np.where(live, es, 0.0)
@@ -234,9 +246,9 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
         pes = np.sum(p * es, axis=-1, keepdims=True)
         # dp_ij = p_ij ((1 - p_ij) ds_ij - sum_{l != j} p_il ds_il): the exact first-order form, for the logit
         # errors and for exp's argument rounding alike ((1 - 2 p) x + sum p x >= (1 - p) x >= 0).
-        ep = np.where(live, p * ((1.0 - 2.0 * p) * es + pes + r * ((1.0 - 2.0 * p) * dev + w) + 2.0 * c + m_len),
+        ep = np.where(live, p * ((1.0 - 2.0 * p) * es + pes + r * ((1.0 - 2.0 * p) * dev + w) + 2.0 * c + sum_m),
                       0.0)
-        e_out = m_len * (p @ np.abs(v)) + ep @ np.abs(v) + p @ ev
+        e_out = sum_m * (p @ np.abs(v)) + ep @ np.abs(v) + p @ ev
     if dtype is not None:
         e_out = e_out + _eta_times(2.0 * np.sum(np.abs(v), axis=-2)[..., None, :] + 2.0 * m_len, dtype) \
             / numerics.unit_roundoff(dtype)
@@ -258,7 +270,8 @@ def softmax_attention_bound(q: Any, k: Any, v: Any, *, scale: float | None = Non
     e = softmax_attention_error(q, k, v, scale=scale, bias=bias, mask=mask, dtype=dtype)
     return numerics.Bound(e, 1, "softmax attention: running error coefficient (logits gamma_(d+2), softmax with "
                                 "exp-argument conditioning r|s - max|, P V gamma_M) carried in the scale, k = 1; "
-                                "first order, exp accuracy assumed (config.ELEMENTARY_FUNCTION_ULPS)")
+                                "first order, exp accuracy assumed (config.ELEMENTARY_FUNCTION_ULPS)",
+                          ref_depth=1.0 / numerics.accumulation_ratio(dtype))
 
 
 # ===================================================================================================
@@ -426,7 +439,8 @@ def window_attention_bound(x: Any, p: Mapping[str, Any], *, num_heads: int, wind
     d = c // nh
     babs = {k_: np.abs(numerics.as_float(v_, k_)) for k_, v_ in p.items() if k_ in ("qkv.bias", "proj.bias")}
     sqkv = linear(np.abs(pcs["xw"]), np.abs(numerics.as_float(p["qkv.weight"], "qkv.weight")), babs.get("qkv.bias"))
-    eqkv = (c + 1) * sqkv.reshape(-1, pcs["n"], 3, nh, d).transpose(2, 0, 3, 1, 4)
+    k_lin = numerics.sum_depth(c, dtype) + 1
+    eqkv = k_lin * sqkv.reshape(-1, pcs["n"], 3, nh, d).transpose(2, 0, 3, 1, 4)
     eo = softmax_attention_error(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"],
                                  mask=pcs["mask"], err_q=eqkv[0], err_k=eqkv[1], err_v=eqkv[2], dtype=dtype)
     o = softmax_attention(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"], mask=pcs["mask"])
@@ -434,7 +448,7 @@ def window_attention_bound(x: Any, p: Mapping[str, Any], *, num_heads: int, wind
     o = o.transpose(0, 2, 1, 3).reshape(bw, n, c)
     eo = eo.transpose(0, 2, 1, 3).reshape(bw, n, c)
     wp_abs = np.abs(numerics.as_float(p["proj.weight"], "proj.weight"))
-    ey = (c + 1) * linear(np.abs(o), wp_abs, babs.get("proj.bias")) + eo @ wp_abs.T
+    ey = k_lin * linear(np.abs(o), wp_abs, babs.get("proj.bias")) + eo @ wp_abs.T
     if dtype is not None:  # underflow in the qkv and proj products: (C + 1) eta each, propagated
         ey = ey + _eta_times(2.0 * (c + 1) * (1.0 + np.sum(wp_abs, axis=1)), dtype) / numerics.unit_roundoff(dtype)
     hp, wpd = pcs["padded"]
@@ -444,4 +458,60 @@ def window_attention_bound(x: Any, p: Mapping[str, Any], *, num_heads: int, wind
     ey = ey[:, :dims["H"], :dims["W"], :]
     return numerics.Bound(ey, 1, f"window attention: running error coefficient through qkv (gamma_(C+1), "
                                  f"C = {c}), softmax attention (softmax_attention_error) and proj "
-                                 f"(gamma_(C+1)); depth factors in the scale, k = 1; first order")
+                                 f"(gamma_(C+1)); depth factors in the scale, k = 1; first order",
+                          ref_depth=1.0 / numerics.accumulation_ratio(dtype))
+
+
+def window_attention_stages(p: Mapping[str, Any], hw: tuple[int, int], *, num_heads: int, window_size: Any,
+                            shift: Any = 0, pad: bool = True, rel_pos_bias: bool = True, mask_padding: bool = True,
+                            mask_value: float | None = None, scale: float | None = None) -> list[numerics.Stage]:
+    """The stages of :func:`window_attention`, per window, for :func:`refimpl.verdict.compare_stages`.  Padding,
+    the shift, the window partition and reverse are exact data movement and are not stages.
+
+    Tensors: "x" (B nW, n, C), the windows (the qkv projection's input); "qkv" (B nW, n, 3C); "core"
+    (B nW, n, C), softmax(scale q k^T + B [+ masks]) v with heads merged (the output projection's input);
+    "proj" (B nW, n, C).
+
+    References
+    ----------
+    Swin Transformer (Liu et al., 2021) §3.2, Eq. 4.
+    """
+    big_h, big_w = hw
+    c = p["qkv.weight"].shape[-1]
+    pieces: dict[int, dict] = {}
+
+    def geometry(bw):            # bias and mask for B = bw / nW items (they depend on the grid, not the data)
+        if bw not in pieces:
+            wh, ww = _pair(window_size, "window_size")
+            nw = -(-big_h // wh) * -(-big_w // ww)
+            x0 = np.zeros((bw // nw, big_h, big_w, c))
+            x0, _, nh, ws, sh, table = _window_setup(x0, p, num_heads, window_size, shift, pad, rel_pos_bias,
+                                                     mask_padding, mask_value)
+            pieces[bw] = _window_pieces(x0, p, nh, ws, sh, table, mask_padding, mask_value, scale)
+        return pieces[bw]
+
+    def heads(qkv):
+        bw, n, _ = qkv.shape
+        t = qkv.reshape(bw, n, 3, num_heads, c // num_heads).transpose(2, 0, 3, 1, 4)
+        return t[0], t[1], t[2]
+
+    def merge(o):
+        return o.transpose(0, 2, 1, 3).reshape(o.shape[0], o.shape[2], c)
+
+    def core(qkv):
+        g = geometry(qkv.shape[0])
+        return merge(softmax_attention(*heads(qkv), scale=g["scale"], bias=g["bias"], mask=g["mask"]))
+
+    def core_bound(qkv, dtype=None):
+        g = geometry(qkv.shape[0])
+        b = softmax_attention_bound(*heads(qkv), scale=g["scale"], bias=g["bias"], mask=g["mask"], dtype=dtype)
+        return numerics.Bound(merge(np.asarray(b.scale)), b.k, b.note, ref_depth=b.ref_depth)
+
+    def lin(name, source, key):
+        w, bias = p[key + ".weight"], p.get(key + ".bias")
+        return numerics.Stage(name, (source,), lambda t: linear(t, w, bias),
+                              lambda t, dtype=None: linear_bound(t, w, bias), f"Swin Eq. 4: the {key} projection")
+
+    return [lin("qkv", "x", "qkv"),
+            numerics.Stage("core", ("qkv",), core, core_bound, "Swin Eq. 4: SoftMax(Q K^T / sqrt(d) + B) V"),
+            lin("proj", "core", "proj")]
