@@ -42,7 +42,8 @@ sizes, Castling at its 14 x 14 DeiT grid) and every tested precision T in float3
 6. counts (c): void (relative bound >= 1 or non-finite) and inconclusive verdicts per precision, whole-module
    and stage-wise;
 7. stage-wise (teacher-forced) verdicts, where the module has a stage list (``refimpl.verdict.compare_stages``:
-   FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT's enhanced linear attention): each stage of the twin compared with the
+   FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT's enhanced linear attention, RALA): each
+   stage of the twin compared with the
    reference stage on the twin's own inputs to it, for the correct twin and for every planted bug (at full
    size; the first stage that diverges is reported).
 
@@ -461,7 +462,10 @@ def setup_rala(dt: str, quick: bool) -> Setup:
     return Setup("rala", f"RALA (official, C 64, 1 head, {side}x{side}, channels-first)", run,
                  lambda: r_rala.rala_attention(x, params, cfg),
                  lambda: r_rala.rala_attention_bound(x, params, cfg, dtype=dt),
-                 _naive(r_rala.rala_attention, x, params, cfg, dt=dt), bugs)
+                 _naive(r_rala.rala_attention, x, params, cfg, dt=dt), bugs,
+                 stagewise=lambda runner: numerics.compare_stages(
+                     r_rala.rala_attention_stages(params, cfg, (side, side)),
+                     t_rala.stage_tensors(m, runner, (side, side)), dt, naive=numerics.naive_same_precision))
 
 
 # --- LiSA -------------------------------------------------------------------------------------------
@@ -1640,7 +1644,8 @@ def markdown(result: dict) -> str:
         " for the tensors between them), and every stage of the reference's stage list "
         "(`refimpl.attention.focused.focused_linear_attention_stages` / `focused_window_attention_stages` with "
         "`fine=True`, `refimpl.attention.softmax.window_attention_stages`, "
-        "`refimpl.attention.enhanced.enhanced_attention_stages`) is compared with the reference stage "
+        "`refimpl.attention.enhanced.enhanced_attention_stages`, `refimpl.attention.rala.rala_attention_stages`) "
+        "is compared with the reference stage "
         "evaluated on the twin's own inputs to it, against that stage's bound; the false-alarm budget is split "
         "between the stages.  A stage's bound holds its own roundings only, so it stays conclusive where the "
         "whole-module bound, which carries every stage's error through the later stages' Jacobians in absolute "

@@ -21,10 +21,12 @@ import torch
 from equivalence.assertions import capture, load_numpy_state, round_params, to_torch, torch_dtype
 from equivalence.modules import enhanced as t_enh
 from equivalence.modules import focused as t_foc
+from equivalence.modules import rala as t_rala
 from equivalence.modules import softmax as t_soft
 from refimpl import config, layers, numerics
 from refimpl.attention import enhanced as r_enh
 from refimpl.attention import focused as r_foc
+from refimpl.attention import rala as r_rala
 from refimpl.attention import softmax as r_soft
 from refimpl.models import common as m_common
 from refimpl.verdict import DIVERGES, MATCH
@@ -126,6 +128,37 @@ def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name):
     report = numerics.compare_stages(r_enh.enhanced_attention_stages(params, cfg), got, dtype_name,
                                      naive=numerics.naive_same_precision)
     assert report.verdict == MATCH, str(report)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,layout", [("official", "channels_first"), ("paper", "tokens")])
+@pytest.mark.parametrize("dtype_name", DTYPES)
+def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_name):
+    """RALA (C 64, 1 head, 56 x 56): the fused projection, the reweighted core (Eq. 2-4), LePE, the gate
+    (Eq. 6), the output projection.  A match in float32 (the whole-layer bound is conclusive there too); in
+    float16 / bfloat16 every stage but the core."""
+    # token_scaling "mean" in both: without the released code's 1/N scaling, the paper's sums over the 3136 tokens
+    # overflow float16's range (65504) and the module computes nothing in that precision (a range limit of the
+    # format, which the error model does not detect yet: docs/verdict.md).
+    cfg = r_rala.RALAConfig.preset(preset, dim=64, num_heads=1, layout=layout, token_scaling="mean")
+    params = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(cfg), np.random.default_rng(0)),
+                          dtype_name)
+    m = t_rala.RALAttention(cfg).to(torch_dtype(dtype_name))
+    load_numpy_state(m, params)
+    shape = (BATCH, cfg.dim, SIDE, SIDE) if layout == "channels_first" else (BATCH, SIDE, SIDE, cfg.dim)
+    x = numerics.round_to(np.random.default_rng(5).standard_normal(shape), dtype_name)
+    xt = to_torch(x, dtype_name, "cpu")
+    got = t_rala.stage_tensors(m.eval(), lambda: m(xt), (SIDE, SIDE))
+    report = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE)), got, dtype_name,
+                                     naive=numerics.naive_same_precision)
+    if dtype_name == "float32":
+        assert report.verdict == MATCH, str(report)
+    else:
+        # Open (docs/verdict.md): the reweighted core's bound, one stage from exact q, k, v through kappa, the
+        # alpha softmax, RoPE and the two contractions, still reaches the size of the output in half precision.
+        # Every other stage must match, and the core must not diverge.
+        assert report.verdict != DIVERGES and all(r.verdict == MATCH for r in report.stages if r.name != "core"), \
+            str(report)
 
 
 @pytest.mark.slow

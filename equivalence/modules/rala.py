@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from equivalence.assertions import capture
 from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
 
 __all__ = ["kappa", "rope_2d_tables", "apply_rope_2d", "rala_core", "RALAttention", "RAVLTFFN", "RAVLTBlock"]
@@ -112,8 +113,11 @@ class RALAttention(nn.Module):
     """The RALA layer (twin of refimpl.attention.rala.rala_attention).
 
     forward(x, taps=None): x (B, H, W, C) for layout "tokens", (B, C, H, W) for "channels_first"; returns
-    the same shape.  taps receives "q", "k", "v" (B,h,N,d), "core" (B,N,C), "gate", "out".
+    the same shape.  taps (or, when not given, the attribute ``taps`` if set) receives "q", "k", "v" (B,h,N,d),
+    "core" (B,N,C), "gate", "out".
     """
+
+    taps: dict | None = None
 
     def __init__(self, cfg: RALAConfig):
         super().__init__()
@@ -132,7 +136,7 @@ class RALAttention(nn.Module):
             self.proj = _proj(lay, c, c, True)
 
     def forward(self, x: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
-        t = taps if taps is not None else {}
+        t = taps if taps is not None else (self.taps if self.taps is not None else {})
         cfg, c, nh = self.cfg, self.cfg.dim, self.cfg.num_heads
         if cfg.layout == "channels_first":
             bsz, _, h, w = x.shape
@@ -253,3 +257,37 @@ class RAVLTBlock(nn.Module):
         out = x + (self.gamma_2 * f if self.cfg.layerscale else f)
         t["out"] = out
         return out
+
+
+def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
+    """Run ``run()`` (a forward of ``module``, no arguments) once and return the tensors of
+    refimpl.attention.rala.rala_attention_stages, in the layout of x: submodule inputs and outputs through
+    forward hooks (the fused projection, phi, LePE, the output projection), the core from ``taps``.  In the
+    tokens layout the (B, N, X) tensors of the Linear projections are viewed as (B, H, W, X) and LePE's
+    channels-first output is moved to channels-last."""
+    cfg = module.cfg
+    key = "qkvo" if cfg.gate_source == "qkvo" else "qkv"
+    points = {"x": (key, "input"), "proj_in": (key, "output")}
+    if key == "qkv" and cfg.gate == "linear":
+        points["phi"] = ("phi", "output")
+    if cfg.lepe_kernel:
+        points["lepe"] = ("lepe", "output")
+    if cfg.out_proj:
+        points["gated"], points["out"] = ("proj", "input"), ("proj", "output")
+    module.taps = {}
+    try:
+        got = capture(module, run, points)
+        taps = module.taps
+    finally:
+        module.taps = None
+    got["core"] = taps["core"].detach()
+    if not cfg.out_proj:
+        got["gated"] = taps["out"].detach()
+    if cfg.layout == "tokens":
+        h, w = hw
+        for name, t in got.items():
+            if name == "lepe":
+                got[name] = t.permute(0, 2, 3, 1)
+            elif t.dim() == 3:
+                got[name] = t.reshape(t.shape[0], h, w, t.shape[-1])
+    return got

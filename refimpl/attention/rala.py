@@ -843,17 +843,26 @@ def ravlt_block_param_shapes(cfg: RAVLTBlockConfig) -> dict[str, tuple[int, ...]
 
 @dataclasses.dataclass(frozen=True)
 class _Prec:
-    """The tested precision: unit roundoff u and underflow unit eta."""
+    """The tested precision: unit roundoff u, underflow unit eta, and the format its sums accumulate in
+    (``config.ACCUMULATION_FORMAT``; :meth:`sums`)."""
 
     u: float
     eta: float
+    dtype: str = "float64"
 
     @classmethod
     def of(cls, dtype: Any) -> "_Prec":
-        return cls(numerics.unit_roundoff(dtype), numerics.underflow_eta(dtype))
+        return cls(numerics.unit_roundoff(dtype), numerics.underflow_eta(dtype), numerics.format_name(dtype))
 
     def g(self, n: float) -> float:
+        """gamma_n(u_T); n may count mixed-precision sums as fractions of a rounding (:meth:`sums`): Higham's
+        Lemma 3.1 holds with a unit roundoff per factor, |theta| <= sum u_i / (1 - sum u_i)."""
         return numerics.gamma(n, self.u)
+
+    def sums(self, n: float) -> float:
+        """The rounding count, in units of u_T, of an n-term sum whose result is stored in T
+        (:func:`refimpl.verdict.sum_depth`: n, or n u_A / u_T + 1 with a wider accumulation format A)."""
+        return numerics.sum_depth(n, self.dtype)
 
 
 def _e_contract(spec: str, a, ea, b, eb, n: int, m: int, pr: _Prec) -> np.ndarray:
@@ -900,7 +909,7 @@ def _e_linear(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
     s = (np.abs(x) + ex) @ aw.T
     if bias is not None:
         s = s + np.abs(bias)
-    return pr.g(n + (1 if bias is not None else 0)) * s + ex @ aw.T + n * pr.eta
+    return pr.g(pr.sums(n) + (1 if bias is not None else 0)) * s + ex @ aw.T + n * pr.eta
 
 
 def _e_depthwise(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
@@ -911,7 +920,7 @@ def _e_depthwise(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
     pad = wgt.shape[-1] // 2
     s = layers.depthwise_conv2d(np.abs(x) + ex, aw, None if bias is None else np.abs(bias), padding=pad)
     prop = layers.depthwise_conv2d(ex, aw, None, padding=pad)
-    return pr.g(kk + (1 if bias is not None else 0)) * s + prop + kk * pr.eta
+    return pr.g(pr.sums(kk) + (1 if bias is not None else 0)) * s + prop + kk * pr.eta
 
 
 def _e_kappa(x, ex, kernel: str, pr: _Prec) -> np.ndarray:
@@ -960,9 +969,9 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
         q_g = np.mean(src, axis=-2, keepdims=True)
         # mean: a sum of n terms (gamma_{n-1}) and one division
         eqg = (np.sum(esrc, axis=-2, keepdims=True) * (1 + u)
-               + pr.g(n) * np.sum(np.abs(src) + esrc, axis=-2, keepdims=True)) / n + pr.eta
+               + pr.g(pr.sums(n)) * np.sum(np.abs(src) + esrc, axis=-2, keepdims=True)) / n + pr.eta
         scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
-        n_s = d + (2 if scale != 1.0 else 0)                   # the rounded scale and its product
+        n_s = pr.sums(d) + (2 if scale != 1.0 else 0)          # the rounded scale and its product
         s = scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
         es = scale * _e_contract("bhxd,bhnd->bhxn", q_g, eqg, kk, ekk, n_s, 2 * d, pr)[..., 0, :]
         # softmax by max-subtraction: the shift cancels in the ratio; fl(s'_j - m') adds u |s'_j - m'|.
@@ -974,10 +983,10 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
         delta = es + u * (np.abs(s - m) + es + es_max)
         with np.errstate(over="ignore", invalid="ignore"):
             fac = (np.exp(delta + np.max(delta, axis=-1, keepdims=True)) * (1 + c * u) * (1 + pr.g(3))
-                   / ((1 - c * u) * (1 - pr.g(n))))
+                   / ((1 - c * u) * (1 - pr.g(pr.sums(n)))))
         alpha = n * numerics.softmax(s, axis=-1)
         ealpha = alpha * (fac - 1.0) + n * (c + 3) * pr.eta * (1.0 + alpha)
-        depth += n + 1 + n_s + c + n + 3
+        depth += pr.sums(n) + 1 + n_s + c + pr.sums(n) + 3
     else:
         alpha, ealpha = np.ones(q.shape[:-1]), np.zeros(q.shape[:-1])
     kw = alpha[..., None] * kk
@@ -996,12 +1005,12 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
     norm = 1.0 / n if mean else 1.0
     # numerator: sum_a sum_j qn_ia kn_ja v_je; n + d roundings per term (+4: (HW)^(-1/2) twice, rounded,
     # and their two products), 2 products per term (+2 for the scalings)
-    n_num = n + d + (4 if mean else 0)
+    n_num = pr.sums(n) + pr.sums(d) + (4 if mean else 0)
     num = norm * np.einsum("bhia,bhja,bhje->bhie", qn, kn, v, optimize=True)
     enum = norm * _e_contract3("bhia,bhja,bhje->bhie", qn, eqn, kn, ekn, v, ev, n_num, n * d, pr) \
         + (2 * n * d * pr.eta if mean else 0.0)
     # denominator: sum_a sum_j kq_ia kw_ja (/ N), + eps
-    n_den = n + d + (1 if mean else 0)
+    n_den = pr.sums(n) + pr.sums(d) + (1 if mean else 0)
     den = norm * np.einsum("bhia,bhja->bhi", kq, kw, optimize=True)
     eden = norm * _e_contract("bhia,bhja->bhi", kq, ekq, kw, ekw, n_den, d, pr) + (2 * d * pr.eta if mean else 0.0)
     if cfg.eps:
@@ -1014,13 +1023,19 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
     return ey, depth
 
 
-def _as_bound(e: np.ndarray, depth: int, pr: _Prec, note: str) -> numerics.Bound:
+def _as_bound(e: np.ndarray, depth: float, pr: _Prec, note: str) -> numerics.Bound:
+    """Bound(E / gamma_K, K): gamma_K(u_T) scale = E.  With mixed-precision counts (:meth:`_Prec.sums`) every
+    count c is at least c u_A / u_T, so K u_T / u_A bounds the float64 reference's own count (ref_depth)."""
     g = pr.g(depth)
     if not math.isfinite(g):  # K u >= 1: no bound of this form exists (inf, not E / inf = 0 and 0 * inf = NaN)
         return numerics.Bound(np.full_like(e, np.inf), depth, note + f"; gamma_K is infinite (K = {depth}): no bound")
+    ratio = numerics.accumulation_ratio(pr.dtype)
+    mixed = (f"; sums accumulated in {config.ACCUMULATION_FORMAT[pr.dtype]} and counted as n u_A/u_T + 1"
+             if ratio < 1.0 else "")
     return numerics.Bound(e / g, depth,
-                          note + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
-                                 "libm accuracy assumption)")
+                          note + mixed + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
+                                         "libm accuracy assumption)",
+                          ref_depth=depth / ratio if ratio < 1.0 else None)
 
 
 def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | None = None, *,
@@ -1041,7 +1056,7 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     pr = _Prec.of(dtype)
     z = np.zeros_like(q)
     e, depth = _core_error(q, z, k, z, v, z, cfg, hw, pr)
-    return _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth}")
+    return _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth:.4g}")
 
 
 def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, dtype: Any) -> numerics.Bound:
@@ -1080,7 +1095,7 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     e_core, depth = _core_error(sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
     y = _merge_heads(rala_core(sp(q), sp(k), sp(v), cfg, (h, w)))
     ey = _merge_heads(e_core)
-    depth += c + 1
+    depth += pr.sums(c) + 1
     if cfg.lepe_kernel:
         to_tok = lambda a: a.reshape(a.shape[0], c, h * w).transpose(0, 2, 1)
         wl, bl = _param(params, "lepe.weight"), bias("lepe.bias")
@@ -1088,17 +1103,118 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
         el = to_tok(_e_depthwise(_tokens_to_cf(v, h, w), _tokens_to_cf(ev, h, w), wl, bl, pr))
         ey = _e_sum2(y, ey, lepe, el, pr)
         y = y + lepe
-        depth = max(depth, cfg.lepe_kernel ** 2 + 1 + c + 1) + 1
+        depth = max(depth, pr.sums(cfg.lepe_kernel ** 2) + 1 + pr.sums(c) + 1) + 1
     if g is not None:
         ey = _e_product(y, ey, g, eg, pr)
         y = g * y
         depth += 1
     if cfg.out_proj:
         ey = _e_linear(y, ey, _weight2d(params["proj.weight"], cfg.layout, "proj.weight", c, c), bias("proj.bias"), pr)
-        depth += c + 1
+        depth += pr.sums(c) + 1
     return _as_bound(_tokens_to_grid(ey, h, w, cfg.layout), depth, pr,
                      f"rala_attention: running error bound through projections, core, LePE, gate and projection, "
-                     f"depth K = {depth}")
+                     f"depth K = {depth:.4g}")
+
+
+def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig,
+                          hw: tuple[int, int]) -> list[numerics.Stage]:
+    """The stages of :func:`rala_attention`, for :func:`refimpl.verdict.compare_stages`.
+
+    Tensors (in the layout of x, ``cfg.layout``): "x"; "proj_in" (B, mC, ...) the fused projection's output
+    (qkv, or qkvo with the gate's rows: the output of the twin's ``qkv`` / ``qkvo`` submodule); with gate
+    "linear" from its own projection, "phi" (B, C, ...); "core" (B, C, ...), the reweighted attention of
+    Eq. 2-4 with heads merged; with LePE, "lepe" (B, C, ...) the depthwise conv of V; "gated" (B, C, ...),
+    (core + lepe) * gate (Eq. 6; the output projection's input); with ``out_proj``, "out".  Heads are split
+    as the twin splits them (channel h d + e of each of Q, K, V).
+
+    References
+    ----------
+    RALA Eq. 2-4, 6, §3.2; docs/design.md "Stages".
+    """
+    c, (h, w), lay, nh = cfg.dim, hw, cfg.layout, cfg.num_heads
+    key = "qkvo" if cfg.gate_source == "qkvo" else "qkv"
+    rows = 4 * c if key == "qkvo" else 3 * c
+
+    def bias(name):
+        return None if params.get(name) is None else numerics.as_float(params[name], name)
+
+    def tokens(t):
+        return _grid_to_tokens(t, lay)[0]
+
+    def grid(t):
+        return _tokens_to_grid(t, h, w, lay)
+
+    def lin_stage(name, source, wkey, out):
+        wt, bt = _weight2d(_param(params, wkey + ".weight"), lay, wkey + ".weight", out, c), bias(wkey + ".bias")
+
+        def bound(t, dtype=None):
+            b = layers.linear_bound(tokens(t), wt, bt)
+            return numerics.Bound(grid(np.asarray(b.scale)), b.k, b.note, accumulation=True)
+
+        return numerics.Stage(name, (source,), lambda t: grid(layers.linear(tokens(t), wt, bt)), bound,
+                              f"RALA: the {wkey} projection (1 x 1 conv channels-first)")
+
+    def qkv_heads(p):
+        t = tokens(p)
+        return tuple(_split_heads(t[..., i * c:(i + 1) * c], nh) for i in range(3))
+
+    def core(p):
+        return grid(_merge_heads(rala_core(*qkv_heads(p), cfg, hw)))
+
+    def core_bound(p, dtype=None):
+        b = rala_core_bound(*qkv_heads(p), cfg, hw, dtype=dtype)
+        return numerics.Bound(grid(_merge_heads(np.asarray(b.scale))), b.k, b.note, ref_depth=b.ref_depth)
+
+    stages = [lin_stage("proj_in", "x", key, rows)]
+    if key == "qkv" and cfg.gate == "linear":
+        stages.append(lin_stage("phi", "x", "phi", c))
+    stages.append(numerics.Stage("core", ("proj_in",), core, core_bound, "RALA Eq. 2-4: the reweighted attention"))
+    gated_inputs = ["core"]
+    if cfg.lepe_kernel:
+        wl, bl, pad = _param(params, "lepe.weight"), bias("lepe.bias"), cfg.lepe_kernel // 2
+
+        def v_grid(p):
+            return _tokens_to_cf(tokens(p)[..., 2 * c:3 * c], h, w)
+
+        def from_cf(t):
+            return grid(t.reshape(t.shape[0], c, h * w).transpose(0, 2, 1))
+
+        def lepe_bound(p, dtype=None):
+            b = layers.depthwise_conv2d_bound(v_grid(p), wl, bl, padding=pad)
+            return numerics.Bound(from_cf(np.asarray(b.scale)), b.k, b.note, accumulation=True)
+
+        stages.append(numerics.Stage("lepe", ("proj_in",),
+                                     lambda p: from_cf(layers.depthwise_conv2d(v_grid(p), wl, bl, padding=pad)),
+                                     lepe_bound, "RALA §3.2: LePE, a depthwise conv of V"))
+        gated_inputs.append("lepe")
+    gate_source = {"qkvo": "proj_in", "linear": "phi", "identity": "x", "tanh": "x"}.get(
+        "qkvo" if key == "qkvo" else cfg.gate)
+    if gate_source is not None:
+        gated_inputs.append(gate_source)
+
+    def gate_of(src):
+        if key == "qkvo":
+            return grid(tokens(src)[..., 3 * c:])
+        return np.tanh(src) if cfg.gate == "tanh" else src
+
+    def gated(*t):
+        y = t[0] + (t[1] if cfg.lepe_kernel else 0.0)
+        return y * gate_of(t[-1]) if gate_source is not None else y
+
+    def gated_bound(*t, dtype=None):
+        # the sum with LePE and the product with the gate: two roundings on |core| + |lepe| times |gate|;
+        # tanh's own c ulps enter as c more roundings of the product
+        mag = np.abs(t[0]) + (np.abs(t[1]) if cfg.lepe_kernel else 0.0)
+        if gate_source is None:
+            return numerics.Bound(mag, 1.0 if cfg.lepe_kernel else 0.0, "core (+ LePE): one addition")
+        k = (2.0 if cfg.lepe_kernel else 1.0) + (config.ELEMENTARY_FUNCTION_ULPS if cfg.gate == "tanh" else 0.0)
+        return numerics.Bound(mag * np.abs(gate_of(t[-1])), k, "(core + LePE) * gate: the sum and the product")
+
+    stages.append(numerics.Stage("gated", tuple(gated_inputs), gated, gated_bound,
+                                 "RALA Eq. 6: (RALA(X) + LePE(V)) * phi(X)"))
+    if cfg.out_proj:
+        stages.append(lin_stage("out", "gated", "proj", c))
+    return stages
 
 
 def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, dtype: Any) -> numerics.Bound:
