@@ -42,8 +42,7 @@ sizes, Castling at its 14 x 14 DeiT grid) and every tested precision T in float3
 6. counts (c): void (relative bound >= 1 or non-finite) and inconclusive verdicts per precision, whole-module
    and stage-wise;
 7. stage-wise (teacher-forced) verdicts, where the module has a stage list (``refimpl.verdict.compare_stages``:
-   FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT's enhanced linear attention, RALA): each
-   stage of the twin compared with the
+   every module): each stage of the twin compared with the
    reference stage on the twin's own inputs to it, for the correct twin and for every planted bug (at full
    size; the first stage that diverges is reported).
 
@@ -464,7 +463,7 @@ def setup_rala(dt: str, quick: bool) -> Setup:
                  lambda: r_rala.rala_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_rala.rala_attention, x, params, cfg, dt=dt), bugs,
                  stagewise=lambda runner: numerics.compare_stages(
-                     r_rala.rala_attention_stages(params, cfg, (side, side)),
+                     r_rala.rala_attention_stages(params, cfg, (side, side), fine=True),
                      t_rala.stage_tensors(m, runner, (side, side)), dt, naive=numerics.naive_same_precision))
 
 
@@ -515,7 +514,10 @@ def setup_lisa(dt: str, quick: bool) -> Setup:
     return Setup("lisa", f"LiSA (paper, LiSANet-H-T stage 1: C 64, 4 heads, D 8, {side}x{side})", run,
                  lambda: r_lisa.lisa_attention(x, params, cfg),
                  lambda: r_lisa.lisa_attention_bound(x, params, cfg, dtype=dt),
-                 _naive(r_lisa.lisa_attention, x, params, cfg, dt=dt), bugs, note)
+                 _naive(r_lisa.lisa_attention, x, params, cfg, dt=dt), bugs, note,
+                 stagewise=lambda runner: numerics.compare_stages(
+                     r_lisa.lisa_attention_stages(params, cfg, fine=True), t_lisa.stage_tensors(m, runner), dt,
+                     naive=numerics.naive_same_precision))
 
 
 # --- Castling ---------------------------------------------------------------------------------------
@@ -593,7 +595,8 @@ def setup_castling(dt: str, quick: bool) -> Setup:
     return Setup("castling", f"Castling-ViT (paper, DeiT-T: C 192, 3 heads, {side}x{side}, eval)", run,
                  lambda: r_ang.castling_attention(x, params, cfg, training=False, hw=hw),
                  lambda: r_ang.castling_attention_bound(x, params, cfg, dtype=dt, training=False, hw=hw),
-                 _naive(r_ang.castling_attention, x, params, cfg, dt=dt, training=False, hw=hw), bugs)
+                 _naive(r_ang.castling_attention, x, params, cfg, dt=dt, training=False, hw=hw), bugs,
+                 stagewise=_projections_stagewise(m, r_ang.castling_attention_stages(params, cfg, hw=hw), dt))
 
 
 MODULES: dict[str, Callable[[str, bool], Setup]] = {
@@ -1644,8 +1647,10 @@ def markdown(result: dict) -> str:
         " for the tensors between them), and every stage of the reference's stage list "
         "(`refimpl.attention.focused.focused_linear_attention_stages` / `focused_window_attention_stages` with "
         "`fine=True`, `refimpl.attention.softmax.window_attention_stages`, "
-        "`refimpl.attention.enhanced.enhanced_attention_stages`, `refimpl.attention.rala.rala_attention_stages`) "
-        "is compared with the reference stage "
+        "`refimpl.attention.enhanced.enhanced_attention_stages`, `refimpl.attention.rala.rala_attention_stages` with "
+        "`fine=True`, "
+        "`refimpl.attention.lisa.lisa_attention_stages` with `fine=True`, "
+        "`refimpl.attention.angular.castling_attention_stages`) is compared with the reference stage "
         "evaluated on the twin's own inputs to it, against that stage's bound; the false-alarm budget is split "
         "between the stages.  A stage's bound holds its own roundings only, so it stays conclusive where the "
         "whole-module bound, which carries every stage's error through the later stages' Jacobians in absolute "

@@ -116,6 +116,10 @@ class LiSAAttention(_Projections):
             return place_toeplitz_kernel(e, self.grid, self.lengths)
         return w.reshape(list(self.grid) + list(w.shape[1:]))
 
+    #: None, or a dict that each forward fills with "qn", "kn", "ga", "gb" (the fine stages of
+    #: refimpl.attention.lisa.lisa_attention_stages)
+    taps: dict | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split(x)
         b, h, n, c = q.shape
@@ -127,6 +131,8 @@ class LiSAAttention(_Projections):
                           self.transform)
         ga = ga.reshape(b, h, n, c, -1) + self.bias_a
         gb = gb.reshape(b, h, n, c, -1) + self.bias_b
+        if self.taps is not None:
+            self.taps.update(qn=q.detach(), kn=k.detach(), ga=ga.detach(), gb=gb.detach())
         out = torch.einsum("bhnc,bhncd,bhnvd->bhnv", q, ga, gb)
         return self.merge(out)
 
@@ -204,3 +210,19 @@ def block_from_config(cfg) -> LiSABlock:
     return LiSABlock(cfg.dim, cfg.num_heads, cfg.grid, cfg.latent, mlp_ratio=cfg.mlp_ratio, ln_eps=cfg.ln_eps,
                      exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths, transform=cfg.transform,
                      qkv_bias=cfg.qkv_bias, l2_eps=cfg.l2_eps)
+
+
+def stage_tensors(module: LiSAAttention, run) -> dict[str, torch.Tensor]:
+    """Run ``run()`` (a forward of ``module``) once and return the tensors of
+    refimpl.attention.lisa.lisa_attention_stages with ``fine=True``: the projections' inputs and outputs through
+    forward hooks, the normalised Q, K and the two convolutions through ``module.taps``."""
+    from equivalence.assertions import capture
+
+    module.taps = {}
+    try:
+        got = capture(module, run, {"x": ("qkv", "input"), "qkv": ("qkv", "output"), "core": ("proj", "input"),
+                                    "proj": ("proj", "output")})
+        got.update(module.taps)
+    finally:
+        module.taps = None
+    return got

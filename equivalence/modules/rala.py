@@ -72,7 +72,9 @@ def rala_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: RALAConfig
         q_mean = (q if cfg.global_query == "q" else kq).mean(dim=-2, keepdim=True)      # (B, h, 1, d)
         if cfg.alpha_scale == "head_dim":
             q_mean = d ** -0.5 * q_mean
-        eff = torch.softmax(q_mean @ kk.transpose(-1, -2), dim=-1).transpose(-1, -2)    # (B, h, N, 1)
+        scores = q_mean @ kk.transpose(-1, -2)                                           # (B, h, 1, N)
+        t["scores"] = scores[..., 0, :]
+        eff = torch.softmax(scores, dim=-1).transpose(-1, -2)                           # (B, h, N, 1)
         kw = kk * eff * n
         t["alpha"] = (eff * n)[..., 0]
     else:
@@ -165,7 +167,9 @@ class RALAttention(nn.Module):
             gate = {"linear": lambda: self.phi(tok), "identity": lambda: tok, "tanh": lambda: torch.tanh(tok),
                     "none": lambda: None}[cfg.gate]()
         t["q"], t["k"], t["v"] = q, k, v
-        y = rala_core(q, k, v, cfg, (h, w))                                            # (B, h, N, d)
+        core_taps: dict = {}
+        y = rala_core(q, k, v, cfg, (h, w), taps=core_taps)                             # (B, h, N, d)
+        t.update({"core." + name: val for name, val in core_taps.items()})
         if cfg.layout == "channels_first":
             y = y.permute(0, 1, 3, 2).reshape(bsz, c, h, w)       # 'b n (h w) d -> b (n d) h w'
         else:
@@ -261,8 +265,9 @@ class RAVLTBlock(nn.Module):
 
 def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
     """Run ``run()`` (a forward of ``module``, no arguments) once and return the tensors of
-    refimpl.attention.rala.rala_attention_stages, in the layout of x: submodule inputs and outputs through
-    forward hooks (the fused projection, phi, LePE, the output projection), the core from ``taps``.  In the
+    refimpl.attention.rala.rala_attention_stages (either cut), in the layout of x: submodule inputs and outputs
+    through forward hooks (the fused projection, phi, LePE, the output projection), the core and its parts
+    ("alpha", "k_weighted", "numerator", "denominator", in the heads layout) from ``taps``.  In the
     tokens layout the (B, N, X) tensors of the Linear projections are viewed as (B, H, W, X) and LePE's
     channels-first output is moved to channels-last."""
     cfg = module.cfg
@@ -281,6 +286,9 @@ def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
     finally:
         module.taps = None
     got["core"] = taps["core"].detach()
+    for name in ("scores", "alpha", "k_weighted", "numerator", "denominator"):
+        if "core." + name in taps:
+            got[name] = taps["core." + name].detach()
     if not cfg.out_proj:
         got["gated"] = taps["out"].detach()
     if cfg.layout == "tokens":
@@ -288,6 +296,6 @@ def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
         for name, t in got.items():
             if name == "lepe":
                 got[name] = t.permute(0, 2, 3, 1)
-            elif t.dim() == 3:
+            elif t.dim() == 3 and name not in ("scores", "alpha", "k_weighted", "numerator", "denominator"):
                 got[name] = t.reshape(t.shape[0], h, w, t.shape[-1])
     return got

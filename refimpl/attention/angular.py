@@ -1221,15 +1221,17 @@ def _check_params(params: Mapping[str, Any], cfg: CastlingConfig) -> None:
 _ELEM = config.ELEMENTARY_FUNCTION_ULPS
 
 
-def _e_matmul(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, eta_u: float = 0.0) -> np.ndarray:
-    """E(AB) = E(A)|B| + |A|E(B) + n |A||B| + n eta/u (Higham 3.5 with gradual underflow, eq. 2.8)."""
+def _e_matmul(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, eta_u: float = 0.0,
+              dtype: Any = None) -> np.ndarray:
+    """E(AB) = E(A)|B| + |A|E(B) + n |A||B| + n eta/u (Higham 3.5 with gradual underflow, eq. 2.8); the n of the
+    rounding term counted by numerics.sum_depth for a mixed-precision ``dtype``."""
     n = a.shape[-1]
     aa, ab = np.abs(a), np.abs(b)
-    return ea @ ab + aa @ eb + n * (aa @ ab) + n * eta_u
+    return ea @ ab + aa @ eb + numerics.sum_depth(n, dtype) * (aa @ ab) + n * eta_u
 
 
 def _e_normalize(x: np.ndarray, ex: np.ndarray, eps: float, policy: str, arithmetic: str = "scaled",
-                 eta_u: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                 eta_u: float = 0.0, dtype: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """x^ = x / D, D = max(||x||, eps) or ||x||: |dD| <= ||dx||_2 + (d/2 + 1) u ||x|| (sum of squares gamma_d,
     halved by the sqrt, plus its rounding) + d eta / (2 ||x||) (each square may underflow by eta, and the
     tested code may square without scaling), and the quotient rounds once, so
@@ -1240,7 +1242,7 @@ def _e_normalize(x: np.ndarray, ex: np.ndarray, eps: float, policy: str, arithme
         nrm = _scaled_norm(x)  # the exact norm (never underflows), not the tested code's
         den = np.maximum(nrm, eps) if policy == "clamp" else nrm
         under = np.where((nrm >= eps) & (d > 1), d * eta_u / (2.0 * nrm * nrm), 0.0)
-        e = ex / den + np.abs(xh) * (_scaled_norm(ex) / den + d / 2.0 + 2.0 + under)
+        e = ex / den + np.abs(xh) * (_scaled_norm(ex) / den + numerics.sum_depth(d, dtype) / 2.0 + 2.0 + under)
     return xh, e
 
 
@@ -1393,36 +1395,37 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
     u = numerics.unit_roundoff(dtype)
     eta_u = numerics.underflow_eta(dtype) / u
     b, h, n, d = q.shape
-    depth = 0
-    qh, eqh = _e_normalize(q, eq, cfg.qk_norm_eps, cfg.qk_norm, cfg.norm_arithmetic, eta_u)
-    kh, ekh = _e_normalize(k, ek, cfg.qk_norm_eps, cfg.qk_norm, cfg.norm_arithmetic, eta_u)
-    depth += d // 2 + 2
+    sn, sd = numerics.sum_depth(n, dtype), numerics.sum_depth(d, dtype)   # sums of N and d terms (mixed: fewer)
+    depth = 0.0
+    qh, eqh = _e_normalize(q, eq, cfg.qk_norm_eps, cfg.qk_norm, cfg.norm_arithmetic, eta_u, dtype)
+    kh, ekh = _e_normalize(k, ek, cfg.qk_norm_eps, cfg.qk_norm, cfg.norm_arithmetic, eta_u, dtype)
+    depth += sd / 2 + 2
     av = np.abs(v)
     if cfg.order == 0:
         kt, ekt = np.swapaxes(kh, -1, -2), np.swapaxes(ekh, -1, -2)
         kv = kt @ v
-        ekv = _e_matmul(kt, ekt, v, ev, eta_u)
+        ekv = _e_matmul(kt, ekt, v, ev, eta_u, dtype)
         raw = qh @ kv
-        eraw = _e_matmul(qh, eqh, kv, ekv, eta_u)
+        eraw = _e_matmul(qh, eqh, kv, ekv, eta_u, dtype)
         series = (1.0 / math.pi) * raw
         es = eraw / math.pi + 2.0 * np.abs(series)
         fq, efq, fk, efk = qh, eqh / math.pi, kh, ekh  # for the normaliser: (1/pi) q^ . sum k^
-        depth += n + d + 2
+        depth += sn + sd + 2
     else:
         fq, efq = _e_features(qh, eqh, cfg.order)
         fk, efk = _e_features(kh, ekh, cfg.order)
         ft, eft = np.swapaxes(fk, -1, -2), np.swapaxes(efk, -1, -2)
         kv = ft @ v
-        ekv = _e_matmul(ft, eft, v, ev, eta_u)
+        ekv = _e_matmul(ft, eft, v, ev, eta_u, dtype)
         series = fq @ kv
-        es = _e_matmul(fq, efq, kv, ekv, eta_u)
-        depth += n + fq.shape[-1] + 2 * cfg.order + 4
+        es = _e_matmul(fq, efq, kv, ekv, eta_u, dtype)
+        depth += sn + numerics.sum_depth(fq.shape[-1], dtype) + 2 * cfg.order + 4
     if cfg.constant == "own":
         const, ec = 0.5 * v, 0.5 * ev
     else:
         const = np.broadcast_to(0.5 * np.sum(v, axis=-2, keepdims=True), v.shape)
-        ec = np.broadcast_to(0.5 * np.sum(ev, axis=-2, keepdims=True) + 0.5 * n * np.sum(av, axis=-2,
-                                                                                          keepdims=True), v.shape)
+        ec = np.broadcast_to(0.5 * np.sum(ev, axis=-2, keepdims=True) + 0.5 * sn * np.sum(av, axis=-2,
+                                                                                           keepdims=True), v.shape)
     sparse = None
     if cfg.sparse_active(training):
         if cfg.sparse_logits == "unit":
@@ -1445,17 +1448,17 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
             t = sparse + const
             et = e_sp + ec + np.abs(t)
             ang, e_ang = t + series, et + es + np.abs(t + series)
-        out, e_out = _e_normalize(ang, e_ang, 0.0, "none", cfg.norm_arithmetic, eta_u)
-        depth += d // 2 + 4
+        out, e_out = _e_normalize(ang, e_ang, 0.0, "none", cfg.norm_arithmetic, eta_u, dtype)
+        depth += sd / 2 + 4
     else:
         out = const + series
         e_out = ec + es + np.abs(out)
         depth += 1
         if cfg.normalizer == "similarity_sum":
-            ksum, eks = np.sum(fk, axis=-2), np.sum(efk, axis=-2) + n * np.sum(np.abs(fk), axis=-2)
+            ksum, eks = np.sum(fk, axis=-2), np.sum(efk, axis=-2) + sn * np.sum(np.abs(fk), axis=-2)
             dot = np.einsum("bhnf,bhf->bhn", fq, ksum)
             edot = np.einsum("bhnf,bhf->bhn", efq, np.abs(ksum)) + np.einsum("bhnf,bhf->bhn", np.abs(fq), eks) \
-                + fq.shape[-1] * np.einsum("bhnf,bhf->bhn", np.abs(fq), np.abs(ksum))
+                + numerics.sum_depth(fq.shape[-1], dtype) * np.einsum("bhnf,bhf->bhn", np.abs(fq), np.abs(ksum))
             if cfg.order == 0:
                 dot, edot = dot / math.pi, edot / math.pi + 2.0 * np.abs(dot / math.pi)
             den = (n / 2.0 + dot)[..., None]
@@ -1463,7 +1466,7 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
             o = out / den
             e_out = (e_out + np.abs(o) * eden) / np.abs(den) + np.abs(o)
             out = o
-            depth += n + fq.shape[-1] + 4
+            depth += sn + numerics.sum_depth(fq.shape[-1], dtype) + 4
     if cfg.conv != "none":
         w = numerics.as_float(conv_weight, "conv_weight")
         aw = np.abs(w)
@@ -1478,10 +1481,11 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
             s_abs = grid_conv(av, aw, bias_abs, hw=hw)
             prop = grid_conv(ev, aw, hw=hw)
             taps_k = w.shape[2] * w.shape[3]
-        e_dwc = prop + (taps_k + (conv_bias is not None)) * s_abs
+        k_dwc = numerics.sum_depth(taps_k, dtype) + (conv_bias is not None)
+        e_dwc = prop + k_dwc * s_abs
         out = out + dwc
         e_out = e_out + e_dwc + np.abs(out)
-        depth += taps_k + 2
+        depth += k_dwc + 1
     if sparse is not None and cfg.normalizer != "output_l2":
         out = out + sparse
         e_out = e_out + e_sp + np.abs(out)
@@ -1622,9 +1626,50 @@ def castling_core_bound(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, dtype: A
     ev = z if err_v is None else numerics.as_float(err_v, "err_v")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         _, e, depth = _core_with_error(q, k, v, eq, ek, ev, cfg, conv_weight, conv_bias, training, hw, dtype)
+    ratio = numerics.accumulation_ratio(dtype)
     return Bound(e / depth, depth, f"castling core ({cfg.normalizer}, constant {cfg.constant}, order "
                                    f"{cfg.order}, sparse {cfg.sparse_active(training)}): first-order running "
-                                   f"error, k = sum of stage depths = {depth}")
+                                   f"error, k = sum of stage depths = {depth:.4g}"
+                                   + ("; sums accumulated in float32, counted as n u_A/u_T + 1" if ratio < 1 else ""),
+                 ref_depth=depth / ratio if ratio < 1 else None)
+
+
+def castling_attention_stages(params: Mapping[str, Any], cfg: CastlingConfig, *, training: bool = False,
+                              hw: tuple[int, int] | None = None) -> list[numerics.Stage]:
+    """The stages of :func:`castling_attention`, for :func:`refimpl.verdict.compare_stages`.
+
+    Tensors: "x" (B, N, C) (the qkv projection's input); "qkv" (B, N, 3C); "core" (B, N, C),
+    :func:`castling_core` with heads merged (the output projection's input); "proj" (B, N, C).
+
+    References
+    ----------
+    Castling-ViT Eq. 1, 9-10; docs/design.md "Stages".
+    """
+    _check_params(params, cfg)
+    conv_w, conv_b = params.get("dconv.weight"), params.get("dconv.bias")
+
+    def merge(t):
+        return t.transpose(0, 2, 1, 3).reshape(t.shape[0], t.shape[2], cfg.dim)
+
+    def core(qkv):
+        return merge(castling_core(*_split_heads(qkv, cfg.num_heads), cfg, conv_weight=conv_w, conv_bias=conv_b,
+                                   training=training, hw=hw))
+
+    def core_bound(qkv, dtype=None):
+        b = castling_core_bound(*_split_heads(qkv, cfg.num_heads), cfg, dtype=dtype, conv_weight=conv_w,
+                                conv_bias=conv_b, training=training, hw=hw)
+        return Bound(merge(np.asarray(b.scale)), b.k, b.note, ref_depth=b.ref_depth)
+
+    def lin(name, source, key):
+        w, bias = params[key + ".weight"], params.get(key + ".bias")
+        return numerics.Stage(name, (source,), lambda t: layers.linear(t, w, bias),
+                              lambda t, dtype=None: layers.linear_bound(t, w, bias),
+                              f"Castling-ViT Eq. 1: the {key} projection")
+
+    return [lin("qkv", "x", "qkv"),
+            numerics.Stage("core", ("qkv",), core, core_bound,
+                           "Castling-ViT Eq. 9-10: linear-angular attention (+ the depthwise conv of V)"),
+            lin("proj", "core", "proj")]
 
 
 def castling_attention_bound(x: Any, params: Mapping[str, Any], cfg: CastlingConfig, *, dtype: Any,

@@ -50,7 +50,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from .. import backends, config, numerics, toeplitz as tz
-from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, mlp, subparams
+from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, linear_bound, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
 __all__ = [
@@ -1223,6 +1223,104 @@ def lisa_attention_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, 
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     y, ey, depth = _tr_attention(x, None, params, cfg, kind="lisa")
     return _finish(y, ey, depth, dtype, "lisa_attention")
+
+
+def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: bool = False
+                          ) -> list[numerics.Stage]:
+    """The stages of :func:`lisa_attention`, for :func:`refimpl.verdict.compare_stages`.
+
+    Tensors: "x" (B, N, C) (the qkv projection's input); "qkv" (B, N, 3C); "core" (B, N, C), :func:`lisa_core`
+    with heads merged (the output projection's input); "proj" (B, N, C).  ``fine``: the core cut into "qn", "kn"
+    (B, h, N, c), the L2-normalised Q and K; "ga" (B, h, N, c, D), Kn convolved with Wa plus Ba; "gb"
+    (B, h, N, c, D), V convolved with Wb plus Bb; and "core", the contraction of Eq. 10 with heads merged.  The
+    whole core's bound carries the FFTs' norm-wise bound (||x||_2 ||kernel||_1, the same for every output)
+    through the contraction; cut there, each stage is judged against its own bound.
+
+    References
+    ----------
+    LiSA Eq. 9-10, Fig. 7; docs/design.md "Stages".
+    """
+    where = "lisa_attention_stages"
+    h, c = cfg.num_heads, cfg.head_dim
+    w = {n: _param(params, n, where) for n in ("weight_a", "weight_b", "bias_a", "bias_b")}
+    opts = dict(exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths, eps=cfg.l2_eps)
+
+    def heads(qkv):
+        b, n, _ = qkv.shape
+        t = qkv.reshape(b, n, 3, h, c).transpose(2, 0, 3, 1, 4)
+        return t[0], t[1], t[2]
+
+    def merge(o):
+        return o.transpose(0, 2, 1, 3).reshape(o.shape[0], o.shape[2], h * c)
+
+    def core(qkv):
+        return merge(lisa_core(*heads(qkv), w["weight_a"], w["weight_b"], w["bias_a"], w["bias_b"], cfg.grid,
+                               transform=cfg.transform, **opts))
+
+    def core_bound(qkv, dtype=None):
+        b = lisa_core_bound(*heads(qkv), w["weight_a"], w["weight_b"], w["bias_a"], w["bias_b"], cfg.grid,
+                            dtype=dtype, **opts)
+        return Bound(merge(np.asarray(b.scale)), b.k, b.note)
+
+    def lin(name, source, key, bias):
+        wt, bt = _param(params, key + ".weight", where), (_param(params, key + ".bias", where) if bias else None)
+        return numerics.Stage(name, (source,), lambda t: linear(t, wt, bt),
+                              lambda t, dtype=None: linear_bound(t, wt, bt), f"LiSA Fig. 7: the {key} projection")
+
+    if not fine:
+        return [lin("qkv", "x", "qkv", cfg.qkv_bias),
+                numerics.Stage("core", ("qkv",), core, core_bound, "LiSA Eq. 9-10: L2-normalised Q, K; Toeplitz "
+                                                                   "(FFT) convolutions of K and V; the contraction"),
+                lin("proj", "core", "proj", True)]
+
+    def l2_stage(name, index):
+        def bound(qkv, dtype=None):
+            _, err, depth = _tr_l2(heads(qkv)[index], None, cfg.l2_eps)
+            return numerics.running_bound(err, depth, f"L2 normalisation of {name[0].upper()}", dtype)
+
+        return numerics.Stage(name, ("qkv",), lambda qkv: _l2(heads(qkv)[index], cfg.l2_eps), bound,
+                              f"LiSA Eq. 10: {name[0].upper()} / ||{name[0].upper()}||")
+
+    def conv(x, key):                            # (B, h, N, c or 1) -> (B, h, N, c, D), before the bias
+        kern = w[key] if key == "weight_a" else w[key][:, None, :]
+        return _tr_conv(x[..., None], None, kern, cfg.grid, exact_toeplitz=cfg.exact_toeplitz,
+                        fft_lengths=cfg.fft_lengths)
+
+    def conv_stage(name, source, key, bias_key, of):
+        def reference(t):
+            x = of(t)
+            kern = w[key] if key == "weight_a" else w[key][:, None, :]
+            return _convolve(x[..., None], kern, tuple(cfg.grid), cfg.exact_toeplitz, cfg.fft_lengths,
+                             cfg.transform) + w[bias_key]
+
+        def bound(t, dtype=None):
+            # the FFT product's own bound (its transforms' arithmetic in the accumulation format, then rounded
+            # to T: numerics.sum_depth-style counting), the rounding of that result, and the bias addition
+            y, err, k = conv(of(t), key)
+            r = numerics.accumulation_ratio(dtype)
+            e = err * r + np.abs(y) + (np.abs(y) + np.abs(w[bias_key]))
+            return numerics.running_bound(e, k * r + 2, f"{name}: FFT convolution, then + bias", dtype)
+
+        return numerics.Stage(name, (source,), reference, bound,
+                              f"LiSA Eq. 9-10: the Toeplitz/circulant product with {key} (by FFT) plus {bias_key}")
+
+    def contraction(qn, ga, gb):
+        return merge(np.einsum("bhic,bhicd,bhivd->bhiv", qn, ga, gb, optimize=True))
+
+    def contraction_bound(qn, ga, gb, dtype=None):
+        spec = "bhic,bhicd,bhivd->bhiv"
+        s_abs = np.einsum(spec, np.abs(qn), np.abs(ga), np.abs(gb), optimize=True)
+        n_terms = qn.shape[-1] * ga.shape[-1]
+        # each term: two products and its share of the c D-term sum (whatever the association order)
+        k = numerics.sum_depth(n_terms + 1, dtype) + 1
+        return numerics.running_bound(merge(k * s_abs), k, "the contraction of Eq. 10 (c D terms)", dtype)
+
+    return [lin("qkv", "x", "qkv", cfg.qkv_bias), l2_stage("qn", 0), l2_stage("kn", 1),
+            conv_stage("ga", "kn", "weight_a", "bias_a", lambda kn: kn),
+            conv_stage("gb", "qkv", "weight_b", "bias_b", lambda qkv: heads(qkv)[2]),
+            numerics.Stage("core", ("qn", "ga", "gb"), contraction, contraction_bound,
+                           "LiSA Eq. 10: sum_c sum_d Qn_c (Ga)_cd (Gb)_vd"),
+            lin("proj", "core", "proj", True)]
 
 
 def structure_aware_attention_bound(x: Any, params: Mapping[str, Any], cfg: SAConfig, *, dtype: Any = None) -> Bound:

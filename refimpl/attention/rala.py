@@ -956,43 +956,79 @@ def _e_rope(x, ex, angles, pr: _Prec) -> np.ndarray:
     return out
 
 
-def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np.ndarray, int]:
+def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np.ndarray, float]:
     """(E_out, K) for :func:`rala_core` computed in precision pr, inputs carrying errors eq, ek, ev."""
-    bsz, heads, n, d = q.shape
-    c, u = config.ELEMENTARY_FUNCTION_ULPS, pr.u
+    c = config.ELEMENTARY_FUNCTION_ULPS
     kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
     ekq, ekk = _e_kappa(q, eq, cfg.kernel, pr), _e_kappa(k, ek, cfg.kernel, pr)
     depth = c + 1
-
     if cfg.reweight:
-        src, esrc = (q, eq) if cfg.global_query == "q" else (kq, ekq)
-        q_g = np.mean(src, axis=-2, keepdims=True)
-        # mean: a sum of n terms (gamma_{n-1}) and one division
-        eqg = (np.sum(esrc, axis=-2, keepdims=True) * (1 + u)
-               + pr.g(pr.sums(n)) * np.sum(np.abs(src) + esrc, axis=-2, keepdims=True)) / n + pr.eta
-        scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
-        n_s = pr.sums(d) + (2 if scale != 1.0 else 0)          # the rounded scale and its product
-        s = scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
-        es = scale * _e_contract("bhxd,bhnd->bhxn", q_g, eqg, kk, ekk, n_s, 2 * d, pr)[..., 0, :]
-        # softmax by max-subtraction: the shift cancels in the ratio; fl(s'_j - m') adds u |s'_j - m'|.
-        # Relative error of alpha_j = N e_j / sum e: exp(delta_j + max delta)(1 + c u)(1 + gamma_3) /
-        # ((1 - c u)(1 - gamma_n)) - 1 (the quotient, x N and one spare rounding); underflowing exp terms
-        # add c eta each, divided by sum e >= 1 (it contains exp(0) = 1) and multiplied by N.
-        m = np.max(s, axis=-1, keepdims=True)
-        es_max = np.max(es, axis=-1, keepdims=True)
-        delta = es + u * (np.abs(s - m) + es + es_max)
-        with np.errstate(over="ignore", invalid="ignore"):
-            fac = (np.exp(delta + np.max(delta, axis=-1, keepdims=True)) * (1 + c * u) * (1 + pr.g(3))
-                   / ((1 - c * u) * (1 - pr.g(pr.sums(n)))))
-        alpha = n * numerics.softmax(s, axis=-1)
-        ealpha = alpha * (fac - 1.0) + n * (c + 3) * pr.eta * (1.0 + alpha)
-        depth += pr.sums(n) + 1 + n_s + c + pr.sums(n) + 3
+        alpha, ealpha, d_alpha = _alpha_error(q, eq, kq, ekq, kk, ekk, cfg, pr)
+        depth += d_alpha
     else:
         alpha, ealpha = np.ones(q.shape[:-1]), np.zeros(q.shape[:-1])
     kw = alpha[..., None] * kk
     ekw = _e_product(alpha[..., None], ealpha[..., None], kk, ekk, pr) + pr.eta   # k * softmax * N: 2 products
     depth += 2
+    ey, d_att = _attention_error(kq, ekq, kw, ekw, v, ev, cfg, hw, pr)
+    return ey, depth + d_att
 
+
+def _alpha_error(q, eq, kq, ekq, kk, ekk, cfg: RALAConfig, pr: _Prec) -> tuple[np.ndarray, np.ndarray, float]:
+    """(alpha, E_alpha, depth) of Eq. 4's weights alpha = N softmax(scale mean(Q or kappa(Q)) kappa(K)^T)."""
+    s, es, d_s = _scores_error(q, eq, kq, ekq, kk, ekk, cfg, pr)
+    alpha, ealpha, d_a = _softmax_alpha_error(s, es, pr)
+    return alpha, ealpha, d_s + d_a
+
+
+def _scores_error(q, eq, kq, ekq, kk, ekk, cfg: RALAConfig, pr: _Prec) -> tuple[np.ndarray, np.ndarray, float]:
+    """(s, E_s, depth) of Eq. 4's logits s_j = scale q_g . kappa(K_j), q_g the token mean of Q or kappa(Q)."""
+    n, d = q.shape[-2], q.shape[-1]
+    u = pr.u
+    src, esrc = (q, eq) if cfg.global_query == "q" else (kq, ekq)
+    q_g = np.mean(src, axis=-2, keepdims=True)
+    # mean: a sum of n terms (gamma_{n-1}) and one division
+    eqg = (np.sum(esrc, axis=-2, keepdims=True) * (1 + u)
+           + pr.g(pr.sums(n)) * np.sum(np.abs(src) + esrc, axis=-2, keepdims=True)) / n + pr.eta
+    scale = d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
+    n_s = pr.sums(d) + (2 if scale != 1.0 else 0)          # the rounded scale and its product
+    s = scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
+    es = scale * _e_contract("bhxd,bhnd->bhxn", q_g, eqg, kk, ekk, n_s, 2 * d, pr)[..., 0, :]
+    return s, es, pr.sums(n) + 1 + n_s
+
+
+def _softmax_alpha_error(s, es, pr: _Prec) -> tuple[np.ndarray, np.ndarray, float]:
+    """(alpha, E_alpha, depth) of alpha = N softmax(s) for logits s carrying absolute errors E_s."""
+    n = s.shape[-1]
+    c, u = config.ELEMENTARY_FUNCTION_ULPS, pr.u
+    # softmax by max-subtraction: the shift cancels in the ratio; fl(s'_j - m') adds u |s'_j - m'|.
+    # Relative error of alpha_j = N e_j / sum e, with |logit error_l| <= delta_l: e^{delta_j} / sum_l p_l
+    # e^{-delta_l} - 1 above, 1 - e^{-delta_j} / sum_l p_l e^{delta_l} below (p the exact softmax), both at most
+    # A - 1 with A = e^{delta_j} sum_l p_l e^{delta_l} (Cauchy-Schwarz: (sum p e^d)(sum p e^-d) >= 1, and
+    # 1 - 1/A <= A - 1): exp(delta_j) (sum_l p_l exp(delta_l)) (1 + c u)(1 + gamma_3) / ((1 - c u)(1 - gamma_n)) - 1
+    # (the quotient, x N and one spare rounding).  The p-weighted mean, not the max, of exp(delta_l): a
+    # token with a large logit error but a small weight moves the sum little.  Underflowing exp terms
+    # add c eta each, divided by sum e >= 1 (it contains exp(0) = 1) and multiplied by N.  With a wider
+    # accumulation format (config.ACCUMULATION_FORMAT) the softmax is one operation evaluated in it: the
+    # argument's rounding and exp's c ulps count u_A (ua); the logits it reads and alpha are in T.
+    ua = u * numerics.accumulation_ratio(pr.dtype)
+    m = np.max(s, axis=-1, keepdims=True)
+    es_max = np.max(es, axis=-1, keepdims=True)
+    delta = es + ua * (np.abs(s - m) + es + es_max)
+    p = numerics.softmax(s, axis=-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        fac = (np.exp(delta) * np.sum(p * np.exp(delta), axis=-1, keepdims=True) * (1 + c * ua) * (1 + pr.g(3))
+               / ((1 - c * ua) * (1 - pr.g(pr.sums(n)))))
+    alpha = n * p
+    ealpha = alpha * (fac - 1.0) + n * (c + 3) * pr.eta * (1.0 + alpha)
+    return alpha, ealpha, c + pr.sums(n) + 3
+
+
+def _attention_parts_error(kq, ekq, kw, ekw, v, ev, cfg: RALAConfig, hw, pr: _Prec):
+    """The numerator and denominator of Eq. 2-3 from kappa(Q), the reweighted keys and V (with RoPE on the
+    numerator's operands and the token scaling): (num, E_num, den, E_den, depth) with den including eps."""
+    n, d = kq.shape[-2], kq.shape[-1]
+    depth = 0.0
     if cfg.rope:
         ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
         qn, kn = apply_rope_2d(kq, ang), apply_rope_2d(kw, ang)
@@ -1000,7 +1036,6 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
         depth += 3
     else:
         qn, kn, eqn, ekn = kq, kw, ekq, ekw
-
     mean = cfg.token_scaling == "mean"
     norm = 1.0 / n if mean else 1.0
     # numerator: sum_a sum_j qn_ia kn_ja v_je; n + d roundings per term (+4: (HW)^(-1/2) twice, rounded,
@@ -1016,11 +1051,15 @@ def _core_error(q, eq, k, ek, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np
     if cfg.eps:
         eden = _e_sum2(den, eden, cfg.eps, 0.0, pr)
         den = den + cfg.eps
+    return num, enum, den, eden, depth + n_num
+
+
+def _attention_error(kq, ekq, kw, ekw, v, ev, cfg: RALAConfig, hw, pr: _Prec) -> tuple[np.ndarray, float]:
+    """(E_out, depth) of out = numerator / denominator (:func:`_attention_parts_error`)."""
+    num, enum, den, eden, depth = _attention_parts_error(kq, ekq, kw, ekw, v, ev, cfg, hw, pr)
     with np.errstate(invalid="ignore", divide="ignore"):
         y = num / den[..., None]
-    ey = _e_quotient(y, enum, den[..., None], eden[..., None], pr, roundings=2)
-    depth += n_num + 3
-    return ey, depth
+    return _e_quotient(y, enum, den[..., None], eden[..., None], pr, roundings=2), depth + 3
 
 
 def _as_bound(e: np.ndarray, depth: float, pr: _Prec, note: str) -> numerics.Bound:
@@ -1116,8 +1155,8 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
                      f"depth K = {depth:.4g}")
 
 
-def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig,
-                          hw: tuple[int, int]) -> list[numerics.Stage]:
+def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[int, int], *,
+                          fine: bool = False) -> list[numerics.Stage]:
     """The stages of :func:`rala_attention`, for :func:`refimpl.verdict.compare_stages`.
 
     Tensors (in the layout of x, ``cfg.layout``): "x"; "proj_in" (B, mC, ...) the fused projection's output
@@ -1125,7 +1164,11 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig,
     "linear" from its own projection, "phi" (B, C, ...); "core" (B, C, ...), the reweighted attention of
     Eq. 2-4 with heads merged; with LePE, "lepe" (B, C, ...) the depthwise conv of V; "gated" (B, C, ...),
     (core + lepe) * gate (Eq. 6; the output projection's input); with ``out_proj``, "out".  Heads are split
-    as the twin splits them (channel h d + e of each of Q, K, V).
+    as the twin splits them (channel h d + e of each of Q, K, V).  ``fine``: the core is cut into "alpha"
+    (B, h, N), Eq. 4's weights; "k_weighted" (B, h, N, d), alpha_j kappa(K_j); "numerator" (B, h, N, d) and
+    "denominator" (B, h, N) of Eq. 2-3 (RoPE and the token scaling inside); and "core", their quotient with heads
+    merged.  The whole core's bound carries alpha's softmax error through both contractions; cut there, each
+    stage is judged against its own bound.
 
     References
     ----------
@@ -1168,7 +1211,11 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig,
     stages = [lin_stage("proj_in", "x", key, rows)]
     if key == "qkv" and cfg.gate == "linear":
         stages.append(lin_stage("phi", "x", "phi", c))
-    stages.append(numerics.Stage("core", ("proj_in",), core, core_bound, "RALA Eq. 2-4: the reweighted attention"))
+    if fine:
+        stages += _rala_core_stages(cfg, hw, qkv_heads, grid)
+    else:
+        stages.append(numerics.Stage("core", ("proj_in",), core, core_bound,
+                                     "RALA Eq. 2-4: the reweighted attention"))
     gated_inputs = ["core"]
     if cfg.lepe_kernel:
         wl, bl, pad = _param(params, "lepe.weight"), bias("lepe.bias"), cfg.lepe_kernel // 2
@@ -1215,6 +1262,102 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig,
     if cfg.out_proj:
         stages.append(lin_stage("out", "gated", "proj", c))
     return stages
+
+
+def _rala_core_stages(cfg: RALAConfig, hw: tuple[int, int], qkv_heads, grid) -> list[numerics.Stage]:
+    """The fine stages of the core (:func:`rala_attention_stages` with ``fine=True``)."""
+    n = hw[0] * hw[1]
+    z = np.zeros_like
+
+    def kappas(p):
+        q, k, v = qkv_heads(p)
+        return q, kappa(q, cfg.kernel), kappa(k, cfg.kernel), k, v
+
+    def scores(p):
+        q, kq, kk, _, _ = kappas(p)
+        q_g, scale, _ = _reweighting(q, kq, kk, cfg)
+        return scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
+
+    def scores_bound(p, dtype=None):
+        pr = _Prec.of(dtype)
+        q, kq, kk, k, _ = kappas(p)
+        _, e, depth = _scores_error(q, z(q), kq, _e_kappa(q, z(q), cfg.kernel, pr), kk,
+                                    _e_kappa(k, z(k), cfg.kernel, pr), cfg, pr)
+        return _as_bound(e, depth + config.ELEMENTARY_FUNCTION_ULPS + 1, pr, "Eq. 4's logits on exact Q, K")
+
+    def alpha(s):
+        return s.shape[-1] * numerics.softmax(s, axis=-1)
+
+    def alpha_bound(s, dtype=None):
+        pr = _Prec.of(dtype)
+        _, e, depth = _softmax_alpha_error(s, z(s), pr)
+        return _as_bound(e, depth, pr, "Eq. 4's alpha = N softmax(s) on exact logits")
+
+    def k_weighted(p, a):
+        return a[..., None] * kappas(p)[2]
+
+    def k_weighted_bound(p, a, dtype=None):
+        # kappa(K)'s own error times alpha, and three roundings: the tested code may form (kappa(K) softmax) N
+        # (the released code's order) while its alpha is fl(softmax N), a rounding away from the one the product
+        # saw; kappa(K) softmax, of size 1/N, may fall below T's normal range (float16 at N = 3136): an absolute
+        # eta_T there, times N
+        pr = _Prec.of(dtype)
+        _, _, kk, k, _ = kappas(p)
+        e = _e_kappa(k, z(k), cfg.kernel, pr) * np.abs(a[..., None]) + pr.g(3) * np.abs(a[..., None] * kk) \
+            + (n + 2) * pr.eta
+        return _as_bound(e, config.ELEMENTARY_FUNCTION_ULPS + 4, pr, "alpha_j kappa(K_j) on exact alpha, K")
+
+    def parts(p, kw, dtype):
+        pr = _Prec.of(dtype)
+        q, kq, _, _, v = kappas(p)
+        return _attention_parts_error(kq, _e_kappa(q, z(q), cfg.kernel, pr), kw, z(kw), v, z(v), cfg, hw, pr), pr
+
+    def numerator(p, kw):
+        return parts(p, kw, "float64")[0][0]
+
+    def denominator(p, kw):
+        return parts(p, kw, "float64")[0][2]
+
+    def numerator_bound(p, kw, dtype=None):
+        (_, enum, _, _, depth), pr = parts(p, kw, dtype)
+        return _as_bound(enum, depth + config.ELEMENTARY_FUNCTION_ULPS + 1, pr,
+                         "Eq. 2-3's numerator (RoPE, token scaling) on exact kappa(Q), weighted keys, V")
+
+    def denominator_bound(p, kw, dtype=None):
+        (_, _, _, eden, depth), pr = parts(p, kw, dtype)
+        return _as_bound(eden, depth + config.ELEMENTARY_FUNCTION_ULPS + 1, pr,
+                         "Eq. 2's normaliser on exact kappa(Q), weighted keys")
+
+    def merge(t):
+        return grid(_merge_heads(t))
+
+    def quotient(num, den):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return merge(num / den[..., None])
+
+    def quotient_bound(num, den, dtype=None):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return numerics.Bound(merge(np.abs(num / den[..., None])), 2.0,
+                                  "numerator / denominator: a quotient, or a reciprocal and a product")
+
+    reweighting = [
+        numerics.Stage("scores", ("proj_in",), scores, scores_bound, "RALA Eq. 4: s = d^-1/2 q_g kappa(K)^T"),
+        numerics.Stage("alpha", ("scores",), alpha, alpha_bound, "RALA Eq. 4: alpha = N softmax(s)"),
+    ]
+    if not cfg.reweight:                     # alpha = 1: the weighted keys are kappa(K) itself
+        reweighting = [numerics.Stage("alpha", ("proj_in",), lambda p: np.ones(qkv_heads(p)[0].shape[:-1]),
+                                      lambda p, dtype=None: numerics.Bound(np.zeros(1), 1.0, "alpha = 1: exact"),
+                                      "RALA without reweighting: alpha = 1")]
+    return reweighting + [
+        numerics.Stage("k_weighted", ("proj_in", "alpha"), k_weighted, k_weighted_bound,
+                       "RALA Eq. 2-3: alpha_j kappa(K_j)"),
+        numerics.Stage("numerator", ("proj_in", "k_weighted"), numerator, numerator_bound,
+                       "RALA Eq. 3 (RoPE, the released code's token scaling): kappa(Q) sum_j alpha_j kappa(K_j)^T V_j"),
+        numerics.Stage("denominator", ("proj_in", "k_weighted"), denominator, denominator_bound,
+                       "RALA Eq. 2: kappa(Q) sum_j alpha_j kappa(K_j)^T (+ eps)"),
+        numerics.Stage("core", ("numerator", "denominator"), quotient, quotient_bound,
+                       "RALA Eq. 2: the quotient"),
+    ]
 
 
 def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, dtype: Any) -> numerics.Bound:
