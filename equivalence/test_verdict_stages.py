@@ -1,13 +1,15 @@
-"""Stage-wise (teacher-forced) verdicts of FLatten's attention at its networks' real sizes, in every precision.
+"""Stage-wise (teacher-forced) verdicts of every attention module at its network's real size, in every precision.
 
-The whole-module bound of FLatten-PVT stage 1 (C = 64, one head, 56 x 56 tokens, sr = 8) is not conclusive in
-any precision: propagating every stage's rounding through the Jacobians in absolute value (the sr conv's
-4097-term sums, its LayerNorm, the kv projection, f_p) gives a relative bound of 23 in float32, 140 in float16
-and 1270 in bfloat16 (docs/verdict.md).  Compared stage by stage, each stage evaluated on the tested code's own
-inputs to it (refimpl.verdict.compare_stages, refimpl.attention.focused.focused_linear_attention_stages), every
-stage's bound is conclusive, with half-precision sums accumulated in float32 (config.ACCUMULATION_FORMAT):
-the twin must match in float32, float16 and bfloat16, and a planted batch-state bug (item 0's attention reads
-item 1's K and V) must diverge, at the stage "attention".
+The whole-module bounds are not conclusive everywhere: for FLatten-PVT stage 1 (C = 64, one head, 56 x 56 tokens,
+sr = 8), propagating every stage's rounding through the Jacobians in absolute value (the sr conv's 4097-term
+sums, its LayerNorm, the kv projection, f_p) gives a relative bound of 23 in float32, 140 in float16 and 1270
+in bfloat16; LiSA's carries the FFTs' norm-wise bound through its contraction (4.2 in float32); in half
+precision every module's is void (docs/verdict.md).  Compared stage by stage, each stage evaluated on the tested
+code's own inputs to it (refimpl.verdict.compare_stages and the modules' stage lists), with half-precision sums
+accumulated in float32 (config.ACCUMULATION_FORMAT), every stage's bound is conclusive: each twin must match in
+float32, float16 and bfloat16 (FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT, RALA,
+LiSA, Castling), and a planted batch-state bug (item 0's attention reads item 1's K and V) must diverge, at the
+stage "attention".
 """
 
 from __future__ import annotations
