@@ -1129,8 +1129,12 @@ def checks(result: dict, key: str) -> dict:
                             f"output at every element with a non-zero error against a NaN bound")
         elif v == verdict.INCONCLUSIVE or rec["void"]:
             sw = rec.get("stage_wise")
-            if sw and sw["verdict"] == verdict.MATCH:
-                pass                         # conclusive stage by stage: what (c) asks where the whole is not
+            if sw and sw["verdict"] == verdict.MATCH and rec["dtype"] != "float32":
+                pass                         # conclusive stage by stage: what (c) asks in half precision
+            elif sw and sw["verdict"] == verdict.MATCH:
+                out["c"].append(f"{tag}: {v}, largest relative bound {g(rec['report']['max_relative_bound'])}"
+                                f" (whole-module bound; stage-wise: match - (c) asks for a conclusive whole-module"
+                                f" verdict in float32)")
             else:
                 why = ("no stage list for this module yet" if not sw else
                        f"stage-wise {sw['verdict']}: " + ", ".join(f"{st['name']} {g(st['max_relative_bound'])}"
@@ -1460,8 +1464,8 @@ def _findings(result: dict) -> list[str]:
         mult = [_num(s["rel_err"]) / _num(r["ensemble_max_rel_err"]) for r, s in caught_half]
         out.append(f"In half precision the ensemble criterion still says \"diverges\" conclusively on a void bound: "
                    f"{len(caught_half)} planted bug(s) were caught at {g(min(mult))} - {g(max(mult))} x the "
-                   f"ensemble's largest relative error.  The verdict cannot say \"match\" there, so the correct "
-                   f"outputs stay inconclusive.")
+                   f"ensemble's largest relative error.  The whole-module verdict cannot say \"match\" there; the "
+                   f"stage-wise one can (below).")
     tight30 = []
     for r in cases:
         for b, s in r["sets"][hl]["sensitivity"].items():
@@ -1474,6 +1478,21 @@ def _findings(result: dict) -> list[str]:
         out.append("Where (b) fails only on 30 u_T, the legitimate evaluations themselves err by several u_T and a "
                    "defect is caught at a few times their error; the two targets of (b) conflict when the "
                    "ensemble's error exceeds 30 u_T / F: " + "; ".join(tight30) + ".")
+    sw = [r for r in cases if r.get("stage_wise")]
+    if sw:
+        matched = [r for r in sw if r["stage_wise"]["verdict"] == verdict.MATCH]
+        bugs = [(r, k, b) for r in sw for k, b in r["stage_wise"]["bugs"].items()]
+        caught = [(r, k, b) for r, k, b in bugs if b["verdict"] == verdict.DIVERGES]
+        whole_missed = [f"{r['module']}/{r['dtype']}/{k} (at stage {b['first_divergence']})" for r, k, b in caught
+                        if r["sets"][hl]["sensitivity"].get(k, {}).get("status") not in ("caught",)]
+        text = (f"Stage-wise (teacher-forced): {len(matched)} of {len(sw)} correct twins match, in every precision "
+                f"(whole-module: {sum(r['sets'][hl]['report']['verdict'] == verdict.MATCH for r in sw)}).  "
+                f"{len(caught)} of {len(bugs)} planted bugs diverge stage-wise at full size, each at the stage "
+                f"that holds it; the rest leave the output unchanged on these inputs or lie below the stage's "
+                f"resolution (table above).  The sensitivity bisection (b) is whole-module only.")
+        if whole_missed:
+            text += "  Caught stage-wise but not by the whole-module bisection: " + "; ".join(whole_missed) + "."
+        out.append(text)
     return out
 
 
