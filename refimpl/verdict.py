@@ -451,7 +451,8 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
 
     Non-finite slots: the NaN/Inf patterns must agree exactly; the one exception is a slot where the naive T
     computation is itself non-finite while the reference is finite (T cannot represent that result), which
-    the tested code may match, and the report counts.
+    the tested code may match: such slots are not divergences, but they cannot be checked either, so the
+    verdict is at best "inconclusive" (a port whose float16 output overflows is not shown correct by it).
     """
     act = _to_numpy64(actual)
     ref = _to_numpy64(reference)
@@ -564,6 +565,13 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
                        f" {config.VERDICT_RMS_FACTOR:g} x ensemble max)")
     if reasons:
         verdict = DIVERGES
+    elif excused.any():
+        # T cannot represent the result there (the naive T computation overflows as the tested code does):
+        # those slots were not checked, and an output that T cannot hold is no evidence of a correct port
+        verdict = INCONCLUSIVE
+        reasons.append(f"{int(excused.sum())} slot(s) are beyond {dname}'s range (the tested code and the naive"
+                       f" {dname} computation are non-finite where the reference is finite): they cannot be"
+                       f" checked.  To make it conclusive: a higher precision, or inputs that {dname} can hold")
     else:
         nonfinite_bound = bool(np.any(finite & ~np.isfinite(bnd)))
         if nonfinite_bound or max_rel_b >= 1.0:
