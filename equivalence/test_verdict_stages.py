@@ -145,8 +145,7 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
     (Eq. 6), the output projection, with the core cut into alpha, the weighted keys, numerator, denominator and
     their quotient."""
     # token_scaling "mean" in both: without the released code's 1/N scaling, the paper's sums over the 3136 tokens
-    # overflow float16's range (65504) and the module computes nothing in that precision (a range limit of the
-    # format, which the error model does not detect yet: docs/verdict.md).
+    # overflow float16's range (65504) and the module computes nothing in that precision (the next test).
     cfg = r_rala.RALAConfig.preset(preset, dim=64, num_heads=1, layout=layout, token_scaling="mean")
     params = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(cfg), np.random.default_rng(0)),
                           dtype_name)
@@ -163,6 +162,26 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
     # contractions) is conclusive in float32 only: in half precision the core's bound reaches the output's size.
     coarse = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE)), got, dtype_name)
     assert coarse.verdict == (MATCH if dtype_name == "float32" else INCONCLUSIVE), str(coarse)
+
+
+@pytest.mark.slow
+def test_rala_paper_sums_beyond_float16_range_are_inconclusive():
+    """The paper's RALA (no 1/N token scaling) at 56 x 56 in float16: the normaliser's sum over 3136 tokens exceeds
+    65504, the twin's output is then 0, and so is the naive float16 run's.  Nothing diverges, but the stage-wise
+    verdict must not be "match": the denominator's slots are beyond float16's range and unchecked."""
+    cfg = r_rala.RALAConfig.preset("paper", dim=64, num_heads=1, layout="tokens")
+    params = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(cfg), np.random.default_rng(0)),
+                          "float16")
+    m = t_rala.RALAttention(cfg).to(torch.float16)
+    load_numpy_state(m, params)
+    x = numerics.round_to(np.random.default_rng(5).standard_normal((BATCH, SIDE, SIDE, cfg.dim)), "float16")
+    xt = to_torch(x, "float16", "cpu")
+    got = t_rala.stage_tensors(m.eval(), lambda: m(xt), (SIDE, SIDE))
+    report = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE), fine=True), got,
+                                     "float16", naive=numerics.naive_same_precision)
+    den = next(r for r in report.stages if r.name == "denominator")
+    assert report.verdict == INCONCLUSIVE and den.verdict == INCONCLUSIVE, str(report)
+    assert any("beyond float16's range" in r for r in den.reasons), str(den)
 
 
 @pytest.mark.slow
