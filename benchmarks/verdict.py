@@ -1606,7 +1606,7 @@ def markdown(result: dict) -> str:
         "NumPy naive run as the only member: *threshold / naive-only threshold* divides the full ensemble's "
         "thresholds by F x max(naive, final rounding) (above 1, the ensemble admits more error than the naive run "
         "alone would); *compare(naive only)* is what refimpl.verdict.compare itself does when given the naive run "
-        "alone - it then adds a random-rounding-model member sqrt(k) u_T |ref_i| (fewer than two evaluations), so "
+        "alone - it then adds a random-rounding-model member sqrt(k) u_T S_i (fewer than two evaluations), so "
         "that column is its threshold over the full ensemble's.",
         "",
         md_table(*table_calibration(result)), "",

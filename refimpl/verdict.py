@@ -68,7 +68,8 @@ when every other member happens to be exact.  A member equal to the tested outpu
 did not change the arithmetic) is dropped: it is the tested algorithm again and would make the criterion unable
 to fail.  With fewer than two legitimate evaluations left (the kernel-agreement tests, which have only the
 NumPy naive run), the random-rounding model's typical accumulated error
-``sqrt(k) u_T |ref_i|`` joins too, as it does when the ensemble holds fewer than
+``sqrt(k) u_T S_i`` (the typical size of the bound's own worst case ``k u_T S_i``; S carries the
+conditioning, |ref_i| would not) joins too, as it does when the ensemble holds fewer than
 ``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
 sample of another algorithm's error on a handful of elements is no measure of a third algorithm's.  The two
 factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate algorithm's statistic to the
@@ -535,9 +536,14 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         # handful of elements of two such samples can differ by 10x): with fewer than two legitimate evaluations,
         # or fewer than VERDICT_RMS_MIN_ELEMENTS compared errors in all (a two-element output: the calibration's
         # factors hold for maxima over many elements), the random-rounding model's typical accumulated error,
-        # sqrt(k) u |ref_i| (k roundings of mean zero on a result of size |ref_i|, Higham & Mary 2019), joins as a
+        # sqrt(k) u S_i (k roundings of mean zero on the magnitude S_i, Higham & Mary 2019), joins as a
         # member.
-        stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * np.abs(ref), w, finite)
+        # sqrt(k) u S: the random-rounding model's typical size of the bound's own worst case k u S (S, the
+        # computation on magnitudes, carries the conditioning: arccos near +-1 turns a cosine's last-bit error
+        # into 1e4 ulps of the angle, |ref| does not know that).
+        s_mag = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
+        s_mag = np.where(np.isfinite(s_mag), np.abs(s_mag), np.abs(ref))
+        stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * s_mag, w, finite)
     usable = [v for key, v in stats.items() if key not in outside]
     zmax_thr = config.VERDICT_MAX_FACTOR * max(s[0] for s in usable)
     zrms_thr = config.VERDICT_RMS_FACTOR * max(s[1] for s in usable)

@@ -251,7 +251,7 @@ def test_compare_stages_is_inconclusive_when_a_stage_is():
 
 def test_small_ensembles_get_the_rounding_model_member():
     """A two-element output with three members is 6 compared errors: the calibrated factors are for maxima over
-    many elements, so the rounding model's sqrt(k) u |ref| joins (thorough profile, LiSA (1, 1, 2) in float32:
+    many elements, so the rounding model's sqrt(k) u S joins (thorough profile, LiSA (1, 1, 2) in float32:
     4.5x the largest member, inside the bound)."""
     ref = np.array([1.0, -2.0])
     b = Bound(np.abs(ref), 44)
