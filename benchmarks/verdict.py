@@ -58,8 +58,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -74,7 +72,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
 
-from equivalence.assertions import capture, load_numpy_state, round_params, to_numpy, to_torch, torch_dtype  # noqa: E402
+from benchmarks.run import machine as host_machine  # noqa: E402
+from equivalence.assertions import QKV_PROJ_POINTS, capture, load_numpy_state, round_params, to_numpy, to_torch, torch_dtype  # noqa: E402
 from equivalence.modules import angular as t_ang  # noqa: E402
 from equivalence.modules import enhanced as t_enh  # noqa: E402
 from equivalence.modules import focused as t_foc  # noqa: E402
@@ -261,19 +260,18 @@ def _flatten_bugs(m: Any, run: Callable[[], Any], cfg: Any, windows: bool) -> di
     }
 
 
+def _stagewise(stages: list, tensors: Callable[[Callable[[], Any]], dict], dt: str
+               ) -> Callable[[Callable[[], Any]], Any]:
+    """runner -> the stage-wise report of the tensors ``tensors(runner)`` captures from one run."""
+    return lambda runner: numerics.compare_stages(stages, tensors(runner), dt, naive=numerics.naive_same_precision)
+
+
 def _flatten_stagewise(m: Any, stages: list, dt: str) -> Callable[[Callable[[], Any]], Any]:
-    return lambda runner: numerics.compare_stages(stages, t_foc.stage_tensors(m, runner), dt,
-                                                  naive=numerics.naive_same_precision)
-
-
-#: The stage tensors of a module made of a qkv projection, a core, and an output projection.
-QKV_PROJ_POINTS = {"x": ("qkv", "input"), "qkv": ("qkv", "output"), "core": ("proj", "input"),
-                   "proj": ("proj", "output")}
+    return _stagewise(stages, lambda runner: t_foc.stage_tensors(m, runner), dt)
 
 
 def _projections_stagewise(m: Any, stages: list, dt: str) -> Callable[[Callable[[], Any]], Any]:
-    return lambda runner: numerics.compare_stages(stages, capture(m, runner, QKV_PROJ_POINTS), dt,
-                                                  naive=numerics.naive_same_precision)
+    return _stagewise(stages, lambda runner: capture(m, runner, QKV_PROJ_POINTS), dt)
 
 
 def setup_flatten_pvt(dt: str, quick: bool) -> Setup:
@@ -462,9 +460,8 @@ def setup_rala(dt: str, quick: bool) -> Setup:
                  lambda: r_rala.rala_attention(x, params, cfg),
                  lambda: r_rala.rala_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_rala.rala_attention, x, params, cfg, dt=dt), bugs,
-                 stagewise=lambda runner: numerics.compare_stages(
-                     r_rala.rala_attention_stages(params, cfg, (side, side), fine=True),
-                     t_rala.stage_tensors(m, runner, (side, side)), dt, naive=numerics.naive_same_precision))
+                 stagewise=_stagewise(r_rala.rala_attention_stages(params, cfg, (side, side), fine=True),
+                                      lambda runner: t_rala.stage_tensors(m, runner, (side, side)), dt))
 
 
 # --- LiSA -------------------------------------------------------------------------------------------
@@ -515,9 +512,8 @@ def setup_lisa(dt: str, quick: bool) -> Setup:
                  lambda: r_lisa.lisa_attention(x, params, cfg),
                  lambda: r_lisa.lisa_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_lisa.lisa_attention, x, params, cfg, dt=dt), bugs, note,
-                 stagewise=lambda runner: numerics.compare_stages(
-                     r_lisa.lisa_attention_stages(params, cfg, fine=True), t_lisa.stage_tensors(m, runner), dt,
-                     naive=numerics.naive_same_precision))
+                 stagewise=_stagewise(r_lisa.lisa_attention_stages(params, cfg, fine=True),
+                                      lambda runner: t_lisa.stage_tensors(m, runner), dt))
 
 
 # --- Castling ---------------------------------------------------------------------------------------
@@ -874,19 +870,11 @@ def round_up_half(x: float) -> float:
 
 
 def machine() -> dict:
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
-            "torch": torch.__version__, "numpy": np.__version__, "torch_threads": torch.get_num_threads()}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        info["load_average"] = list(os.getloadavg())
-    except OSError:
-        pass
+    """benchmarks/run.py's host description plus the library versions and torch's thread count."""
+    info = dict(host_machine())
+    if "load_average" in info:
+        info["load_average"] = list(info["load_average"])
+    info.update(torch=torch.__version__, numpy=np.__version__, torch_threads=torch.get_num_threads())
     return info
 
 

@@ -128,11 +128,27 @@ def naive(fn: Callable[..., Any], *args: Any, dtype_name: str, **kwargs: Any) ->
     return numerics.naive_same_precision(fn, *args, dtype=dtype_name, **kwargs)
 
 
-def capture(module: torch.nn.Module, run: Callable[[], Any],
-            points: Mapping[str, tuple[str, str]]) -> dict[str, torch.Tensor]:
+#: The stage tensors of a module made of a qkv projection, a core and an output projection (Swin window
+#: attention, L2ViT, LiSA, Castling): tensor name -> (submodule, "input" | "output").
+QKV_PROJ_POINTS = {"x": ("qkv", "input"), "qkv": ("qkv", "output"), "core": ("proj", "input"),
+                   "proj": ("proj", "output")}
+
+
+def capture(module: torch.nn.Module, run: Callable[[], Any], points: Mapping[str, tuple[str, str]], *,
+            taps: bool = False) -> dict[str, torch.Tensor]:
     """Run ``run()`` once with forward hooks that record tensors for a stage-wise comparison
     (:func:`refimpl.verdict.compare_stages`): ``points`` maps a tensor name to (submodule name, "input" or
-    "output"), the submodule's first positional input or its output.  Returns name -> tensor (detached)."""
+    "output"), the submodule's first positional input or its output.  ``taps``: also set the module's ``taps``
+    attribute to a fresh dict for the run (the twins fill it with tensors between submodules) and merge what
+    it receives.  Returns name -> tensor (detached)."""
+    if taps:
+        module.taps = {}
+        try:
+            got = capture(module, run, points)
+            got.update({k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in module.taps.items()})
+        finally:
+            module.taps = None
+        return got
     got: dict[str, torch.Tensor] = {}
     subs = dict(module.named_modules())
     handles = []

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from equivalence.assertions import capture, load_numpy_state, round_params, to_torch, torch_dtype
+from equivalence.assertions import QKV_PROJ_POINTS, capture, load_numpy_state, round_params, to_torch, torch_dtype
 from equivalence.modules import angular as t_ang
 from equivalence.modules import enhanced as t_enh
 from equivalence.modules import focused as t_foc
@@ -111,8 +111,7 @@ def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(3).standard_normal((BATCH, SIDE, SIDE, c)), dtype_name)
     xt = to_torch(x, dtype_name, "cpu")
-    got = capture(m.eval(), lambda: m(xt), {"x": ("qkv", "input"), "qkv": ("qkv", "output"),
-                                             "core": ("proj", "input"), "proj": ("proj", "output")})
+    got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
     stages = r_soft.window_attention_stages(params, (SIDE, SIDE), num_heads=heads, window_size=ws, shift=shift,
                                             **opts)
     report = numerics.compare_stages(stages, got, dtype_name, naive=numerics.naive_same_precision)
@@ -130,8 +129,7 @@ def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(4).standard_normal((BATCH, SIDE * SIDE, cfg.dim)), dtype_name)
     xt = to_torch(x, dtype_name, "cpu")
-    got = capture(m.eval(), lambda: m(xt), {"x": ("qkv", "input"), "qkv": ("qkv", "output"),
-                                             "core": ("proj", "input"), "proj": ("proj", "output")})
+    got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
     report = numerics.compare_stages(r_enh.enhanced_attention_stages(params, cfg), got, dtype_name,
                                      naive=numerics.naive_same_precision)
     assert report.verdict == MATCH, str(report)
@@ -225,8 +223,7 @@ def test_castling_attention_stagewise_matches_at_real_size(dtype_name):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(7).standard_normal((BATCH, side * side, cfg.dim)), dtype_name)
     xt = to_torch(x, dtype_name, "cpu")
-    got = capture(m.eval(), lambda: m(xt, hw=(side, side)), {"x": ("qkv", "input"), "qkv": ("qkv", "output"),
-                                                              "core": ("proj", "input"), "proj": ("proj", "output")})
+    got = capture(m.eval(), lambda: m(xt, hw=(side, side)), QKV_PROJ_POINTS)
     report = numerics.compare_stages(r_ang.castling_attention_stages(params, cfg, hw=(side, side)), got, dtype_name,
                                      naive=numerics.naive_same_precision)
     assert report.verdict == MATCH, str(report)

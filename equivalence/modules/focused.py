@@ -226,10 +226,4 @@ def stage_tensors(module: _FocusedBase, run) -> dict[str, torch.Tensor]:
     if not hasattr(module, "sr"):
         points.pop("sr", None)
         points.pop("norm", None)
-    module.taps = {}
-    try:
-        got = capture(module, run, points)
-        got.update(module.taps)
-    finally:
-        module.taps = None
-    return got
+    return capture(module, run, points, taps=True)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from equivalence.assertions import QKV_PROJ_POINTS, capture
 from equivalence.modules.layers import Mlp
 
 
@@ -216,13 +217,4 @@ def stage_tensors(module: LiSAAttention, run) -> dict[str, torch.Tensor]:
     """Run ``run()`` (a forward of ``module``) once and return the tensors of
     refimpl.attention.lisa.lisa_attention_stages with ``fine=True``: the projections' inputs and outputs through
     forward hooks, the normalised Q, K and the two convolutions through ``module.taps``."""
-    from equivalence.assertions import capture
-
-    module.taps = {}
-    try:
-        got = capture(module, run, {"x": ("qkv", "input"), "qkv": ("qkv", "output"), "core": ("proj", "input"),
-                                    "proj": ("proj", "output")})
-        got.update(module.taps)
-    finally:
-        module.taps = None
-    return got
+    return capture(module, run, QKV_PROJ_POINTS, taps=True)

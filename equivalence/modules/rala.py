@@ -279,23 +279,18 @@ def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
         points["lepe"] = ("lepe", "output")
     if cfg.out_proj:
         points["gated"], points["out"] = ("proj", "input"), ("proj", "output")
-    module.taps = {}
-    try:
-        got = capture(module, run, points)
-        taps = module.taps
-    finally:
-        module.taps = None
-    got["core"] = taps["core"].detach()
+    got = capture(module, run, points, taps=True)
     for name in ("scores", "alpha", "k_weighted", "numerator", "denominator"):
-        if "core." + name in taps:
-            got[name] = taps["core." + name].detach()
+        if "core." + name in got:
+            got[name] = got["core." + name]
     if not cfg.out_proj:
-        got["gated"] = taps["out"].detach()
+        got["gated"] = got["out"]
     if cfg.layout == "tokens":
         h, w = hw
-        for name, t in got.items():
+        for name in set(points) | {"core", "gated"}:      # the tensors in the layout of x
+            t = got[name]
             if name == "lepe":
                 got[name] = t.permute(0, 2, 3, 1)
-            elif t.dim() == 3 and name not in ("scores", "alpha", "k_weighted", "numerator", "denominator"):
+            elif t.dim() == 3:
                 got[name] = t.reshape(t.shape[0], h, w, t.shape[-1])
     return got

@@ -1626,12 +1626,8 @@ def castling_core_bound(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, dtype: A
     ev = z if err_v is None else numerics.as_float(err_v, "err_v")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         _, e, depth = _core_with_error(q, k, v, eq, ek, ev, cfg, conv_weight, conv_bias, training, hw, dtype)
-    ratio = numerics.accumulation_ratio(dtype)
-    return Bound(e / depth, depth, f"castling core ({cfg.normalizer}, constant {cfg.constant}, order "
-                                   f"{cfg.order}, sparse {cfg.sparse_active(training)}): first-order running "
-                                   f"error, k = sum of stage depths = {depth:.4g}"
-                                   + ("; sums accumulated in float32, counted as n u_A/u_T + 1" if ratio < 1 else ""),
-                 ref_depth=depth / ratio if ratio < 1 else None)
+    return numerics.running_bound(e, depth, f"castling core ({cfg.normalizer}, constant {cfg.constant}, order "
+                                            f"{cfg.order}, sparse {cfg.sparse_active(training)})", dtype)
 
 
 def castling_attention_stages(params: Mapping[str, Any], cfg: CastlingConfig, *, training: bool = False,

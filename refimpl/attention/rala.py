@@ -1024,6 +1024,21 @@ def _softmax_alpha_error(s, es, pr: _Prec) -> tuple[np.ndarray, np.ndarray, floa
     return alpha, ealpha, c + pr.sums(n) + 3
 
 
+def _numerator_denominator(kq, kw, v, cfg: RALAConfig, hw) -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 2-3's numerator (B, h, N, d) and normaliser (B, h, N), before its + eps, from kappa(Q), the weighted
+    keys and V: RoPE on the numerator's operands and the token scaling (the mean), as :func:`rala_core`."""
+    n, d = kq.shape[-2], kq.shape[-1]
+    if cfg.rope:
+        ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
+        qn, kn = apply_rope_2d(kq, ang), apply_rope_2d(kw, ang)
+    else:
+        qn, kn = kq, kw
+    norm = 1.0 / n if cfg.token_scaling == "mean" else 1.0
+    num = norm * np.einsum("bhia,bhja,bhje->bhie", qn, kn, v, optimize=True)
+    den = norm * np.einsum("bhia,bhja->bhi", kq, kw, optimize=True)
+    return num, den
+
+
 def _attention_parts_error(kq, ekq, kw, ekw, v, ev, cfg: RALAConfig, hw, pr: _Prec):
     """The numerator and denominator of Eq. 2-3 from kappa(Q), the reweighted keys and V (with RoPE on the
     numerator's operands and the token scaling): (num, E_num, den, E_den, depth) with den including eps."""
@@ -1041,12 +1056,11 @@ def _attention_parts_error(kq, ekq, kw, ekw, v, ev, cfg: RALAConfig, hw, pr: _Pr
     # numerator: sum_a sum_j qn_ia kn_ja v_je; n + d roundings per term (+4: (HW)^(-1/2) twice, rounded,
     # and their two products), 2 products per term (+2 for the scalings)
     n_num = pr.sums(n) + pr.sums(d) + (4 if mean else 0)
-    num = norm * np.einsum("bhia,bhja,bhje->bhie", qn, kn, v, optimize=True)
+    num, den = _numerator_denominator(kq, kw, v, cfg, hw)
     enum = norm * _e_contract3("bhia,bhja,bhje->bhie", qn, eqn, kn, ekn, v, ev, n_num, n * d, pr) \
         + (2 * n * d * pr.eta if mean else 0.0)
     # denominator: sum_a sum_j kq_ia kw_ja (/ N), + eps
     n_den = pr.sums(n) + pr.sums(d) + (1 if mean else 0)
-    den = norm * np.einsum("bhia,bhja->bhi", kq, kw, optimize=True)
     eden = norm * _e_contract("bhia,bhja->bhi", kq, ekq, kw, ekw, n_den, d, pr) + (2 * d * pr.eta if mean else 0.0)
     if cfg.eps:
         eden = _e_sum2(den, eden, cfg.eps, 0.0, pr)
@@ -1313,10 +1327,13 @@ def _rala_core_stages(cfg: RALAConfig, hw: tuple[int, int], qkv_heads, grid) -> 
         return _attention_parts_error(kq, _e_kappa(q, z(q), cfg.kernel, pr), kw, z(kw), v, z(v), cfg, hw, pr), pr
 
     def numerator(p, kw):
-        return parts(p, kw, "float64")[0][0]
+        _, kq, _, _, v = kappas(p)
+        return _numerator_denominator(kq, kw, v, cfg, hw)[0]
 
     def denominator(p, kw):
-        return parts(p, kw, "float64")[0][2]
+        _, kq, _, _, v = kappas(p)
+        den = _numerator_denominator(kq, kw, v, cfg, hw)[1]
+        return den + cfg.eps if cfg.eps else den
 
     def numerator_bound(p, kw, dtype=None):
         (_, enum, _, _, depth), pr = parts(p, kw, dtype)
