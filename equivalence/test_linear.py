@@ -42,7 +42,7 @@ def _check(device, dtype_name, q, k, v, kw, order, normalize):
     ts = [to_torch(a, dtype_name, device) for a in (qr, kr, vr)]
     with torch.no_grad():
         out = mod(*ts)
-    sel = None  # the rows compared (all unless some lose their normaliser in T, below)
+    sel = keep = None  # the rows compared (all unless some lose their normaliser in T, below)
     taps: dict = {}
     ref = L.linear_attention(qr, kr, vr, order=order, normalize=normalize, taps=taps, **kw)
     bound = L.linear_attention_bound(qr, kr, vr, normalize=normalize, dtype=dtype_name, **kw)
@@ -64,8 +64,16 @@ def _check(device, dtype_name, q, k, v, kw, order, normalize):
             out, ref = got[keep], ref[keep]
             nv = None if nv is None else nv[keep]
             sel = torch.from_numpy(keep).to(device)
+    t64 = [t.double() for t in ts]
+
+    def bound64():
+        b = L.linear_attention_bound(qr, kr, vr, normalize=normalize, dtype="float64", **kw)
+        return b if sel is None else numerics.Bound(np.broadcast_to(np.asarray(b.scale), sel.shape)[keep], b.k,
+                                                    b.note)
+
     assert_matches(out, ref, bound, dtype_name, naive=nv, name=f"linear attention {kw['feature_map']} {order}",
-                   rerun=lambda: mod(*ts) if sel is None else mod(*ts)[sel])
+                   rerun=lambda: mod(*ts) if sel is None else mod(*ts)[sel],
+                   higher=lambda: mod(*t64) if sel is None else mod(*t64)[sel], higher_bound=bound64)
 
 
 @given(attention_case(NONNEG_MAPS), st.booleans())

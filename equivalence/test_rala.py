@@ -94,8 +94,10 @@ def test_rala_core(device, dtype_name, case):
     bound = R.rala_core_bound(q, k, v, cfg, hw, dtype=dtype_name)
     nv = naive(R.rala_core, q, k, v, cfg, hw, dtype_name=dtype_name)
     _assume_representable(nv, ref)
+    t64 = [t.double() for t in ts]
     assert_matches(out, ref, bound, dtype_name, naive=nv, name=f"rala_core {cfg.order}",
-                   rerun=lambda: T.rala_core(*ts, cfg, hw))
+                   rerun=lambda: T.rala_core(*ts, cfg, hw), higher=lambda: T.rala_core(*t64, cfg, hw),
+                   higher_bound=lambda: R.rala_core_bound(q, k, v, cfg, hw, dtype="float64"))
 
 
 @st.composite

@@ -41,7 +41,10 @@ def test_softmax_attention(device, dtype_name, data):
     ref = S.softmax_attention(qr, kr, vr, **kw)
     assert_matches(out, ref, S.softmax_attention_bound(qr, kr, vr, dtype=dtype_name, **kw), dtype_name,
                    naive=naive(S.softmax_attention, qr, kr, vr, dtype_name=dtype_name, **kw), name="softmax attention",
-                   rerun=lambda: attn(tq, tk, tv, bias=tbias, mask=tmask))
+                   rerun=lambda: attn(tq, tk, tv, bias=tbias, mask=tmask),
+                   higher=lambda: attn(tq.double(), tk.double(), tv.double(),
+                                       bias=None if tbias is None else tbias.double(), mask=tmask),
+                   higher_bound=lambda: S.softmax_attention_bound(qr, kr, vr, dtype="float64", **kw))
 
 
 @given(st.data())

@@ -7,7 +7,8 @@ in bfloat16; LiSA's carries the FFTs' norm-wise bound through its contraction (4
 precision every module's is void (docs/verdict.md).  Compared stage by stage, each stage evaluated on the tested
 code's own inputs to it (refimpl.verdict.compare_stages and the modules' stage lists), with half-precision sums
 accumulated in float32 (config.ACCUMULATION_FORMAT), every stage's bound is conclusive: each twin must match in
-float32, float16 and bfloat16 (FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT, RALA,
+float32, float16 and bfloat16, on the CPU and, where there is one, on CUDA (cuBLAS/cuDNN half-precision kernels
+accumulating in float32, the case the mixed-precision model is for) (FLatten PVT and Swin layouts, Swin's softmax window attention, L2ViT, RALA,
 LiSA, Castling), and a planted batch-state bug (item 0's attention reads item 1's K and V) must diverge, at the
 stage "attention".
 """
@@ -63,25 +64,25 @@ def _stagewise(module, run, stages, dtype_name):
                                    naive=numerics.naive_same_precision)
 
 
-def _pvt(dtype_name):
+def _pvt(dtype_name, device="cpu"):
     cfg = r_foc.FocusedConfig.preset("official", dim=64, num_heads=1, sr_ratio=8, kernel_size=5)
     n_kv = (SIDE // 8) ** 2
     params = round_params(r_foc.init_focused_params(cfg, layout="global", n_kv=n_kv, seed=0), dtype_name)
     x = numerics.round_to(np.random.default_rng(1).standard_normal((BATCH, SIDE * SIDE, cfg.dim)), dtype_name)
-    m = t_foc.FocusedLinearAttention(cfg, n_kv).to(torch_dtype(dtype_name))
+    m = t_foc.FocusedLinearAttention(cfg, n_kv).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     stages = r_foc.focused_linear_attention_stages(params, cfg, (SIDE, SIDE), fine=True)
     return m.eval(), (lambda: m(xt, (SIDE, SIDE))), stages
 
 
-def _swin(dtype_name):
+def _swin(dtype_name, device="cpu"):
     cfg = r_foc.FocusedConfig.preset("official", dim=96, num_heads=3, kernel_size=5)
     params = round_params(r_foc.init_focused_params(cfg, layout="window", n_kv=49, seed=0), dtype_name)
     x = numerics.round_to(np.random.default_rng(2).standard_normal((BATCH, SIDE * SIDE, cfg.dim)), dtype_name)
-    m = t_foc.FocusedWindowAttention(cfg, 7).to(torch_dtype(dtype_name))
+    m = t_foc.FocusedWindowAttention(cfg, 7).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     stages = r_foc.focused_window_attention_stages(params, cfg, (SIDE, SIDE), window_size=7, shift=3, fine=True)
     return m.eval(), (lambda: m(xt, (SIDE, SIDE), shift=3)), stages
 
@@ -89,15 +90,15 @@ def _swin(dtype_name):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["pvt", "swin"])
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_flatten_stagewise_matches_at_real_size(layout, dtype_name):
-    m, run, stages = (_pvt if layout == "pvt" else _swin)(dtype_name)
+def test_flatten_stagewise_matches_at_real_size(layout, dtype_name, device):
+    m, run, stages = (_pvt if layout == "pvt" else _swin)(dtype_name, device)
     report = _stagewise(m, run, stages, dtype_name)
     assert report.verdict == MATCH, str(report)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name):
+def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name, device):
     """Swin's softmax window attention (swin preset, C 96, 3 heads, 7 x 7 windows of 56 x 56, shift 3): qkv, the
     softmax core with the relative-position bias and the shift mask, proj."""
     c, heads, ws, shift = 96, 3, 7, 3
@@ -107,10 +108,10 @@ def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name):
     std = config.NET_INIT_STD_FC
     params = round_params(m_common.init_from_shapes(shapes, np.random.default_rng(0), special={
         "relative_position_bias_table": lambda shp, r: std * r.standard_normal(shp)}), dtype_name)
-    m = m.to(torch_dtype(dtype_name))
+    m = m.to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(3).standard_normal((BATCH, SIDE, SIDE, c)), dtype_name)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
     stages = r_soft.window_attention_stages(params, (SIDE, SIDE), num_heads=heads, window_size=ws, shift=shift,
                                             **opts)
@@ -120,15 +121,15 @@ def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name):
+def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name, device):
     """L2ViT's enhanced linear attention (paper preset, C 96, 3 heads, 56 x 56): qkv, the core (ReLU features,
     clamped normaliser, learnable scale), proj."""
     cfg = r_enh.L2ViTConfig.preset("paper", dim=96, num_heads=3)
     params = round_params(layers.subparams(r_enh.init_l2vit_params(cfg, "lga", seed=0), "attn"), dtype_name)
-    m = t_enh.EnhancedLinearAttention(cfg).to(torch_dtype(dtype_name))
+    m = t_enh.EnhancedLinearAttention(cfg).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(4).standard_normal((BATCH, SIDE * SIDE, cfg.dim)), dtype_name)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
     report = numerics.compare_stages(r_enh.enhanced_attention_stages(params, cfg), got, dtype_name,
                                      naive=numerics.naive_same_precision)
@@ -138,7 +139,7 @@ def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name):
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,layout", [("official", "channels_first"), ("paper", "tokens")])
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_name):
+def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_name, device):
     """RALA (C 64, 1 head, 56 x 56): the fused projection, the reweighted core (Eq. 2-4), LePE, the gate
     (Eq. 6), the output projection, with the core cut into alpha, the weighted keys, numerator, denominator and
     their quotient."""
@@ -147,11 +148,11 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
     cfg = r_rala.RALAConfig.preset(preset, dim=64, num_heads=1, layout=layout, token_scaling="mean")
     params = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(cfg), np.random.default_rng(0)),
                           dtype_name)
-    m = t_rala.RALAttention(cfg).to(torch_dtype(dtype_name))
+    m = t_rala.RALAttention(cfg).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
     shape = (BATCH, cfg.dim, SIDE, SIDE) if layout == "channels_first" else (BATCH, SIDE, SIDE, cfg.dim)
     x = numerics.round_to(np.random.default_rng(5).standard_normal(shape), dtype_name)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     got = t_rala.stage_tensors(m.eval(), lambda: m(xt), (SIDE, SIDE))
     report = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE), fine=True), got,
                                      dtype_name, naive=numerics.naive_same_precision)
@@ -163,17 +164,17 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
 
 
 @pytest.mark.slow
-def test_rala_paper_sums_beyond_float16_range_are_inconclusive():
+def test_rala_paper_sums_beyond_float16_range_are_inconclusive(device):
     """The paper's RALA (no 1/N token scaling) at 56 x 56 in float16: the normaliser's sum over 3136 tokens exceeds
     65504, the twin's output is then 0, and so is the naive float16 run's.  Nothing diverges, but the stage-wise
     verdict must not be "match": the denominator's slots are beyond float16's range and unchecked."""
     cfg = r_rala.RALAConfig.preset("paper", dim=64, num_heads=1, layout="tokens")
     params = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(cfg), np.random.default_rng(0)),
                           "float16")
-    m = t_rala.RALAttention(cfg).to(torch.float16)
+    m = t_rala.RALAttention(cfg).to(device=device, dtype=torch.float16)
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(5).standard_normal((BATCH, SIDE, SIDE, cfg.dim)), "float16")
-    xt = to_torch(x, "float16", "cpu")
+    xt = to_torch(x, "float16", device)
     got = t_rala.stage_tensors(m.eval(), lambda: m(xt), (SIDE, SIDE))
     report = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE), fine=True), got,
                                      "float16", naive=numerics.naive_same_precision)
@@ -184,18 +185,18 @@ def test_rala_paper_sums_beyond_float16_range_are_inconclusive():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_lisa_attention_stagewise_matches_at_real_size(dtype_name):
+def test_lisa_attention_stagewise_matches_at_real_size(dtype_name, device):
     """LiSA (paper preset, LiSANet-H-T stage 1: C 64, 4 heads, D 8, 56 x 56), the fine stages: qkv, the L2
     normalisations, the two FFT convolutions with their biases, the contraction of Eq. 10, proj.  The whole
     core's bound (norm-wise FFT bound carried through the contraction) is inconclusive even in float32.  torch
-    has no half-precision CPU FFT: there the twin's FFTs run in float32 and round to T (autocast's rule, the
-    accumulation format of config.ACCUMULATION_FORMAT)."""
+    has no half-precision CPU FFT, and cuFFT's is for powers of two only: in half precision the twin's FFTs run
+    in float32 and round to T (autocast's rule, the accumulation format of config.ACCUMULATION_FORMAT)."""
     cfg = r_lisa.LiSAConfig.preset("paper", dim=64, num_heads=4, grid=(SIDE, SIDE), latent=8)
     params = round_params(r_lisa.init_params(r_lisa.lisa_param_shapes(cfg), seed=0), dtype_name)
-    m = t_lisa.from_config(cfg).to(torch_dtype(dtype_name))
+    m = t_lisa.from_config(cfg).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(6).standard_normal((BATCH, cfg.num_tokens, cfg.dim)), dtype_name)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     orig = t_lisa.fft_convolve
 
     def in_float32(xx, kernel, grid, lengths, transform="rfft"):
@@ -213,16 +214,16 @@ def test_lisa_attention_stagewise_matches_at_real_size(dtype_name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", DTYPES)
-def test_castling_attention_stagewise_matches_at_real_size(dtype_name):
+def test_castling_attention_stagewise_matches_at_real_size(dtype_name, device):
     """Castling-ViT attention (castling_deit_t's layer: C 192, 3 heads, 14 x 14, eval): qkv, the linear-angular
     core (Eq. 9-10 with the depthwise conv of V), proj."""
     side = 14
     cfg = models.entry("castling_deit_t").config.attention_config()
     params = round_params(r_ang.init_castling_params(cfg, 0), dtype_name)
-    m = t_ang.CastlingAttention(cfg).to(torch_dtype(dtype_name))
+    m = t_ang.CastlingAttention(cfg).to(device=device, dtype=torch_dtype(dtype_name))
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(7).standard_normal((BATCH, side * side, cfg.dim)), dtype_name)
-    xt = to_torch(x, dtype_name, "cpu")
+    xt = to_torch(x, dtype_name, device)
     got = capture(m.eval(), lambda: m(xt, hw=(side, side)), QKV_PROJ_POINTS)
     report = numerics.compare_stages(r_ang.castling_attention_stages(params, cfg, hw=(side, side)), got, dtype_name,
                                      naive=numerics.naive_same_precision)
@@ -231,8 +232,8 @@ def test_castling_attention_stagewise_matches_at_real_size(dtype_name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype_name", ["float16", "bfloat16"])
-def test_flatten_pvt_batch_state_bug_diverges_at_attention(dtype_name):
-    m, run, stages = _pvt(dtype_name)
+def test_flatten_pvt_batch_state_bug_diverges_at_attention(dtype_name, device):
+    m, run, stages = _pvt(dtype_name, device)
     with _swapped_batch_state():
         report = _stagewise(m, run, stages, dtype_name)
     assert report.verdict == DIVERGES and report.first_divergence == "attention", str(report)

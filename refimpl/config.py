@@ -37,6 +37,11 @@ BATCH_NORM_EPS = 1e-5
 
 #: GELU tanh approximation constant sqrt(2/pi) and cubic coefficient (Hendrycks & Gimpel, 2016).
 GELU_TANH_COEF = 0.044715
+#: Abramowitz & Stegun, Handbook of Mathematical Functions, 7.1.26: erf(x) = 1 - (a1 t + ... + a5 t^5) exp(-x^2),
+#: t = 1 / (1 + p x), x >= 0, absolute error <= 1.5e-7.  The "libm" ensemble variant's erf below float64
+#: (refimpl.ensemble): the approximation PyTorch's vectorized CPU GELU uses.
+ERF_AS_P = 0.3275911
+ERF_AS_A = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 #: sup |GELU'(x)| = 1 + 2 phi(sqrt 2) ... = 1.12837... attained at x = sqrt(2); rounded up.  Used to carry
 #: an input error through GELU in composite bounds (an error e in x moves GELU(x) by at most L e).

@@ -19,15 +19,20 @@ for :func:`refimpl.verdict.compare`'s ensemble criterion:
 ``"libm"``
     the elementary functions evaluated another way, as another math library would, each within a few ulps:
     exp(x) as exp(x/2)^2, tanh(|x|) as -t / (2 + t) with t = expm1(-2|x|), the logistic sigmoid from that exp,
-    softmax and GELU composed from these (and erf) instead of the fused kernels, LayerNorm with a reciprocal
-    square root multiplied in.  Libraries differ by a few
+    softmax and GELU composed from these instead of the fused kernels (below float64, erf by Abramowitz & Stegun
+    7.1.26, absolute error 1.5e-7, as PyTorch's vectorized CPU GELU evaluates it), LayerNorm as one affine map
+    y = x a + c (a = w rsqrt(var + eps), c = b - mean a), the fused CPU kernel's form, whose x a and mean a
+    cancel where |mean| >> std.  Libraries differ by a few
     ulps in exactly these functions (config.ELEMENTARY_FUNCTION_ULPS), and summation orders alone do not
     show it.
 ``"fft conv"``
     convolutions by FFT (real transforms of the zero-padded input and kernel): a different algorithm with a
     normwise rather than element-wise error.
-``"onednn off"``
-    PyTorch's own kernels with oneDNN (mkldnn) switched off: other convolution and GEMM code.
+``"onednn toggled"``
+    PyTorch with oneDNN (mkldnn) in the other setting: switched off when it is on (PyTorch's own convolution,
+    GEMM and activation kernels), switched on when the tested run has it off (REFIMPL_TORCH_ONEDNN=0, a build
+    or platform without it).  Both library paths are legitimate, whichever the tested code took; where oneDNN
+    is not available the variant changes nothing and the verdict drops it.
 ``"threads 1"``, ``"threads 2"``, ``"threads 16"``
     PyTorch's own kernels with that intra-op thread count (other work splits and reduction trees).
 
@@ -48,11 +53,11 @@ from . import config
 __all__ = ["ORDERS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "variant", "ordered_sum"]
 
 ORDERS = ("recursive", "reversed", "pairwise", "blocked")
-VARIANTS = ORDERS + ("libm", "fft conv", "onednn off", "threads 1", "threads 2", "threads 16")
+VARIANTS = ORDERS + ("libm", "fft conv", "onednn toggled", "threads 1", "threads 2", "threads 16")
 #: What the equivalence suite runs: the four summation orders, other elementary-function evaluations, FFT
-#: convolution and oneDNN off.  The thread variants change nothing on most CPU kernels at test sizes
-#: (bit-identical outputs) and are run by benchmarks/verdict.py instead.
-DEFAULT_VARIANTS = ORDERS + ("libm", "fft conv", "onednn off")
+#: convolution and oneDNN in its other setting.  The thread variants change nothing on most CPU kernels at test
+#: sizes (bit-identical outputs) and are run by benchmarks/verdict.py instead.
+DEFAULT_VARIANTS = ORDERS + ("libm", "fft conv", "onednn toggled")
 
 
 def legitimate_runs(fn: Callable[[], Any], variants: Sequence[str] = DEFAULT_VARIANTS) -> dict[str, Any]:
@@ -76,8 +81,8 @@ def variant(name: str) -> Iterator[None]:
     if name in ORDERS or name in ("fft conv", "libm"):
         with _AlgorithmMode(name):
             yield
-    elif name == "onednn off":
-        with torch.backends.mkldnn.flags(enabled=False):
+    elif name == "onednn toggled":
+        with torch.backends.mkldnn.flags(enabled=not torch._C._get_mkldnn_enabled()):
             yield
     elif name.startswith("threads "):
         n = int(name.split()[1])
@@ -360,28 +365,41 @@ def _libm_handlers() -> dict[Any, Callable[..., Any]]:
         e = exp(xa - torch.amax(xa, dim=dim, keepdim=True))
         return (e / e.sum(dim=dim, keepdim=True)).to(x.dtype)
 
+    def erf(x):
+        # Below float64, the rational approximation of Abramowitz & Stegun 7.1.26 (absolute error <= 1.5e-7, about
+        # 2.5 u of float32 on erf in [-1, 1]), the form of PyTorch's vectorized CPU erf inside its native GELU
+        # kernel; float64 keeps the library erf (the approximation is no float64 algorithm).
+        if x.dtype == torch.float64:
+            return torch.erf(x)
+        t = 1.0 / (1.0 + config.ERF_AS_P * x.abs())
+        poly = t * (config.ERF_AS_A[0] + t * (config.ERF_AS_A[1] + t * (config.ERF_AS_A[2] + t * (
+            config.ERF_AS_A[3] + t * config.ERF_AS_A[4]))))
+        return torch.sign(x) * (1.0 - poly * exp(-x * x))
+
     def gelu(x, approximate="none"):
         acc = _acc_dtype(x.dtype)
         xa = x.to(acc)
         if approximate == "tanh":
             inner = math.sqrt(2.0 / math.pi) * (xa + config.GELU_TANH_COEF * xa * xa * xa)
             return (0.5 * xa * (1.0 + tanh(inner))).to(x.dtype)
-        return (0.5 * xa * (1.0 + torch.erf(xa * math.sqrt(0.5)))).to(x.dtype)
+        return (0.5 * xa * (1.0 + erf(xa * math.sqrt(0.5)))).to(x.dtype)
 
     def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-        # Two-pass statistics with a reciprocal square root multiplied in (the fused kernels' way) instead of
-        # a division by the square root.
+        # As PyTorch's fused CPU kernel evaluates it: the moments, a reciprocal square root, then one affine map
+        # y = x a + c with a = w rstd and c = b - mean a.  x a and mean a cancel where |mean| >> std: an error
+        # of u (|x| + |mean|) rstd |w| instead of u |x - mean| rstd |w| (layers.layer_norm_bound covers both).
         dims = tuple(range(x.dim() - len(normalized_shape), x.dim()))
         acc = _acc_dtype(x.dtype)
         xa = x.to(acc)
         mu = xa.mean(dim=dims, keepdim=True)
         d = xa - mu
-        y = d * torch.rsqrt((d * d).mean(dim=dims, keepdim=True) + eps)
+        a = torch.rsqrt((d * d).mean(dim=dims, keepdim=True) + eps)
         if weight is not None:
-            y = y * weight.to(acc)
+            a = a * weight.to(acc)
+        c = -mu * a
         if bias is not None:
-            y = y + bias.to(acc)
-        return y.to(x.dtype)
+            c = c + bias.to(acc)
+        return (xa * a + c).to(x.dtype)
 
     return {torch.exp: exp, torch.Tensor.exp: exp, torch.tanh: tanh, torch.Tensor.tanh: tanh,
             torch.sigmoid: sigmoid, torch.Tensor.sigmoid: sigmoid, F.softmax: softmax, torch.softmax: softmax,

@@ -63,11 +63,13 @@ is too noisy a statistic: see that constant's derivation).  The maximum catches 
 confined to a few elements (a boundary row, one batch item); the RMS, which averages over the whole output and
 so varies little between legitimate algorithms, catches a small defect spread over every element (a scale
 applied twice at a small magnitude).  One member is always present: the output's own final rounding,
-``u_T |ref_i|``, which no implementation in T can avoid; it keeps the criterion from collapsing to "error 0"
+``u_T |ref_i| + eta_T`` (Higham eq. 2.8: eta_T is the quantum of T's subnormal range), which no implementation
+in T can avoid; it keeps the criterion from collapsing to "error 0"
 when every other member happens to be exact.  A member equal to the tested output bit for bit (a variant that
 did not change the arithmetic) is dropped: it is the tested algorithm again and would make the criterion unable
 to fail.  With fewer than two legitimate evaluations left (the kernel-agreement tests, which have only the
-NumPy naive run), the random-rounding model's typical accumulated error
+NumPy naive run; members equal to each other bit for bit count once), the random-rounding model's typical
+accumulated error
 ``sqrt(k) u_T S_i`` (the typical size of the bound's own worst case ``k u_T S_i``; S carries the
 conditioning, |ref_i| would not) joins too, as it does when the ensemble holds fewer than
 ``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
@@ -530,11 +532,19 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
             # member or the bound is wrong): it is named in the report and left out of the thresholds.
             if np.any(e_m > np.where(np.isnan(bnd), np.inf, bnd)):
                 outside.append(key)
-    stats["final rounding"] = _z_stats(u * np.abs(ref), w, finite)
-    if len(members) < 2 or int(np.count_nonzero(finite)) * len(members) < config.VERDICT_RMS_MIN_ELEMENTS:
+    # One rounding of the exact result into T (Higham eq. 2.8: u |ref_i| + eta_T; the eta_T term is the quantum
+    # of T's subnormal range, where no algorithm can err by less than it).
+    stats["final rounding"] = _z_stats(u * np.abs(ref) + underflow_eta(dname), w, finite)
+    # Members equal to each other bit for bit are one sample of rounding error, not several (the four summation
+    # orders coincide where every sum has one or two terms).
+    distinct: list[np.ndarray] = []
+    for val in members.values():
+        if not any(np.array_equal(val, d, equal_nan=True) for d in distinct):
+            distinct.append(val)
+    if len(distinct) < 2 or int(np.count_nonzero(finite)) * len(distinct) < config.VERDICT_RMS_MIN_ELEMENTS:
         # One sample of another algorithm's rounding error says little about a third algorithm's (the max over a
-        # handful of elements of two such samples can differ by 10x): with fewer than two legitimate evaluations,
-        # or fewer than VERDICT_RMS_MIN_ELEMENTS compared errors in all (a two-element output: the calibration's
+        # handful of elements of two such samples can differ by 10x): with fewer than two distinct legitimate
+        # evaluations, or fewer than VERDICT_RMS_MIN_ELEMENTS compared errors in all (a two-element output: the calibration's
         # factors hold for maxima over many elements), the random-rounding model's typical accumulated error,
         # sqrt(k) u S_i (k roundings of mean zero on the magnitude S_i, Higham & Mary 2019), joins as a
         # member.

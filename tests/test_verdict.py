@@ -264,6 +264,21 @@ def test_small_ensembles_get_the_rounding_model_member():
     assert "rounding model" not in r.ensemble
 
 
+def test_members_equal_to_each_other_count_once():
+    """Regression (thorough profile, LiSA attention with one channel on a 4 x 4 grid in float64): every sum has one
+    term, so the four summation orders gave one output four times; 16 elements x 4 "members" passed the size
+    rule, the rounding model stayed out, and torch's fused x w + b (4.9x that single sample, inside the bound)
+    diverged.  Identical members are one sample: the rounding model joins."""
+    rng = np.random.default_rng(4)
+    ref = rng.standard_normal(16)
+    b = Bound(np.abs(ref), 123)
+    one = ref * (1 + 1e-9 * rng.standard_normal(16))
+    r = verdict.compare(ref * (1 + 2e-8), ref, b, "float32", ensemble={f"m{i}": one.copy() for i in range(4)})
+    assert "rounding model" in r.ensemble and r.verdict == MATCH, str(r)
+    four = {f"m{i}": ref * (1 + 1e-9 * rng.standard_normal(16)) for i in range(4)}
+    assert "rounding model" not in verdict.compare(ref * (1 + 2e-9), ref, b, "float32", ensemble=four).ensemble
+
+
 def test_quantities_below_the_normal_range_are_measured_against_its_floor():
     """exp(-277) = 5e-122 is 0 in float32; its bound k eta_T cannot be relatively small, and T resolves nothing
     finer there: conclusive (thorough profile, elu1 features)."""
@@ -272,3 +287,27 @@ def test_quantities_below_the_normal_range_are_measured_against_its_floor():
     assert r.verdict == MATCH and r.max_relative_bound < 1, str(r)
     r = verdict.compare(np.array([1e-40]), ref, Bound(np.zeros(1), 2), "float32")   # 1e-40: 70000 eta away
     assert r.verdict == DIVERGES
+
+
+def test_final_rounding_member_includes_the_subnormal_quantum():
+    """Regression (CUDA, float64, thorough profile: a numerator with subnormal outputs): the tested output was one
+    subnormal quantum (2^-1074) off at an element whose magnitude S is 3e-308, where every other member happened
+    to be exact; z = 1.6e-16 there, 8.6x the members' largest.  One rounding into T errs by up to
+    u |ref_i| + eta_T (Higham eq. 2.8), so the final-rounding member carries eta_T and one quantum is legitimate;
+    two orders of magnitude more is not."""
+    eta = verdict.underflow_eta("float64")
+    rng = np.random.default_rng(3)
+    ref = np.concatenate([rng.standard_normal(64), [-1.0e4 * eta]])
+    scale = 20.0 * np.abs(ref) + 1.0         # S >> |ref| (cancellation): one rounding of ref is ~u/20 in z units
+    scale[-1] = 3e-308
+    b = Bound(scale, 34, accumulation=True)
+    members = {f"m{i}": ref + rng.standard_normal(ref.size) * 1e-17 * scale for i in range(4)}
+    for m in members.values():
+        m[-1] = ref[-1]                                   # exact where the output is subnormal
+    one_quantum = ref.copy()
+    one_quantum[-1] = ref[-1] + eta
+    r = verdict.compare(one_quantum, ref, b, "float64", ensemble=members)
+    assert r.verdict == MATCH and r.ensemble["final rounding"][0] >= eta / (3e-308 + eta), str(r)
+    far = ref.copy()
+    far[-1] = ref[-1] + 1000 * eta
+    assert verdict.compare(far, ref, b, "float64", ensemble=members).verdict == DIVERGES
