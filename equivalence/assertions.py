@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from refimpl import ensemble, numerics
+from refimpl import ensemble, numerics, verdict
 from refimpl.numerics import Bound, ErrorReport
 from refimpl.verdict import INCONCLUSIVE
 
@@ -99,14 +99,20 @@ def assert_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bou
 
     higher, higher_bound : for property tests whose strategies reach ill-conditioned inputs (exponentials of
         logits in the thousands), a float64 run of the same module on the same T-rounded inputs and weights,
-        and a callable giving the bound of that computation in float64 (evaluated only when needed).  Where the comparison in T is "inconclusive" (T cannot
-        resolve the answer on this input: the relative bound reaches 1), the remedy the report names is taken:
-        the float64 run must match instead.  "diverges" in T fails whatever float64 says."""
+        and a callable giving the bound of that computation in float64 (evaluated only when needed; optional
+        where T accumulates in itself, as float32 does: there the bound's scale and depth do not depend on the
+        precision and ``bound`` serves).  Where the comparison in T is "inconclusive" (T cannot resolve the
+        answer on this input: the relative bound reaches 1), the remedy the report names is taken: the float64
+        run must match instead.  "diverges" in T fails whatever float64 says."""
     report = compare_matches(actual, reference, bound, dtype_name, naive=naive, rerun=rerun,
                              ensemble_outputs=ensemble_outputs, name=name)
     if report.verdict == INCONCLUSIVE and higher is not None and dtype_name != "float64":
         if higher_bound is None:
-            raise TypeError("assert_matches: 'higher' needs 'higher_bound' (the float64 bound)")
+            if verdict.accumulation_format(dtype_name) != verdict.format_name(dtype_name):
+                raise TypeError(f"assert_matches: 'higher' needs 'higher_bound' (the float64 bound): {dtype_name}"
+                                f" accumulates in {verdict.accumulation_format(dtype_name)}, so its bound's depths"
+                                f" are not float64's")
+            higher_bound = lambda: bound  # noqa: E731
         with torch.no_grad():
             out64 = higher()
         again = compare_matches(out64, reference, higher_bound(), "float64", rerun=higher,
