@@ -22,7 +22,7 @@ SECTIONS = [
 
 #: Documents linked from the README head instead of inlined: generated tables (benchmarks/verdict.py writes
 #: docs/verdict.md).
-LINKED = ["verdict.md", "design.md"]
+LINKED = ["verdict.md", "design.md", "verify.md"]
 
 
 def _demote(text: str) -> str:

@@ -411,3 +411,11 @@ NUMBA_FASTMATH = False
 #: process may run on (os.sched_getaffinity), capped at this number.  The result does not depend on it
 #: (fixed reduction order, ckernels/linattn.c); only the speed does.
 C_KERNEL_THREADS_MAX = 2
+
+#: The verify tool locates a reference stage with no submodule of its own (FLatten's features and attention) by
+#: value: the foreign tensor that, in the best of its layouts (heads split or merged, axes permuted), is
+#: closest to the teacher-forced reference, provided its relative (Frobenius) distance is at most this.  A
+#: locating threshold, not a tolerance: the located tensor is then judged by the verdict against the stage's
+#: bound, and a stage with no tensor this close, where its inputs were located, is where the module diverges
+#: (any correct evaluation is within a few hundred u_T of the reference: 2e-3 relative in bfloat16).
+VERIFY_LOCATE_GATE = 0.05

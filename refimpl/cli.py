@@ -1,0 +1,140 @@
+"""The ``refimpl`` command line: ``refimpl verify ...`` (also ``python -m refimpl verify ...``).
+
+Layer: the command line, a thin layer over :func:`refimpl.verify.verify` (docs/verify.md).  Exit status:
+0 match, 1 diverges, 3 inconclusive (the bound cannot resolve the answer; the report says what would), 2 any
+usage, loading or mapping error (the message names the problem).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+EXIT = {"match": 0, "diverges": 1, "inconclusive": 3}
+
+
+def _json_arg(name: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        if text.endswith(".json"):
+            with open(text) as fh:
+                return json.load(fh)
+        return json.loads(text)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise SystemExit(_usage(f"argument --{name}: expected JSON or a .json file, got {text!r} ({exc})"))
+
+
+def _usage(msg: str) -> int:
+    print(f"refimpl: error: {msg}", file=sys.stderr)
+    return 2
+
+
+def _pair(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    try:
+        h, w = (int(v) for v in text.split(","))
+    except ValueError:
+        raise SystemExit(_usage(f"argument --hw: expected H,W (two integers), got {text!r}"))
+    return h, w
+
+
+def _render(report: Any) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(report)
+        return
+    con = Console()
+    colour = {"match": "green", "diverges": "red", "inconclusive": "yellow"}.get(report.verdict, "white")
+    con.print(f"[bold {colour}]{report.verdict.upper()}[/] against {report.reference} ({report.preset} preset, "
+              f"{report.dtype})")
+    t = Table("stage", "observed at", "verdict", "max |err|", "bound", "err/bound", "detail")
+    for s in report.stages:
+        g = (lambda v: "-" if v is None else f"{v:.3g}")
+        t.add_row(s.name, s.foreign or "-", s.verdict, g(s.max_abs_err), g(s.bound), g(s.err_over_bound),
+                  s.detail[:80])
+    con.print(t)
+    wm = report.whole_module
+    con.print(f"whole module: {wm['verdict']} (max relative bound {wm['max_relative_bound']:.3g}, "
+              f"err/bound {wm['err_over_bound']:.3g})")
+    if report.first_divergence:
+        con.print(f"[red]first divergence[/]: {report.first_divergence['stage']}: {report.first_divergence['why']}")
+    for f in report.findings:
+        con.print(f"finding ({f['kind']}): {f['message']}")
+
+
+def _verify(ns: argparse.Namespace) -> int:
+    from . import verify as v
+
+    if ns.list:
+        refs = {name: {"summary": r.summary, "presets": list(r.presets)} for name, r in v.REFERENCES.items()}
+        print(json.dumps(refs, indent=1) if ns.json == "-" else "\n".join(
+            f"{name}: {d['summary']} (presets: {', '.join(d['presets'])})" for name, d in refs.items()))
+        return 0
+    if ns.target is None or ns.reference is None:
+        return _usage("verify needs TARGET and --reference (or --list)")
+    inp = None
+    if ns.input is not None:
+        try:
+            w = v.load_weights(ns.input)
+        except v.VerifyError as exc:
+            return _usage(str(exc).replace("'weights'", "'input'"))
+        if len(w) != 1:
+            return _usage(f"argument --input: expected one array in {ns.input!r}, found {sorted(w)}")
+        inp = next(iter(w.values()))
+    try:
+        report = v.verify(ns.target, ns.reference, preset=ns.preset, config=_json_arg("config", ns.config),
+                          init=_json_arg("init", ns.init), weights=ns.weights, map=_json_arg("map", ns.map),
+                          input=inp, hw=_pair(ns.hw), batch=ns.batch, dtype=ns.dtype, device=ns.device,
+                          seed=ns.seed, call=_json_arg("call", ns.call))
+    except v.VerifyError as exc:
+        return _usage(str(exc))
+    if ns.json:
+        text = report.to_json()
+        if ns.json == "-":
+            print(text)
+        else:
+            with open(ns.json, "w") as fh:
+                fh.write(text + "\n")
+    if ns.json != "-":
+        _render(report)
+    return EXIT.get(report.verdict, 1)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="refimpl", description="refimpl: the reference of vision linear attention")
+    sub = ap.add_subparsers(dest="command", required=True)
+    vp = sub.add_parser("verify", help="verify a PyTorch module against a reference (docs/verify.md)")
+    vp.add_argument("target", nargs="?", help="package.module:Name or path/to/file.py:Name")
+    vp.add_argument("--reference", help="the reference to compare with (--list shows them)")
+    vp.add_argument("--list", action="store_true", help="list the references")
+    vp.add_argument("--preset", default="official")
+    vp.add_argument("--init", help="JSON keyword arguments for the class or factory")
+    vp.add_argument("--call", help="JSON keyword arguments of forward ($H, $W, $HW substituted)")
+    vp.add_argument("--config", help="JSON reference configuration fields (override inference and preset)")
+    vp.add_argument("--weights", help=".safetensors, .npz or .pt/.pth (weights_only) state_dict")
+    vp.add_argument("--map", help='JSON {"rename": {foreign: reference}, "ignore": [foreign]}')
+    vp.add_argument("--input", help=".npz or .safetensors holding the input array")
+    vp.add_argument("--hw", help="the token grid H,W")
+    vp.add_argument("--batch", type=int, default=2)
+    vp.add_argument("--dtype", default="float32", choices=("float64", "float32", "float16", "bfloat16"))
+    vp.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    vp.add_argument("--seed", type=int, default=0)
+    vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")
+    try:
+        ns = ap.parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0) and 2
+    try:
+        return _verify(ns)
+    except SystemExit as exc:      # raised by the argument helpers with a usage status
+        return int(exc.code) if isinstance(exc.code, int) else 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

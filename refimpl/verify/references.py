@@ -1,0 +1,291 @@
+"""The references a foreign module can be verified against: what each needs and how it is run.
+
+Layer: the verify tool (NumPy; the foreign module is only inspected here, never run).  A :class:`Reference`
+says how to infer the reference configuration from a foreign module (its attributes and weight shapes, the
+rest from a preset), which parameter keys and aliases it has, how to draw an input and call the foreign
+forward, and where its stages can be observed in a foreign module (submodule inputs and outputs, through the
+weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention`).
+
+Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
+spatial reduction; FLatten Eq. 4-6, 10-12).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..attention import focused as r_foc
+from .loading import VerifyError
+from .mapping import _alias_pattern
+
+__all__ = ["Reference", "REFERENCES", "get_reference"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """Where a stage tensor is observed in the foreign module: the input or output of the foreign submodule
+    that the weight mapping pairs with the reference submodule ``ref_module``; ``rows``: a slice of the
+    last axis (a fused projection's part)."""
+
+    ref_module: str
+    where: str
+    rows: tuple[int, int] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Wire:
+    """A data-flow check: the foreign submodule computing ``stage`` must receive the tensor ``producer``
+    (transformed by ``transform``) as its input; otherwise the module is wired differently from the paper."""
+
+    stage: str
+    point: Point
+    producer: str
+    transform: Callable[[np.ndarray], np.ndarray]
+
+
+@dataclasses.dataclass
+class Setup:
+    """One concrete comparison: the configuration (and how each field was obtained), the grid, the reference
+    keys and shapes, and the stage observation points."""
+
+    cfg: Any
+    fields: dict[str, str]              # config field -> where its value came from
+    hw: tuple[int, int]
+    shapes: dict[str, tuple[int, ...]]
+    points: dict[str, Point]
+    wires: list[Wire]
+
+
+class Reference:
+    """Interface of a registered reference (see :class:`FlattenAttention`)."""
+
+    name: str = ""
+    summary: str = ""
+    presets: tuple[str, ...] = ()
+    #: configuration fields that describe the module's shape, not its arithmetic (not reported as departures
+    #: from the preset)
+    structural: frozenset[str] = frozenset()
+    aliases: Mapping[str, Sequence[str]] = {}
+    fused: Mapping[str, tuple[Sequence[str], Sequence[str]]] = {}
+    #: stages located by value among every tensor the foreign forward computes (no submodule to hook)
+    value_stages: tuple[str, ...] = ()
+
+    def setup(self, module: Any, state: Mapping[str, np.ndarray], preset: str, config: Mapping[str, Any],
+              hw: tuple[int, int] | None) -> Setup:
+        raise NotImplementedError
+
+    def draw_input(self, s: Setup, batch: int, rng: np.random.Generator) -> np.ndarray:
+        raise NotImplementedError
+
+    def call(self, s: Setup, call: Mapping[str, Any] | None) -> tuple[tuple, dict]:
+        raise NotImplementedError
+
+    def forward(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup) -> np.ndarray:
+        raise NotImplementedError
+
+    def bound(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup, dtype: str) -> Any:
+        raise NotImplementedError
+
+    def stages(self, params: Mapping[str, np.ndarray], s: Setup) -> list:
+        raise NotImplementedError
+
+
+def _find(state: Mapping[str, np.ndarray], aliases: Sequence[str], leaf: str) -> list[str]:
+    out: list[str] = []
+    for a in aliases:
+        pat = _alias_pattern(a, leaf)
+        out += [k for k in state if pat.match(k) and k not in out]
+    return out
+
+
+def _attr(module: Any, names: Sequence[str]) -> tuple[Any, str] | None:
+    """The first attribute of ``names`` found on the module or one level of its submodules."""
+    for n in names:
+        if hasattr(module, n) and isinstance(getattr(module, n), (int, float)) and \
+                not isinstance(getattr(module, n), bool):
+            return getattr(module, n), n
+    for sub_name, sub in getattr(module, "named_children", list)():
+        for n in names:
+            if hasattr(sub, n) and isinstance(getattr(sub, n), (int, float)) and \
+                    not isinstance(getattr(sub, n), bool):
+                return getattr(sub, n), f"{sub_name}.{n}"
+    return None
+
+
+class FlattenAttention(Reference):
+    """FLatten's focused linear attention, DeiT / PVT global layout (sr = 1 or a spatial reduction sr > 1):
+    :func:`refimpl.attention.focused.focused_linear_attention` and its bound and stage list.  Input: tokens
+    (B, N, C) with N = H W; the foreign forward is called as ``forward(x, H, W)`` (the released signature)
+    unless ``call`` says otherwise."""
+
+    name = "flatten.attention"
+    summary = ("FLatten focused linear attention, global (DeiT / PVT) layout with optional spatial reduction: "
+               "q, [sr conv, LayerNorm], kv, focused features, attention + DWC, proj (Eq. 4-6, 10-12)")
+    presets = ("paper", "official")
+    structural = frozenset({"dim", "num_heads", "sr_ratio", "kernel_size", "qkv_bias", "layer_norm_eps"})
+    aliases = {
+        "q": ("q", "to_q", "query", "q_proj", "wq"),
+        "kv": ("kv", "to_kv", "kv_proj", "wkv"),
+        "sr": ("sr", "reduce", "sr_conv", "spatial_reduction", "reduction"),
+        "norm": ("norm", "sr_norm", "reduce_norm", "norm_sr", "ln"),
+        "proj": ("proj", "out", "to_out", "out_proj", "o_proj", "wo"),
+        "dwc": ("dwc", "dw_conv", "dwconv", "dw", "lepe", "local_conv"),
+        "scale": ("scale", "feature_scale", "focus_scale"),
+        "positional_encoding": ("positional_encoding", "pos_emb", "pos_embed", "pe", "pos_encoding"),
+    }
+    fused = {"qkv": (("qkv", "to_qkv", "qkv_proj", "wqkv"), ("q", "kv"))}
+    value_stages = ("phi_q", "phi_k", "attention")
+
+    def setup(self, module, state, preset, config, hw):
+        if preset not in self.presets:
+            raise VerifyError(f"argument 'preset': expected one of {self.presets} for {self.name}, got {preset!r}")
+        fields: dict[str, str] = {}
+        over = dict(config or {})
+        known = {f.name for f in dataclasses.fields(r_foc.FocusedConfig)}
+        bad = set(over) - known
+        if bad:
+            raise VerifyError(f"argument 'config': unknown field(s) {sorted(bad)} of FocusedConfig (it has "
+                              f"{sorted(known)})")
+        inferred: dict[str, Any] = {}
+
+        def one(aliases, leaf):
+            ks = _find(state, aliases, leaf)
+            return state[ks[0]] if len(ks) == 1 else None
+
+        proj_w = one(self.aliases["proj"], "weight")
+        q_w = one(self.aliases["q"], "weight")
+        qkv_w = one(self.fused["qkv"][0], "weight")
+        if "dim" not in over:
+            got = _attr(module, ("dim", "embed_dim", "d_model", "hidden_dim"))
+            if got is not None:
+                inferred["dim"], fields["dim"] = int(got[0]), f"module attribute {got[1]}"
+            elif proj_w is not None:
+                inferred["dim"], fields["dim"] = int(proj_w.shape[0]), "output projection weight shape"
+            else:
+                raise VerifyError("config: cannot infer 'dim' (no attribute dim/embed_dim and no projection "
+                                  "weight found); give --config '{\"dim\": C}'")
+        if "num_heads" not in over:
+            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead", "num_head"))
+            if got is None:
+                raise VerifyError("config: cannot infer 'num_heads' (no attribute num_heads/heads/n_heads); give "
+                                  "--config '{\"num_heads\": h}'")
+            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        if "p" not in over:
+            got = _attr(module, ("focusing_factor", "p", "focus_power", "power"))
+            if got is not None:
+                inferred["p"], fields["p"] = float(got[0]), f"module attribute {got[1]}"
+        if "sr_ratio" not in over:
+            sr_w = one(self.aliases["sr"], "weight")
+            got = _attr(module, ("sr_ratio", "sr", "reduction_ratio"))
+            if got is not None:
+                inferred["sr_ratio"], fields["sr_ratio"] = int(got[0]), f"module attribute {got[1]}"
+            elif sr_w is not None and sr_w.ndim == 4:
+                inferred["sr_ratio"], fields["sr_ratio"] = int(sr_w.shape[-1]), "reduction conv kernel shape"
+            else:
+                inferred["sr_ratio"], fields["sr_ratio"] = 1, "no reduction conv found"
+        dwc_w = one(self.aliases["dwc"], "weight")
+        dim = over.get("dim", inferred.get("dim"))
+        if dwc_w is not None and dwc_w.ndim == 4:
+            if "kernel_size" not in over:
+                inferred["kernel_size"], fields["kernel_size"] = int(dwc_w.shape[-1]), "DWC weight shape"
+            heads = over.get("num_heads", inferred.get("num_heads"))
+            if "dwc_shared" not in over and heads != 1:     # with one head, shared and per-channel coincide
+                inferred["dwc_shared"] = bool(dwc_w.shape[0] != dim)
+                fields["dwc_shared"] = f"DWC weight has {dwc_w.shape[0]} filters for C = {dim}"
+        if "qkv_bias" not in over:
+            has_b = bool(_find(state, self.aliases["q"], "bias") or _find(state, self.fused["qkv"][0], "bias"))
+            inferred["qkv_bias"], fields["qkv_bias"] = has_b, "presence of a q / qkv bias"
+        for fld, key in (("learnable_scale", "scale"), ("positional_encoding", "positional_encoding")):
+            if fld not in over:
+                inferred[fld] = bool(_find(state, self.aliases[key], ""))
+                fields[fld] = f"presence of a {key!r} tensor"
+        for k in over:
+            fields[k] = "--config"
+        try:
+            cfg = r_foc.FocusedConfig.preset(preset, **{**inferred, **over})
+        except (TypeError, ValueError) as exc:
+            raise VerifyError(f"config: {exc}") from exc
+        for f in dataclasses.fields(cfg):
+            fields.setdefault(f.name, f"preset {preset!r}")
+        if q_w is None and qkv_w is None:
+            raise VerifyError("weights: no query projection found (q, to_q, query, q_proj, or a fused qkv)")
+        sr = cfg.sr_ratio
+        if hw is None:
+            pe = one(self.aliases["positional_encoding"], "")
+            if pe is not None and pe.ndim == 3 and math.isqrt(pe.shape[1]) ** 2 == pe.shape[1]:
+                side = math.isqrt(pe.shape[1]) * sr
+                hw = (side, side)
+                fields["hw"] = f"positional encoding covers {pe.shape[1]} key tokens"
+            else:
+                hw = (4 * sr, 4 * sr)
+                fields["hw"] = "default (4 sr x 4 sr)"
+        else:
+            fields["hw"] = "--hw"
+        hw = (int(hw[0]), int(hw[1]))
+        if hw[0] % sr or hw[1] % sr:
+            raise VerifyError(f"argument 'hw': {hw} is not divisible by sr_ratio = {sr}")
+        n_kv = (hw[0] // sr) * (hw[1] // sr)
+        shapes = r_foc.focused_param_shapes(cfg, layout="global", n_kv=n_kv)
+        c = cfg.dim
+        fused_q = q_w is None
+        points = {"x": Point("qkv" if fused_q else "q", "input")}
+        if fused_q:
+            if sr > 1:
+                raise VerifyError("weights: a fused qkv projection with a spatial reduction (sr > 1) cannot be "
+                                  "the PVT layout, where K and V come from the reduced grid")
+            points["q"] = Point("qkv", "output", (0, c))
+            points["kv"] = Point("qkv", "output", (c, 3 * c))
+        else:
+            points["q"] = Point("q", "output")
+            points["kv"] = Point("kv", "output")
+        wires: list[Wire] = []
+        if sr > 1:
+            big_h, big_w = hw
+            points["sr"] = Point("sr", "output")
+            points["norm"] = Point("norm", "output")
+            wires += [
+                Wire("sr", Point("sr", "input"), "x",
+                     lambda x: x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)),
+                Wire("norm", Point("norm", "input"), "sr",
+                     lambda r: r.reshape(r.shape[0], c, -1).transpose(0, 2, 1)),
+                Wire("kv", Point("kv", "input"), "norm", lambda t: t),
+            ]
+        elif not fused_q:
+            wires.append(Wire("kv", Point("kv", "input"), "x", lambda t: t))
+        points["dwc_in"] = Point("dwc", "input")
+        points["dwc"] = Point("dwc", "output")
+        points["core"] = Point("proj", "input")
+        points["proj"] = Point("proj", "output")
+        return Setup(cfg, fields, hw, shapes, points, wires)
+
+    def draw_input(self, s, batch, rng):
+        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
+
+    def call(self, s, call):
+        if call is None:
+            return (s.hw[0], s.hw[1]), {}
+        subs = {"$H": s.hw[0], "$W": s.hw[1], "$HW": list(s.hw)}
+        return (), {k: subs.get(v, v) if isinstance(v, str) else v for k, v in call.items()}
+
+    def forward(self, x, params, s):
+        return r_foc.focused_linear_attention(x, params, s.cfg, s.hw)
+
+    def bound(self, x, params, s, dtype):
+        return r_foc.focused_linear_attention_bound(x, params, s.cfg, s.hw, dtype=dtype)
+
+    def stages(self, params, s):
+        return r_foc.focused_linear_attention_stages(params, s.cfg, s.hw, fine=True)
+
+
+REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(),)}
+
+
+def get_reference(name: str) -> Reference:
+    if name not in REFERENCES:
+        raise VerifyError(f"argument 'reference': expected one of {sorted(REFERENCES)}, got {name!r}")
+    return REFERENCES[name]
+

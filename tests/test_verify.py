@@ -1,0 +1,162 @@
+"""The verify tool (refimpl.verify, ``refimpl verify``) on third-party-style modules it was not written against
+(tests/verify_gallery): correct ports match, planted porting bugs diverge at the stage that holds them, loading
+and mapping are strict, the command line's exit codes and JSON report."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from refimpl import cli
+from refimpl import verify as V
+from tests.verify_gallery.flatten_port import PortFocusedAttention, PortFusedDeiT
+
+GALLERY = os.path.join(os.path.dirname(__file__), "verify_gallery", "flatten_port.py")
+
+
+def _port(bug=None, sr=2):
+    return PortFocusedAttention(16, 2, sr_ratio=sr, n_kv=16 if sr == 2 else 64, bug=bug)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("sr", [1, 2])
+def test_a_port_in_another_style_matches(dtype, sr):
+    r = V.verify(_port(sr=sr), "flatten.attention", hw=(8, 8), dtype=dtype)
+    assert r.verdict == "match" and r.first_divergence is None, str(r)
+    assert all(s.verdict == "match" for s in r.stages), str(r)
+    assert r.mapping["q.weight"] == "to_q.weight" and r.mapping["positional_encoding"] == "pos_emb"
+    assert r.config_sources["num_heads"] == "module attribute heads"
+    assert not [f for f in r.findings if f["kind"] == "config"], r.findings   # the official arithmetic
+
+
+def test_a_fused_qkv_port_is_split_and_matches():
+    r = V.verify(PortFusedDeiT(16, 2, n_kv=36), "flatten.attention", dtype="float32")
+    assert r.verdict == "match", str(r)
+    assert r.mapping["q.weight"] == "qkv.weight[0:16]" and r.mapping["kv.weight"] == "qkv.weight[16:48]"
+    assert r.config["hw"] == [6, 6] and "positional encoding" in r.config_sources["hw"]
+    assert {s.name: s.foreign for s in r.stages}["kv"] == "qkv:output[16:48]"
+
+
+@pytest.mark.parametrize("bug,stage", [("skip_norm", "kv"), ("power", "phi_q"), ("sum_normaliser", "attention"),
+                                       ("dwc_on_k", "dwc_in"), ("batch_state", "attention")])
+def test_planted_porting_bugs_diverge_at_their_stage(bug, stage):
+    r = V.verify(_port(bug), "flatten.attention", hw=(8, 8), dtype="float32")
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == stage, str(r)
+    names = [s.name for s in r.stages]
+    assert all(s.verdict == "match" for s in r.stages[:names.index(stage)]), str(r)
+
+
+def test_skipped_norm_is_named_as_wiring():
+    r = V.verify(_port("skip_norm"), "flatten.attention", hw=(8, 8), dtype="float32")
+    assert "not the output of stage 'norm'" in r.first_divergence["why"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_ports_match_stage_wise(dtype):
+    """In half precision the whole-module bound reaches the output's size at this size (inconclusive): the
+    verdict comes from the stages, the features and the attention located by value among the forward's
+    tensors.  Planted bugs still diverge at their stage."""
+    r = V.verify(_port(), "flatten.attention", hw=(8, 8), dtype=dtype)
+    assert r.whole_module["verdict"] == "inconclusive" and r.verdict == "match", str(r)
+    assert {s.name: s.foreign for s in r.stages}["phi_q"].endswith("(by value)")
+    for bug, stage in (("skip_norm", "kv"), ("power", "phi_q"), ("dwc_on_k", "dwc_in"), ("batch_state", "attention")):
+        rb = V.verify(_port(bug), "flatten.attention", hw=(8, 8), dtype=dtype)
+        assert rb.verdict == "diverges" and rb.first_divergence["stage"] == stage, str(rb)
+
+
+class _Extra(PortFocusedAttention):
+    def __init__(self):
+        super().__init__(16, 2, sr_ratio=2, n_kv=16)
+        self.temperature = nn.Parameter(torch.ones(2, 1, 1))
+
+
+def test_strict_mapping_names_unused_foreign_tensors_and_map_ignores_them():
+    with pytest.raises(V.VerifyError, match=r"foreign tensors that map to nothing: temperature \(2, 1, 1\)"):
+        V.verify(_Extra(), "flatten.attention", hw=(8, 8))
+    r = V.verify(_Extra(), "flatten.attention", hw=(8, 8), map={"ignore": ["temperature"]})
+    assert r.verdict == "match" and r.ignored_foreign_keys == ["temperature"]
+
+
+def test_unknown_map_key_and_config_field_are_errors():
+    with pytest.raises(V.VerifyError, match="'map': foreign key 'nope'"):
+        V.verify(_port(), "flatten.attention", hw=(8, 8), map={"ignore": ["nope"]})
+    with pytest.raises(V.VerifyError, match=r"unknown field\(s\) \['focusing'\]"):
+        V.verify(_port(), "flatten.attention", hw=(8, 8), config={"focusing": 3})
+    with pytest.raises(V.VerifyError, match="'reference': expected one of"):
+        V.verify(_port(), "flatten.nothing")
+
+
+def _state(m):
+    return {k: v.detach().numpy().copy() for k, v in m.state_dict().items()}
+
+
+def test_weights_round_trip_safetensors_npz_pt(tmp_path):
+    from safetensors.numpy import save_file
+    src = _port()
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in src.parameters():
+            p.normal_(0, 0.3)
+    sd = _state(src)
+    files = {"w.safetensors": lambda f: save_file(sd, f), "w.npz": lambda f: np.savez(f, **sd),
+             "w.pt": lambda f: torch.save(src.state_dict(), f)}
+    verdicts = []
+    for name, save in files.items():
+        path = str(tmp_path / name)
+        save(path)
+        r = V.verify(_port(), "flatten.attention", hw=(8, 8), weights=path)
+        verdicts.append(r.verdict)
+        np.testing.assert_array_equal(r_values := V.load_weights(path)["to_q.weight"], sd["to_q.weight"])
+        assert r_values.dtype == np.float64
+    assert verdicts == ["match"] * 3
+
+
+class _Boom:
+    def __reduce__(self):
+        return (os.system, ("touch " + os.environ.get("REFIMPL_BOOM", "/tmp/refimpl_boom"),))
+
+
+def test_a_checkpoint_that_needs_unpickling_is_refused_not_executed(tmp_path, monkeypatch):
+    flag = tmp_path / "boom"
+    monkeypatch.setenv("REFIMPL_BOOM", str(flag))
+    path = tmp_path / "evil.pt"
+    with open(path, "wb") as fh:
+        pickle.dump({"to_q.weight": _Boom()}, fh)
+    with pytest.raises(V.VerifyError, match="arbitrary unpickling, which is refused"):
+        V.load_weights(str(path))
+    assert not flag.exists()
+    npz = tmp_path / "evil.npz"
+    np.savez(npz, a=np.array([_Boom()], dtype=object))
+    with pytest.raises(V.VerifyError, match="pickled objects; refused"):
+        V.load_weights(str(npz))
+    assert not flag.exists()
+
+
+def test_cli_exit_codes_json_and_list(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    code = cli.main(["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention",
+                     "--init", '{"dim": 16, "heads": 2, "sr_ratio": 2, "n_kv": 16}', "--hw", "8,8",
+                     "--json", str(out)])
+    assert code == 0
+    capsys.readouterr()
+    rep = json.loads(out.read_text())
+    for key in ("schema_version", "verdict", "reference", "preset", "dtype", "config", "mapping",
+                "unused_foreign_keys", "missing_reference_keys", "stages", "first_divergence", "findings"):
+        assert key in rep
+    assert [s["name"] for s in rep["stages"]] == ["q", "sr", "norm", "kv", "phi_q", "phi_k", "attention", "dwc_in",
+                                                  "dwc", "core", "proj"]
+    code = cli.main(["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention",
+                     "--init", '{"dim": 16, "heads": 2, "sr_ratio": 2, "n_kv": 16, "bug": "power"}',
+                     "--hw", "8,8", "--json", "-"])
+    assert code == 1 and json.loads(capsys.readouterr().out)["first_divergence"]["stage"] == "phi_q"
+    assert cli.main(["verify", f"{GALLERY}:Nope", "--reference", "flatten.attention"]) == 2
+    assert "has no attribute 'Nope'" in capsys.readouterr().err
+    assert cli.main(["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention",
+                     "--init", "{not json"]) == 2
+    assert cli.main(["verify", "--list"]) == 0 and "flatten.attention" in capsys.readouterr().out
