@@ -1,7 +1,5 @@
-"""Assemble README.md from docs/README.head.md and the per-topic documents in docs/.
-
-The topic documents are the sources (each written next to its code); README.md is generated so a reader
-finds everything on one page.  Run ``python docs/assemble_readme.py`` after editing any of them;
+"""Assemble README.md, the front door: docs/README.head.md (what this is, two commands, a short tour) and a
+linked index of the per-topic documents in docs/ (each written next to its code).  Run ``python docs/assemble_readme.py`` after editing any of them;
 tests/test_readme.py fails when README.md is out of date.
 """
 
@@ -20,8 +18,7 @@ SECTIONS = [
     ("Fast paths and benchmarks", ["backends.md", "kernels_c.md", "benchmarks.md"]),
 ]
 
-#: Documents linked from the README head instead of inlined: generated tables (benchmarks/verdict.py writes
-#: docs/verdict.md).
+#: Documents indexed under their own heading (benchmarks/verdict.py writes docs/verdict.md).
 LINKED = ["verdict.md", "design.md", "verify.md"]
 
 
@@ -39,22 +36,19 @@ def _demote(text: str) -> str:
     return "\n".join(out).strip() + "\n"
 
 
+def _title(name: str) -> str:
+    text = (DOCS / name).read_text()
+    return next(line for line in text.splitlines() if line.startswith("#")).lstrip("#").strip()
+
+
 def assemble() -> str:
-    parts = [(DOCS / "README.head.md").read_text().strip() + "\n"]
-    toc = ["## Contents\n"]
-    body = []
-    for title, names in SECTIONS:
-        toc.append(f"- {title}")
-        body.append(f"\n## {title}\n")
-        for name in names:
-            path = DOCS / name
-            if not path.exists():
-                continue
-            text = _demote(path.read_text())
-            first = next(line for line in text.splitlines() if line.startswith("###"))
-            toc.append(f"  - {first.lstrip('#').strip()} (source: `docs/{name}`)")
-            body.append(text)
-    return "\n".join(parts + ["\n".join(toc) + "\n"] + body)
+    """README.md: the front door (docs/README.head.md) and an index of the documents, linked, not inlined."""
+    parts = [(DOCS / "README.head.md").read_text().strip() + "\n", "## Documentation\n"]
+    for title, names in SECTIONS + [("The verdict, the design and the verify tool", LINKED)]:
+        parts.append(f"**{title}**\n")
+        parts += [f"- [{_title(n)}](docs/{n})" for n in names if (DOCS / n).exists()]
+        parts.append("")
+    return "\n".join(parts)
 
 
 if __name__ == "__main__":
