@@ -138,7 +138,7 @@ class Setup:
     naive: Callable[[], np.ndarray]
     bugs: dict[str, Bug]
     note: str = ""
-    stagewise: Callable[[Callable[[], Any]], Any] | None = None   # runner -> refimpl.verdict.StageReport
+    stagewise: "StageWise | None" = None      # runner -> refimpl.verdict.StageReport, with the stage list
 
 
 @contextlib.contextmanager
@@ -260,10 +260,29 @@ def _flatten_bugs(m: Any, run: Callable[[], Any], cfg: Any, windows: bool) -> di
     }
 
 
-def _stagewise(stages: list, tensors: Callable[[Callable[[], Any]], dict], dt: str
-               ) -> Callable[[Callable[[], Any]], Any]:
-    """runner -> the stage-wise report of the tensors ``tensors(runner)`` captures from one run."""
-    return lambda runner: numerics.compare_stages(stages, tensors(runner), dt, naive=numerics.naive_same_precision)
+@dataclasses.dataclass
+class StageWise:
+    """A module's stage list and how to capture its tensors from one run: ``self(runner)`` is the stage-wise
+    report of the run (refimpl.verdict.compare_stages with each stage's NumPy naive run in T)."""
+
+    stages: list
+    tensors: Callable[[Callable[[], Any]], dict]
+    dt: str
+
+    def __call__(self, runner: Callable[[], Any]) -> Any:
+        return self.compare(self.tensors(runner))
+
+    def compare(self, tensors: dict, only: set | None = None) -> Any:
+        """compare_stages on ``tensors``; ``only``: the named stages alone, each with the share of the false-alarm
+        budget it has in the full list (so a stage's verdict is the one the full comparison gives it)."""
+        stages = self.stages if only is None else [st for st in self.stages if st.name in only]
+        p = config.VERDICT_FALSE_ALARM * len(stages) / len(self.stages)
+        return numerics.compare_stages(stages, tensors, self.dt, naive=numerics.naive_same_precision,
+                                       p_false_alarm=p)
+
+
+def _stagewise(stages: list, tensors: Callable[[Callable[[], Any]], dict], dt: str) -> StageWise:
+    return StageWise(stages, tensors, dt)
 
 
 def _flatten_stagewise(m: Any, stages: list, dt: str) -> Callable[[Callable[[], Any]], Any]:
@@ -925,20 +944,124 @@ def calibrate(records: list[dict]) -> dict:
     return calib
 
 
-def stage_wise(setup: Setup) -> dict | None:
-    """The stage-wise verdicts of the correct twin and of every planted bug (None without a stage list)."""
-    if setup.stagewise is None:
+def _tensors64(tensors: dict) -> dict:
+    return {k: verdict._to_numpy64(v) for k, v in tensors.items()}
+
+
+def stage_tightness(sw: StageWise, t64: dict, rep: Any) -> dict:
+    """(a) per stage: max_i threshold_i over the largest error of the stage's legitimate evaluations (the tested
+    twin's stage tensor and the stage's NumPy naive run in T, both on the twin's inputs to the stage);
+    threshold_i = min(b_i, F_max Z w_i) as in :func:`tightness`.  None for a stage both evaluate exactly."""
+    dt = sw.dt
+    u = numerics.unit_roundoff(dt)
+    p = config.VERDICT_FALSE_ALARM / len(sw.stages)
+    out = {}
+    for st, r in zip(sw.stages, rep.stages):
+        args = [t64[k] for k in st.inputs]
+        ref = np.asarray(st.reference(*args), dtype=np.float64)
+        bound = st.bound(*args, dtype=dt)
+        fin = np.isfinite(ref)
+        lam = verdict.confidence_lambda(ref.size * max(bound.k, 1.0), p, u)
+        b = bound.array(dt, ref.shape, lam)
+        w = verdict._weights(bound, ref, fin, dt)
+        with np.errstate(invalid="ignore", over="ignore"):
+            thr = np.minimum(b, r.zmax_threshold * w)
+        legit = 0.0
+        for x in (t64[st.name], np.asarray(numerics.naive_same_precision(st.reference, *args, dtype=dt),
+                                           dtype=np.float64)):
+            m = fin & np.isfinite(x)
+            if m.any():
+                legit = max(legit, float(np.max(np.abs(x[m] - ref[m]))))
+        out[st.name] = None if legit == 0.0 or not fin.any() else float(np.max(thr[fin])) / legit
+    return out
+
+
+def stage_sensitivity(case: "Case", sw: StageWise, correct: dict, buggy: dict, buggy_out: np.ndarray | None,
+                      steps: int) -> dict:
+    """(b) stage-wise: the smallest t at which the stage-wise verdict of the blended stage tensors
+    round_T(C + t (B - C)) is "diverges" (C the correct twin's, B the buggy twin's), by bisection on log10 t;
+    rel_err is the relative error of the module output blended the same way (as :func:`sensitivity`).  The
+    bisection compares the stages that diverge at t = 1 only (each with its share of the budget); the result
+    is confirmed with every stage."""
+    dt = sw.dt
+
+    def blend(log_t: float) -> dict:
+        t = 10.0 ** log_t
+        out = {}
+        for k, c in correct.items():
+            bk = buggy.get(k)
+            if bk is None or bk.shape != c.shape or not np.all(np.isfinite(bk - c)):
+                out[k] = bk if bk is not None and log_t == 0.0 else c
+            else:
+                out[k] = numerics.round_to(c + t * (bk - c), dt)
+        return out
+
+    def out_rel(log_t: float) -> float:
+        if buggy_out is None:
+            return math.nan
+        return rel_fro(numerics.round_to(case.tested + 10.0 ** log_t * (buggy_out - case.tested), dt), case.ref)
+
+    res: dict[str, Any] = {"criterion": "diverges (stage-wise)",
+                           "bug_rel_effect": _f(_rel_delta(buggy_out - case.tested, case.ref))
+                           if buggy_out is not None else None}
+    if buggy_out is not None and not np.any(buggy_out != case.tested):
+        res.update(status="no effect", detail="the buggy output equals the correct one bit for bit")
+        return res
+    r1 = sw.compare(blend(0.0))
+    res["verdict_at_t1"] = r1.verdict
+    if r1.verdict != verdict.DIVERGES:
+        res.update(status="not caught", detail=f"stage-wise verdict {r1.verdict!r} even for the whole bug (t = 1)")
+        return res
+    d = {r.name for r in r1.stages if r.verdict == verdict.DIVERGES}
+    res["stages_at_t1"] = sorted(d)
+
+    def hit(log_t: float, only: set | None = d) -> bool:
+        return sw.compare(blend(log_t), only=only).verdict == verdict.DIVERGES
+
+    lo, hi = LOG_T_MIN, 0.0
+    if hit(lo):
+        res.update(status="caught", t=_f(10.0 ** lo), rel_err=_f(out_rel(lo)), detail="caught at the smallest t")
+        return res
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if hit(mid):
+            hi = mid
+        else:
+            lo = mid
+    confirmed = hit(hi, None)
+    res.update(status="caught", t=_f(10.0 ** hi), log10_t=hi, rel_err=_f(out_rel(hi)),
+               rel_err_below=_f(out_rel(lo)), first_divergence=sw.compare(blend(hi)).first_divergence,
+               detail="confirmed with every stage" if confirmed else
+               "NOT confirmed with every stage at this t (the other stages' budget share differs)")
+    return res
+
+
+def stage_wise(setup: Setup, case: "Case | None" = None, steps: int = 10) -> dict | None:
+    """The stage-wise verdicts of the correct twin and of every planted bug (None without a stage list), with
+    (given the case) the stage-wise tightness (a) and sensitivity (b)."""
+    sw = setup.stagewise
+    if sw is None:
         return None
-    rep = setup.stagewise(setup.run)
+    correct = _tensors64(sw.tensors(setup.run))
+    rep = sw.compare(correct)
     out = {"verdict": rep.verdict, "first_divergence": rep.first_divergence,
            "stages": [{"name": r.name, "verdict": r.verdict, "max_relative_bound": _f(r.max_relative_bound),
                        "max_err_over_bound": _f(r.max_err_over_bound), "k": _f(r.k), "rel_err": _f(r.rel_err)}
                       for r in rep.stages],
-           "bugs": {}}
+           "bugs": {}, "sensitivity": {}}
+    if case is not None:
+        tight = stage_tightness(sw, correct, rep)
+        out["tightness"] = {k: _f(v) for k, v in tight.items()}
+        vals = [(v, k) for k, v in tight.items() if v is not None]
+        out["tightness_max"] = _f(max(vals)[0]) if vals else None
+        out["tightness_stage"] = max(vals)[1] if vals else None
     for key, bug in setup.bugs.items():
         if bug.run is not None:
-            b = setup.stagewise(bug.run)
+            buggy = _tensors64(sw.tensors(bug.run))
+            b = sw.compare(buggy)
             out["bugs"][key] = {"verdict": b.verdict, "first_divergence": b.first_divergence}
+            if case is not None:
+                out["sensitivity"][key] = stage_sensitivity(case, sw, correct, buggy, case.buggy.get(key), steps)
     return out
 
 
@@ -992,7 +1115,7 @@ def run_all(args: argparse.Namespace) -> dict:
                 "ensemble_max_rel_err": _f(max(rel.values())),
                 "loo": {k: {s: _f(r) for s, r in v.items()} for k, v in loo_ratios(rep).items()},
                 "void": bool(not math.isfinite(rep.max_relative_bound) or rep.max_relative_bound >= 1.0),
-                "stage_wise": stage_wise(setup),
+                "stage_wise": stage_wise(setup, case, 8 if args.quick else 10),
                 "bugs": {b: ({"what": case.setup.bugs[b].what, "na": case.setup.bugs[b].na}
                              if b in case.setup.bugs else {"what": "", "na": "not planted"}) for b in BUGS},
                 "timing": {k: (round(v, 2) if isinstance(v, float) else v) for k, v in case.timing.items()},
@@ -1096,10 +1219,17 @@ def sens_ok(rec: dict, s: dict, key: str = HEADLINE) -> tuple[str, str]:
 
 
 def checks(result: dict, key: str) -> dict:
-    out: dict[str, list[str]] = {"a": [], "b": [], "c": []}
+    out: dict[str, list[str]] = {"a": [], "b": [], "c": [], "a_stage": [], "b_stage": []}
     for rec in result["cases"]:
         tag = f"{rec['module']} / {rec['dtype']}"
         ev = rec["sets"][key]
+        sw = rec.get("stage_wise") or {}
+        if sw.get("tightness_max") is not None and not _num(sw["tightness_max"]) <= TIGHTNESS_TARGET:
+            out["a_stage"].append(f"{tag}: {g(sw['tightness_max'])} at stage {sw['tightness_stage']} (target <= 10)")
+        for bug, s_ in (sw.get("sensitivity") or {}).items():
+            st, why = sens_ok(rec, s_, key)
+            if st == "FAILS":
+                out["b_stage"].append(f"{tag}, {bug}: {why}")
         t = _num(ev["tightness"]["threshold_over_err"])
         if not t <= TIGHTNESS_TARGET:
             why = " (the bound is NaN at some element)" if ev["tightness"].get("nan_bound") else (
@@ -1305,6 +1435,29 @@ def table_stagewise(result: dict) -> tuple[list[str], list[list[str]]]:
     return hdr, rows
 
 
+def table_stage_targets(result: dict) -> tuple[list[str], list[list[str]]]:
+    """(a) and (b) for the stage-wise verdict: the loosest stage's tightness, and per bug the relative error of
+    the module output at which the stage-wise verdict first says "diverges" (in u_T), with the stage."""
+    hdr = ["module", "T", "stage-wise tightness (stage)"] + [f"{b}: caught at (u_T; stage)" for b in BUGS]
+    rows = []
+    for r in result["cases"]:
+        sw = r.get("stage_wise")
+        if not sw or "tightness_max" not in sw:
+            continue
+        cells = [r["module"], r["dtype"], f"{g(sw['tightness_max'])} ({sw['tightness_stage']})"]
+        for b in BUGS:
+            s_ = sw["sensitivity"].get(b)
+            if s_ is None:
+                cells.append("n/a")
+            elif s_.get("status") == "caught":
+                cells.append(f"{g(_num(s_['rel_err']) / r['u'])} ({s_.get('first_divergence') or '-'}; "
+                             f"{sens_ok(r, s_)[0]})")
+            else:
+                cells.append(f"{s_.get('status')} ({sens_ok(r, s_)[0]})")
+        rows.append(cells)
+    return hdr, rows
+
+
 def text_table(hdr: list[str], rows: list[list[str]]) -> str:
     w = [max(len(str(x)) for x in col) for col in zip(hdr, *rows)] if rows else [len(h) for h in hdr]
     line = lambda cells: "  ".join(str(c).ljust(n) for c, n in zip(cells, w))  # noqa: E731
@@ -1321,7 +1474,8 @@ def md_table(hdr: list[str], rows: list[list[str]]) -> str:
 TABLES = (("Verdicts of the correct twins", table_verdicts), ("Calibration (leave-one-out)", table_calibration),
           ("(a) Tightness", table_tightness), ("(b) Sensitivity to planted bugs", table_sensitivity),
           ("Half precision: relative errors in units of u_T", table_half),
-          ("Stage-wise (teacher-forced) verdicts", table_stagewise), ("(c) Counts", table_counts))
+          ("Stage-wise (teacher-forced) verdicts", table_stagewise),
+          ("Stage-wise (a) tightness and (b) sensitivity", table_stage_targets), ("(c) Counts", table_counts))
 
 
 def calibration_line(result: dict) -> str:
@@ -1668,6 +1822,20 @@ def markdown(result: dict) -> str:
         "(no bisection); the first stage that diverges is named.",
         "",
         md_table(*table_stagewise(result)), "",
+        "### Stage-wise (a) tightness and (b) sensitivity",
+        "",
+        "The targets measured for the stage-wise verdict, the one `refimpl verify` gives.  (a): for each stage, the "
+        "largest element-wise threshold the verdict applies, min(b_i, F_max Z w_i), over the largest error of the "
+        "stage's legitimate evaluations (the twin's stage tensor and the stage's NumPy naive run in T, on the "
+        "twin's inputs to it); the loosest stage is shown.  A stage's ensemble has the NumPy naive run only, so the "
+        "random-rounding model sqrt(k) u S joins it and sets a loose threshold on long sums (a per-stage torch "
+        "ensemble is not built).  (b): every stage tensor of the correct twin C and of the buggy twin B is blended, "
+        "round_T(C + t (B - C)), and t is bisected for the smallest at which the stage-wise verdict says "
+        "\"diverges\" (the stages that diverge at t = 1, each with its budget share, then confirmed with all); the "
+        "relative error of the module output blended the same way is given in u_T, with the stage that diverges "
+        "and whether (b) is met.",
+        "",
+        md_table(*table_stage_targets(result)), "",
         "## (c) Void and inconclusive verdicts",
         "",
         "Recommended factors; *void*: a relative bound >= 1 or a non-finite bound at some element (whole module); "
@@ -1681,7 +1849,10 @@ def markdown(result: dict) -> str:
     lines += ["", "## What fails", ""]
     labels = {"a": "(a) tightness (threshold / largest legitimate error <= 10)",
               "b": "(b) sensitivity (caught at <= 10 x the ensemble's largest relative error and <= 30 u_T)",
-              "c": "(c) void / inconclusive verdicts (0 in float32; a conclusive verdict in half precision)"}
+              "c": "(c) void / inconclusive verdicts (0 in float32; a conclusive verdict in half precision)",
+              "a_stage": "(a) stage-wise tightness (the loosest stage's threshold / its largest legitimate error <= 10)",
+              "b_stage": "(b) stage-wise sensitivity (the stage-wise verdict catches the bug at <= 10 x the ensemble's "
+                         "largest relative error and <= 30 u_T)"}
     for key in (HEADLINE, "all_members", "current"):
         chk = checks(result, key)            # recomputed, so that --markdown uses this file's wording
         head = f"With F {_fs(result, key)} ({SET_LABELS[key]})"
@@ -1689,8 +1860,9 @@ def markdown(result: dict) -> str:
             lines += [f"{head}:", ""]
         else:
             lines += ["<details>", f"<summary>{head}: (a) {len(chk['a'])}, (b) {len(chk['b'])}, (c) "
-                                   f"{len(chk['c'])} not met</summary>", ""]
-        for k in ("a", "b", "c"):
+                                   f"{len(chk['c'])}, stage-wise (a) {len(chk['a_stage'])}, (b) "
+                                   f"{len(chk['b_stage'])} not met</summary>", ""]
+        for k in ("a", "b", "c", "a_stage", "b_stage"):
             items = chk[k]
             lines.append(f"**{labels[k]}**: " + ("met everywhere." if not items else f"not met in {len(items)} "
                                                                                       f"case(s):"))

@@ -160,3 +160,15 @@ def test_cli_exit_codes_json_and_list(tmp_path, capsys):
     assert cli.main(["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention",
                      "--init", "{not json"]) == 2
     assert cli.main(["verify", "--list"]) == 0 and "flatten.attention" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_an_l2vit_port_matches_and_its_bugs_diverge_at_the_core(dtype):
+    from tests.verify_gallery.l2vit_port import PortL2ViTAttention
+    r = V.verify(PortL2ViTAttention(32, 4), "l2vit.attention", hw=(14, 14), dtype=dtype)
+    assert r.verdict == "match", str(r)
+    assert r.config["scale_mode"] == "per_head" and r.mapping["temperature"] == "temperature"
+    for bug in ("no_relu_k", "clamp"):
+        rb = V.verify(PortL2ViTAttention(32, 4, bug=bug), "l2vit.attention", hw=(14, 14), dtype=dtype)
+        assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)
+        assert rb.stages[0].verdict == "match"

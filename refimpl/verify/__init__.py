@@ -19,7 +19,7 @@ What happens::
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): stages inside a submodule-less core (features, attention) matched by
-value, the other families' references, ``--shadow``, ``--grad``, ``--examples``, the torch ensemble in the
+value beyond FLatten's, the references of RALA, LiSA, Castling, FLatten's Swin layout and the networks, ``--shadow``, ``--grad``, ``--examples``, the torch ensemble in the
 verifier (the NumPy naive run and the rounding model are its members today).
 """
 

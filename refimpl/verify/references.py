@@ -7,7 +7,7 @@ forward, and where its stages can be observed in a foreign module (submodule inp
 weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention`).
 
 Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
-spatial reduction; FLatten Eq. 4-6, 10-12).
+spatial reduction; FLatten Eq. 4-6, 10-12) and ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..attention import enhanced as r_enh
 from ..attention import focused as r_foc
 from .loading import VerifyError
 from .mapping import _alias_pattern
@@ -116,6 +117,10 @@ def _attr(module: Any, names: Sequence[str]) -> tuple[Any, str] | None:
     return None
 
 
+_PROJ_ALIASES = ("proj", "out", "to_out", "out_proj", "o_proj", "wo")
+_QKV_ALIASES = ("qkv", "to_qkv", "qkv_proj", "wqkv", "in_proj")
+
+
 class FlattenAttention(Reference):
     """FLatten's focused linear attention, DeiT / PVT global layout (sr = 1 or a spatial reduction sr > 1):
     :func:`refimpl.attention.focused.focused_linear_attention` and its bound and stage list.  Input: tokens
@@ -132,12 +137,12 @@ class FlattenAttention(Reference):
         "kv": ("kv", "to_kv", "kv_proj", "wkv"),
         "sr": ("sr", "reduce", "sr_conv", "spatial_reduction", "reduction"),
         "norm": ("norm", "sr_norm", "reduce_norm", "norm_sr", "ln"),
-        "proj": ("proj", "out", "to_out", "out_proj", "o_proj", "wo"),
+        "proj": _PROJ_ALIASES,
         "dwc": ("dwc", "dw_conv", "dwconv", "dw", "lepe", "local_conv"),
         "scale": ("scale", "feature_scale", "focus_scale"),
         "positional_encoding": ("positional_encoding", "pos_emb", "pos_embed", "pe", "pos_encoding"),
     }
-    fused = {"qkv": (("qkv", "to_qkv", "qkv_proj", "wqkv"), ("q", "kv"))}
+    fused = {"qkv": (_QKV_ALIASES, ("q", "kv"))}
     value_stages = ("phi_q", "phi_k", "attention")
 
     def setup(self, module, state, preset, config, hw):
@@ -281,7 +286,82 @@ class FlattenAttention(Reference):
         return r_foc.focused_linear_attention_stages(params, s.cfg, s.hw, fine=True)
 
 
-REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(),)}
+class L2ViTAttention(Reference):
+    """L2ViT's linear global attention layer (LGA's attention): the fused qkv projection, ReLU features, the
+    numerator scaled by s (paper: / s, one scalar; official: * t_h, a per-head temperature), the normaliser
+    clamped at C_min, the output projection: :func:`refimpl.attention.enhanced.enhanced_attention`.  Input:
+    tokens (B, N, C); the foreign forward is called as ``forward(x)``."""
+
+    name = "l2vit.attention"
+    summary = ("L2ViT enhanced linear attention (LGA's attention layer): qkv, ReLU features, the clamped "
+               "normaliser and the learnable scale, proj (Eq. 4, App. 8)")
+    presets = ("paper", "official")
+    structural = frozenset({"dim", "num_heads", "qkv_bias"})
+    aliases = {"qkv": _QKV_ALIASES, "proj": _PROJ_ALIASES, "scale": ("scale", "alpha", "s"),
+               "temperature": ("temperature", "temp", "tau", "rescale")}
+
+    def setup(self, module, state, preset, config, hw):
+        if preset not in self.presets:
+            raise VerifyError(f"argument 'preset': expected one of {self.presets} for {self.name}, got {preset!r}")
+        over = dict(config or {})
+        known = {f.name for f in dataclasses.fields(r_enh.L2ViTConfig)}
+        if set(over) - known:
+            raise VerifyError(f"argument 'config': unknown field(s) {sorted(set(over) - known)} of L2ViTConfig (it "
+                              f"has {sorted(known)})")
+        fields: dict[str, str] = {k: "--config" for k in over}
+        inferred: dict[str, Any] = {}
+        qkv = _find(state, self.aliases["qkv"], "weight")
+        if len(qkv) != 1:
+            raise VerifyError(f"weights: expected one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}), "
+                              f"found {qkv or 'none'}; split q / k / v projections are not mapped yet")
+        if "dim" not in over:
+            inferred["dim"], fields["dim"] = int(state[qkv[0]].shape[-1]), "qkv weight shape"
+        if "num_heads" not in over:
+            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
+            if got is None:
+                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
+            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        if "c_min" not in over and (got := _attr(module, ("c_min", "clamp_min", "min_denominator"))) is not None:
+            inferred["c_min"], fields["c_min"] = float(got[0]), f"module attribute {got[1]}"
+        if "scale_mode" not in over:
+            if _find(state, self.aliases["temperature"], ""):
+                inferred["scale_mode"], fields["scale_mode"] = "per_head", "a per-head temperature tensor"
+            elif _find(state, self.aliases["scale"], ""):
+                inferred["scale_mode"], fields["scale_mode"] = "scalar", "a scalar scale tensor"
+        if "qkv_bias" not in over:
+            inferred["qkv_bias"] = bool(_find(state, self.aliases["qkv"], "bias"))
+            fields["qkv_bias"] = "presence of a qkv bias"
+        try:
+            cfg = r_enh.L2ViTConfig.preset(preset, **{**inferred, **over})
+        except (TypeError, ValueError) as exc:
+            raise VerifyError(f"config: {exc}") from exc
+        for f in dataclasses.fields(cfg):
+            fields.setdefault(f.name, f"preset {preset!r}")
+        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
+        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8 tokens; the layer has no grid)"
+        shapes = {k[len("attn."):]: v for k, v in r_enh.l2vit_param_shapes(cfg, "lga").items()
+                  if k.startswith("attn.")}
+        points = {"x": Point("qkv", "input"), "qkv": Point("qkv", "output"), "core": Point("proj", "input"),
+                  "proj": Point("proj", "output")}
+        return Setup(cfg, fields, hw, shapes, points, [])
+
+    def draw_input(self, s, batch, rng):
+        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
+
+    def call(self, s, call):
+        return (), dict(call or {})
+
+    def forward(self, x, params, s):
+        return r_enh.enhanced_attention(x, params, s.cfg)
+
+    def bound(self, x, params, s, dtype):
+        return r_enh.enhanced_attention_bound(x, params, s.cfg, dtype=dtype)
+
+    def stages(self, params, s):
+        return r_enh.enhanced_attention_stages(params, s.cfg)
+
+
+REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention())}
 
 
 def get_reference(name: str) -> Reference:
