@@ -17,7 +17,7 @@ sizes, Castling at its 14 x 14 DeiT grid) and every tested precision T in float3
    function, rounded to T (``refimpl.numerics.round_to``) and loaded with ``load_numpy_state``; inputs are
    rounded to T; batch 2;
 2. it runs once (the *tested* output), then under every variant of ``refimpl.ensemble.VARIANTS`` (four
-   summation orders, FFT convolution, oneDNN off, 1/2/16 threads); the NumPy definition runs in T
+   summation orders, libm formulas, FFT convolution, oneDNN toggled, 1/2/16 threads); the NumPy definition runs in T
    (``naive_same_precision``); the float64 reference and its bound run on the rounded values;
    ``refimpl.verdict.compare`` gives the verdict;
 3. calibration: for every module and T, each legitimate evaluation (the tested default run included) is left
@@ -854,14 +854,7 @@ def sensitivity(case: Case, rep: Any, buggy: np.ndarray, steps: int) -> dict:
         return out
 
     def bisect(pred: Callable[[float], bool], n: int) -> tuple[float, float]:
-        a, b = lo, hi                                   # invariant: pred(a) false, pred(b) true
-        for _ in range(n):
-            mid = 0.5 * (a + b)
-            if pred(mid):
-                b = mid
-            else:
-                a = mid
-        return a, b
+        return bisect_log_t(pred, lo, hi, n)
 
     a, b = bisect(fast, steps + 2)
     (ok_b, vb), (ok_a, _) = exact(b), exact(a)
@@ -874,6 +867,17 @@ def sensitivity(case: Case, rep: Any, buggy: np.ndarray, steps: int) -> dict:
                rel_err=_f(rel_fro(blend(b), ref)), bug_part=_f(10.0 ** b * _rel_delta(delta, ref)),
                rel_err_below=_f(rel_fro(blend(a), ref)))
     return out
+
+
+def bisect_log_t(pred: Callable[[float], bool], lo: float, hi: float, n: int) -> tuple[float, float]:
+    """n halvings of [lo, hi] keeping pred(lo) false and pred(hi) true."""
+    for _ in range(n):
+        mid = 0.5 * (lo + hi)
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid
+    return lo, hi
 
 
 def _rel_delta(delta: np.ndarray, ref: np.ndarray) -> float:
@@ -1022,12 +1026,7 @@ def stage_sensitivity(case: "Case", sw: StageWise, correct: dict, buggy: dict, b
     if hit(lo):
         res.update(status="caught", t=_f(10.0 ** lo), rel_err=_f(out_rel(lo)), detail="caught at the smallest t")
         return res
-    for _ in range(steps):
-        mid = 0.5 * (lo + hi)
-        if hit(mid):
-            hi = mid
-        else:
-            lo = mid
+    lo, hi = bisect_log_t(hit, lo, hi, steps)
     confirmed = hit(hi, None)
     res.update(status="caught", t=_f(10.0 ** hi), log10_t=hi, rel_err=_f(out_rel(hi)),
                rel_err_below=_f(out_rel(lo)), first_divergence=sw.compare(blend(hi)).first_divergence,

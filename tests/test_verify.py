@@ -90,6 +90,11 @@ def test_unknown_map_key_and_config_field_are_errors():
         V.verify(_port(), "flatten.attention", hw=(8, 8), config={"focusing": 3})
     with pytest.raises(V.VerifyError, match="'reference': expected one of"):
         V.verify(_port(), "flatten.nothing")
+    for kw, msg in (({"hw": (8, 0)}, "'hw': expected a pair"), ({"batch": 0}, "'batch': expected an integer"),
+                    ({"dtype": "half"}, "'dtype': expected one of"), ({"seed": -1}, "'seed'"),
+                    ({"preset": "released"}, "'preset': expected one of"), ({"hw": (9, 8)}, "not divisible")):
+        with pytest.raises(V.VerifyError, match=msg):
+            V.verify(_port(), "flatten.attention", **kw)
 
 
 def _state(m):

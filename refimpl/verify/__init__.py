@@ -215,6 +215,13 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
 
     if dtype not in _DTYPES:
         raise VerifyError(f"argument 'dtype': expected one of {_DTYPES}, got {dtype!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise VerifyError(f"argument 'batch': expected an integer >= 1, got {batch!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise VerifyError(f"argument 'seed': expected an integer >= 0, got {seed!r}")
+    if hw is not None and not (isinstance(hw, (tuple, list)) and len(hw) == 2 and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in hw)):
+        raise VerifyError(f"argument 'hw': expected a pair (H, W) of integers >= 1, got {hw!r}")
     if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
         raise VerifyError(f"argument 'device': expected 'cpu'{' or cuda' if torch.cuda.is_available() else ''}"
                           f", got {device!r}")

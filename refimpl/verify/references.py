@@ -117,6 +117,32 @@ def _attr(module: Any, names: Sequence[str]) -> tuple[Any, str] | None:
     return None
 
 
+def _check_options(cls: Any, preset: str, presets: Sequence[str], name: str, over: Mapping[str, Any]) -> None:
+    """``preset`` is one of ``presets`` and every ``--config`` field is a field of ``cls``."""
+    if preset not in presets:
+        raise VerifyError(f"argument 'preset': expected one of {tuple(presets)} for {name}, got {preset!r}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    if set(over) - known:
+        raise VerifyError(f"argument 'config': unknown field(s) {sorted(set(over) - known)} of {cls.__name__} (it "
+                          f"has {sorted(known)})")
+
+
+def _config(cls: Any, preset: str, presets: Sequence[str], name: str, inferred: Mapping[str, Any],
+            over: Mapping[str, Any], fields: dict[str, str]) -> Any:
+    """The reference configuration: ``preset``, then the inferred fields, then the user's (``--config``);
+    ``fields`` gets the source of every field."""
+    _check_options(cls, preset, presets, name, over)
+    for k in over:
+        fields[k] = "--config"
+    try:
+        cfg = cls.preset(preset, **{**inferred, **over})
+    except (TypeError, ValueError) as exc:
+        raise VerifyError(f"config: {exc}") from exc
+    for f in dataclasses.fields(cfg):
+        fields.setdefault(f.name, f"preset {preset!r}")
+    return cfg
+
+
 _PROJ_ALIASES = ("proj", "out", "to_out", "out_proj", "o_proj", "wo")
 _QKV_ALIASES = ("qkv", "to_qkv", "qkv_proj", "wqkv", "in_proj")
 
@@ -146,15 +172,9 @@ class FlattenAttention(Reference):
     value_stages = ("phi_q", "phi_k", "attention")
 
     def setup(self, module, state, preset, config, hw):
-        if preset not in self.presets:
-            raise VerifyError(f"argument 'preset': expected one of {self.presets} for {self.name}, got {preset!r}")
         fields: dict[str, str] = {}
         over = dict(config or {})
-        known = {f.name for f in dataclasses.fields(r_foc.FocusedConfig)}
-        bad = set(over) - known
-        if bad:
-            raise VerifyError(f"argument 'config': unknown field(s) {sorted(bad)} of FocusedConfig (it has "
-                              f"{sorted(known)})")
+        _check_options(r_foc.FocusedConfig, preset, self.presets, self.name, over)
         inferred: dict[str, Any] = {}
 
         def one(aliases, leaf):
@@ -208,14 +228,7 @@ class FlattenAttention(Reference):
             if fld not in over:
                 inferred[fld] = bool(_find(state, self.aliases[key], ""))
                 fields[fld] = f"presence of a {key!r} tensor"
-        for k in over:
-            fields[k] = "--config"
-        try:
-            cfg = r_foc.FocusedConfig.preset(preset, **{**inferred, **over})
-        except (TypeError, ValueError) as exc:
-            raise VerifyError(f"config: {exc}") from exc
-        for f in dataclasses.fields(cfg):
-            fields.setdefault(f.name, f"preset {preset!r}")
+        cfg = _config(r_foc.FocusedConfig, preset, self.presets, self.name, inferred, over, fields)
         if q_w is None and qkv_w is None:
             raise VerifyError("weights: no query projection found (q, to_q, query, q_proj, or a fused qkv)")
         sr = cfg.sr_ratio
@@ -301,14 +314,9 @@ class L2ViTAttention(Reference):
                "temperature": ("temperature", "temp", "tau", "rescale")}
 
     def setup(self, module, state, preset, config, hw):
-        if preset not in self.presets:
-            raise VerifyError(f"argument 'preset': expected one of {self.presets} for {self.name}, got {preset!r}")
         over = dict(config or {})
-        known = {f.name for f in dataclasses.fields(r_enh.L2ViTConfig)}
-        if set(over) - known:
-            raise VerifyError(f"argument 'config': unknown field(s) {sorted(set(over) - known)} of L2ViTConfig (it "
-                              f"has {sorted(known)})")
-        fields: dict[str, str] = {k: "--config" for k in over}
+        _check_options(r_enh.L2ViTConfig, preset, self.presets, self.name, over)
+        fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
         qkv = _find(state, self.aliases["qkv"], "weight")
         if len(qkv) != 1:
@@ -331,12 +339,7 @@ class L2ViTAttention(Reference):
         if "qkv_bias" not in over:
             inferred["qkv_bias"] = bool(_find(state, self.aliases["qkv"], "bias"))
             fields["qkv_bias"] = "presence of a qkv bias"
-        try:
-            cfg = r_enh.L2ViTConfig.preset(preset, **{**inferred, **over})
-        except (TypeError, ValueError) as exc:
-            raise VerifyError(f"config: {exc}") from exc
-        for f in dataclasses.fields(cfg):
-            fields.setdefault(f.name, f"preset {preset!r}")
+        cfg = _config(r_enh.L2ViTConfig, preset, self.presets, self.name, inferred, over, fields)
         hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
         fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8 tokens; the layer has no grid)"
         shapes = {k[len("attn."):]: v for k, v in r_enh.l2vit_param_shapes(cfg, "lga").items()
