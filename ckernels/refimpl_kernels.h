@@ -1,7 +1,7 @@
 /*
  * refimpl C kernels: public declarations.
  *
- * Conventions (DESIGN.md, "C kernels"): outputs first, then const inputs, then scalar parameters and
+ * Conventions (stated here, the one place): outputs first, then const inputs, then scalar parameters and
  * sizes; every array is a packed C-contiguous buffer of the stated shape; no kernel allocates memory,
  * touches Python or keeps state; every kernel returns an int status (REFIMPL_OK = 0, nonzero = the
  * arguments were refused and nothing was written).  The Python side (refimpl/backends/_c.py) validates
