@@ -177,3 +177,19 @@ def test_an_l2vit_port_matches_and_its_bugs_diverge_at_the_core(dtype):
         rb = V.verify(PortL2ViTAttention(32, 4, bug=bug), "l2vit.attention", hw=(14, 14), dtype=dtype)
         assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)
         assert rb.stages[0].verdict == "match"
+
+
+class _Upcast(PortFocusedAttention):
+    """A port that runs its features in float32 whatever it is given (a `.float()` inside)."""
+
+    def _feature(self, t):
+        return super()._feature(t.float()).to(t.dtype)
+
+
+def test_a_precision_change_inside_the_module_is_a_finding():
+    r = V.verify(_Upcast(16, 2, sr_ratio=2, n_kv=16), "flatten.attention", hw=(8, 8), dtype="float16")
+    msgs = [f["message"] for f in r.findings if f["kind"] == "dtype"]
+    assert any("compute in float32, a higher precision than the float16 asked" in m for m in msgs), r.findings
+    assert r.verdict == "match", str(r)
+    r = V.verify(_port(), "flatten.attention", hw=(8, 8), dtype="float32")
+    assert not [f for f in r.findings if f["kind"] == "dtype"], r.findings

@@ -261,15 +261,22 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
                 captured[key] = t.detach()
         handles.append(subs[fmod].register_forward_hook(hook))
     recorded: list[tuple[str, Any]] = []
+    other_dtypes: dict[Any, list[str]] = {}
     sizes = {int(np.prod(v)) for v in _value_sizes(ref, s, x)}
+    asked = _torch_dtype(dtype)
 
     class _Recorder(torch.overrides.TorchFunctionMode):
-        # Every floating tensor the forward computes whose size a located stage could have.
+        # Every floating tensor the forward computes whose size a located stage could have, and every
+        # operation whose floating result is not in the precision asked for.
         def __torch_function__(self, func, types, args_=(), kwargs_=None):
             res = func(*args_, **(kwargs_ or {}))
+            fname = getattr(func, "__name__", str(func))
             for t in (res if isinstance(res, (tuple, list)) else (res,)):
-                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() in sizes:
-                    recorded.append((f"#{len(recorded)} {getattr(func, '__name__', str(func))}", t.detach()))
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    if t.dtype != asked:
+                        other_dtypes.setdefault(t.dtype, []).append(fname)
+                    if t.numel() in sizes:
+                        recorded.append((f"#{len(recorded)} {fname}", t.detach()))
             return res
 
     try:
@@ -284,8 +291,15 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     if isinstance(out, (tuple, list)):
         out = out[0]
     findings: list[dict[str, str]] = []
-    if out.dtype != _torch_dtype(dtype):
+    if out.dtype != asked:
         findings.append({"kind": "dtype", "message": f"the module returned {out.dtype} when run in {dtype}"})
+    for dt_, ops in other_dtypes.items():
+        lower = torch.finfo(dt_).eps > torch.finfo(asked).eps
+        names = ", ".join(sorted(set(ops))[:8])
+        findings.append({"kind": "dtype", "message": (
+            f"{len(ops)} operation(s) of the forward compute in {str(dt_).replace('torch.', '')}, "
+            f"{'a lower' if lower else 'a higher'} precision than the {dtype} asked ({names}); the bounds assume "
+            f"{dtype}" + (": the module may be judged divergent for it" if lower else ""))})
     want = ref.forward(x, params, s)
     if tuple(out.shape) != want.shape:
         raise VerifyError(f"the module's output has shape {tuple(out.shape)}; the reference's is {want.shape} "
