@@ -188,8 +188,37 @@ class _Upcast(PortFocusedAttention):
 
 def test_a_precision_change_inside_the_module_is_a_finding():
     r = V.verify(_Upcast(16, 2, sr_ratio=2, n_kv=16), "flatten.attention", hw=(8, 8), dtype="float16")
-    msgs = [f["message"] for f in r.findings if f["kind"] == "dtype"]
+    msgs = [f["message"] for f in r.findings if f["kind"] == "note"]
     assert any("compute in float32, a higher precision than the float16 asked" in m for m in msgs), r.findings
     assert r.verdict == "match", str(r)
     r = V.verify(_port(), "flatten.attention", hw=(8, 8), dtype="float32")
-    assert not [f for f in r.findings if f["kind"] == "dtype"], r.findings
+    assert not [f for f in r.findings if f["kind"] in ("dtype", "note")], r.findings
+
+
+class _Downcast(PortFocusedAttention):
+    """A port that runs its features in bfloat16 whatever it is given."""
+
+    def _feature(self, t):
+        return super()._feature(t.bfloat16()).to(t.dtype)
+
+
+def test_a_lower_precision_inside_the_module_is_a_finding_and_diverges():
+    r = V.verify(_Downcast(16, 2, sr_ratio=2, n_kv=16), "flatten.attention", hw=(8, 8), dtype="float32")
+    assert any("bfloat16, a lower precision" in f["message"] for f in r.findings if f["kind"] == "dtype")
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "phi_q", str(r)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+def test_a_rala_port_matches_and_its_bugs_diverge_at_their_stage(dtype):
+    """RALA as released, ported in another style (tests/verify_gallery/rala_port.py), on a non-square grid:
+    the reweighting softmax over the wrong axis diverges at "alpha", RoPE tables built for the transposed
+    grid at "numerator"; the stages before are matched."""
+    from tests.verify_gallery.rala_port import PortRALA
+    r = V.verify(PortRALA(16, 2), "rala.attention", hw=(8, 6), dtype=dtype)
+    assert r.verdict == "match", str(r)
+    assert r.mapping["qkvo.weight"] == "to_qkvg.weight" and r.mapping["lepe.weight"] == "pos.weight"
+    for bug, stage in (("softmax_axis", "alpha"), ("rope_grid", "numerator")):
+        rb = V.verify(PortRALA(16, 2, bug=bug), "rala.attention", hw=(8, 6), dtype=dtype)
+        assert rb.verdict == "diverges" and rb.first_divergence["stage"] == stage, str(rb)
+        names = [x.name for x in rb.stages]
+        assert all(x.verdict == "match" for x in rb.stages[:names.index(stage)]), str(rb)

@@ -19,7 +19,7 @@ What happens::
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): stages inside a submodule-less core (features, attention) matched by
-value beyond FLatten's, the references of RALA, LiSA, Castling, FLatten's Swin layout and the networks, ``--shadow``, ``--grad``, ``--examples``, the torch ensemble in the
+value beyond FLatten's and RALA's, the references of LiSA, Castling, FLatten's Swin layout, RALA's token layout and the networks, ``--shadow``, ``--grad``, ``--examples``, the torch ensemble in the
 verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -181,17 +181,6 @@ def _to64(t: Any) -> np.ndarray:
     return _verdict._to_numpy64(t)
 
 
-def _value_sizes(ref: Any, s: Any, x: np.ndarray) -> list[tuple[int, ...]]:
-    """The shapes of the stages located by value (their reference on zeros of the observed inputs is not
-    needed: B N C and B n C cover FLatten's features and attention)."""
-    if not ref.value_stages:
-        return []
-    b, n, c = x.shape
-    sr = getattr(s.cfg, "sr_ratio", 1)
-    n_kv = (s.hw[0] // sr) * (s.hw[1] // sr)
-    return [(b, n, c), (b, n_kv, c)]
-
-
 def verify(module: Any, reference: str, *, preset: str = "official", config: Mapping[str, Any] | None = None,
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int = 2, dtype: str = "float32",
@@ -262,7 +251,7 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
         handles.append(subs[fmod].register_forward_hook(hook))
     recorded: list[tuple[str, Any]] = []
     other_dtypes: dict[Any, list[str]] = {}
-    sizes = {int(np.prod(v)) for v in _value_sizes(ref, s, x)}
+    sizes = {int(np.prod(v)) for v in ref.value_shapes(s, x)}
     asked = _torch_dtype(dtype)
 
     class _Recorder(torch.overrides.TorchFunctionMode):
@@ -296,7 +285,7 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     for dt_, ops in other_dtypes.items():
         lower = torch.finfo(dt_).eps > torch.finfo(asked).eps
         names = ", ".join(sorted(set(ops))[:8])
-        findings.append({"kind": "dtype", "message": (
+        findings.append({"kind": "dtype" if lower else "note", "message": (
             f"{len(ops)} operation(s) of the forward compute in {str(dt_).replace('torch.', '')}, "
             f"{'a lower' if lower else 'a higher'} precision than the {dtype} asked ({names}); the bounds assume "
             f"{dtype}" + (": the module may be judged divergent for it" if lower else ""))})

@@ -7,7 +7,7 @@ forward, and where its stages can be observed in a foreign module (submodule inp
 weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention`).
 
 Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
-spatial reduction; FLatten Eq. 4-6, 10-12) and ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4).
+spatial reduction; FLatten Eq. 4-6, 10-12) ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4) and ``rala.attention`` (RALA; Eq. 2-4, 6).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import numpy as np
 
 from ..attention import enhanced as r_enh
 from ..attention import focused as r_foc
+from ..attention import rala as r_rala
 from .loading import VerifyError
 from .mapping import _alias_pattern
 
@@ -81,6 +82,11 @@ class Reference:
 
     def draw_input(self, s: Setup, batch: int, rng: np.random.Generator) -> np.ndarray:
         raise NotImplementedError
+
+    def value_shapes(self, s: Setup, x: np.ndarray) -> list[tuple[int, ...]]:
+        """The shapes of the stages located by value (``value_stages``), so that only tensors of their sizes
+        are recorded."""
+        return []
 
     def call(self, s: Setup, call: Mapping[str, Any] | None) -> tuple[tuple, dict]:
         raise NotImplementedError
@@ -283,6 +289,11 @@ class FlattenAttention(Reference):
     def draw_input(self, s, batch, rng):
         return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
 
+    def value_shapes(self, s, x):
+        b, n, c = x.shape
+        n_kv = (s.hw[0] // s.cfg.sr_ratio) * (s.hw[1] // s.cfg.sr_ratio)
+        return [(b, n, c), (b, n_kv, c)]
+
     def call(self, s, call):
         if call is None:
             return (s.hw[0], s.hw[1]), {}
@@ -364,7 +375,89 @@ class L2ViTAttention(Reference):
         return r_enh.enhanced_attention_stages(params, s.cfg)
 
 
-REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention())}
+class RALAAttention(Reference):
+    """RALA, the rank-augmented linear attention layer of RAVLT (:func:`refimpl.attention.rala.rala_attention`),
+    in the released layout: channels-first (B, C, H, W), one fused 1 x 1 conv for q, k, v and the gate
+    ("qkvo"), LePE, the output projection.  The foreign forward is called as ``forward(x)``.  Stages: the fused
+    projection, then (located by value) Eq. 4's logits and weights, the reweighted keys, Eq. 2-3's numerator and
+    denominator and their quotient, then LePE (hooked), the gated sum (the projection's input) and the
+    output."""
+
+    name = "rala.attention"
+    summary = ("RALA (RAVLT's attention), channels-first with a fused qkv + gate 1x1 conv: kappa features, the "
+               "softmax reweighting of the keys (Eq. 4), RoPE, the normalised attention (Eq. 2-3), LePE, the gate "
+               "(Eq. 6), proj")
+    presets = ("official", "paper")
+    structural = frozenset({"dim", "num_heads", "qkv_bias", "lepe_kernel", "out_proj", "layout"})
+    aliases = {"qkvo": ("qkvo", "to_qkvo", "to_qkvg", "qkvg", "qkv_gate"),
+               "lepe": ("lepe", "pos", "pos_conv", "lepe_conv", "local_conv", "dwconv"),
+               "proj": _PROJ_ALIASES}
+    value_stages = ("scores", "alpha", "k_weighted", "numerator", "denominator", "core")
+
+    def setup(self, module, state, preset, config, hw):
+        over = dict(config or {})
+        _check_options(r_rala.RALAConfig, preset, self.presets, self.name, over)
+        fields: dict[str, str] = {}
+        inferred: dict[str, Any] = {}
+        fused = _find(state, self.aliases["qkvo"], "weight")
+        if len(fused) != 1 or state[fused[0]].ndim != 4 or state[fused[0]].shape[0] != 4 * state[fused[0]].shape[1]:
+            raise VerifyError(f"weights: expected one fused 1 x 1 conv (4C, C, 1, 1) for q, k, v and the gate "
+                              f"({', '.join(self.aliases['qkvo'])}), found {fused or 'none'}; other layouts of RALA are "
+                              f"not mapped yet")
+        w = state[fused[0]]
+        if "dim" not in over:
+            inferred["dim"], fields["dim"] = int(w.shape[1]), "fused projection weight shape"
+        if "num_heads" not in over:
+            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
+            if got is None:
+                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
+            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        if "qkv_bias" not in over:
+            inferred["qkv_bias"] = bool(_find(state, self.aliases["qkvo"], "bias"))
+            fields["qkv_bias"] = "presence of a fused projection bias"
+        lepe = _find(state, self.aliases["lepe"], "weight")
+        if "lepe_kernel" not in over:
+            inferred["lepe_kernel"] = int(state[lepe[0]].shape[-1]) if len(lepe) == 1 else 0
+            fields["lepe_kernel"] = "LePE weight shape" if lepe else "no LePE conv found"
+        if "out_proj" not in over:
+            inferred["out_proj"] = bool(_find(state, self.aliases["proj"], "weight"))
+            fields["out_proj"] = "presence of an output projection"
+        inferred["layout"], fields["layout"] = "channels_first", "1 x 1 conv weights"
+        inferred["gate_source"], fields["gate_source"] = "qkvo", "the fused projection has 4C rows"
+        cfg = _config(r_rala.RALAConfig, preset, self.presets, self.name, inferred, over, fields)
+        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
+        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8)"
+        shapes = r_rala.rala_param_shapes(cfg)
+        points = {"x": Point("qkvo", "input"), "proj_in": Point("qkvo", "output")}
+        if cfg.lepe_kernel:
+            points["lepe"] = Point("lepe", "output")
+        if cfg.out_proj:
+            points["gated"] = Point("proj", "input")
+            points["out"] = Point("proj", "output")
+        return Setup(cfg, fields, hw, shapes, points, [])
+
+    def draw_input(self, s, batch, rng):
+        return rng.standard_normal((batch, s.cfg.dim, s.hw[0], s.hw[1]))
+
+    def value_shapes(self, s, x):
+        b, c = x.shape[0], s.cfg.dim
+        n = s.hw[0] * s.hw[1]
+        return [(b, s.cfg.num_heads, n), (b, n, c)]
+
+    def call(self, s, call):
+        return (), dict(call or {})
+
+    def forward(self, x, params, s):
+        return r_rala.rala_attention(x, params, s.cfg)
+
+    def bound(self, x, params, s, dtype):
+        return r_rala.rala_attention_bound(x, params, s.cfg, dtype=dtype)
+
+    def stages(self, params, s):
+        return r_rala.rala_attention_stages(params, s.cfg, s.hw, fine=True)
+
+
+REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention(), RALAAttention())}
 
 
 def get_reference(name: str) -> Reference:
