@@ -18,9 +18,9 @@ What happens::
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
-what would).  Not yet built (issue 13): stages inside a submodule-less core (features, attention) matched by
-value beyond FLatten's and RALA's, the references of LiSA, Castling, FLatten's Swin layout, RALA's token layout and the networks, ``--shadow``, ``--grad``, ``--examples``, the torch ensemble in the
-verifier (the NumPy naive run and the rounding model are its members today).
+what would).  Not yet built (issue 13): the references of LiSA, Castling, FLatten's Swin layout, RALA's token
+layout and the networks; ``--shadow``, ``--grad``, ``--examples``; the torch ensemble in the verifier (the
+NumPy naive run and the rounding model are its members today).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ forward, and where its stages can be observed in a foreign module (submodule inp
 weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention`).
 
 Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
-spatial reduction; FLatten Eq. 4-6, 10-12) ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4) and ``rala.attention`` (RALA; Eq. 2-4, 6).
+spatial reduction; FLatten Eq. 4-6, 10-12), ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4)
+and ``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6).
 """
 
 from __future__ import annotations
@@ -402,8 +403,8 @@ class RALAAttention(Reference):
         fused = _find(state, self.aliases["qkvo"], "weight")
         if len(fused) != 1 or state[fused[0]].ndim != 4 or state[fused[0]].shape[0] != 4 * state[fused[0]].shape[1]:
             raise VerifyError(f"weights: expected one fused 1 x 1 conv (4C, C, 1, 1) for q, k, v and the gate "
-                              f"({', '.join(self.aliases['qkvo'])}), found {fused or 'none'}; other layouts of RALA are "
-                              f"not mapped yet")
+                              f"({', '.join(self.aliases['qkvo'])}), found {fused or 'none'}; other layouts of "
+                              f"RALA are not mapped yet")
         w = state[fused[0]]
         if "dim" not in over:
             inferred["dim"], fields["dim"] = int(w.shape[1]), "fused projection weight shape"
