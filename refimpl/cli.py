@@ -87,11 +87,16 @@ def _verify(ns: argparse.Namespace) -> int:
         if len(w) != 1:
             return _usage(f"argument --input: expected one array in {ns.input!r}, found {sorted(w)}")
         inp = next(iter(w.values()))
+    kw = dict(preset=ns.preset, config=_json_arg("config", ns.config), init=_json_arg("init", ns.init),
+              weights=ns.weights, map=_json_arg("map", ns.map), dtype=ns.dtype, device=ns.device, seed=ns.seed,
+              call=_json_arg("call", ns.call))
     try:
-        report = v.verify(ns.target, ns.reference, preset=ns.preset, config=_json_arg("config", ns.config),
-                          init=_json_arg("init", ns.init), weights=ns.weights, map=_json_arg("map", ns.map),
-                          input=inp, hw=_pair(ns.hw), batch=ns.batch, dtype=ns.dtype, device=ns.device,
-                          seed=ns.seed, call=_json_arg("call", ns.call))
+        if ns.examples:
+            if inp is not None:
+                return _usage("--examples draws its own inputs; it takes no --input")
+            report = v.verify_examples(ns.target, ns.reference, ns.examples, **kw)
+        else:
+            report = v.verify(ns.target, ns.reference, input=inp, hw=_pair(ns.hw), batch=ns.batch, **kw)
     except v.VerifyError as exc:
         return _usage(str(exc))
     if ns.json:
@@ -125,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--dtype", default="float32", choices=("float64", "float32", "float16", "bfloat16"))
     vp.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     vp.add_argument("--seed", type=int, default=0)
+    vp.add_argument("--examples", type=int, default=0,
+                    help="verify N Hypothesis-drawn inputs (batch, grid, seed); report the shrunk failing one")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")
     try:
         ns = ap.parse_args(argv)

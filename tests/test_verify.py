@@ -222,3 +222,22 @@ def test_a_rala_port_matches_and_its_bugs_diverge_at_their_stage(dtype):
         assert rb.verdict == "diverges" and rb.first_divergence["stage"] == stage, str(rb)
         names = [x.name for x in rb.stages]
         assert all(x.verdict == "match" for x in rb.stages[:names.index(stage)]), str(rb)
+
+
+def test_examples_find_a_bug_that_only_shows_on_non_square_grids(capsys):
+    """RoPE tables built for the transposed grid are right on every square grid: the default 8 x 8 matches,
+    and --examples draws grids until a non-square one diverges, shrunk to the smallest."""
+    from tests.verify_gallery.rala_port import PortRALA
+    init = {"dim": 16, "num_heads": 2, "bug": "rope_grid"}
+    assert V.verify(PortRALA, "rala.attention", init=init).verdict == "match"
+    r = V.verify_examples(PortRALA, "rala.attention", 8, init=init, max_side=4)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "numerator", str(r)
+    h, w = r.config["hw"]
+    assert h != w and min(h, w) == 1 and max(h, w) == 2, r.config["hw"]
+    good = V.verify_examples(PortRALA, "rala.attention", 3, init={"dim": 16, "num_heads": 2}, max_side=4)
+    assert good.verdict == "match" and "all 3 example(s) match" in good.findings[-1]["message"]
+    code = cli.main(["verify", f"{os.path.join(os.path.dirname(GALLERY), 'rala_port.py')}:PortRALA",
+                     "--reference", "rala.attention", "--init", json.dumps(init), "--examples", "4", "--json", "-"])
+    assert code == 1 and json.loads(capsys.readouterr().out)["first_divergence"]["stage"] == "numerator"
+    with pytest.raises(V.VerifyError, match="needs the module's class or factory"):
+        V.verify_examples(PortRALA(16, 2), "rala.attention", 3)

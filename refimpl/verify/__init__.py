@@ -19,7 +19,7 @@ What happens::
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): the references of LiSA, Castling, FLatten's Swin layout, RALA's token
-layout and the networks; ``--shadow``, ``--grad``, ``--examples``; the torch ensemble in the verifier (the
+layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble in the verifier (the
 NumPy naive run and the rounding model are its members today).
 """
 
@@ -38,7 +38,7 @@ from .locate import locate
 from .mapping import WeightMapping, map_weights
 from .references import REFERENCES, get_reference
 
-__all__ = ["verify", "assert_matches", "Report", "StageResult", "VerifyError", "REFERENCES", "SCHEMA_VERSION",
+__all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult", "VerifyError", "REFERENCES", "SCHEMA_VERSION",
            "load_target", "instantiate", "load_weights", "map_weights", "WeightMapping"]
 
 #: Version of the JSON report's schema (docs/verify.md).
@@ -329,6 +329,10 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     results: list[StageResult] = []
     pool = [(label, _to64(t)) for label, t in recorded]
     unlocated: dict[str, str] = {}
+    # Data flow: a stage located by value is computed after the tensors of its own inputs that were located by
+    # value (record order), so a look-alike computed earlier (with one token, the attention output equals V)
+    # is not taken for it.
+    order: dict[str, int] = {}
     for st in stage_list:
         inputs_ok = all(k in tensors for k in st.inputs)
         if not inputs_ok:
@@ -336,17 +340,19 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
         r = None
         if st.name in ref.value_stages and st.name not in tensors:
             r = st.reference(*[tensors[k] for k in st.inputs])
-            found = locate(pool, r)
+            after = max([order[k] for k in st.inputs if k in order], default=-1)
+            found = locate(pool[after + 1:], r, tie=16 * _verdict.unit_roundoff(dtype))
             gate = _verdict.config.VERIFY_LOCATE_GATE
             if found is not None and found[2] <= gate:
                 tensors[st.name], where_seen[st.name] = found[0], f"{found[1].split(':')[0]} (by value)"
+                order[st.name] = after + 1 + found[3]
             else:
                 unlocated[st.name] = ("no tensor of the forward is within " f"{gate:g} (relative) of the reference "
                                       "computed from the module's own inputs to this stage" +
                                       ("" if found is None else f" (closest: {found[1]}, {found[2]:.3g})"))
         elif st.name in tensors and tensors[st.name].shape != np.shape(r := st.reference(
                 *[tensors[k] for k in st.inputs])):
-            found = locate([(where_seen[st.name], tensors[st.name])], r)
+            found = locate([(where_seen[st.name], tensors[st.name])], r)    # a hooked tensor in another layout
             if found is not None:
                 tensors[st.name] = found[0]
                 where_seen[st.name] += f" ({found[1].split(': ', 1)[1]})"
@@ -406,6 +412,72 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
                       "reasons": list(whole.reasons)},
         stages=results, first_divergence=first_div, findings=findings, whole_module_text=str(whole))
+
+
+def verify_examples(module: Any, reference: str, examples: int, *, max_side: int = 12, seed: int = 0,
+                    **kwargs: Any) -> Report:
+    """:func:`verify` on ``examples`` inputs drawn by Hypothesis: the batch (1 to 3), the grid (H and W each a
+    multiple of the module's step up to ``max_side``, unless the module fixes its grid) and the seed of the
+    weights and input.  Returns the report of the failing example Hypothesis shrinks to (the smallest batch and
+    grid, square before non-square), or, when every example matches, of the one closest to its bound.  The
+    report's ``findings`` say which example it is.  ``module`` must be a class or factory (``init``): each
+    example builds a fresh module."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+    from hypothesis.errors import HypothesisException
+
+    if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
+        raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
+    import torch
+    if isinstance(module, str):
+        module = load_target(module)
+    if isinstance(module, torch.nn.Module):
+        raise VerifyError("argument 'examples': needs the module's class or factory (each example builds a fresh "
+                          "module), got an instance")
+    first = verify(module, reference, seed=seed, **kwargs)          # the configuration, and usage errors, once
+    step = get_reference(reference).grid_step(_setup_of(first))
+    fixed = step is None
+    sides = st.just(tuple(first.config["hw"])) if fixed else st.tuples(
+        st.integers(1, max(1, max_side // step)).map(lambda m: m * step),
+        st.integers(1, max(1, max_side // step)).map(lambda m: m * step))
+    other = {k: v for k, v in kwargs.items() if k not in ("hw", "batch", "input")}
+    worst: dict[str, Any] = {"report": first, "score": -1.0, "example": None}
+    failing: list[tuple[Report, dict]] = []
+
+    @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(batch=st.integers(1, 3), hw=sides, ex_seed=st.integers(0, 15))   # a small seed range: cheap to shrink
+    def run(batch, hw, ex_seed):
+        r = verify(module, reference, hw=hw, batch=batch, seed=ex_seed, **other)
+        ex = {"batch": batch, "hw": list(hw), "seed": ex_seed}
+        score = max([st_.err_over_bound or 0.0 for st_ in r.stages] + [r.whole_module["err_over_bound"]])
+        if r.verdict != _verdict.MATCH:
+            failing.append((r, ex))
+            raise AssertionError(r.verdict)
+        if score > worst["score"]:
+            worst.update(report=r, score=score, example=ex)
+
+    try:
+        run()
+    except AssertionError:
+        pass
+    except HypothesisException as exc:  # pragma: no cover - a Hypothesis usage problem, reported as such
+        raise VerifyError(f"argument 'examples': Hypothesis could not run the examples ({exc})") from exc
+    if failing:
+        report, ex = failing[-1]            # the last failure raised is the shrunk one Hypothesis reports
+        report.findings.append({"kind": "example", "message": f"the smallest failing example of {examples}: "
+                                                              f"batch {ex['batch']}, grid {ex['hw']}, seed "
+                                                              f"{ex['seed']}"})
+        return report
+    report = worst["report"]
+    report.findings.append({"kind": "example", "message": f"all {examples} example(s) match; shown: the closest to "
+                                                          f"its bound, {worst['example']}"})
+    return report
+
+
+def _setup_of(report: Report) -> Any:
+    """A minimal object with the configuration and grid of ``report`` (for Reference.grid_step)."""
+    cfg_fields = {k: v for k, v in report.config.items() if k != "hw"}
+    return type("S", (), {"cfg": type("C", (), cfg_fields), "hw": tuple(report.config["hw"])})
 
 
 def assert_matches(module: Any, reference: str, **kwargs: Any) -> Report:

@@ -43,22 +43,36 @@ def _rel(a: np.ndarray, r: np.ndarray, nr: float) -> float:
     return d / nr if nr > 0 else (0.0 if d == 0 else math.inf)
 
 
-def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray) -> tuple[np.ndarray, str, float] | None:
-    """The (tensor in the reference's layout, "label: layout", relative distance) of the recorded tensor
-    closest to ``ref``; None when no recorded tensor has ``ref``'s size.  A cheap invariant (the sum of squares,
-    which no layout changes) skips tensors far from it first."""
+def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray, tie: float = 0.0
+           ) -> tuple[np.ndarray, str, float, int] | None:
+    """The (tensor in the reference's layout, "label: layout", relative distance, first position) of the
+    recorded tensor closest to ``ref``; None when no recorded tensor has ``ref``'s size.  A cheap invariant (the
+    sum of squares, which no layout changes) skips tensors far from it first.
+
+    ``tie``: candidates within 2 x the best distance + ``tie`` are indistinguishable from the best by value
+    (a chain of element-wise steps such as den -> den + eps gives successive tensors that differ by rounding
+    only; copies and reshapes give equal ones).  Of those the one recorded last, the end of the chain, is
+    taken, and the position of the first is returned: when the value first existed, the earliest point a
+    later stage can have been computed from it."""
     nr = float(np.sqrt(np.sum(ref ** 2)))
-    best: tuple[np.ndarray, str, float] | None = None
-    for label, f in pool:
+    found: list[tuple[int, np.ndarray, str, float]] = []
+    best = math.inf
+    for pos, (label, f) in enumerate(pool):
         if f.size != ref.size:
             continue
         nf = float(np.sqrt(np.sum(f ** 2)))
-        if best is not None and abs(nf - nr) > best[2] * nr:      # no layout can be closer than this
+        if abs(nf - nr) > (2 * best + tie) * nr:                    # no layout can be close enough
             continue
+        cand = None
         for arr, how in layouts(f, ref.shape):
             d = _rel(arr, ref, nr)
-            if best is None or d < best[2]:
-                best = (arr, f"{label}: {how}", d)
-                if d == 0.0:
-                    return best
-    return best
+            if cand is None or d < cand[3]:
+                cand = (pos, arr, f"{label}: {how}", d)
+        if cand is not None:
+            found.append(cand)
+            best = min(best, cand[3])
+    if not found:
+        return None
+    close = [c for c in found if c[3] <= 2 * best + tie]
+    pos, arr, label, d = max(close, key=lambda c: c[0])
+    return arr, label, d, min(c[0] for c in close)

@@ -92,6 +92,11 @@ class Reference:
     def call(self, s: Setup, call: Mapping[str, Any] | None) -> tuple[tuple, dict]:
         raise NotImplementedError
 
+    def grid_step(self, s: Setup) -> int | None:
+        """The step of the grid sizes the module accepts (H and W multiples of it), or None when the module fixes
+        its grid (a positional encoding of a fixed number of tokens): for ``examples``."""
+        return 1
+
     def forward(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup) -> np.ndarray:
         raise NotImplementedError
 
@@ -294,6 +299,9 @@ class FlattenAttention(Reference):
         b, n, c = x.shape
         n_kv = (s.hw[0] // s.cfg.sr_ratio) * (s.hw[1] // s.cfg.sr_ratio)
         return [(b, n, c), (b, n_kv, c)]
+
+    def grid_step(self, s):
+        return None if s.cfg.positional_encoding else s.cfg.sr_ratio
 
     def call(self, s, call):
         if call is None:
