@@ -106,6 +106,12 @@ def _verify(ns: argparse.Namespace) -> int:
         else:
             with open(ns.json, "w") as fh:
                 fh.write(text + "\n")
+    if ns.report:
+        import os
+        png = os.path.splitext(ns.report)[0] + ".png"
+        plotted = report.save_plot(png)
+        with open(ns.report, "w") as fh:
+            fh.write(report.to_markdown(os.path.basename(png) if plotted else None))
     if ns.json != "-":
         _render(report)
     return EXIT.get(report.verdict, 1)
@@ -132,6 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--seed", type=int, default=0)
     vp.add_argument("--examples", type=int, default=0,
                     help="verify N Hypothesis-drawn inputs (batch, grid, seed); report the shrunk failing one")
+    vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
+                                     "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")
     try:
         ns = ap.parse_args(argv)

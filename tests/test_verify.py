@@ -241,3 +241,13 @@ def test_examples_find_a_bug_that_only_shows_on_non_square_grids(capsys):
     assert code == 1 and json.loads(capsys.readouterr().out)["first_divergence"]["stage"] == "numerator"
     with pytest.raises(V.VerifyError, match="needs the module's class or factory"):
         V.verify_examples(PortRALA(16, 2), "rala.attention", 3)
+
+
+def test_markdown_report(tmp_path):
+    out = tmp_path / "r.md"
+    code = cli.main(["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention",
+                     "--init", '{"dim": 16, "heads": 2, "sr_ratio": 2, "n_kv": 16, "bug": "power"}', "--hw", "8,8",
+                     "--report", str(out)])
+    text = out.read_text()
+    assert code == 1 and "First divergence: stage `phi_q`" in text and "| phi_q |" in text
+    assert ("![error over bound per stage](r.png)" in text) == (tmp_path / "r.png").exists()

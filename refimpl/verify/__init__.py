@@ -103,6 +103,62 @@ class Report:
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=1)
 
+    def to_markdown(self, plot: str | None = None) -> str:
+        """The report as Markdown (``--report OUT.md``); ``plot``: the file name of the per-stage error/bound
+        plot (:meth:`save_plot`) to link, if one was written."""
+        lines = [f"# refimpl verify: {self.verdict} against `{self.reference}`", "",
+                 f"{self.preset} preset, {self.dtype}; whole module: {self.whole_module['verdict']} (max relative "
+                 f"bound {self.whole_module['max_relative_bound']:.3g}, err/bound "
+                 f"{self.whole_module['err_over_bound']:.3g}).", ""]
+        if self.first_divergence:
+            lines += [f"**First divergence: stage `{self.first_divergence['stage']}`**: "
+                      f"{self.first_divergence['why']}", ""]
+        lines += ["| stage | observed at | verdict | max abs err | bound | err / bound | detail |",
+                  "|---|---|---|---|---|---|---|"]
+        for st in self.stages:
+            lines.append(f"| {st.name} | {st.foreign or '-'} | {st.verdict} | {_g(st.max_abs_err)} | "
+                         f"{_g(st.bound)} | {_g(st.err_over_bound)} | {st.detail.replace('|', '/')} |")
+        if plot:
+            lines += ["", f"![error over bound per stage]({plot})"]
+        lines += ["", "## Configuration", ""] + [f"- `{k}` = `{v!r}` ({self.config_sources.get(k, '')})"
+                                                  for k, v in self.config.items()]
+        lines += ["", "## Weight mapping", ""] + [f"- {d}" for d in self.mapping_decisions]
+        if self.findings:
+            lines += ["", "## Findings", ""] + [f"- {f['kind']}: {f['message']}" for f in self.findings]
+        return "\n".join(lines) + "\n"
+
+    def save_plot(self, path: str) -> bool:
+        """A bar chart of error / bound per observed stage (log scale, the line at 1 is the bound); False when
+        matplotlib is not installed (an optional extra)."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return False
+        names = [st.name for st in self.stages]
+        known = [st.err_over_bound for st in self.stages if st.err_over_bound]
+        top = max([10.0] + [10.0 * v for v in known])
+        # a stage with no number: diverging without a located tensor, or not observed - drawn hatched to the top
+        vals = [max(st.err_over_bound, 1e-6) if st.err_over_bound else (top if st.verdict != "match" else 1e-6)
+                for st in self.stages]
+        colour = {"match": "tab:green", "diverges": "tab:red"}
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names)), 3.0))
+        bars = ax.bar(names, vals, color=[colour.get(st.verdict, "tab:gray") for st in self.stages])
+        for bar, st in zip(bars, self.stages):
+            if not st.err_over_bound and st.verdict != "match":
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+        ax.axhline(1.0, color="black", lw=1)
+        ax.set_yscale("log")
+        ax.set_ylabel("max error / bound")
+        ax.set_title(f"{self.reference} ({self.dtype}): {self.verdict}")
+        ax.tick_params(axis="x", rotation=45)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return True
+
     def __str__(self) -> str:
         lines = [(f"refimpl verify: {self.verdict.upper()} against {self.reference} ({self.preset} preset, "
                   f"{self.dtype})")]
