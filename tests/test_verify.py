@@ -251,3 +251,16 @@ def test_markdown_report(tmp_path):
     text = out.read_text()
     assert code == 1 and "First divergence: stage `phi_q`" in text and "| phi_q |" in text
     assert ("![error over bound per stage](r.png)" in text) == (tmp_path / "r.png").exists()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_a_castling_port_matches_and_its_bugs_diverge_at_the_core(dtype):
+    """Castling-ViT's attention as released, ported in another style; the angular kernel without 1/pi, the
+    token convolution applied to Q, and Q and K left without unit rows all diverge at the core."""
+    from tests.verify_gallery.castling_port import PortCastling
+    r = V.verify(PortCastling(32, 4), "castling.attention", hw=(14, 14), dtype=dtype)
+    assert r.verdict == "match" and r.config["conv"] == "tokens1d" and r.config["conv_kernel"] == 9, str(r)
+    assert r.mapping["dconv.weight"] == "token_conv.weight"
+    for bug in ("no_pi", "conv_on_q", "no_unit_rows"):
+        rb = V.verify(PortCastling(32, 4, bug=bug), "castling.attention", hw=(14, 14), dtype=dtype)
+        assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)

@@ -18,9 +18,9 @@ What happens::
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
-what would).  Not yet built (issue 13): the references of LiSA, Castling, FLatten's Swin layout, RALA's token
-layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble in the verifier (the
-NumPy naive run and the rounding model are its members today).
+what would).  Not yet built (issue 13): the references of LiSA, FLatten's Swin layout, RALA's token
+layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
+in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from .locate import locate
 from .mapping import WeightMapping, map_weights
 from .references import REFERENCES, get_reference
 
-__all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult", "VerifyError", "REFERENCES", "SCHEMA_VERSION",
+__all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult", "VerifyError", "REFERENCES",
+           "SCHEMA_VERSION",
            "load_target", "instantiate", "load_weights", "map_weights", "WeightMapping"]
 
 #: Version of the JSON report's schema (docs/verify.md).

@@ -8,7 +8,7 @@ weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention
 
 Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
 spatial reduction; FLatten Eq. 4-6, 10-12), ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4)
-and ``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6).
+``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6) and ``castling.attention`` (Castling-ViT; Eq. 9-10).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ..attention import angular as r_ang
 from ..attention import enhanced as r_enh
 from ..attention import focused as r_foc
 from ..attention import rala as r_rala
@@ -466,7 +467,77 @@ class RALAAttention(Reference):
         return r_rala.rala_attention_stages(params, s.cfg, s.hw, fine=True)
 
 
-REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention(), RALAAttention())}
+class CastlingAttention(Reference):
+    """Castling-ViT's attention layer (:func:`refimpl.attention.angular.castling_attention`, eval mode): the
+    fused qkv projection, the linear-angular core (Eq. 9-10: 1/2 + (1/pi) q k^T applied as 0.5 V + (1/pi)
+    Q (K^T V), with the depthwise convolution of V), the output projection.  Input: tokens (B, N, C); the
+    foreign forward is called as ``forward(x)``.  Stages: qkv, core (the projection's input), proj."""
+
+    name = "castling.attention"
+    summary = ("Castling-ViT linear-angular attention (eval): qkv, 0.5 V + (1/pi) Q (K^T V) (Eq. 9-10) with the "
+               "released row normalisation and depthwise conv of V, proj")
+    presets = ("official", "paper")
+    structural = frozenset({"dim", "num_heads", "qkv_bias", "conv", "conv_kernel", "conv_bias"})
+    aliases = {"qkv": _QKV_ALIASES, "proj": _PROJ_ALIASES,
+               "dconv": ("dconv", "token_conv", "conv", "dwconv", "dw", "lepe", "v_conv")}
+
+    def setup(self, module, state, preset, config, hw):
+        over = dict(config or {})
+        _check_options(r_ang.CastlingConfig, preset, self.presets, self.name, over)
+        fields: dict[str, str] = {}
+        inferred: dict[str, Any] = {}
+        qkv = _find(state, self.aliases["qkv"], "weight")
+        if len(qkv) != 1:
+            raise VerifyError(f"weights: expected one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}), "
+                              f"found {qkv or 'none'}")
+        if "dim" not in over:
+            inferred["dim"], fields["dim"] = int(state[qkv[0]].shape[-1]), "qkv weight shape"
+        if "num_heads" not in over:
+            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
+            if got is None:
+                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
+            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        if "qkv_bias" not in over:
+            inferred["qkv_bias"] = bool(_find(state, self.aliases["qkv"], "bias"))
+            fields["qkv_bias"] = "presence of a qkv bias"
+        conv = _find(state, self.aliases["dconv"], "weight")
+        if len(conv) == 1 and state[conv[0]].ndim == 4:
+            w = state[conv[0]]
+            if "conv" not in over:
+                inferred["conv"] = "tokens1d" if w.shape[-1] == 1 and w.shape[-2] > 1 else "grid2d"
+                fields["conv"] = f"depthwise conv weight {tuple(w.shape)}"
+            if "conv_kernel" not in over:
+                inferred["conv_kernel"], fields["conv_kernel"] = int(w.shape[2]), "depthwise conv weight shape"
+            if "conv_bias" not in over:
+                inferred["conv_bias"] = bool(_find(state, self.aliases["dconv"], "bias"))
+                fields["conv_bias"] = "presence of a conv bias"
+        elif "conv" not in over:
+            inferred["conv"], fields["conv"] = "none", "no depthwise conv found"
+        cfg = _config(r_ang.CastlingConfig, preset, self.presets, self.name, inferred, over, fields)
+        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
+        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8)"
+        points = {"x": Point("qkv", "input"), "qkv": Point("qkv", "output"), "core": Point("proj", "input"),
+                  "proj": Point("proj", "output")}
+        return Setup(cfg, fields, hw, cfg.param_shapes(), points, [])
+
+    def draw_input(self, s, batch, rng):
+        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
+
+    def call(self, s, call):
+        return (), dict(call or {})
+
+    def forward(self, x, params, s):
+        return r_ang.castling_attention(x, params, s.cfg, hw=s.hw)
+
+    def bound(self, x, params, s, dtype):
+        return r_ang.castling_attention_bound(x, params, s.cfg, dtype=dtype, hw=s.hw)
+
+    def stages(self, params, s):
+        return r_ang.castling_attention_stages(params, s.cfg, hw=s.hw)
+
+
+REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention(), RALAAttention(),
+                                                        CastlingAttention())}
 
 
 def get_reference(name: str) -> Reference:
