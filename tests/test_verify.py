@@ -264,3 +264,13 @@ def test_a_castling_port_matches_and_its_bugs_diverge_at_the_core(dtype):
     for bug in ("no_pi", "conv_on_q", "no_unit_rows"):
         rb = V.verify(PortCastling(32, 4, bug=bug), "castling.attention", hw=(14, 14), dtype=dtype)
         assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)
+
+
+def test_split_q_k_v_projections_are_joined_for_a_fused_reference():
+    from tests.verify_gallery.l2vit_port import PortL2ViTSplit
+    r = V.verify(PortL2ViTSplit(32, 4), "l2vit.attention", hw=(6, 6), dtype="float32")
+    assert r.verdict == "match", str(r)
+    assert r.mapping["qkv.weight"] == "query.weight + key.weight + value.weight"
+    assert {s.name: s.foreign for s in r.stages}["qkv"] == "query+key+value:output"
+    rb = V.verify(PortL2ViTSplit(32, 4, bug="no_relu_k"), "l2vit.attention", hw=(6, 6), dtype="float32")
+    assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)

@@ -284,7 +284,7 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     state = {k: _to64(v) if v.is_floating_point() else v.detach().cpu().numpy()
              for k, v in module.state_dict().items()}
     s = ref.setup(module, state, preset, config or {}, hw)
-    wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, user_map=map)
+    wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=map)
     params = wm.values
 
     x = ref.draw_input(s, batch, rng) if input is None else np.asarray(input, dtype=np.float64)
@@ -297,15 +297,16 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     handles = []
     wanted = {(p.ref_module, p.where) for p in list(s.points.values()) + [w.point for w in s.wires]}
     for ref_mod, where in wanted:
-        fmod = wm.modules.get(ref_mod)
-        if fmod is None or fmod not in subs:
+        fmods = (wm.modules.get(ref_mod) or "").split("+")        # "+": the parts of a joined projection
+        if not all(f in subs for f in fmods):
             continue
+        for i, fmod in enumerate(fmods if where == "output" else fmods[:1]):
 
-        def hook(_m, inp, out, key=(ref_mod, where)):
-            t = (inp[0] if inp else None) if key[1] == "input" else (out[0] if isinstance(out, tuple) else out)
-            if isinstance(t, torch.Tensor) and key not in captured:
-                captured[key] = t.detach()
-        handles.append(subs[fmod].register_forward_hook(hook))
+            def hook(_m, inp, out, key=(ref_mod, where, i)):
+                t = (inp[0] if inp else None) if key[1] == "input" else (out[0] if isinstance(out, tuple) else out)
+                if isinstance(t, torch.Tensor) and key not in captured:
+                    captured[key] = t.detach()
+            handles.append(subs[fmod].register_forward_hook(hook))
     recorded: list[tuple[str, Any]] = []
     other_dtypes: dict[Any, list[str]] = {}
     sizes = {int(np.prod(v)) for v in ref.value_shapes(s, x)}
@@ -361,17 +362,18 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     tensors: dict[str, np.ndarray] = {"x": x}
     where_seen: dict[str, str] = {"x": "input"}
     for name, p in s.points.items():
-        t = captured.get((p.ref_module, p.where))
-        if t is None:
+        parts = [captured.get((p.ref_module, p.where, i))
+                 for i in range(len((wm.modules.get(p.ref_module) or "").split("+")) if p.where == "output" else 1)]
+        if any(t is None for t in parts):
             continue
-        t = _to64(t)
+        t = np.concatenate([_to64(t) for t in parts], axis=-1)
         if p.rows is not None:
             t = t[..., p.rows[0]:p.rows[1]]
         tensors[name] = t
         where_seen[name] = f"{wm.modules[p.ref_module]}:{p.where}" + (f"[{p.rows[0]}:{p.rows[1]}]" if p.rows else "")
     wiring: dict[str, str] = {}
     for w in s.wires:
-        t = captured.get((w.point.ref_module, w.point.where))
+        t = captured.get((w.point.ref_module, w.point.where, 0))
         if t is None or w.producer not in tensors:
             continue
         expect = w.transform(tensors[w.producer])

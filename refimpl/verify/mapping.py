@@ -8,7 +8,7 @@ Layer: the verify tool (NumPy only).  The rules, in order, each decision recorde
    foreign key path and through one wrapper level (RAVLT's ``norm1.norm.weight`` for ``norm1.weight``); each
    reference names its aliases (:mod:`refimpl.verify.references`);
 4. fused projections: a foreign ``qkv`` (3C, C) split into the reference's ``q`` (C, C) and ``kv`` (2C, C)
-   where the reference keeps them apart (and the converse where the reference fuses them);
+   where the reference keeps them apart, and foreign ``q``, ``k``, ``v`` concatenated where it fuses them;
 5. shapes: a 1 x 1 convolution weight (O, I, 1, 1) for a linear weight (O, I), and singleton axes;
 6. the one foreign tensor left of a reference parameter's shape, when no other reference parameter left has it.
 
@@ -65,12 +65,16 @@ def _fit(value: np.ndarray, shape: tuple[int, ...]) -> tuple[np.ndarray | None, 
 def map_weights(foreign: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], *,
                 aliases: Mapping[str, Sequence[str]] | None = None,
                 fused: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
+                joined: Mapping[str, Sequence[Sequence[str]]] | None = None,
                 user_map: Mapping[str, Any] | None = None) -> WeightMapping:
     """Map ``foreign`` (key -> array) onto the reference keys ``shapes`` (key -> shape) by the module
     docstring's rules.
 
     aliases : reference submodule (or top-level parameter) name -> foreign names it may go by.
     fused : foreign fused name -> (its aliases, the reference submodules it splits into along axis 0, in order).
+    joined : reference fused submodule -> the aliases of the foreign parts it is the concatenation of, in order
+        (split q / k / v projections for a fused ``qkv``); its ``modules`` entry is the parts' paths joined by
+        "+".
     user_map : {"rename": {foreign: reference}, "ignore": [foreign, ...]}.
     """
     user_map = dict(user_map or {})
@@ -150,6 +154,26 @@ def map_weights(foreign: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
                 start += n
             modules[fname] = _split(fk)[0]
             del pool[fk]
+    for ref_mod, part_aliases in dict(joined or {}).items():
+        for leaf in ("weight", "bias"):
+            ref = f"{ref_mod}.{leaf}"
+            if ref not in need or ref in values:
+                continue
+            parts = []
+            for aliases_ in part_aliases:
+                cands = []
+                for alias in aliases_:
+                    pat = _alias_pattern(alias, leaf)
+                    cands += [fk for fk in pool if pat.match(fk) and fk not in cands]
+                parts.append(cands[0] if len(cands) == 1 else None)
+            if None in parts or sum(pool[p].shape[0] for p in parts) != need[ref][0]:
+                continue
+            take(ref, parts[0], f"the concatenation of {parts} (rows in that order)",
+                 np.concatenate([pool[p] for p in parts], axis=0))
+            source[ref] = " + ".join(parts)
+            modules[ref_mod] = "+".join(_split(p)[0] for p in parts)
+            for p in parts:
+                del pool[p]
     left = [r for r in need if r not in values]
     for ref in left:
         same = [fk for fk in pool if pool[fk].shape == need[ref]]

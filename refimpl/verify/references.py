@@ -75,6 +75,8 @@ class Reference:
     structural: frozenset[str] = frozenset()
     aliases: Mapping[str, Sequence[str]] = {}
     fused: Mapping[str, tuple[Sequence[str], Sequence[str]]] = {}
+    #: reference fused submodule -> aliases of the foreign parts it concatenates (mapping.map_weights)
+    joined: Mapping[str, Sequence[Sequence[str]]] = {}
     #: stages located by value among every tensor the foreign forward computes (no submodule to hook)
     value_stages: tuple[str, ...] = ()
 
@@ -158,6 +160,21 @@ def _config(cls: Any, preset: str, presets: Sequence[str], name: str, inferred: 
 
 _PROJ_ALIASES = ("proj", "out", "to_out", "out_proj", "o_proj", "wo")
 _QKV_ALIASES = ("qkv", "to_qkv", "qkv_proj", "wqkv", "in_proj")
+_SPLIT_QKV = (("q", "to_q", "query", "q_proj", "wq"), ("k", "to_k", "key", "k_proj", "wk"),
+              ("v", "to_v", "value", "v_proj", "wv"))
+
+
+def _qkv_in_features(state: Mapping[str, np.ndarray], name: str) -> tuple[int, bool]:
+    """(C, has a bias) from a fused qkv projection (3C, C) or split q / k / v projections."""
+    fused = _find(state, _QKV_ALIASES, "weight")
+    if len(fused) == 1:
+        return int(state[fused[0]].shape[-1]), bool(_find(state, _QKV_ALIASES, "bias"))
+    parts = [_find(state, al, "weight") for al in _SPLIT_QKV]
+    if all(len(p) == 1 for p in parts):
+        return int(state[parts[0][0]].shape[-1]), bool(_find(state, _SPLIT_QKV[0], "bias"))
+    raise VerifyError(f"weights: {name} expects one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}) or "
+                      f"three projections q, k, v; found fused {fused or 'none'}, q/k/v "
+                      f"{[p or 'none' for p in parts]}")
 
 
 class FlattenAttention(Reference):
@@ -333,18 +350,16 @@ class L2ViTAttention(Reference):
     structural = frozenset({"dim", "num_heads", "qkv_bias"})
     aliases = {"qkv": _QKV_ALIASES, "proj": _PROJ_ALIASES, "scale": ("scale", "alpha", "s"),
                "temperature": ("temperature", "temp", "tau", "rescale")}
+    joined = {"qkv": _SPLIT_QKV}
 
     def setup(self, module, state, preset, config, hw):
         over = dict(config or {})
         _check_options(r_enh.L2ViTConfig, preset, self.presets, self.name, over)
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
-        qkv = _find(state, self.aliases["qkv"], "weight")
-        if len(qkv) != 1:
-            raise VerifyError(f"weights: expected one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}), "
-                              f"found {qkv or 'none'}; split q / k / v projections are not mapped yet")
+        c_in, has_bias = _qkv_in_features(state, self.name)
         if "dim" not in over:
-            inferred["dim"], fields["dim"] = int(state[qkv[0]].shape[-1]), "qkv weight shape"
+            inferred["dim"], fields["dim"] = c_in, "qkv weight shape"
         if "num_heads" not in over:
             got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
             if got is None:
@@ -358,8 +373,7 @@ class L2ViTAttention(Reference):
             elif _find(state, self.aliases["scale"], ""):
                 inferred["scale_mode"], fields["scale_mode"] = "scalar", "a scalar scale tensor"
         if "qkv_bias" not in over:
-            inferred["qkv_bias"] = bool(_find(state, self.aliases["qkv"], "bias"))
-            fields["qkv_bias"] = "presence of a qkv bias"
+            inferred["qkv_bias"], fields["qkv_bias"] = has_bias, "presence of a qkv bias"
         cfg = _config(r_enh.L2ViTConfig, preset, self.presets, self.name, inferred, over, fields)
         hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
         fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8 tokens; the layer has no grid)"
@@ -480,26 +494,23 @@ class CastlingAttention(Reference):
     structural = frozenset({"dim", "num_heads", "qkv_bias", "conv", "conv_kernel", "conv_bias"})
     aliases = {"qkv": _QKV_ALIASES, "proj": _PROJ_ALIASES,
                "dconv": ("dconv", "token_conv", "conv", "dwconv", "dw", "lepe", "v_conv")}
+    joined = {"qkv": _SPLIT_QKV}
 
     def setup(self, module, state, preset, config, hw):
         over = dict(config or {})
         _check_options(r_ang.CastlingConfig, preset, self.presets, self.name, over)
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
-        qkv = _find(state, self.aliases["qkv"], "weight")
-        if len(qkv) != 1:
-            raise VerifyError(f"weights: expected one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}), "
-                              f"found {qkv or 'none'}")
+        c_in, has_bias = _qkv_in_features(state, self.name)
         if "dim" not in over:
-            inferred["dim"], fields["dim"] = int(state[qkv[0]].shape[-1]), "qkv weight shape"
+            inferred["dim"], fields["dim"] = c_in, "qkv weight shape"
         if "num_heads" not in over:
             got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
             if got is None:
                 raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
             inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
         if "qkv_bias" not in over:
-            inferred["qkv_bias"] = bool(_find(state, self.aliases["qkv"], "bias"))
-            fields["qkv_bias"] = "presence of a qkv bias"
+            inferred["qkv_bias"], fields["qkv_bias"] = has_bias, "presence of a qkv bias"
         conv = _find(state, self.aliases["dconv"], "weight")
         if len(conv) == 1 and state[conv[0]].ndim == 4:
             w = state[conv[0]]

@@ -29,3 +29,19 @@ class PortL2ViTAttention(nn.Module):
         den = den.clamp(min=1.0 if self.bug == "clamp" else 100.0)
         out = torch.einsum("bhnd,bhde->bhne", q, kv) / den.unsqueeze(-1)
         return self.to_out(out.transpose(1, 2).reshape(B, N, C))
+
+
+class PortL2ViTSplit(PortL2ViTAttention):
+    """The same with three projections ``query``, ``key``, ``value`` instead of a fused one."""
+
+    def __init__(self, dim: int, num_heads: int, bug: str | None = None):
+        super().__init__(dim, num_heads, bug)
+        del self.to_qkv
+        self.query, self.key, self.value = (nn.Linear(dim, dim) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.to_qkv = lambda t: torch.cat([self.query(t), self.key(t), self.value(t)], dim=-1)
+        try:
+            return super().forward(x)
+        finally:
+            del self.to_qkv
