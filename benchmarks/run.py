@@ -787,7 +787,7 @@ def workloads_window(np, torch, quick):
                 o = (attn @ v).transpose(1, 2).reshape(-1, n_tok, c)
                 o = F.linear(o, tp["proj.weight"], tp["proj.bias"])
                 return o.view(b, hgt // ws, wid // ws, ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(b, hgt, wid, c)
-        out.append(Workload(f"window attn 7x7 56x56 C=96 h=3", dt, flops,
+        out.append(Workload("window attn 7x7 56x56 C=96 h=3", dt, flops,
                             "qkv + proj matmuls + 4 n^2 d per window and head",
                             lambda x=x, p=p: softmax.window_attention(x, p, num_heads=heads, window_size=ws), tfn))
     return out

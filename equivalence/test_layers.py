@@ -13,7 +13,7 @@ from torch import nn
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params,
                                     state_dict_to_numpy, to_numpy, to_torch, torch_dtype)
 from equivalence.modules import layers as tl
-from equivalence.strategies import adversarial_arrays, benign_arrays, conv_configs, window_configs
+from equivalence.strategies import adversarial_arrays, conv_configs, window_configs
 from refimpl import layers, numerics
 
 

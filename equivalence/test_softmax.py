@@ -12,7 +12,7 @@ from equivalence.assertions import (assert_matches, load_numpy_state, naive, rou
                                     to_torch, torch_dtype)
 from equivalence.modules.softmax import SoftmaxAttention, WindowAttention
 from equivalence.strategies import adversarial_arrays, benign_arrays, window_configs
-from refimpl import config, numerics
+from refimpl import numerics
 from refimpl.attention import softmax as S
 
 

@@ -13,7 +13,6 @@ depth k derived in its note).
 
 from __future__ import annotations
 
-import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import dataclasses
 import math
 from typing import Any, Callable, Iterator, Mapping
 

@@ -31,7 +31,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
-from refimpl.attention import angular, focused, lisa
+from refimpl.attention import focused, lisa
 from refimpl.backends import _numba, twins
 
 REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"

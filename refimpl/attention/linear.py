@@ -21,7 +21,7 @@ already applied (:func:`kernelized_attention`, usable with any phi, e.g. FLatten
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 

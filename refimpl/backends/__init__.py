@@ -120,7 +120,6 @@ def available(refresh: bool = False) -> dict[str, Status]:
     build flags and the vector instruction set in use.  Results are cached; ``refresh=True`` probes again
     (after building the C module in the same session, say).
     """
-    from . import _c, _numba
 
     with _STATUS_LOCK:
         if refresh or not _STATUS_CACHE:
