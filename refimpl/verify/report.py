@@ -1,0 +1,163 @@
+"""The verifier's report: one :class:`StageResult` per stage of the reference, the verdict, the first divergence,
+the findings; as text, JSON (schema in docs/verify.md) and Markdown with a plot.
+
+Layer: the verify tool (no torch; matplotlib imported by :meth:`Report.save_plot` only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import numpy as np
+
+from .. import verdict as _verdict
+
+__all__ = ["SCHEMA_VERSION", "StageResult", "Report"]
+
+#: Version of the JSON report's schema (docs/verify.md).
+SCHEMA_VERSION = 1
+
+
+def _f(x: Any) -> Any:
+    if x is None:
+        return None
+    x = float(x)
+    return x if np.isfinite(x) else ("inf" if x > 0 else ("-inf" if x < 0 else "nan"))
+
+
+def _g(x: Any) -> str:
+    return "-" if x is None else f"{x:.3g}"
+
+
+
+@dataclasses.dataclass
+class StageResult:
+    """One stage of the reference, as observed in the foreign module."""
+
+    name: str
+    foreign: str | None                  # "submodule:output" where it was observed, None if not observed
+    verdict: str                         # match / diverges / inconclusive / not observed
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    bound: float | None = None           # the largest element-wise bound
+    err_over_bound: float | None = None
+    detail: str = ""
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "foreign": self.foreign, "verdict": self.verdict, "ok": self.verdict == "match",
+                "max_abs_err": _f(self.max_abs_err), "max_rel_err": _f(self.max_rel_err), "bound": _f(self.bound),
+                "err_over_bound": _f(self.err_over_bound), "detail": self.detail}
+
+
+@dataclasses.dataclass
+class Report:
+    """The verifier's report (:meth:`as_dict` is the JSON schema of docs/verify.md)."""
+
+    verdict: str
+    reference: str
+    preset: str
+    dtype: str
+    config: dict[str, Any]
+    config_sources: dict[str, str]
+    mapping: dict[str, str]
+    mapping_decisions: list[str]
+    ignored_foreign_keys: list[str]
+    derived_buffers: list[str]
+    whole_module: dict[str, Any]
+    stages: list[StageResult]
+    first_divergence: dict[str, Any] | None
+    findings: list[dict[str, str]]
+    whole_module_text: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == _verdict.MATCH
+
+    def as_dict(self) -> dict:
+        return {"schema_version": SCHEMA_VERSION, "verdict": self.verdict, "reference": self.reference,
+                "preset": self.preset, "dtype": self.dtype, "config": self.config,
+                "config_sources": self.config_sources, "mapping": self.mapping,
+                "mapping_decisions": self.mapping_decisions, "unused_foreign_keys": [],
+                "ignored_foreign_keys": self.ignored_foreign_keys, "missing_reference_keys": [],
+                "derived_buffers": self.derived_buffers, "whole_module": self.whole_module,
+                "stages": [s.as_dict() for s in self.stages], "first_divergence": self.first_divergence,
+                "findings": self.findings}
+
+    def to_json(self) -> str:
+        return json.dumps(self.as_dict(), indent=1)
+
+    def to_markdown(self, plot: str | None = None) -> str:
+        """The report as Markdown (``--report OUT.md``); ``plot``: the file name of the per-stage error/bound
+        plot (:meth:`save_plot`) to link, if one was written."""
+        lines = [f"# refimpl verify: {self.verdict} against `{self.reference}`", "",
+                 f"{self.preset} preset, {self.dtype}; whole module: {self.whole_module['verdict']} (max relative "
+                 f"bound {self.whole_module['max_relative_bound']:.3g}, err/bound "
+                 f"{self.whole_module['err_over_bound']:.3g}).", ""]
+        if self.first_divergence:
+            lines += [f"**First divergence: stage `{self.first_divergence['stage']}`**: "
+                      f"{self.first_divergence['why']}", ""]
+        lines += ["| stage | observed at | verdict | max abs err | bound | err / bound | detail |",
+                  "|---|---|---|---|---|---|---|"]
+        for st in self.stages:
+            lines.append(f"| {st.name} | {st.foreign or '-'} | {st.verdict} | {_g(st.max_abs_err)} | "
+                         f"{_g(st.bound)} | {_g(st.err_over_bound)} | {st.detail.replace('|', '/')} |")
+        if plot:
+            lines += ["", f"![error over bound per stage]({plot})"]
+        lines += ["", "## Configuration", ""] + [f"- `{k}` = `{v!r}` ({self.config_sources.get(k, '')})"
+                                                  for k, v in self.config.items()]
+        lines += ["", "## Weight mapping", ""] + [f"- {d}" for d in self.mapping_decisions]
+        if self.findings:
+            lines += ["", "## Findings", ""] + [f"- {f['kind']}: {f['message']}" for f in self.findings]
+        return "\n".join(lines) + "\n"
+
+    def save_plot(self, path: str) -> bool:
+        """A bar chart of error / bound per observed stage (log scale, the line at 1 is the bound); False when
+        matplotlib is not installed (an optional extra)."""
+        try:
+            import matplotlib
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return False
+        names = [st.name for st in self.stages]
+        known = [st.err_over_bound for st in self.stages if st.err_over_bound]
+        top = max([10.0] + [10.0 * v for v in known])
+        # a stage with no number: diverging without a located tensor, or not observed - drawn hatched to the top
+        vals = [max(st.err_over_bound, 1e-6) if st.err_over_bound else (top if st.verdict != "match" else 1e-6)
+                for st in self.stages]
+        colour = {"match": "tab:green", "diverges": "tab:red"}
+        fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names)), 3.0))
+        bars = ax.bar(names, vals, color=[colour.get(st.verdict, "tab:gray") for st in self.stages])
+        for bar, st in zip(bars, self.stages):
+            if not st.err_over_bound and st.verdict != "match":
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+        ax.axhline(1.0, color="black", lw=1)
+        ax.set_yscale("log")
+        ax.set_ylabel("max error / bound")
+        ax.set_title(f"{self.reference} ({self.dtype}): {self.verdict}")
+        ax.tick_params(axis="x", rotation=45)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return True
+
+    def __str__(self) -> str:
+        lines = [(f"refimpl verify: {self.verdict.upper()} against {self.reference} ({self.preset} preset, "
+                  f"{self.dtype})")]
+        if self.first_divergence:
+            fd = self.first_divergence
+            lines.append(f"first divergence: stage {fd['stage']!r}: {fd['why']}")
+        lines.append(f"whole module: {self.whole_module['verdict']} (max relative bound "
+                     f"{self.whole_module['max_relative_bound']:.3g}, err/bound "
+                     f"{self.whole_module['err_over_bound']:.3g})")
+        lines.append(f"{'stage':<8} {'observed at':<22} {'verdict':<13} {'max |err|':>10} {'bound':>10} "
+                     f"{'err/bound':>9}")
+        for s in self.stages:
+            lines.append(f"{s.name:<8} {s.foreign or '-':<22} {s.verdict:<13} {_g(s.max_abs_err):>10} "
+                         f"{_g(s.bound):>10} {_g(s.err_over_bound):>9}" + (f"  {s.detail}" if s.detail else ""))
+        for f in self.findings:
+            lines.append(f"finding ({f['kind']}): {f['message']}")
+        return "\n".join(lines)

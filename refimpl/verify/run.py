@@ -1,0 +1,361 @@
+"""One verification: the foreign module run once with its stages observed, judged against the reference.
+
+Layer: the verify tool (torch).  :func:`verify` is the whole procedure; each step is a function below, in the
+order it runs: prepare (load, cast, infer the configuration, map the weights), run (hooks and the op recorder),
+observe (the stage tensors from hooks, the wiring checks, the stages located by value), judge (the whole module
+and each stage, teacher-forced), conclude (the verdict and the first divergence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import verdict as _verdict
+from ..numerics import naive_same_precision, round_to
+from .loading import VerifyError, instantiate, load_target, load_weights
+from .locate import locate
+from .mapping import map_weights
+from .references import get_reference
+from .report import Report, StageResult, _f
+
+__all__ = ["verify", "DTYPES"]
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+    return {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+            "bfloat16": torch.bfloat16}[name]
+
+
+def _randomise(module: Any, rng: np.random.Generator) -> None:
+    """Redraw every floating parameter and buffer (a zero-initialised positional encoding or scale would hide
+    bugs): weights N(0, 1 / fan_in), LayerNorm-like vectors named weight 1 + N(0, 0.1^2), biases N(0, 0.1^2),
+    every other tensor N(0, 0.5^2)."""
+    import torch
+    with torch.no_grad():
+        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+            if not t.is_floating_point():
+                continue
+            leaf = name.rpartition(".")[2]
+            shape = tuple(t.shape)
+            if leaf == "weight" and len(shape) > 1:
+                v = rng.standard_normal(shape) / np.sqrt(max(int(np.prod(shape[1:])), 1))
+            elif leaf == "weight":
+                v = 1.0 + 0.1 * rng.standard_normal(shape)
+            elif leaf == "bias":
+                v = 0.1 * rng.standard_normal(shape)
+            else:
+                v = 0.5 * rng.standard_normal(shape)
+            t.copy_(torch.from_numpy(v))
+
+
+def _load_into(module: Any, weights: Mapping[str, np.ndarray]) -> None:
+    import torch
+    sd = module.state_dict()
+    missing = sorted(k for k, v in sd.items() if v.is_floating_point() and k not in weights)
+    unexpected = sorted(k for k in weights if k not in sd)
+    if missing or unexpected:
+        raise VerifyError(f"argument 'weights': the file does not fit the module's state_dict: missing "
+                          f"{missing}, unexpected {unexpected}")
+    with torch.no_grad():
+        for k, v in weights.items():
+            if tuple(np.shape(v)) != tuple(sd[k].shape):
+                raise VerifyError(f"argument 'weights': {k!r} has shape {tuple(np.shape(v))}, the module's "
+                                  f"{tuple(sd[k].shape)}")
+            sd[k].copy_(torch.as_tensor(np.asarray(v)))
+
+
+def _to64(t: Any) -> np.ndarray:
+    return _verdict._to_numpy64(t)
+
+
+def _check_arguments(dtype: str, batch: Any, seed: Any, hw: Any, device: str) -> None:
+    import torch
+
+    if dtype not in DTYPES:
+        raise VerifyError(f"argument 'dtype': expected one of {DTYPES}, got {dtype!r}")
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch < 1:
+        raise VerifyError(f"argument 'batch': expected an integer >= 1, got {batch!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise VerifyError(f"argument 'seed': expected an integer >= 0, got {seed!r}")
+    if hw is not None and not (isinstance(hw, (tuple, list)) and len(hw) == 2 and all(
+            isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in hw)):
+        raise VerifyError(f"argument 'hw': expected a pair (H, W) of integers >= 1, got {hw!r}")
+    if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
+        raise VerifyError(f"argument 'device': expected 'cpu'{' or cuda' if torch.cuda.is_available() else ''}"
+                          f", got {device!r}")
+
+
+@dataclasses.dataclass
+class _Run:
+    """What one forward of the foreign module left behind."""
+
+    out: Any                                        # its output tensor
+    captured: dict[tuple[str, str, int], Any]       # (reference submodule, input/output, part) -> tensor
+    recorded: list[tuple[str, Any]]                 # ("#i op", tensor) of the sizes a located stage can have
+    other_dtypes: dict[Any, list[str]]              # dtype -> the ops that computed in it (not the one asked)
+
+
+def _run(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, dtype: str, device: str,
+         call: Mapping[str, Any] | None) -> _Run:
+    """One forward of the foreign module, with forward hooks on the submodules the mapping pairs with the
+    reference's (their inputs and outputs) and a TorchFunctionMode that records every floating tensor the forward
+    computes whose size a stage located by value can have, and every op computing in another precision."""
+    import torch
+
+    asked = _torch_dtype(dtype)
+    xt = torch.from_numpy(x).to(device=device, dtype=asked)
+    args, kwargs = ref.call(s, call)
+    subs = dict(module.named_modules())
+    run = _Run(None, {}, [], {})
+    handles = []
+    wanted = {(p.ref_module, p.where) for p in list(s.points.values()) + [w.point for w in s.wires]}
+    for ref_mod, where in wanted:
+        fmods = (wm.modules.get(ref_mod) or "").split("+")        # "+": the parts of a joined projection
+        if not all(f in subs for f in fmods):
+            continue
+        for i, fmod in enumerate(fmods if where == "output" else fmods[:1]):
+
+            def hook(_m, inp, out, key=(ref_mod, where, i)):
+                t = (inp[0] if inp else None) if key[1] == "input" else (out[0] if isinstance(out, tuple) else out)
+                if isinstance(t, torch.Tensor) and key not in run.captured:
+                    run.captured[key] = t.detach()
+            handles.append(subs[fmod].register_forward_hook(hook))
+    sizes = {int(np.prod(v)) for v in ref.value_shapes(s, x)}
+
+    class _Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args_=(), kwargs_=None):
+            res = func(*args_, **(kwargs_ or {}))
+            fname = getattr(func, "__name__", str(func))
+            for t in (res if isinstance(res, (tuple, list)) else (res,)):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    if t.dtype != asked:
+                        run.other_dtypes.setdefault(t.dtype, []).append(fname)
+                    if t.numel() in sizes:
+                        run.recorded.append((f"#{len(run.recorded)} {fname}", t.detach()))
+            return res
+
+    try:
+        with torch.no_grad(), _Recorder():
+            out = module(xt, *args, **kwargs)
+    except Exception as exc:
+        raise VerifyError(f"the module's forward raised {type(exc).__name__}: {exc} (called as forward(x, *{args},"
+                          f" **{kwargs}); set the call with --call)") from exc
+    finally:
+        for h in handles:
+            h.remove()
+    run.out = out[0] if isinstance(out, (tuple, list)) else out
+    return run
+
+
+def _precision_findings(run: _Run, dtype: str) -> list[dict[str, str]]:
+    import torch
+
+    asked = _torch_dtype(dtype)
+    findings = []
+    if run.out.dtype != asked:
+        findings.append({"kind": "dtype", "message": f"the module returned {run.out.dtype} when run in {dtype}"})
+    for dt_, ops in run.other_dtypes.items():
+        lower = torch.finfo(dt_).eps > torch.finfo(asked).eps
+        names = ", ".join(sorted(set(ops))[:8])
+        findings.append({"kind": "dtype" if lower else "note", "message": (
+            f"{len(ops)} operation(s) of the forward compute in {str(dt_).replace('torch.', '')}, "
+            f"{'a lower' if lower else 'a higher'} precision than the {dtype} asked ({names}); the bounds assume "
+            f"{dtype}" + (": the module may be judged divergent for it" if lower else ""))})
+    return findings
+
+
+def _observe(run: _Run, x: np.ndarray, s: Any, wm: Any) -> tuple[dict, dict, dict]:
+    """(stage tensors, where each was observed, wiring divergences): the hooked tensors in the reference's
+    stage names (a fused projection's rows, a joined projection's parts), and for each wire whether the
+    submodule computing a stage received its predecessor stage's output."""
+    tensors: dict[str, np.ndarray] = {"x": x}
+    seen: dict[str, str] = {"x": "input"}
+    for name, p in s.points.items():
+        n_parts = len((wm.modules.get(p.ref_module) or "").split("+")) if p.where == "output" else 1
+        parts = [run.captured.get((p.ref_module, p.where, i)) for i in range(n_parts)]
+        if any(t is None for t in parts):
+            continue
+        t = np.concatenate([_to64(t) for t in parts], axis=-1)
+        if p.rows is not None:
+            t = t[..., p.rows[0]:p.rows[1]]
+        tensors[name] = t
+        seen[name] = f"{wm.modules[p.ref_module]}:{p.where}" + (f"[{p.rows[0]}:{p.rows[1]}]" if p.rows else "")
+    wiring: dict[str, str] = {}
+    for w in s.wires:
+        t = run.captured.get((w.point.ref_module, w.point.where, 0))
+        if t is None or w.producer not in tensors:
+            continue
+        expect = w.transform(tensors[w.producer])
+        t = _to64(t)
+        if t.shape != expect.shape or not np.array_equal(t, expect):
+            diff = (f"(max difference {float(np.max(np.abs(t - expect))):.3g})" if t.shape == expect.shape else
+                    f"(shape {t.shape}, expected {expect.shape})")
+            wiring[w.stage] = f"its input is not the output of stage {w.producer!r} {diff}"
+    return tensors, seen, wiring
+
+
+def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: dict, seen: dict,
+                   dtype: str) -> dict[str, str]:
+    """Locate by value, in the forward's recorded tensors, each stage with no submodule of its own (its
+    reference evaluated on the module's own inputs to it), and read hooked tensors of another layout in the
+    reference's.  Data flow: a stage's tensor is searched after those of its inputs (with one token the
+    attention output equals V, which must not be taken for it).  Returns stage -> why it was not found."""
+    pool = [(label, _to64(t)) for label, t in run.recorded]
+    gate = _verdict.config.VERIFY_LOCATE_GATE
+    order: dict[str, int] = {}
+    unlocated: dict[str, str] = {}
+    for st in stage_list:
+        if not all(k in tensors for k in st.inputs):
+            continue
+        r = st.reference(*[tensors[k] for k in st.inputs])
+        if st.name in value_stages and st.name not in tensors:
+            after = max([order[k] for k in st.inputs if k in order], default=-1)
+            found = locate(pool[after + 1:], r, tie=16 * _verdict.unit_roundoff(dtype))
+            if found is not None and found[2] <= gate:
+                tensors[st.name], seen[st.name] = found[0], f"{found[1].split(':')[0]} (by value)"
+                order[st.name] = after + 1 + found[3]
+            else:
+                unlocated[st.name] = (f"no tensor of the forward is within {gate:g} (relative) of the reference "
+                                      "computed from the module's own inputs to this stage" +
+                                      ("" if found is None else f" (closest: {found[1]}, {found[2]:.3g})"))
+        elif st.name in tensors and tensors[st.name].shape != np.shape(r):
+            found = locate([(seen[st.name], tensors[st.name])], r)     # a hooked tensor in another layout
+            if found is not None:
+                tensors[st.name] = found[0]
+                seen[st.name] += f" ({found[1].split(': ', 1)[1]})"
+    return unlocated
+
+
+def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unlocated: dict,
+                  dtype: str) -> list[StageResult]:
+    """Each stage teacher-forced: its reference on the module's own inputs to it, against its bound in
+    ``dtype``, the false-alarm budget split evenly between the stages."""
+    p_stage = _verdict.config.VERDICT_FALSE_ALARM / max(len(stage_list), 1)
+    results: list[StageResult] = []
+    for st in stage_list:
+        where = seen.get(st.name)
+        if st.name in wiring:
+            results.append(StageResult(st.name, where, _verdict.DIVERGES, detail=wiring[st.name]))
+            continue
+        if st.name in unlocated:
+            results.append(StageResult(st.name, None, _verdict.DIVERGES, detail=unlocated[st.name]))
+            continue
+        missing = [k for k in (st.name,) + tuple(st.inputs) if k not in tensors]
+        if missing:
+            results.append(StageResult(st.name, where, "not observed",
+                                       detail=f"tensor(s) {missing} not observed in the module"))
+            continue
+        a = [tensors[k] for k in st.inputs]
+        r = st.reference(*a)
+        bound = st.bound(*a, dtype=dtype)
+        rep = _verdict.compare(tensors[st.name], r, bound, dtype,
+                               naive=naive_same_precision(st.reference, *a, dtype=dtype), name=st.name,
+                               p_false_alarm=p_stage)
+        results.append(StageResult(
+            st.name, where, rep.verdict, max_abs_err=float(np.max(np.abs(tensors[st.name] - r), initial=0.0)),
+            max_rel_err=rep.rel_err,
+            bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0)),
+            err_over_bound=rep.max_err_over_bound,
+            detail="" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)))
+    return results
+
+
+def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.ndarray
+              ) -> tuple[str, dict[str, Any] | None]:
+    """The verdict and the first divergence.  "diverges" when a stage or the whole module does; "match" when
+    the whole module matches, or every stage was observed and matches; otherwise "inconclusive"."""
+    first = next((r for r in results if r.verdict == _verdict.DIVERGES), None)
+    observed_all = all(r.verdict != "not observed" for r in results)
+    if first is not None or whole.verdict == _verdict.DIVERGES:
+        verdict = _verdict.DIVERGES
+    elif whole.verdict == _verdict.MATCH or (observed_all and all(r.verdict == _verdict.MATCH for r in results)):
+        verdict = _verdict.MATCH
+    else:
+        verdict = _verdict.INCONCLUSIVE
+    if first is not None:
+        return verdict, {"stage": first.name,
+                         "why": first.detail or f"error {first.max_abs_err:.3g} against a bound of {first.bound:.3g}",
+                         "max_abs_err": _f(first.max_abs_err), "err_over_bound": _f(first.err_over_bound)}
+    if whole.verdict == _verdict.DIVERGES:
+        return verdict, {"stage": "output",
+                         "why": "the whole module diverges while every observed stage matches: the defect lies "
+                                "between observation points; " + "; ".join(whole.reasons),
+                         "max_abs_err": _f(np.max(np.abs(got - want))), "err_over_bound": _f(whole.max_err_over_bound)}
+    return verdict, None
+
+
+def verify(module: Any, reference: str, *, preset: str = "official", config: Mapping[str, Any] | None = None,
+           init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
+           input: Any = None, hw: tuple[int, int] | None = None, batch: int = 2, dtype: str = "float32",
+           device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None) -> Report:
+    """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
+    ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``).
+
+    preset : the reference preset the configuration starts from ("paper", "official").
+    config : reference configuration fields that override inference and preset.
+    weights : a path (.safetensors, .npz, .pt/.pth with weights_only) or a dict of arrays, loaded strictly into
+        the module; None redraws every floating tensor from ``seed``.
+    map : weight-mapping overrides ``{"rename": {foreign: reference}, "ignore": [foreign]}``.
+    input : the input array (the reference's layout); None draws N(0, 1) from ``seed``.
+    hw : the token grid (H, W); inferred where the module fixes it (a positional encoding).
+    dtype : the precision the module is run in ("float64", "float32", "float16", "bfloat16").
+    call : keyword arguments of the foreign forward ("$H", "$W", "$HW" are substituted); None: the reference's
+        default call (``forward(x, H, W)`` for FLatten).
+
+    Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
+    _check_arguments(dtype, batch, seed, hw, device)
+    ref = get_reference(reference)
+    # prepare: the module in dtype, its parameters read back (exactly what it computes with), the configuration,
+    # the mapping onto the reference's keys
+    module = instantiate(load_target(module) if isinstance(module, str) else module, init)
+    rng = np.random.default_rng(seed)
+    if weights is None:
+        _randomise(module, rng)
+    else:
+        _load_into(module, load_weights(weights) if isinstance(weights, str) else weights)
+    module = module.to(device=device, dtype=_torch_dtype(dtype)).eval()
+    state = {k: _to64(v) if v.is_floating_point() else v.detach().cpu().numpy()
+             for k, v in module.state_dict().items()}
+    s = ref.setup(module, state, preset, config or {}, hw)
+    wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=map)
+    params = wm.values
+    x = round_to(ref.draw_input(s, batch, rng) if input is None else np.asarray(input, dtype=np.float64), dtype)
+
+    run = _run(module, x, ref, s, wm, dtype, device, call)
+    findings = _precision_findings(run, dtype)
+    want = ref.forward(x, params, s)
+    if tuple(run.out.shape) != want.shape:
+        raise VerifyError(f"the module's output has shape {tuple(run.out.shape)}; the reference's is {want.shape} "
+                          f"(layout {s.hw}, input {x.shape})")
+    got = _to64(run.out)
+    if not np.all(np.isfinite(got)):
+        findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got)))} non-finite output "
+                                                          f"element(s) on finite input"})
+    whole = _verdict.compare(got, want, ref.bound(x, params, s, dtype), dtype,
+                             naive=naive_same_precision(ref.forward, x, params, s, dtype=dtype), name="output")
+
+    stage_list = ref.stages(params, s)
+    tensors, seen, wiring = _observe(run, x, s, wm)
+    unlocated = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
+    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, dtype)
+    verdict, first = _conclude(results, whole, got, want)
+
+    preset_cfg = dataclasses.asdict(type(s.cfg).preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads))
+    diffs = {k: v for k, v in dataclasses.asdict(s.cfg).items() if preset_cfg.get(k) != v and k not in ref.structural}
+    if diffs:
+        findings.append({"kind": "config", "message": f"{preset} preset except " + ", ".join(
+            f"{k} = {v!r} ({s.fields.get(k, '')})" for k, v in diffs.items())})
+    return Report(
+        verdict=verdict, reference=ref.name, preset=preset, dtype=dtype,
+        config={**dataclasses.asdict(s.cfg), "hw": list(s.hw)}, config_sources=s.fields, mapping=wm.source,
+        mapping_decisions=wm.decisions, ignored_foreign_keys=wm.ignored, derived_buffers=wm.derived,
+        whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
+                      "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
+                      "reasons": list(whole.reasons)},
+        stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole))
