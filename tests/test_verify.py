@@ -274,3 +274,15 @@ def test_split_q_k_v_projections_are_joined_for_a_fused_reference():
     assert {s.name: s.foreign for s in r.stages}["qkv"] == "query+key+value:output"
     rb = V.verify(PortL2ViTSplit(32, 4, bug="no_relu_k"), "l2vit.attention", hw=(6, 6), dtype="float32")
     assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "core", str(rb)
+
+
+def test_a_swin_layout_window_module_is_verified_on_its_windows():
+    """FLatten-Swin's attention as released runs on windows (B nW, ws^2, C) and ignores the shift mask: each
+    window is the global layout on a ws x ws grid, so ``flatten.attention`` verifies it with the windows as the
+    batch and ``call={}`` (forward(x)); the grid comes from its positional encoding."""
+    from tests.verify_gallery.flatten_port import PortWindowAttention
+    r = V.verify(PortWindowAttention(96, 7, 3), "flatten.attention", call={}, batch=8, dtype="float16")
+    assert r.verdict == "match" and r.config["hw"] == [7, 7], str(r)
+    rb = V.verify(PortWindowAttention(96, 7, 3, bug="batch_state"), "flatten.attention", call={}, batch=8,
+                  dtype="float16")
+    assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "attention", str(rb)

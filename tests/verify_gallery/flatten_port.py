@@ -80,3 +80,15 @@ class PortFusedDeiT(PortFocusedAttention):
             return super().forward(x, H, W)
         finally:
             del self.to_q, self.to_kv
+
+
+class PortWindowAttention(PortFusedDeiT):
+    """The Swin layout as the released FLatten-Swin module is called: ``forward(x, mask=None)`` on windows
+    (B nW, ws^2, C), the grid of each window implied by N; the released code ignores the shift mask."""
+
+    def __init__(self, dim: int, window_size: int, num_heads: int, bug: str | None = None):
+        super().__init__(dim, num_heads, n_kv=window_size * window_size, bug=bug)
+        self.window_size = window_size
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        return super().forward(x, self.window_size, self.window_size)
