@@ -286,3 +286,13 @@ def test_a_swin_layout_window_module_is_verified_on_its_windows():
     rb = V.verify(PortWindowAttention(96, 7, 3, bug="batch_state"), "flatten.attention", call={}, batch=8,
                   dtype="float16")
     assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "attention", str(rb)
+
+
+def test_floating_buffers_are_derived_data_judged_by_their_stages():
+    """RoPE tables registered as buffers have no reference key: they are listed as derived (not an error) and
+    keep their values (not redrawn); tables built for the transposed grid diverge at the numerator."""
+    from tests.verify_gallery.rala_port import PortRALABuffers
+    r = V.verify(PortRALABuffers(16, 2), "rala.attention", hw=(8, 6))
+    assert r.verdict == "match" and {"rope_cos", "rope_sin"} <= set(r.derived_buffers), str(r)
+    rb = V.verify(PortRALABuffers(16, 2, bug="stale_tables"), "rala.attention", hw=(8, 6))
+    assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "numerator", str(rb)

@@ -12,9 +12,10 @@ Layer: the verify tool (NumPy only).  The rules, in order, each decision recorde
 5. shapes: a 1 x 1 convolution weight (O, I, 1, 1) for a linear weight (O, I), and singleton axes;
 6. the one foreign tensor left of a reference parameter's shape, when no other reference parameter left has it.
 
-Strict: a foreign floating tensor that maps to nothing and a reference parameter that nothing fills are an
-error (:class:`VerifyError`) that lists them, unless the user ignores them.  Non-floating buffers (indices,
-counters, masks) are derived, not mapped: the reference recomputes them.
+Strict: a foreign parameter that maps to nothing and a reference parameter that nothing fills are an error
+(:class:`VerifyError`) that lists them, unless the user ignores them.  Buffers the reference has no key for
+(non-floating ones: indices, counters, masks; floating ones: RoPE tables, precomputed biases) are derived data,
+listed, not mapped: what they do is judged by the stages that use them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def map_weights(foreign: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
                 aliases: Mapping[str, Sequence[str]] | None = None,
                 fused: Mapping[str, tuple[Sequence[str], Sequence[str]]] | None = None,
                 joined: Mapping[str, Sequence[Sequence[str]]] | None = None,
-                user_map: Mapping[str, Any] | None = None) -> WeightMapping:
+                user_map: Mapping[str, Any] | None = None, buffers: Sequence[str] = ()) -> WeightMapping:
     """Map ``foreign`` (key -> array) onto the reference keys ``shapes`` (key -> shape) by the module
     docstring's rules.
 
@@ -76,6 +77,9 @@ def map_weights(foreign: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
         (split q / k / v projections for a fused ``qkv``); its ``modules`` entry is the parts' paths joined by
         "+".
     user_map : {"rename": {foreign: reference}, "ignore": [foreign, ...]}.
+    buffers : the foreign keys that are buffers, not parameters.  A floating buffer the reference has no key for
+        (a RoPE table, a precomputed mask) is derived data: listed in ``derived``, not an error; what it does is
+        judged by the stages that use it.
     """
     user_map = dict(user_map or {})
     unknown = set(user_map) - {"rename", "ignore"}
@@ -182,6 +186,11 @@ def map_weights(foreign: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]
             take(ref, same[0], "the only foreign tensor left of its shape")
             del pool[same[0]]
     missing = sorted(r for r in need if r not in values)
+    for k in sorted(k for k in pool if k in set(buffers)):
+        derived.append(k)
+        decisions.append(f"{k}: a floating buffer with no reference key: derived data, judged by the stages "
+                         f"that use it")
+        del pool[k]
     unused = sorted(pool)
     if missing or unused:
         lines = []

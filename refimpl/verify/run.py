@@ -33,12 +33,13 @@ def _torch_dtype(name: str) -> Any:
 
 
 def _randomise(module: Any, rng: np.random.Generator) -> None:
-    """Redraw every floating parameter and buffer (a zero-initialised positional encoding or scale would hide
-    bugs): weights N(0, 1 / fan_in), LayerNorm-like vectors named weight 1 + N(0, 0.1^2), biases N(0, 0.1^2),
-    every other tensor N(0, 0.5^2)."""
+    """Redraw every floating parameter (a zero-initialised positional encoding or scale would hide bugs):
+    weights N(0, 1 / fan_in), LayerNorm-like vectors named weight 1 + N(0, 0.1^2), biases N(0, 0.1^2), every
+    other parameter N(0, 0.5^2).  Buffers keep the values the module gave them (RoPE tables, running
+    statistics)."""
     import torch
     with torch.no_grad():
-        for name, t in list(module.named_parameters()) + list(module.named_buffers()):
+        for name, t in module.named_parameters():
             if not t.is_floating_point():
                 continue
             leaf = name.rpartition(".")[2]
@@ -323,7 +324,8 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     state = {k: _to64(v) if v.is_floating_point() else v.detach().cpu().numpy()
              for k, v in module.state_dict().items()}
     s = ref.setup(module, state, preset, config or {}, hw)
-    wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=map)
+    wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=map,
+                     buffers=[k for k, _ in module.named_buffers()])
     params = wm.values
     x = round_to(ref.draw_input(s, batch, rng) if input is None else np.asarray(input, dtype=np.float64), dtype)
 

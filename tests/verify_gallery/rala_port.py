@@ -37,6 +37,9 @@ class PortRALA(nn.Module):
         self.pos = nn.Conv2d(dim, dim, 5, padding=2, groups=dim)
         self.out = nn.Conv2d(dim, dim, 1)
 
+    def _tables(self, h: int, w: int, d: int, x: torch.Tensor):
+        return _rope_tables(h, w, d, x.dtype, x.device)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C, H, W = x.shape
         h, N = self.num_heads, H * W
@@ -51,8 +54,7 @@ class PortRALA(nn.Module):
         axis = 2 if self.bug == "softmax_axis" else -1
         alpha = torch.softmax(logits, dim=axis) * N                                 # (B, h, 1, N)
         kw = kk * alpha.transpose(2, 3)
-        cos, sin = _rope_tables(W, H, d, x.dtype, x.device) if self.bug == "rope_grid" else \
-            _rope_tables(H, W, d, x.dtype, x.device)
+        cos, sin = self._tables(W, H, d, x) if self.bug == "rope_grid" else self._tables(H, W, d, x)
         qr, kr = _rope(kq, cos, sin), _rope(kw, cos, sin)
         s = N ** -0.5
         kv = torch.einsum("bhnd,bhne->bhde", kr * s, v * s)
@@ -62,3 +64,16 @@ class PortRALA(nn.Module):
         return self.out((y + lepe) * g)
 
 
+class PortRALABuffers(PortRALA):
+    """The same with its RoPE tables precomputed for one grid and registered as buffers (``rope_cos``,
+    ``rope_sin``), as ports that fix the resolution do; ``bug="stale_tables"`` registers them for another grid."""
+
+    def __init__(self, dim: int, num_heads: int, hw: tuple[int, int] = (8, 6), bug: str | None = None):
+        super().__init__(dim, num_heads, bug=None)
+        grid = (hw[1], hw[0]) if bug == "stale_tables" else hw
+        cos, sin = _rope_tables(grid[0], grid[1], dim // num_heads, torch.float64, "cpu")
+        self.register_buffer("rope_cos", cos)
+        self.register_buffer("rope_sin", sin)
+
+    def _tables(self, h: int, w: int, d: int, x: torch.Tensor):
+        return self.rope_cos.to(x.dtype), self.rope_sin.to(x.dtype)
