@@ -156,10 +156,10 @@ def test_focused_linear_attention_module(device, dtype_name, seed, preset, sr, h
         got = m(xt, hw, order=order)
     want = F.focused_linear_attention(x, params, cfg, hw, order=order)
     bound = _eta(F.focused_linear_attention_bound(x, params, cfg, hw, dtype=dtype_name))
-    m64, xt64 = copy.deepcopy(m).double(), xt.double()
     assert_matches(got, want, bound, dtype_name, naive=naive(F.focused_linear_attention, x, params, cfg, hw,
                                                              dtype_name=dtype_name, order=order),
-                   rerun=lambda: m(xt, hw, order=order), higher=lambda: m64(xt64, hw, order=order),
+                   rerun=lambda: m(xt, hw, order=order),
+                   higher=lambda: copy.deepcopy(m).double()(xt.double(), hw, order=order),
                    higher_bound=lambda: _eta(F.focused_linear_attention_bound(x, params, cfg, hw, dtype="float64")))
 
 
@@ -181,11 +181,11 @@ def test_focused_window_attention_module(device, dtype_name, seed, preset, ws, s
     kw = dict(window_size=ws, shift=shift)
     want = F.focused_window_attention(x, params, cfg, hw, order=order, **kw)
     bound = _eta(F.focused_window_attention_bound(x, params, cfg, hw, dtype=dtype_name, **kw))
-    m64, xt64 = copy.deepcopy(m).double(), xt.double()
     assert_matches(got, want, bound, dtype_name, naive=naive(F.focused_window_attention, x, params, cfg, hw,
                                                              dtype_name=dtype_name, order=order, **kw),
                    rerun=lambda: m(xt, hw, shift=shift, order=order),
-                   higher=lambda: m64(xt64, hw, shift=shift, order=order),
+                   higher=lambda: copy.deepcopy(m).double()(xt.double(), hw, shift=shift,
+                                                                        order=order),
                    higher_bound=lambda: _eta(F.focused_window_attention_bound(x, params, cfg, hw, dtype="float64",
                                                                               **kw)))
 

@@ -85,7 +85,8 @@ class Reference:
         raise NotImplementedError
 
     def draw_input(self, s: Setup, batch: int, rng: np.random.Generator) -> np.ndarray:
-        raise NotImplementedError
+        """N(0, 1) input in the reference's layout; tokens (B, H W, C) unless the reference says otherwise."""
+        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
 
     def value_shapes(self, s: Setup, x: np.ndarray) -> list[tuple[int, ...]]:
         """The shapes of the stages located by value (``value_stages``), so that only tensors of their sizes
@@ -93,7 +94,8 @@ class Reference:
         return []
 
     def call(self, s: Setup, call: Mapping[str, Any] | None) -> tuple[tuple, dict]:
-        raise NotImplementedError
+        """(positional, keyword) arguments of the foreign forward after x: ``call`` as given, by default none."""
+        return (), dict(call or {})
 
     def grid_step(self, s: Setup) -> int | None:
         """The step of the grid sizes the module accepts (H and W multiples of it), or None when the module fixes
@@ -158,23 +160,47 @@ def _config(cls: Any, preset: str, presets: Sequence[str], name: str, inferred: 
     return cfg
 
 
+def _infer_heads(module: Any, over: Mapping[str, Any], inferred: dict[str, Any], fields: dict[str, str]) -> None:
+    """num_heads from a module attribute (num_heads, heads, ...) unless ``--config`` gives it."""
+    if "num_heads" in over:
+        return
+    got = _attr(module, ("num_heads", "heads", "n_heads", "nhead", "num_head"))
+    if got is None:
+        raise VerifyError("config: cannot infer 'num_heads' (no attribute num_heads/heads/n_heads); give "
+                          "--config '{\"num_heads\": h}'")
+    inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+
+
+def _grid(hw: tuple[int, int] | None, fields: dict[str, str], default: tuple[int, int] = (8, 8)) -> tuple[int, int]:
+    """The token grid: ``--hw``, or ``default`` for a layer that does not fix its grid."""
+    fields["hw"] = "--hw" if hw is not None else f"default ({default[0]} x {default[1]}; the layer fixes no grid)"
+    return default if hw is None else (int(hw[0]), int(hw[1]))
+
+
 _PROJ_ALIASES = ("proj", "out", "to_out", "out_proj", "o_proj", "wo")
 _QKV_ALIASES = ("qkv", "to_qkv", "qkv_proj", "wqkv", "in_proj")
 _SPLIT_QKV = (("q", "to_q", "query", "q_proj", "wq"), ("k", "to_k", "key", "k_proj", "wk"),
               ("v", "to_v", "value", "v_proj", "wv"))
 
 
-def _qkv_in_features(state: Mapping[str, np.ndarray], name: str) -> tuple[int, bool]:
-    """(C, has a bias) from a fused qkv projection (3C, C) or split q / k / v projections."""
+def _infer_qkv_layer(module: Any, state: Mapping[str, np.ndarray], name: str, over: Mapping[str, Any],
+                     inferred: dict[str, Any], fields: dict[str, str]) -> None:
+    """dim, num_heads and qkv_bias of a layer with a fused qkv projection (3C, C), or split q / k / v ones."""
     fused = _find(state, _QKV_ALIASES, "weight")
-    if len(fused) == 1:
-        return int(state[fused[0]].shape[-1]), bool(_find(state, _QKV_ALIASES, "bias"))
     parts = [_find(state, al, "weight") for al in _SPLIT_QKV]
-    if all(len(p) == 1 for p in parts):
-        return int(state[parts[0][0]].shape[-1]), bool(_find(state, _SPLIT_QKV[0], "bias"))
-    raise VerifyError(f"weights: {name} expects one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}) or "
-                      f"three projections q, k, v; found fused {fused or 'none'}, q/k/v "
-                      f"{[p or 'none' for p in parts]}")
+    if len(fused) == 1:
+        c_in, has_bias = int(state[fused[0]].shape[-1]), bool(_find(state, _QKV_ALIASES, "bias"))
+    elif all(len(p) == 1 for p in parts):
+        c_in, has_bias = int(state[parts[0][0]].shape[-1]), bool(_find(state, _SPLIT_QKV[0], "bias"))
+    else:
+        raise VerifyError(f"weights: {name} expects one fused qkv projection (3C, C) ({', '.join(_QKV_ALIASES)}) "
+                          f"or three projections q, k, v; found fused {fused or 'none'}, q/k/v "
+                          f"{[p or 'none' for p in parts]}")
+    if "dim" not in over:
+        inferred["dim"], fields["dim"] = c_in, "qkv weight shape"
+    _infer_heads(module, over, inferred, fields)
+    if "qkv_bias" not in over:
+        inferred["qkv_bias"], fields["qkv_bias"] = has_bias, "presence of a qkv bias"
 
 
 class FlattenAttention(Reference):
@@ -223,12 +249,7 @@ class FlattenAttention(Reference):
             else:
                 raise VerifyError("config: cannot infer 'dim' (no attribute dim/embed_dim and no projection "
                                   "weight found); give --config '{\"dim\": C}'")
-        if "num_heads" not in over:
-            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead", "num_head"))
-            if got is None:
-                raise VerifyError("config: cannot infer 'num_heads' (no attribute num_heads/heads/n_heads); give "
-                                  "--config '{\"num_heads\": h}'")
-            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        _infer_heads(module, over, inferred, fields)
         if "p" not in over:
             got = _attr(module, ("focusing_factor", "p", "focus_power", "power"))
             if got is not None:
@@ -310,9 +331,6 @@ class FlattenAttention(Reference):
         points["proj"] = Point("proj", "output")
         return Setup(cfg, fields, hw, shapes, points, wires)
 
-    def draw_input(self, s, batch, rng):
-        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
-
     def value_shapes(self, s, x):
         b, n, c = x.shape
         n_kv = (s.hw[0] // s.cfg.sr_ratio) * (s.hw[1] // s.cfg.sr_ratio)
@@ -357,14 +375,7 @@ class L2ViTAttention(Reference):
         _check_options(r_enh.L2ViTConfig, preset, self.presets, self.name, over)
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
-        c_in, has_bias = _qkv_in_features(state, self.name)
-        if "dim" not in over:
-            inferred["dim"], fields["dim"] = c_in, "qkv weight shape"
-        if "num_heads" not in over:
-            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
-            if got is None:
-                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
-            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        _infer_qkv_layer(module, state, self.name, over, inferred, fields)
         if "c_min" not in over and (got := _attr(module, ("c_min", "clamp_min", "min_denominator"))) is not None:
             inferred["c_min"], fields["c_min"] = float(got[0]), f"module attribute {got[1]}"
         if "scale_mode" not in over:
@@ -372,22 +383,13 @@ class L2ViTAttention(Reference):
                 inferred["scale_mode"], fields["scale_mode"] = "per_head", "a per-head temperature tensor"
             elif _find(state, self.aliases["scale"], ""):
                 inferred["scale_mode"], fields["scale_mode"] = "scalar", "a scalar scale tensor"
-        if "qkv_bias" not in over:
-            inferred["qkv_bias"], fields["qkv_bias"] = has_bias, "presence of a qkv bias"
         cfg = _config(r_enh.L2ViTConfig, preset, self.presets, self.name, inferred, over, fields)
-        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
-        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8 tokens; the layer has no grid)"
+        hw = _grid(hw, fields)
         shapes = {k[len("attn."):]: v for k, v in r_enh.l2vit_param_shapes(cfg, "lga").items()
                   if k.startswith("attn.")}
         points = {"x": Point("qkv", "input"), "qkv": Point("qkv", "output"), "core": Point("proj", "input"),
                   "proj": Point("proj", "output")}
         return Setup(cfg, fields, hw, shapes, points, [])
-
-    def draw_input(self, s, batch, rng):
-        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
-
-    def call(self, s, call):
-        return (), dict(call or {})
 
     def forward(self, x, params, s):
         return r_enh.enhanced_attention(x, params, s.cfg)
@@ -431,11 +433,7 @@ class RALAAttention(Reference):
         w = state[fused[0]]
         if "dim" not in over:
             inferred["dim"], fields["dim"] = int(w.shape[1]), "fused projection weight shape"
-        if "num_heads" not in over:
-            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
-            if got is None:
-                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
-            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
+        _infer_heads(module, over, inferred, fields)
         if "qkv_bias" not in over:
             inferred["qkv_bias"] = bool(_find(state, self.aliases["qkvo"], "bias"))
             fields["qkv_bias"] = "presence of a fused projection bias"
@@ -449,8 +447,7 @@ class RALAAttention(Reference):
         inferred["layout"], fields["layout"] = "channels_first", "1 x 1 conv weights"
         inferred["gate_source"], fields["gate_source"] = "qkvo", "the fused projection has 4C rows"
         cfg = _config(r_rala.RALAConfig, preset, self.presets, self.name, inferred, over, fields)
-        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
-        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8)"
+        hw = _grid(hw, fields)
         shapes = r_rala.rala_param_shapes(cfg)
         points = {"x": Point("qkvo", "input"), "proj_in": Point("qkvo", "output")}
         if cfg.lepe_kernel:
@@ -467,9 +464,6 @@ class RALAAttention(Reference):
         b, c = x.shape[0], s.cfg.dim
         n = s.hw[0] * s.hw[1]
         return [(b, s.cfg.num_heads, n), (b, n, c)]
-
-    def call(self, s, call):
-        return (), dict(call or {})
 
     def forward(self, x, params, s):
         return r_rala.rala_attention(x, params, s.cfg)
@@ -501,16 +495,7 @@ class CastlingAttention(Reference):
         _check_options(r_ang.CastlingConfig, preset, self.presets, self.name, over)
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
-        c_in, has_bias = _qkv_in_features(state, self.name)
-        if "dim" not in over:
-            inferred["dim"], fields["dim"] = c_in, "qkv weight shape"
-        if "num_heads" not in over:
-            got = _attr(module, ("num_heads", "heads", "n_heads", "nhead"))
-            if got is None:
-                raise VerifyError("config: cannot infer 'num_heads'; give --config '{\"num_heads\": h}'")
-            inferred["num_heads"], fields["num_heads"] = int(got[0]), f"module attribute {got[1]}"
-        if "qkv_bias" not in over:
-            inferred["qkv_bias"], fields["qkv_bias"] = has_bias, "presence of a qkv bias"
+        _infer_qkv_layer(module, state, self.name, over, inferred, fields)
         conv = _find(state, self.aliases["dconv"], "weight")
         if len(conv) == 1 and state[conv[0]].ndim == 4:
             w = state[conv[0]]
@@ -525,17 +510,10 @@ class CastlingAttention(Reference):
         elif "conv" not in over:
             inferred["conv"], fields["conv"] = "none", "no depthwise conv found"
         cfg = _config(r_ang.CastlingConfig, preset, self.presets, self.name, inferred, over, fields)
-        hw = (8, 8) if hw is None else (int(hw[0]), int(hw[1]))
-        fields["hw"] = "--hw" if hw != (8, 8) else "default (8 x 8)"
+        hw = _grid(hw, fields)
         points = {"x": Point("qkv", "input"), "qkv": Point("qkv", "output"), "core": Point("proj", "input"),
                   "proj": Point("proj", "output")}
         return Setup(cfg, fields, hw, cfg.param_shapes(), points, [])
-
-    def draw_input(self, s, batch, rng):
-        return rng.standard_normal((batch, s.hw[0] * s.hw[1], s.cfg.dim))
-
-    def call(self, s, call):
-        return (), dict(call or {})
 
     def forward(self, x, params, s):
         return r_ang.castling_attention(x, params, s.cfg, hw=s.hw)

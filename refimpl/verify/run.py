@@ -202,19 +202,21 @@ def _observe(run: _Run, x: np.ndarray, s: Any, wm: Any) -> tuple[dict, dict, dic
 
 
 def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: dict, seen: dict,
-                   dtype: str) -> dict[str, str]:
+                   dtype: str) -> tuple[dict[str, str], dict[str, np.ndarray]]:
     """Locate by value, in the forward's recorded tensors, each stage with no submodule of its own (its
     reference evaluated on the module's own inputs to it), and read hooked tensors of another layout in the
     reference's.  Data flow: a stage's tensor is searched after those of its inputs (with one token the
-    attention output equals V, which must not be taken for it).  Returns stage -> why it was not found."""
+    attention output equals V, which must not be taken for it).  Returns (stage -> why it was not found,
+    stage -> its reference on the module's inputs, for the judgement)."""
     pool = [(label, _to64(t)) for label, t in run.recorded]
     gate = _verdict.config.VERIFY_LOCATE_GATE
     order: dict[str, int] = {}
     unlocated: dict[str, str] = {}
+    refs: dict[str, np.ndarray] = {}
     for st in stage_list:
         if not all(k in tensors for k in st.inputs):
             continue
-        r = st.reference(*[tensors[k] for k in st.inputs])
+        r = refs[st.name] = st.reference(*[tensors[k] for k in st.inputs])
         if st.name in value_stages and st.name not in tensors:
             after = max([order[k] for k in st.inputs if k in order], default=-1)
             found = locate(pool[after + 1:], r, tie=16 * _verdict.unit_roundoff(dtype))
@@ -230,11 +232,11 @@ def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: di
             if found is not None:
                 tensors[st.name] = found[0]
                 seen[st.name] += f" ({found[1].split(': ', 1)[1]})"
-    return unlocated
+    return unlocated, refs
 
 
 def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unlocated: dict,
-                  dtype: str) -> list[StageResult]:
+                  refs: dict[str, np.ndarray], dtype: str) -> list[StageResult]:
     """Each stage teacher-forced: its reference on the module's own inputs to it, against its bound in
     ``dtype``, the false-alarm budget split evenly between the stages."""
     p_stage = _verdict.config.VERDICT_FALSE_ALARM / max(len(stage_list), 1)
@@ -253,7 +255,7 @@ def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unl
                                        detail=f"tensor(s) {missing} not observed in the module"))
             continue
         a = [tensors[k] for k in st.inputs]
-        r = st.reference(*a)
+        r = refs[st.name] if st.name in refs else st.reference(*a)
         bound = st.bound(*a, dtype=dtype)
         rep = _verdict.compare(tensors[st.name], r, bound, dtype,
                                naive=naive_same_precision(st.reference, *a, dtype=dtype), name=st.name,
@@ -344,8 +346,8 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
 
     stage_list = ref.stages(params, s)
     tensors, seen, wiring = _observe(run, x, s, wm)
-    unlocated = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
-    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, dtype)
+    unlocated, refs = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
+    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype)
     verdict, first = _conclude(results, whole, got, want)
 
     preset_cfg = dataclasses.asdict(type(s.cfg).preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads))
