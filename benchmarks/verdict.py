@@ -73,7 +73,8 @@ import torch  # noqa: E402
 import torch.nn.functional as TF  # noqa: E402
 
 from benchmarks.run import machine as host_machine  # noqa: E402
-from equivalence.assertions import QKV_PROJ_POINTS, capture, load_numpy_state, round_params, to_numpy, to_torch, torch_dtype  # noqa: E402
+from equivalence.assertions import (QKV_PROJ_POINTS, capture, load_numpy_state, round_params,  # noqa: E402
+                                    stage_ensemble, to_numpy, to_torch, torch_dtype)
 from equivalence.modules import angular as t_ang  # noqa: E402
 from equivalence.modules import enhanced as t_enh  # noqa: E402
 from equivalence.modules import focused as t_foc  # noqa: E402
@@ -263,22 +264,48 @@ def _flatten_bugs(m: Any, run: Callable[[], Any], cfg: Any, windows: bool) -> di
 @dataclasses.dataclass
 class StageWise:
     """A module's stage list and how to capture its tensors from one run: ``self(runner)`` is the stage-wise
-    report of the run (refimpl.verdict.compare_stages with each stage's NumPy naive run in T)."""
+    report of the run (refimpl.verdict.compare_stages with each stage's NumPy naive run in T, and with the
+    teacher-forced torch ensemble once :meth:`calibrate` has measured it)."""
 
     stages: list
-    tensors: Callable[[Callable[[], Any]], dict]
+    tensors: Callable[..., dict]          # (runner, force=None) -> stage tensors (torch)
     dt: str
+    errors: dict | None = None            # stage -> {variant: member - reference} on the correct run's inputs
 
     def __call__(self, runner: Callable[[], Any]) -> Any:
-        return self.compare(self.tensors(runner))
+        return self.compare(_tensors64(self.tensors(runner)))
+
+    def calibrate(self, runner: Callable[[], Any], tested: dict, variants: Any = ensemble.VARIANTS) -> None:
+        """Run the twin under every variant with every stage tensor forced to ``tested`` (the correct run's,
+        torch) and keep each member's rounding error, member - reference, per stage."""
+        ens = stage_ensemble(lambda force: self.tensors(runner, force=force), tested, variants)
+        t64 = _tensors64(tested)
+        self.errors = {}
+        for st in self.stages:
+            ref = np.asarray(st.reference(*[t64[k] for k in st.inputs]), dtype=np.float64)
+            self.errors[st.name] = {v: verdict._to_numpy64(x) - ref for v, x in ens.get(st.name, {}).items()}
+
+    def ensembles(self, tensors: dict, stages: list) -> dict | None:
+        """Each stage's members on ``tensors``: reference(tensors) + the member's error on the correct run.  On
+        the correct run's tensors these are the members themselves; on blended tensors (the sensitivity
+        bisection, a few u from the correct ones) each legitimate algorithm is taken to err as it did there,
+        which spares a forced re-run of the twin per bisection step."""
+        if self.errors is None:
+            return None
+        out = {}
+        for st in stages:
+            ref = np.asarray(st.reference(*[tensors[k] for k in st.inputs]), dtype=np.float64)
+            out[st.name] = {v: ref + e for v, e in self.errors.get(st.name, {}).items()}
+        return out
 
     def compare(self, tensors: dict, only: set | None = None) -> Any:
-        """compare_stages on ``tensors``; ``only``: the named stages alone, each with the share of the false-alarm
-        budget it has in the full list (so a stage's verdict is the one the full comparison gives it)."""
+        """compare_stages on ``tensors`` (float64 arrays); ``only``: the named stages alone, each with the share of
+        the false-alarm budget it has in the full list (so a stage's verdict is the one the full comparison gives
+        it)."""
         stages = self.stages if only is None else [st for st in self.stages if st.name in only]
         p = config.VERDICT_FALSE_ALARM * len(stages) / len(self.stages)
         return numerics.compare_stages(stages, tensors, self.dt, naive=numerics.naive_same_precision,
-                                       p_false_alarm=p)
+                                       ensembles=self.ensembles(tensors, stages), p_false_alarm=p)
 
 
 def _stagewise(stages: list, tensors: Callable[[Callable[[], Any]], dict], dt: str) -> StageWise:
@@ -286,11 +313,11 @@ def _stagewise(stages: list, tensors: Callable[[Callable[[], Any]], dict], dt: s
 
 
 def _flatten_stagewise(m: Any, stages: list, dt: str) -> Callable[[Callable[[], Any]], Any]:
-    return _stagewise(stages, lambda runner: t_foc.stage_tensors(m, runner), dt)
+    return _stagewise(stages, lambda runner, force=None: t_foc.stage_tensors(m, runner, force=force), dt)
 
 
 def _projections_stagewise(m: Any, stages: list, dt: str) -> Callable[[Callable[[], Any]], Any]:
-    return _stagewise(stages, lambda runner: capture(m, runner, QKV_PROJ_POINTS), dt)
+    return _stagewise(stages, lambda runner, force=None: capture(m, runner, QKV_PROJ_POINTS, force=force), dt)
 
 
 def setup_flatten_pvt(dt: str, quick: bool) -> Setup:
@@ -480,7 +507,8 @@ def setup_rala(dt: str, quick: bool) -> Setup:
                  lambda: r_rala.rala_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_rala.rala_attention, x, params, cfg, dt=dt), bugs,
                  stagewise=_stagewise(r_rala.rala_attention_stages(params, cfg, (side, side), fine=True),
-                                      lambda runner: t_rala.stage_tensors(m, runner, (side, side)), dt))
+                                      lambda runner, force=None: t_rala.stage_tensors(m, runner, (side, side),
+                                                                                       force=force), dt))
 
 
 # --- LiSA -------------------------------------------------------------------------------------------
@@ -532,7 +560,7 @@ def setup_lisa(dt: str, quick: bool) -> Setup:
                  lambda: r_lisa.lisa_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_lisa.lisa_attention, x, params, cfg, dt=dt), bugs, note,
                  stagewise=_stagewise(r_lisa.lisa_attention_stages(params, cfg, fine=True),
-                                      lambda runner: t_lisa.stage_tensors(m, runner), dt))
+                                      lambda runner, force=None: t_lisa.stage_tensors(m, runner, force=force), dt))
 
 
 # --- Castling ---------------------------------------------------------------------------------------
@@ -954,7 +982,8 @@ def _tensors64(tensors: dict) -> dict:
 
 def stage_tightness(sw: StageWise, t64: dict, rep: Any) -> dict:
     """(a) per stage: max_i threshold_i over the largest error of the stage's legitimate evaluations (the tested
-    twin's stage tensor and the stage's NumPy naive run in T, both on the twin's inputs to the stage);
+    twin's stage tensor, the stage's NumPy naive run in T and the teacher-forced torch ensemble, all on the
+    twin's inputs to the stage);
     threshold_i = min(b_i, F_max Z w_i) as in :func:`tightness`.  None for a stage both evaluate exactly."""
     dt = sw.dt
     u = numerics.unit_roundoff(dt)
@@ -971,8 +1000,9 @@ def stage_tightness(sw: StageWise, t64: dict, rep: Any) -> dict:
         with np.errstate(invalid="ignore", over="ignore"):
             thr = np.minimum(b, r.zmax_threshold * w)
         legit = 0.0
-        for x in (t64[st.name], np.asarray(numerics.naive_same_precision(st.reference, *args, dtype=dt),
-                                           dtype=np.float64)):
+        members = [ref + e for e in (sw.errors or {}).get(st.name, {}).values()]
+        for x in [t64[st.name], np.asarray(numerics.naive_same_precision(st.reference, *args, dtype=dt),
+                                           dtype=np.float64)] + members:
             m = fin & np.isfinite(x)
             if m.any():
                 legit = max(legit, float(np.max(np.abs(x[m] - ref[m]))))
@@ -1041,7 +1071,9 @@ def stage_wise(setup: Setup, case: "Case | None" = None, steps: int = 10) -> dic
     sw = setup.stagewise
     if sw is None:
         return None
-    correct = _tensors64(sw.tensors(setup.run))
+    raw = sw.tensors(setup.run)
+    sw.calibrate(setup.run, raw)
+    correct = _tensors64(raw)
     rep = sw.compare(correct)
     out = {"verdict": rep.verdict, "first_divergence": rep.first_divergence,
            "stages": [{"name": r.name, "verdict": r.verdict, "max_relative_bound": _f(r.max_relative_bound),
@@ -1630,7 +1662,8 @@ def _findings(result: dict) -> list[str]:
                 f"(whole-module: {sum(r['sets'][hl]['report']['verdict'] == verdict.MATCH for r in sw)}).  "
                 f"{len(caught)} of {len(bugs)} planted bugs diverge stage-wise at full size, each at the stage "
                 f"that holds it; the rest leave the output unchanged on these inputs or lie below the stage's "
-                f"resolution (table above).  The sensitivity bisection (b) is whole-module only.")
+                f"resolution (table above); their stage-wise sensitivity (b) is in the stage-wise targets table "
+                f"(the ensemble of each stage teacher-forced, as for the correct twins).")
         if whole_missed:
             text += "  Caught stage-wise but not by the whole-module bisection: " + "; ".join(whole_missed) + "."
         out.append(text)
@@ -1825,14 +1858,19 @@ def markdown(result: dict) -> str:
         "",
         "The targets measured for the stage-wise verdict, the one `refimpl verify` gives.  (a): for each stage, the "
         "largest element-wise threshold the verdict applies, min(b_i, F_max Z w_i), over the largest error of the "
-        "stage's legitimate evaluations (the twin's stage tensor and the stage's NumPy naive run in T, on the "
-        "twin's inputs to it); the loosest stage is shown.  A stage's ensemble has the NumPy naive run only, so the "
-        "random-rounding model sqrt(k) u S joins it and sets a loose threshold on long sums (a per-stage torch "
-        "ensemble is not built).  (b): every stage tensor of the correct twin C and of the buggy twin B is blended, "
-        "round_T(C + t (B - C)), and t is bisected for the smallest at which the stage-wise verdict says "
-        "\"diverges\" (the stages that diverge at t = 1, each with its budget share, then confirmed with all); the "
-        "relative error of the module output blended the same way is given in u_T, with the stage that diverges "
-        "and whether (b) is met.",
+        "stage's legitimate evaluations (the twin's stage tensor, the stage's NumPy naive run in T and the "
+        "teacher-forced torch ensemble, all on the twin's inputs to it); the loosest stage is shown.  The "
+        "teacher-forced ensemble (equivalence.assertions.stage_ensemble): the twin re-run under every variant of "
+        "refimpl.ensemble with every stage tensor forced to the tested run's, so that each stage is computed by the "
+        "variant from exactly the tested inputs to it; members equal to the tested stage bit for bit are dropped "
+        "(compare's rule), and a stage left with fewer than two distinct members (elementwise stages, where every "
+        "variant computes the same bits) still gets the random-rounding model's sqrt(k) u S.  (b): every stage "
+        "tensor of the correct twin C and of the buggy twin B is blended, round_T(C + t (B - C)), and t is "
+        "bisected for the smallest at which the stage-wise verdict says \"diverges\" (the stages that diverge at "
+        "t = 1, each with its budget share, then confirmed with all); in the bisection each ensemble member is "
+        "taken to err on the blended inputs as it did on the correct ones (reference(blend) + its error there), "
+        "sparing a forced re-run per step.  The relative error of the module output blended the same way is "
+        "given in u_T, with the stage that diverges and whether (b) is met.",
         "",
         md_table(*table_stage_targets(result)), "",
         "## (c) Void and inconclusive verdicts",

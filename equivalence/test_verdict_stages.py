@@ -21,7 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from equivalence.assertions import QKV_PROJ_POINTS, capture, load_numpy_state, round_params, to_torch, torch_dtype
+from equivalence.assertions import (QKV_PROJ_POINTS, capture, load_numpy_state, round_params, stage_ensemble, to_torch,
+                                    torch_dtype)
 from equivalence.modules import angular as t_ang
 from equivalence.modules import enhanced as t_enh
 from equivalence.modules import focused as t_foc
@@ -59,9 +60,17 @@ def _swapped_batch_state():
         t_foc.attend = orig
 
 
+def _verdict(stages, tensors_of, dtype_name, tested=None):
+    """The stage-wise verdict of one run of a twin: ``tensors_of(force=None)`` runs it and returns its stage
+    tensors; each stage's ensemble is the NumPy naive run in T and the twin under refimpl.ensemble's variants,
+    teacher-forced on the tested tensors (``tested``, default one run of ``tensors_of``)."""
+    tested = tensors_of() if tested is None else tested
+    return numerics.compare_stages(stages, tested, dtype_name, naive=numerics.naive_same_precision,
+                                   ensembles=stage_ensemble(tensors_of, tested))
+
+
 def _stagewise(module, run, stages, dtype_name):
-    return numerics.compare_stages(stages, t_foc.stage_tensors(module, run), dtype_name,
-                                   naive=numerics.naive_same_precision)
+    return _verdict(stages, lambda force=None: t_foc.stage_tensors(module, run, force=force), dtype_name)
 
 
 def _pvt(dtype_name, device="cpu"):
@@ -112,10 +121,10 @@ def test_swin_softmax_window_stagewise_matches_at_real_size(dtype_name, device):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(3).standard_normal((BATCH, SIDE, SIDE, c)), dtype_name)
     xt = to_torch(x, dtype_name, device)
-    got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
+    m.eval()
     stages = r_soft.window_attention_stages(params, (SIDE, SIDE), num_heads=heads, window_size=ws, shift=shift,
                                             **opts)
-    report = numerics.compare_stages(stages, got, dtype_name, naive=numerics.naive_same_precision)
+    report = _verdict(stages, lambda force=None: capture(m, lambda: m(xt), QKV_PROJ_POINTS, force=force), dtype_name)
     assert report.verdict == MATCH, str(report)
 
 
@@ -130,9 +139,9 @@ def test_l2vit_attention_stagewise_matches_at_real_size(dtype_name, device):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(4).standard_normal((BATCH, SIDE * SIDE, cfg.dim)), dtype_name)
     xt = to_torch(x, dtype_name, device)
-    got = capture(m.eval(), lambda: m(xt), QKV_PROJ_POINTS)
-    report = numerics.compare_stages(r_enh.enhanced_attention_stages(params, cfg), got, dtype_name,
-                                     naive=numerics.naive_same_precision)
+    m.eval()
+    report = _verdict(r_enh.enhanced_attention_stages(params, cfg),
+                      lambda force=None: capture(m, lambda: m(xt), QKV_PROJ_POINTS, force=force), dtype_name)
     assert report.verdict == MATCH, str(report)
 
 
@@ -153,9 +162,11 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
     shape = (BATCH, cfg.dim, SIDE, SIDE) if layout == "channels_first" else (BATCH, SIDE, SIDE, cfg.dim)
     x = numerics.round_to(np.random.default_rng(5).standard_normal(shape), dtype_name)
     xt = to_torch(x, dtype_name, device)
-    got = t_rala.stage_tensors(m.eval(), lambda: m(xt), (SIDE, SIDE))
-    report = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE), fine=True), got,
-                                     dtype_name, naive=numerics.naive_same_precision)
+    m.eval()
+    got = t_rala.stage_tensors(m, lambda: m(xt), (SIDE, SIDE))
+    report = _verdict(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE), fine=True),
+                      lambda force=None: t_rala.stage_tensors(m, lambda: m(xt), (SIDE, SIDE), force=force),
+                      dtype_name, tested=got)
     assert report.verdict == MATCH, str(report)
     # The coarse cut (the core as one stage from exact q, k, v through kappa, the alpha softmax, RoPE and both
     # contractions) is conclusive in float32 only: in half precision the core's bound reaches the output's size.
@@ -203,12 +214,12 @@ def test_lisa_attention_stagewise_matches_at_real_size(dtype_name, device):
         return orig(xx.float(), kernel.float(), grid, lengths, transform).to(xx.dtype)
 
     t_lisa.fft_convolve = orig if dtype_name == "float32" else in_float32
+    m.eval()
     try:
-        got = t_lisa.stage_tensors(m.eval(), lambda: m(xt))
+        report = _verdict(r_lisa.lisa_attention_stages(params, cfg, fine=True),
+                          lambda force=None: t_lisa.stage_tensors(m, lambda: m(xt), force=force), dtype_name)
     finally:
         t_lisa.fft_convolve = orig
-    report = numerics.compare_stages(r_lisa.lisa_attention_stages(params, cfg, fine=True), got, dtype_name,
-                                     naive=numerics.naive_same_precision)
     assert report.verdict == MATCH, str(report)
 
 
@@ -224,9 +235,10 @@ def test_castling_attention_stagewise_matches_at_real_size(dtype_name, device):
     load_numpy_state(m, params)
     x = numerics.round_to(np.random.default_rng(7).standard_normal((BATCH, side * side, cfg.dim)), dtype_name)
     xt = to_torch(x, dtype_name, device)
-    got = capture(m.eval(), lambda: m(xt, hw=(side, side)), QKV_PROJ_POINTS)
-    report = numerics.compare_stages(r_ang.castling_attention_stages(params, cfg, hw=(side, side)), got, dtype_name,
-                                     naive=numerics.naive_same_precision)
+    m.eval()
+    report = _verdict(r_ang.castling_attention_stages(params, cfg, hw=(side, side)),
+                      lambda force=None: capture(m, lambda: m(xt, hw=(side, side)), QKV_PROJ_POINTS, force=force),
+                      dtype_name)
     assert report.verdict == MATCH, str(report)
 
 
@@ -235,7 +247,9 @@ def test_castling_attention_stagewise_matches_at_real_size(dtype_name, device):
 def test_flatten_pvt_batch_state_bug_diverges_at_attention(dtype_name, device):
     m, run, stages = _pvt(dtype_name, device)
     with _swapped_batch_state():
-        report = _stagewise(m, run, stages, dtype_name)
+        buggy = t_foc.stage_tensors(m, run)
+    # the ensemble: our correct twin, teacher-forced on the buggy port's tensors (as a verifier would run it)
+    report = _verdict(stages, lambda force=None: t_foc.stage_tensors(m, run, force=force), dtype_name, tested=buggy)
     assert report.verdict == DIVERGES and report.first_divergence == "attention", str(report)
 
 
@@ -245,3 +259,72 @@ def test_stagewise_needs_every_tensor():
     stages = r_foc.focused_linear_attention_stages(params, cfg, (4, 4))
     with pytest.raises(KeyError, match="stage 'q' needs tensor 'q'"):
         numerics.compare_stages(stages, {"x": np.zeros((1, 16, 16))}, "float32")
+
+
+def _small_twins():
+    """Small FLatten-PVT, RALA (both layouts) and LiSA twins in float32: name -> (tensors_of(force=None), the
+    module's fine stage list)."""
+    out = {}
+    cfg = r_foc.FocusedConfig.preset("official", dim=16, num_heads=2, sr_ratio=2, kernel_size=3)
+    params = round_params(r_foc.init_focused_params(cfg, layout="global", n_kv=16, seed=0), "float32")
+    m = t_foc.FocusedLinearAttention(cfg, 16).eval()
+    load_numpy_state(m, params)
+    x = to_torch(np.random.default_rng(8).standard_normal((2, 64, 16)), "float32", "cpu")
+    out["flatten_pvt"] = (lambda force=None: t_foc.stage_tensors(m, lambda: m(x, (8, 8)), force=force),
+                          r_foc.focused_linear_attention_stages(params, cfg, (8, 8), fine=True))
+    for preset, layout in (("official", "channels_first"), ("paper", "tokens")):
+        rcfg = r_rala.RALAConfig.preset(preset, dim=16, num_heads=2, layout=layout)
+        rp = round_params(m_common.init_from_shapes(r_rala.rala_param_shapes(rcfg), np.random.default_rng(1)),
+                          "float32")
+        rm = t_rala.RALAttention(rcfg).eval()
+        load_numpy_state(rm, rp)
+        shape = (2, 16, 6, 6) if layout == "channels_first" else (2, 6, 6, 16)
+        rx = to_torch(np.random.default_rng(9).standard_normal(shape), "float32", "cpu")
+        out[f"rala_{layout}"] = (lambda force=None, rm=rm, rx=rx: t_rala.stage_tensors(rm, lambda: rm(rx), (6, 6),
+                                                                                        force=force),
+                                 r_rala.rala_attention_stages(rp, rcfg, (6, 6), fine=True))
+    lcfg = r_lisa.LiSAConfig.preset("paper", dim=16, num_heads=2, grid=(4, 4), latent=4)
+    lp = round_params(r_lisa.init_params(r_lisa.lisa_param_shapes(lcfg), seed=0), "float32")
+    lm = t_lisa.from_config(lcfg).eval()
+    load_numpy_state(lm, lp)
+    lx = to_torch(np.random.default_rng(10).standard_normal((2, 16, 16)), "float32", "cpu")
+    out["lisa"] = (lambda force=None: t_lisa.stage_tensors(lm, lambda: lm(lx), force=force),
+                   r_lisa.lisa_attention_stages(lp, lcfg, fine=True))
+    return out
+
+
+#: Where a twin's data flow differs from its stage list: RALA's twin forms the weighted keys from the softmax of
+#: the logits, (kappa(K) softmax) N as the released code does, so it reads "scores" there and records alpha
+#: without going on with it (the k_weighted stage's bound allows alpha's own rounding).
+_RALA_FLOW = {"reads": {"scores": {"k_weighted"}}, "recorded_only": {"alpha"}}
+TWIN_FLOW = {"rala_channels_first": _RALA_FLOW, "rala_tokens": _RALA_FLOW}
+
+
+@pytest.mark.parametrize("name", ["flatten_pvt", "rala_channels_first", "rala_tokens", "lisa"])
+def test_forcing_a_stage_feeds_its_value_downstream(name):
+    """Teacher forcing (equivalence.assertions.capture's ``force``), the basis of the stage ensembles: forced with
+    its own tensors a twin records them again bit for bit; with one stage's tensor perturbed and every other
+    forced, that stage is still recorded as computed, a stage that consumes it changes, and no stage that does
+    not list it among its inputs changes (the stage lists may list more inputs than a twin reads)."""
+    tensors_of, stages = _small_twins()[name]
+    tested = tensors_of()
+    again = tensors_of(force=tested)
+    for st in stages:
+        assert torch.equal(again[st.name], tested[st.name]), st.name
+    for st in stages[:-1]:
+        perturbed = dict(tested)
+        perturbed[st.name] = tested[st.name] * 1.5 + 0.25
+        got = tensors_of(force=perturbed)
+        changed = {o.name for o in stages if not torch.equal(got[o.name], tested[o.name])}
+        flow = TWIN_FLOW.get(name, {})
+        consumers = {o.name for o in stages if st.name in o.inputs} | flow.get("reads", {}).get(st.name, set())
+        assert changed <= consumers, f"forcing {st.name!r} changed {sorted(changed - consumers)}"
+        if st.name not in flow.get("recorded_only", set()):
+            assert changed, f"forcing {st.name!r} changed none of its consumers {sorted(consumers)}"
+
+
+def test_forcing_checks_the_shape():
+    tensors_of, _ = _small_twins()["flatten_pvt"]
+    tested = tensors_of()
+    with pytest.raises(ValueError, match="'phi_q' has shape"):
+        tensors_of(force={"phi_q": tested["phi_q"][:1]})

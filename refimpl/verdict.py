@@ -708,7 +708,9 @@ class StageReport:
 
 
 def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: Any, *,
-                   naive: Callable[..., Any] | None = None, p_false_alarm: float | None = None) -> StageReport:
+                   naive: Callable[..., Any] | None = None,
+                   ensembles: Mapping[str, Mapping[str, Any]] | None = None,
+                   p_false_alarm: float | None = None) -> StageReport:
     """Teacher-forced comparison of a tested module, stage by stage.
 
     Parameters
@@ -720,6 +722,11 @@ def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: A
     dtype : T, the precision the tested code computed in.
     naive : optional ``naive(fn, *arrays, dtype=T)`` (:func:`refimpl.numerics.naive_same_precision`): each
         stage's reference run in T on the same inputs joins its ensemble, so the ensemble criterion applies.
+    ensembles : optional stage name -> {member name: tensor}: legitimate evaluations of that stage in T, each
+        computed from the tested code's own inputs to the stage (teacher-forced; the equivalence suite's
+        ``stage_ensemble`` re-runs a twin under refimpl.ensemble's variants with every stage tensor forced).
+        With at least two distinct members a stage's threshold is set by real algorithms; with the naive run
+        alone the random-rounding model's sqrt(k) u S joins (:func:`compare`).
     p_false_alarm : the whole comparison's budget (default ``config.VERDICT_FALSE_ALARM``), split evenly
         between the stages (union bound).
 
@@ -738,7 +745,8 @@ def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: A
         ref = s.reference(*args)
         nv = None if naive is None else naive(s.reference, *args, dtype=dtype)
         reports.append(compare(tensors[s.name], ref, s.bound(*args, dtype=dtype), dtype, naive=nv,
-                               name=s.name, p_false_alarm=p / len(stages)))
+                               ensemble=(ensembles or {}).get(s.name), name=s.name,
+                               p_false_alarm=p / len(stages)))
     first = next((r.name for r in reports if r.verdict == DIVERGES), None)
     if first is not None:
         verdict = DIVERGES

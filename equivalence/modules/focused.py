@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import capture
+from equivalence.assertions import capture, tap
 from equivalence.modules.layers import shifted_window_mask, window_partition, window_reverse
 from refimpl.attention.focused import FocusedConfig
 
@@ -124,11 +124,9 @@ class _FocusedBase(nn.Module):
             k = k + self.positional_encoding
         b, n, c = v.shape
         d = c // h
-        qf, kf = self._features(q), self._features(k)
+        qf, kf = tap(self.taps, "phi_q", self._features(q)), tap(self.taps, "phi_k", self._features(k))
         vh = v.reshape(b, n, h, d).transpose(1, 2)                         # (B, h, n, d)
-        att = attend(qf, kf, vh, cfg.normaliser, cfg.eps, order, mask)
-        if self.taps is not None:
-            self.taps.update(phi_q=qf.detach(), phi_k=kf.detach(), attention=att.detach())
+        att = tap(self.taps, "attention", attend(qf, kf, vh, cfg.normaliser, cfg.eps, order, mask))
         big_h, big_w = hw_q
         if tuple(hw_kv) != tuple(hw_q):
             if cfg.dwc_resample == "linear_flat":
@@ -217,13 +215,14 @@ STAGE_POINTS = {
 }
 
 
-def stage_tensors(module: _FocusedBase, run) -> dict[str, torch.Tensor]:
+def stage_tensors(module: _FocusedBase, run, force=None) -> dict[str, torch.Tensor]:
     """Run ``run()`` (a forward of ``module``) once and return the tensors of the fine stage list
     (refimpl.attention.focused.focused_linear_attention_stages / focused_window_attention_stages with
     ``fine=True``): submodule inputs and outputs through forward hooks, the features and the attention through
-    ``module.taps``."""
+    ``module.taps``.  ``force``: these tensors (an earlier call's) replace the twin's own (capture's teacher
+    forcing)."""
     points = dict(STAGE_POINTS["window" if isinstance(module, FocusedWindowAttention) else "global"])
     if not hasattr(module, "sr"):
         points.pop("sr", None)
         points.pop("norm", None)
-    return capture(module, run, points, taps=True)
+    return capture(module, run, points, taps=True, force=force)

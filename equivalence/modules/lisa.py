@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import QKV_PROJ_POINTS, capture
+from equivalence.assertions import QKV_PROJ_POINTS, capture, tap
 from equivalence.modules.layers import Mlp
 
 
@@ -124,16 +124,14 @@ class LiSAAttention(_Projections):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self.split(x)
         b, h, n, c = q.shape
-        q = F.normalize(q, dim=-1, eps=self.l2_eps)
-        k = F.normalize(k, dim=-1, eps=self.l2_eps)
+        q = tap(self.taps, "qn", F.normalize(q, dim=-1, eps=self.l2_eps))
+        k = tap(self.taps, "kn", F.normalize(k, dim=-1, eps=self.l2_eps))
         shape = [b, h] + list(self.grid) + [c, 1]
         ga = fft_convolve(k.reshape(shape), self._kernel(self.weight_a), self.grid, self.lengths, self.transform)
         gb = fft_convolve(v.reshape(shape), self._kernel(self.weight_b[:, None, :]), self.grid, self.lengths,
                           self.transform)
-        ga = ga.reshape(b, h, n, c, -1) + self.bias_a
-        gb = gb.reshape(b, h, n, c, -1) + self.bias_b
-        if self.taps is not None:
-            self.taps.update(qn=q.detach(), kn=k.detach(), ga=ga.detach(), gb=gb.detach())
+        ga = tap(self.taps, "ga", ga.reshape(b, h, n, c, -1) + self.bias_a)
+        gb = tap(self.taps, "gb", gb.reshape(b, h, n, c, -1) + self.bias_b)
         out = torch.einsum("bhnc,bhncd,bhnvd->bhnv", q, ga, gb)
         return self.merge(out)
 
@@ -213,8 +211,9 @@ def block_from_config(cfg) -> LiSABlock:
                      qkv_bias=cfg.qkv_bias, l2_eps=cfg.l2_eps)
 
 
-def stage_tensors(module: LiSAAttention, run) -> dict[str, torch.Tensor]:
+def stage_tensors(module: LiSAAttention, run, force=None) -> dict[str, torch.Tensor]:
     """Run ``run()`` (a forward of ``module``) once and return the tensors of
     refimpl.attention.lisa.lisa_attention_stages with ``fine=True``: the projections' inputs and outputs through
-    forward hooks, the normalised Q, K and the two convolutions through ``module.taps``."""
-    return capture(module, run, QKV_PROJ_POINTS, taps=True)
+    forward hooks, the normalised Q, K and the two convolutions through ``module.taps``.  ``force``: these
+    tensors (an earlier call's) replace the twin's own (capture's teacher forcing)."""
+    return capture(module, run, QKV_PROJ_POINTS, taps=True, force=force)

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import capture
+from equivalence.assertions import Taps, capture, tap
 from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
 
 __all__ = ["kappa", "rope_2d_tables", "apply_rope_2d", "rala_core", "RALAttention", "RAVLTFFN", "RAVLTBlock"]
@@ -72,14 +72,15 @@ def rala_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: RALAConfig
         q_mean = (q if cfg.global_query == "q" else kq).mean(dim=-2, keepdim=True)      # (B, h, 1, d)
         if cfg.alpha_scale == "head_dim":
             q_mean = d ** -0.5 * q_mean
-        scores = q_mean @ kk.transpose(-1, -2)                                           # (B, h, 1, N)
-        t["scores"] = scores[..., 0, :]
+        scores = tap(t, "scores", (q_mean @ kk.transpose(-1, -2))[..., 0, :])[..., None, :]   # (B, h, 1, N)
         eff = torch.softmax(scores, dim=-1).transpose(-1, -2)                           # (B, h, N, 1)
-        kw = kk * eff * n
+        # alpha is recorded, not consumed: the released code forms (kappa(K) softmax) N from the softmax, so a
+        # forced run's weighted keys follow the forced logits (the stage's bound allows alpha's own rounding)
         t["alpha"] = (eff * n)[..., 0]
+        kw = kk * eff * n
     else:
         kw = kk
-    t["k_weighted"] = kw
+    kw = tap(t, "k_weighted", kw)
     if cfg.rope:
         cos, sin = rope_2d_tables(hw[0], hw[1], d, cfg.rope_base, q.dtype, q.device)
         qn, kn = apply_rope_2d(kq, cos, sin), apply_rope_2d(kw, cos, sin)
@@ -98,7 +99,7 @@ def rala_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cfg: RALAConfig
         num = qn @ (kn_s.transpose(-1, -2) @ v_s)
     else:
         num = (qn @ kn_s.transpose(-1, -2)) @ v_s
-    t["numerator"], t["denominator"] = num, den[..., 0]
+    num, den = tap(t, "numerator", num), tap(t, "denominator", den[..., 0])[..., None]
     if cfg.token_scaling == "mean":
         out = num * (1.0 / den)                      # the released code: q @ kv * z, z = 1 / (den + eps)
     else:
@@ -167,14 +168,15 @@ class RALAttention(nn.Module):
             gate = {"linear": lambda: self.phi(tok), "identity": lambda: tok, "tanh": lambda: torch.tanh(tok),
                     "none": lambda: None}[cfg.gate]()
         t["q"], t["k"], t["v"] = q, k, v
-        core_taps: dict = {}
+        core_taps = Taps({name[5:]: val for name, val in getattr(t, "forced", {}).items()
+                          if name.startswith("core.")})
         y = rala_core(q, k, v, cfg, (h, w), taps=core_taps)                             # (B, h, N, d)
         t.update({"core." + name: val for name, val in core_taps.items()})
         if cfg.layout == "channels_first":
             y = y.permute(0, 1, 3, 2).reshape(bsz, c, h, w)       # 'b n (h w) d -> b (n d) h w'
         else:
             y = y.permute(0, 2, 1, 3).reshape(bsz, h * w, c)
-        t["core"] = y
+        y = tap(t, "core", y)
         if cfg.lepe_kernel:
             lepe = self.lepe(v_grid)
             y = y + (lepe if cfg.layout == "channels_first" else lepe.reshape(bsz, c, h * w).transpose(1, 2))
@@ -263,13 +265,14 @@ class RAVLTBlock(nn.Module):
         return out
 
 
-def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
+def stage_tensors(module: RALAttention, run, hw, force=None) -> dict[str, torch.Tensor]:
     """Run ``run()`` (a forward of ``module``, no arguments) once and return the tensors of
     refimpl.attention.rala.rala_attention_stages (either cut), in the layout of x: submodule inputs and outputs
     through forward hooks (the fused projection, phi, LePE, the output projection), the core and its parts
     ("alpha", "k_weighted", "numerator", "denominator", in the heads layout) from ``taps``.  In the
     tokens layout the (B, N, X) tensors of the Linear projections are viewed as (B, H, W, X) and LePE's
-    channels-first output is moved to channels-last."""
+    channels-first output is moved to channels-last.  ``force``: these tensors (an earlier call's, in the same
+    layout) replace the twin's own (capture's teacher forcing)."""
     cfg = module.cfg
     key = "qkvo" if cfg.gate_source == "qkvo" else "qkv"
     points = {"x": (key, "input"), "proj_in": (key, "output")}
@@ -279,13 +282,27 @@ def stage_tensors(module: RALAttention, run, hw) -> dict[str, torch.Tensor]:
         points["lepe"] = ("lepe", "output")
     if cfg.out_proj:
         points["gated"], points["out"] = ("proj", "input"), ("proj", "output")
-    got = capture(module, run, points, taps=True)
-    for name in ("scores", "alpha", "k_weighted", "numerator", "denominator"):
+    parts = ("scores", "alpha", "k_weighted", "numerator", "denominator")
+    tokens = cfg.layout == "tokens"
+    raw = {}
+    for name, t in (force or {}).items():     # back to the twin's own layout and names
+        if name in parts:
+            raw["core." + name] = t
+        elif name == "gated" and not cfg.out_proj:
+            continue                              # the module's output: nothing runs after it
+        elif tokens and name == "lepe":
+            raw[name] = t.permute(0, 3, 1, 2)
+        elif tokens and name in set(points) - {"out"} | {"core"}:
+            raw[name] = t.reshape(t.shape[0], -1, t.shape[-1])
+        else:
+            raw[name] = t
+    got = capture(module, run, points, taps=True, force=raw)
+    for name in parts:
         if "core." + name in got:
             got[name] = got["core." + name]
     if not cfg.out_proj:
         got["gated"] = got["out"]
-    if cfg.layout == "tokens":
+    if tokens:
         h, w = hw
         for name in set(points) | {"core", "gated"}:      # the tensors in the layout of x
             t = got[name]
