@@ -19,7 +19,7 @@ SECTIONS = [
 ]
 
 #: Documents indexed under their own heading (benchmarks/verdict.py writes docs/verdict.md).
-LINKED = ["verdict.md", "design.md", "verify.md"]
+LINKED = ["verdict.md", "bound_tightness.md", "design.md", "verify.md"]
 
 
 def _demote(text: str) -> str:
