@@ -10,7 +10,7 @@ Prints the tables and writes
 
 - benchmarks/results/run.json: every measurement (median, all repeats, GFLOP/s, fraction of peak, ratios),
   the machine, the matmul peaks, fitted scaling exponents and the peak memory of linear attention;
-- benchmarks/results/auto_table.json: per operation and dtype, the backends ordered fastest first, in
+- refimpl/backends/auto_table.json (package data): per operation and dtype, the backends ordered fastest first, in
   the format ``refimpl.backends`` reads for ``use("auto")`` (``{"ops": {op: {"float64": [...],
   "float32": [...], "default": [...]}}}``), from the multi-thread column.  ``--no-auto-table`` skips it;
   ``--quick`` never writes it (its sizes are not the ones that matter).
@@ -65,6 +65,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+AUTO_TABLE = ROOT / "refimpl" / "backends" / "auto_table.json"   # package data (refimpl.backends.auto_order)
 THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
 
 
@@ -130,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nwrote {args.out}")
     if not args.quick and not args.no_auto_table and not args.only:
         table = auto_table(columns[str(max(result["threads"]))])
-        path = RESULTS / "auto_table.json"
+        path = AUTO_TABLE
         path.write_text(json.dumps(table, indent=1))
         print(f"wrote {path}")
     return 1 if failed else 0

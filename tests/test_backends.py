@@ -655,3 +655,21 @@ def test_import_refimpl_without_numba_torch_or_the_compiled_module():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=root,
                           timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr
+
+
+def test_the_auto_table_is_package_data():
+    """The "auto" order ships with the package: its default table lives inside refimpl/backends and is declared
+    as package data, so a regular (non-editable) install reads the same table as a source checkout (it used to be
+    read from benchmarks/results/, outside the package, and a regular install silently fell back)."""
+    tomllib = pytest.importorskip("tomllib")   # Python >= 3.11
+    from pathlib import Path
+
+    import refimpl
+
+    default = backends._AUTO_TABLE_DEFAULT
+    assert default.is_file() and default.parent == Path(backends.__file__).resolve().parent
+    assert default.is_relative_to(Path(refimpl.__file__).resolve().parent)
+    table = json.loads(default.read_text())
+    assert isinstance(table.get("ops", table), dict) and table.get("ops", table)
+    pyproject = tomllib.loads((Path(refimpl.__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    assert default.name in pyproject["tool"]["setuptools"]["package-data"]["refimpl.backends"]

@@ -19,7 +19,7 @@ resolves the backend selected now:
 - Without a choice the backend is ``config.DEFAULT_BACKEND`` ("numpy"), or the environment variable
   ``REFIMPL_BACKEND`` if set when refimpl is imported.
 - ``"auto"`` picks, per operation, the first backend that is available and has a kernel for it, in the
-  order of ``benchmarks/results/auto_table.json`` (written by the benchmarks; fastest first) or, where the
+  order of ``refimpl/backends/auto_table.json`` (package data, written by benchmarks/run.py; fastest first) or, where the
   table is absent or has no entry, ``config.AUTO_FALLBACK_ORDER`` (c > numba > numpy).
 - An explicitly selected backend that is not available, or that has no kernel for the operation, falls
   back to the NumPy definition and says so once per (operation, backend) with a ``RuntimeWarning``.
@@ -175,7 +175,9 @@ def current() -> str:
 # The "auto" table
 # ---------------------------------------------------------------------------------------------------
 
-_AUTO_TABLE_DEFAULT = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "auto_table.json"
+#: The packaged table (package data, so a regular install has it as an editable one does); benchmarks/run.py
+#: writes it.  REFIMPL_AUTO_TABLE names another file.
+_AUTO_TABLE_DEFAULT = Path(__file__).resolve().parent / "auto_table.json"
 _AUTO_CACHE: dict[str, Any] = {}
 
 
