@@ -19,7 +19,7 @@ SECTIONS = [
 ]
 
 #: Documents indexed under their own heading (benchmarks/verdict.py writes docs/verdict.md).
-LINKED = ["verdict.md", "bound_tightness.md", "design.md", "verify.md"]
+LINKED = ["verdict.md", "bound_tightness.md", "guarantees.md", "design.md", "verify.md"]
 
 
 def _demote(text: str) -> str:
@@ -44,7 +44,7 @@ def _title(name: str) -> str:
 def assemble() -> str:
     """README.md: the front door (docs/README.head.md) and an index of the documents, linked, not inlined."""
     parts = [(DOCS / "README.head.md").read_text().strip() + "\n", "## Documentation\n"]
-    for title, names in SECTIONS + [("The verdict, the design and the verify tool", LINKED)]:
+    for title, names in SECTIONS + [("The verdict, the guarantees, the design and the verify tool", LINKED)]:
         parts.append(f"**{title}**\n")
         parts += [f"- [{_title(n)}](docs/{n})" for n in names if (DOCS / n).exists()]
         parts.append("")

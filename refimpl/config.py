@@ -114,6 +114,28 @@ ENSEMBLE_CHUNK_ELEMENTS = 2**24
 QUADRATIC_MAX_ELEMENTS = 2**27
 
 # ---------------------------------------------------------------------------------------------------
+# Range safety (numerics.pow2_exponent)
+# ---------------------------------------------------------------------------------------------------
+
+#: An operand group of a scale-invariant computation (a row of phi(Q), one head's keys, one value column,
+#: ...) whose largest magnitude is at most 2^B, B = RANGE_RESCALE_EXPONENT, is used as given; above that it is
+#: multiplied by the exact power of two that brings its largest magnitude into [1/2, 1)
+#: (numerics.pow2_exponent; tiny groups are not scaled up, see there).  Derivation of B = 256: below 2^B a
+#: product of three operands (the linear-attention numerator phi(Q) phi(K)^T V) is at most 2^768 and a sum of
+#: fewer than 2^255 of them stays below 2^1023, so nothing overflows: the computation is the unscaled one, bit
+#: for bit.  Only float64 holds magnitudes above 2^256 (float32 ends at 2^128), so the lower-precision runs of
+#: numerics.precision (the verdict's naive member, which must overflow as the format does) never rescale.
+RANGE_RESCALE_EXPONENT = 256
+
+#: refimpl.attention.angular: the most terms of the arcsin series (Castling-ViT Eq. 8) one call sums.  Terms
+#: beyond the point where the tail bound makes them negligible in float64 are never summed (arcsin_series), so
+#: a larger ``order`` is refused only where |x| is so close to 1 that more than this many terms matter.  A work
+#: bound, not a numerical constant: 2048 terms take about 0.6 s (exact coefficients, then Horner); at |x| = 1
+#: the tail after K terms is still >= 1/sqrt(pi (K + 3/2)) (about 0.012 at K = 2048), so no order a computer
+#: can sum reaches float64 accuracy there anyway.
+ARCSIN_SERIES_MAX_TERMS = 2048
+
+# ---------------------------------------------------------------------------------------------------
 # Analyses (analysis.py)
 # ---------------------------------------------------------------------------------------------------
 
@@ -387,6 +409,19 @@ FLATTEN_SWIN_FOCUSED_WINDOW = 56
 NET_INIT_STD_FC = 0.1
 FLATTEN_NET_SCALE_INIT_STD = 0.5
 
+# --- networks: FLatten-PVT (models/flatten_pvt.py) --------------------------------------------------
+
+#: LayerNorm eps of PVT v1's blocks and final norm (PVT's and FLatten's released factories:
+#: ``norm_layer=partial(nn.LayerNorm, eps=1e-6)``).  The patch embeddings' LayerNorm and the attention's
+#: spatial-reduction LayerNorm are plain ``nn.LayerNorm`` (LAYER_NORM_EPS, 1e-5).
+PVT_LN_EPS = 1e-6
+
+#: PVT v1's patch embeddings (Wang et al. 2021, §3.1; FLatten Tables 10-11): stage 1 a 4 x 4 stride-4
+#: convolution (Tables 10-11: "stride=4, 64, LN"), stages 2-4 a 2 x 2 stride-2 convolution ("stride=2"),
+#: each followed by a LayerNorm.
+PVT_PATCH = 4
+PVT_MERGE_PATCH = 2
+
 # --- kernels and backends (backends/, ckernels/) ---------------------------------------------------
 
 #: Alignment in bytes of output and workspace buffers handed to C and Numba kernels (one cache line;
@@ -398,7 +433,7 @@ KERNEL_BUFFER_ALIGNMENT = 64
 #: The environment variable REFIMPL_BACKEND (numpy | numba | c | auto) overrides it at import time.
 DEFAULT_BACKEND = "numpy"
 
-#: Order "auto" tries when benchmarks/results/auto_table.json (written by the benchmarks) has no entry
+#: Order "auto" tries when refimpl/backends/auto_table.json (written by benchmarks/run.py) has no entry
 #: for an operation: the first available backend that has a kernel for it wins.
 AUTO_FALLBACK_ORDER = ("c", "numba", "numpy")
 

@@ -18,7 +18,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import backends, config
+from . import backends, config, validation
+from .errors import ArgumentError, ParameterKeyError
 from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu, sum_depth
 from .verdict import accumulation_format
 
@@ -40,13 +41,14 @@ def subparams(params: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.nda
     head = prefix + "." if prefix else ""
     out = {k[len(head):]: v for k, v in params.items() if k.startswith(head)}
     if not out:
-        raise KeyError(f"no parameters under prefix '{prefix}' (have e.g. {sorted(params)[:5]})")
+        raise ParameterKeyError(f"no parameters under prefix '{prefix}' (have e.g. {sorted(params)[:5]})")
     return out
 
 
 def _param(p: Mapping[str, np.ndarray], key: str, where: str) -> np.ndarray:
     if key not in p:
-        raise KeyError(f"{where}: missing parameter '{key}' (have {sorted(p)})")
+        raise ParameterKeyError(f"{where}: missing parameter '{key}' (have {len(p)} others: "
+                                f"{', '.join(sorted(p)[:8])}{', ...' if len(p) > 8 else ''})")
     return as_float(p[key], key)
 
 
@@ -63,13 +65,16 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     weight = as_float(weight, "weight")
     dims = check_shapes(weight=(weight, "out in"))
     if x.shape[-1] != dims["in"]:
-        raise ValueError(f"argument 'x': expected last dimension in={dims['in']} (weight is {weight.shape}), "
-                         f"got shape {x.shape}")
+        raise ArgumentError(f"argument 'x': expected last dimension in={dims['in']} (weight is {weight.shape}), "
+                            f"got shape {x.shape}")
+    if bias is not None:
+        bias = as_float(bias, "bias")
+        if np.shape(bias) != (dims["out"],):     # name both: either may be the wrong one
+            raise ArgumentError(f"arguments 'weight', 'bias': expected weight (out, in) and bias (out,) with the "
+                                f"same out, got weight {weight.shape} and bias {bias.shape}")
     # One 2-D product: NumPy's stacked matmul on (..., N, in) inputs is up to 10x slower than BLAS gemm.
     y = (x.reshape(-1, dims["in"]) @ weight.T).reshape(*x.shape[:-1], dims["out"])
     if bias is not None:
-        bias = as_float(bias, "bias")
-        check_shapes(dims, bias=(bias, "out"))
         y = y + bias
     return y
 
@@ -91,8 +96,9 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None
                eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
     """LayerNorm over the last dimension (Ba et al., 2016; torch.nn.LayerNorm):
     y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased (1/n) variance, computed in two passes.
-    x : (..., C); weight, bias : (C,) or None."""
+    x : (..., C); weight, bias : (C,) or None; eps finite and >= 0."""
     x = as_float(x, "x")
+    eps = validation.check_eps(eps)
     c = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
     d = x - mu
@@ -108,7 +114,7 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None
 def check_vector(v: np.ndarray, name: str, size: int) -> np.ndarray:
     v = as_float(v, name)
     if v.shape != (size,):
-        raise ValueError(f"argument '{name}': expected shape ({size},), got {v.shape}")
+        raise ArgumentError(f"argument '{name}': expected shape ({size},), got {v.shape}")
     return v
 
 
@@ -157,11 +163,17 @@ def layer_norm_cf_bound(x: np.ndarray, weight, bias, eps: float = config.LAYER_N
 def batch_norm2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, running_mean: np.ndarray,
                  running_var: np.ndarray, eps: float = config.BATCH_NORM_EPS) -> np.ndarray:
     """BatchNorm2d in eval mode (Ioffe & Szegedy, 2015): y = (x - running_mean) / sqrt(running_var + eps)
-    * weight + bias, per channel.  x : (B, C, H, W); the four vectors : (C,)."""
+    * weight + bias, per channel.  x : (B, C, H, W); the four vectors : (C,); running_var >= 0 (a negative
+    variance would be a silent NaN); eps finite and >= 0."""
     x = as_float(x, "x")
     c = check_shapes(x=(x, "B C H W"))["C"]
+    eps = validation.check_eps(eps)
     w, b = check_vector(weight, "weight", c), check_vector(bias, "bias", c)
     rm, rv = check_vector(running_mean, "running_mean", c), check_vector(running_var, "running_var", c)
+    if not np.all(rv >= 0):
+        bad = ~(rv >= 0)
+        raise ArgumentError(f"argument 'running_var': a BatchNorm running variance must be >= 0, got "
+                            f"{int(bad.sum())} of {c} entries below 0 or NaN (first: {float(rv[bad][0])!r})")
     col = (slice(None), None, None)
     return (x - rm[col]) / np.sqrt(rv[col] + eps) * w[col] + b[col]
 

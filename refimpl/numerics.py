@@ -28,6 +28,8 @@ import numpy as np
 import scipy.special
 
 from . import config
+from .errors import ArgumentError, ArgumentTypeError
+from .validation import describe
 from .verdict import (Bound, ErrorReport, Stage, StageReport, accumulation_ratio, assert_close, compare,
                       compare_stages, format_name, gamma, round_to, running_bound, sum_depth, ulp_distance,
                       underflow_eta, unit_roundoff)
@@ -35,6 +37,7 @@ from .verdict import (Bound, ErrorReport, Stage, StageReport, accumulation_ratio
 __all__ = [
     "working_dtype", "precision", "as_float", "check_shapes", "check_positive_int",
     "softmax", "softmax_bound", "gelu", "elu", "softplus", "relu", "leaky_relu", "l2_normalize",
+    "pow2_exponent", "softmax_shifted",
     "unit_roundoff", "underflow_eta", "gamma", "sum_depth", "accumulation_ratio", "running_bound", "round_to", "Bound", "ErrorReport", "compare",
     "assert_close", "naive_same_precision", "ulp_distance", "Stage", "StageReport", "compare_stages",  # the error model's names: refimpl.verdict
 ]
@@ -84,7 +87,7 @@ def as_float(x: Any, name: str, *, allow_empty: bool = False) -> np.ndarray:
     ValueError for empty arrays (unless ``allow_empty``).
     """
     if isinstance(x, (bool, np.bool_)):
-        raise TypeError(f"argument '{name}': expected a real floating array, got bool")
+        raise ArgumentTypeError(f"argument '{name}': expected a real floating array, got bool")
     if isinstance(x, (int, float)) and not isinstance(x, bool):
         arr = np.asarray(float(x))
     else:
@@ -92,14 +95,14 @@ def as_float(x: Any, name: str, *, allow_empty: bool = False) -> np.ndarray:
         if arr.dtype.kind != "f":
             kind = {"i": "integer", "u": "unsigned integer", "b": "bool", "c": "complex",
                     "O": "object"}.get(arr.dtype.kind, str(arr.dtype))
-            raise TypeError(
+            raise ArgumentTypeError(
                 f"argument '{name}': expected a real floating array (float16/float32/float64), "
                 f"got {kind} dtype {arr.dtype}")
         if arr.dtype.itemsize > 8:
-            raise TypeError(f"argument '{name}': extended precision {arr.dtype} is not supported; "
+            raise ArgumentTypeError(f"argument '{name}': extended precision {arr.dtype} is not supported; "
                             f"expected float16/float32/float64")
     if arr.size == 0 and not allow_empty:
-        raise ValueError(f"argument '{name}': expected a non-empty array, got shape {arr.shape}")
+        raise ArgumentError(f"argument '{name}': expected a non-empty array, got shape {arr.shape}")
     work = working_dtype()
     if arr.dtype != work:
         # Promotion (float16/32 -> float64) is exact.  A cast down only happens inside precision().
@@ -120,13 +123,13 @@ def check_shapes(sizes: Mapping[str, int] | None = None, **args: tuple[np.ndarra
         dims = spec.split()
         shape = np.shape(arr)
         if len(shape) != len(dims):
-            raise ValueError(f"argument '{name}': expected a {len(dims)}-d array of shape ({', '.join(dims)}), "
+            raise ArgumentError(f"argument '{name}': expected a {len(dims)}-d array of shape ({', '.join(dims)}), "
                              f"got {len(shape)}-d shape {tuple(shape)}")
         for dim, size in zip(dims, shape):
             want = int(dim) if dim.isdigit() else bound.get(dim)
             if want is not None and want != size:
                 expected = ", ".join(str(bound.get(d, d)) if not d.isdigit() else d for d in dims)
-                raise ValueError(f"argument '{name}': expected shape ({expected}) for ({', '.join(dims)}), "
+                raise ArgumentError(f"argument '{name}': expected shape ({expected}) for ({', '.join(dims)}), "
                                  f"got {tuple(shape)}; dimension {dim} is {want}, not {size}")
             if not dim.isdigit():
                 bound[dim] = size
@@ -136,9 +139,9 @@ def check_shapes(sizes: Mapping[str, int] | None = None, **args: tuple[np.ndarra
 def check_positive_int(value: Any, name: str, *, minimum: int = 1) -> int:
     """Return ``value`` as int, raising ``ValueError``/``TypeError`` naming ``name`` if it is not >= minimum."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"argument '{name}': expected an integer >= {minimum}, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"argument '{name}': expected an integer >= {minimum}, got {describe(value)}")
     if value < minimum:
-        raise ValueError(f"argument '{name}': expected an integer >= {minimum}, got {value}")
+        raise ArgumentError(f"argument '{name}': expected an integer >= {minimum}, got {value}")
     return int(value)
 
 
@@ -260,6 +263,44 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = config.L2_NORMALIZE
         if policy == "none":
             return x / norm
     raise ValueError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
+
+
+# ===================================================================================================
+# Range safety: exact power-of-two rescaling
+# ===================================================================================================
+
+def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
+    """The exponent e >= 0 (an int array, ``keepdims`` along ``axis``) of an exact rescaling x -> x 2^-e.
+
+    With m = max |x| along ``axis``: e is frexp's exponent of m (so m 2^-e lies in [1/2, 1)) where m exceeds
+    2^B, B = ``config.RANGE_RESCALE_EXPONENT``, and 0 elsewhere (m inside the band, zero, tiny or not finite:
+    NaN and Inf then propagate unchanged).  Multiplying by a power of two is exact unless the product over-
+    or underflows, so a computation that is homogeneous in x, run on x 2^-e and scaled back by ``np.ldexp``, is
+    bit for bit the unscaled computation wherever the latter does not overflow; for m <= 2^B, e = 0 and the
+    computation is literally the unscaled one (the band's derivation is in config).  Used by the attention
+    cores (linear, focused, RALA, softmax) to return the finite result that 1e150-sized inputs have.
+
+    Only the overflow side is handled: scaling tiny (subnormal) groups *up* makes the reference exact where
+    the error bounds (``*_bound``, whose eta terms are void at subnormal outputs), the C kernels (which would
+    need a per-row check) and an additive softmax bias (which then overflows) are not ready for it; see
+    issue 15's range-safety notes.
+    """
+    m = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)   # float64: the band's edge
+    e = np.frexp(m)[1].astype(np.int64)
+    return np.where(np.isfinite(m) & (m > 2.0 ** config.RANGE_RESCALE_EXPONENT), e, 0)
+
+
+def softmax_shifted(s: np.ndarray, shift: np.ndarray, axis: int = -1) -> np.ndarray:
+    """softmax(s 2^shift) along ``axis`` from s (logits divided by 2^shift >= 1, :func:`pow2_exponent`).
+
+    exp(x - max x) with x = s 2^shift is exp((s - max s) 2^shift): the difference is formed on the scaled
+    logits (exact scaling, so the same rounding) and scaled back with ``np.ldexp``; a difference that
+    overflows is -inf, whose exp is the exact 0 that float64 would give anyway.  With shift = 0 this is
+    :func:`softmax` (s) bit for bit (its own max is then exactly 0).  A row of -inf stays NaN.
+    """
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.ldexp(s - np.max(s, axis=axis, keepdims=True), shift)
+    return softmax(d, axis=axis)
 
 
 # ===================================================================================================

@@ -42,7 +42,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, layers, numerics
+from .. import backends, config, layers, numerics, validation
+from ..errors import ArgumentError
 from ..numerics import Bound
 
 __all__ = [
@@ -72,6 +73,31 @@ _POLICIES = ("clamp", "none")
 
 def _check_order(order: Any, name: str = "order") -> int:
     return numerics.check_positive_int(order, name, minimum=0)
+
+
+def _terms(x: np.ndarray, order: Any, what: str) -> int:
+    """The order actually summed by :func:`arcsin_series` / :func:`arcsin_series_derivative` for ``x``:
+    min(K, K0), K0 the smallest order with m^(2 K0 + 2) <= 2^-56 (1 - m^2), m = max |x| over the finite
+    entries (0 for m = 0, K for m >= 1; derivation in arcsin_series).  ValueError naming ``order`` when that
+    exceeds ``config.ARCSIN_SERIES_MAX_TERMS``."""
+    order = _check_order(order)
+    ax = np.abs(x[np.isfinite(x)])
+    m = float(np.max(ax)) if ax.size else 0.0
+    if m == 0.0:
+        k0 = 0
+    elif m < 1.0:
+        # (2 K0 + 2) ln m <= -56 ln 2 + ln(1 - m^2); + 1 absorbs the rounding of the logarithms.
+        k0 = max(0, math.ceil(((-56.0 * math.log(2.0) + math.log1p(-m) + math.log1p(m)) / math.log(m) - 2.0) / 2.0) + 1)
+    else:
+        k0 = order
+    terms = min(order, k0)
+    limit = config.ARCSIN_SERIES_MAX_TERMS
+    if terms > limit:
+        raise ValueError(f"argument 'order': {what} would sum {terms} terms of the arcsin series (order = {order}; "
+                         f"the largest |x| is {m!r}, where the terms up to that order are not negligible in "
+                         f"float64), above the limit {limit} (config.ARCSIN_SERIES_MAX_TERMS); use order <= {limit}, "
+                         f"or arcsin itself (angular_similarity) for the untruncated kernel")
+    return terms
 
 
 def arcsin_coefficients_exact(order: int) -> tuple[Fraction, ...]:
@@ -126,12 +152,22 @@ def arcsin_series(x: Any, order: int) -> np.ndarray:
     -------
     ndarray of x's shape, working dtype.
 
+    Bounded work: with m = max |x| < 1, the terms of order k > K0 sum to at most
+    sum_{k > K0} c_k |x|^(2k+1) <= |x| m^(2 K0 + 2) / (1 - m^2) (c_k <= c_0 = 1, the tail bound (G) of
+    :func:`arcsin_tail_bound`), i.e. to at most 2^-56 |T_K(x)| (|T_K(x)| >= |x|) once
+    m^(2 K0 + 2) <= 2^-56 (1 - m^2): below a quarter of float64's unit roundoff, so they are not summed and the
+    result is Horner's rule on T_min(K, K0), within :func:`arcsin_series_bound` (x, order) of the exact
+    T_K(x) (``order=10**7`` on |x| <= 0.9 sums about 180 terms and returns the same bits as ``order=1000``).
+    Where max |x| >= 1 (or is so close to 1 that more terms matter) every term up to K is summed, and more
+    than ``config.ARCSIN_SERIES_MAX_TERMS`` terms raise ValueError (a work bound: at |x| = 1 no feasible
+    order reaches float64 accuracy, see the constant).
+
     References
     ----------
     Castling-ViT Eq. 8 (the K-th partial sum of the "high-order residuals").
     """
     x = numerics.as_float(x, "x", allow_empty=True)
-    c = arcsin_coefficients(order)
+    c = arcsin_coefficients(_terms(x, order, "arcsin_series"))
     t = x * x
     acc = np.full_like(x, c[-1])
     for ck in c[-2::-1]:
@@ -140,8 +176,12 @@ def arcsin_series(x: Any, order: int) -> np.ndarray:
 
 
 def arcsin_series_derivative(x: Any, order: int) -> np.ndarray:
-    """T_K'(x) = sum_{k<=K} (2k+1) c_k x^(2k), used to propagate an error in x through T_K (Eq. 8)."""
+    """T_K'(x) = sum_{k<=K} (2k+1) c_k x^(2k), used to propagate an error in x through T_K (Eq. 8).
+
+    Bounded work as :func:`arcsin_series` ((2k+1) c_k = binom(2k, k) / 4^k <= 1 and T_K' >= 1, so the same
+    K0 makes the unsummed tail <= 2^-56 T_K'(x)); more than ``config.ARCSIN_SERIES_MAX_TERMS`` terms raise."""
     x = numerics.as_float(x, "x", allow_empty=True)
+    order = _terms(x, order, "arcsin_series_derivative")
     c = arcsin_coefficients(order)
     t = x * x
     acc = np.full_like(x, c[-1] * (2 * order + 1))
@@ -477,7 +517,20 @@ def tensor_power(x: Any, p: int) -> np.ndarray:
 
 
 def _feature_dim(d: int, order: int, constant: bool) -> int:
-    return int(constant) + sum(d ** (2 * k + 1) for k in range(order + 1))
+    """D = [constant] + d + d^3 + ... + d^(2K+1), or (bounded work) the first partial sum above
+    config.CASTLING_MAX_FEATURE_ELEMENTS, which every caller refuses anyway: the exact D of order 10**6 is
+    an integer of millions of digits.  An order above config.ARCSIN_SERIES_MAX_TERMS (one feature block per
+    term, so nothing to truncate) raises ValueError naming 'order'."""
+    if order + 1 > config.ARCSIN_SERIES_MAX_TERMS:
+        raise ValueError(f"argument 'order': the angular series features have one block per term, {order + 1} "
+                         f"terms for order = {order}, above the limit {config.ARCSIN_SERIES_MAX_TERMS} "
+                         f"(config.ARCSIN_SERIES_MAX_TERMS)")
+    dim = int(constant)
+    for k in range(order + 1):
+        dim += d ** (2 * k + 1)
+        if dim > config.CASTLING_MAX_FEATURE_ELEMENTS:
+            break
+    return dim
 
 
 def angular_series_features(x: Any, order: int, *, constant: bool = True,
@@ -835,9 +888,9 @@ def _image_to_heads(x: np.ndarray, h: int) -> np.ndarray:
 
 
 def _check_hw(hw: Any, n: int) -> tuple[int, int]:
-    if hw is None or len(hw) != 2 or int(hw[0]) * int(hw[1]) != n:
-        raise ValueError(f"argument 'hw': expected (H, W) with H * W = N = {n}, got {hw!r}")
-    return int(hw[0]), int(hw[1])
+    if hw is None:
+        raise ArgumentError(f"argument 'hw': expected (H, W) with H * W = N = {n} (the grid of the tokens), got None")
+    return validation.check_grid(hw, n, tokens="q")
 
 
 def grid_conv(v: Any, weight: Any, bias: Any = None, *, hw: tuple[int, int]) -> np.ndarray:
@@ -973,9 +1026,8 @@ class CastlingConfig:
         k = numerics.check_positive_int(self.conv_kernel, "conv_kernel")
         if k % 2 == 0:
             raise ValueError(f"argument 'conv_kernel': expected an odd size (padding k//2 keeps N), got {k}")
-        if self.qk_norm_eps < 0 or self.sparse_eps < 0:
-            raise ValueError(f"arguments 'qk_norm_eps', 'sparse_eps': expected >= 0, got "
-                             f"{self.qk_norm_eps}, {self.sparse_eps}")
+        validation.check_eps(self.qk_norm_eps, "qk_norm_eps")
+        validation.check_eps(self.sparse_eps, "sparse_eps")
         if self.normalizer == "output_l2" and self.order != 0:
             raise ValueError("normalizer='output_l2' (the official preset) is defined for order 0 only")
 
@@ -1182,6 +1234,7 @@ def castling_attention(x: Any, params: Mapping[str, Any], cfg: CastlingConfig, *
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg)
+    validation.check_taps(taps)
     qkv = layers.linear(x, params["qkv.weight"], params.get("qkv.bias"))
     q, k, v = _split_heads(qkv, cfg.num_heads)
     if taps is not None:
@@ -1194,14 +1247,8 @@ def castling_attention(x: Any, params: Mapping[str, Any], cfg: CastlingConfig, *
 
 
 def _check_params(params: Mapping[str, Any], cfg: CastlingConfig) -> None:
-    want = cfg.param_shapes()
-    missing = sorted(set(want) - set(params))
-    extra = sorted(set(params) - set(want))
-    if missing or extra:
-        raise KeyError(f"castling params: missing {missing}, unexpected {extra} for {cfg}")
-    for key, shape in want.items():
-        if np.shape(params[key]) != shape:
-            raise ValueError(f"parameter '{key}': expected shape {shape}, got {np.shape(params[key])}")
+    """The strict parameter check (:func:`refimpl.validation.check_params`) against ``cfg.param_shapes()``."""
+    validation.check_params(params, cfg.param_shapes(), where="castling_attention")
 
 
 # ===================================================================================================

@@ -50,7 +50,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, numerics
+from .. import backends, config, numerics, validation
+from ..errors import ArgumentError, ParameterKeyError
 from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, linear_bound, mlp,
                       pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
                       subparams, window_partition, window_reverse)
@@ -125,8 +126,13 @@ class L2ViTConfig:
         if self.window_shift >= self.window_size:
             raise ValueError(f"argument 'window_shift': expected 0 <= shift < window_size={self.window_size}, "
                              f"got {self.window_shift}")
-        if not (isinstance(self.c_min, (int, float)) and not isinstance(self.c_min, bool) and self.c_min >= 0):
-            raise ValueError(f"argument 'c_min': expected a real number >= 0, got {self.c_min!r}")
+        validation.check_real(self.c_min, "c_min", minimum=0.0)
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
+        if self.mlp_hidden < 1:
+            raise ArgumentError(f"argument 'mlp_ratio': the MLP width int(dim * mlp_ratio) must be >= 1, got "
+                                f"int({self.dim} * {self.mlp_ratio}) = {self.mlp_hidden}")
+        validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
+        validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name, allowed in (("scale_mode", ("scalar", "per_head")), ("scale_target", ("numerator", "similarity")),
                               ("lcm_placement", ("residual", "attention")), ("lwa_cpe", ("once", "twice"))):
             if getattr(self, name) not in allowed:
@@ -258,8 +264,28 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
 
 def _p(params: Mapping[str, Any], key: str) -> np.ndarray:
     if key not in params:
-        raise KeyError(f"L2ViT: missing parameter '{key}' (have {sorted(params)})")
+        raise ParameterKeyError(f"L2ViT: missing parameter '{key}'")
     return numerics.as_float(params[key], key)
+
+
+def _check_params(params: Any, cfg: L2ViTConfig, block: str, where: str, prefix: str = "") -> None:
+    """The strict parameter check (:func:`refimpl.validation.check_params`) against :func:`l2vit_param_shapes`
+    of ``block``; with ``prefix`` ("attn."), against that submodule's entries with the prefix removed."""
+    shapes = l2vit_param_shapes(cfg, block)
+    if prefix:
+        shapes = {k[len(prefix):]: s for k, s in shapes.items() if k.startswith(prefix)}
+    validation.check_params(params, shapes, where=where)
+
+
+def _check_lcm_params(params: Any, c: int, where: str) -> None:
+    """The LCM's entries (:func:`l2vit_param_shapes`' "local_mp." ones) for C channels; the kernel size k is
+    read from "conv1.weight" (odd; both convs share it)."""
+    w1 = params.get("conv1.weight") if isinstance(params, Mapping) else None
+    k = np.shape(w1)[-1] if w1 is not None and np.ndim(w1) == 4 else 1
+    validation.check_kernel(int(k), "conv1.weight (its kernel size)")
+    shapes = {"conv1.weight": (c, 1, k, k), "conv1.bias": (c,), "bn.weight": (c,), "bn.bias": (c,),
+              "bn.running_mean": (c,), "bn.running_var": (c,), "conv2.weight": (c, 1, k, k), "conv2.bias": (c,)}
+    validation.check_params(params, shapes, where=where)
 
 
 def _opt(params: Mapping[str, Any], key: str) -> np.ndarray | None:
@@ -296,6 +322,8 @@ def enhanced_attention(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, *, o
     """
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
+    _check_params(params, cfg, "lga", "enhanced_attention", prefix="attn.")
+    validation.check_taps(taps)
     b, n, c = x.shape
     h, d = cfg.num_heads, cfg.head_dim
     qkv = linear(x, _p(params, "qkv.weight"), _opt(params, "qkv.bias")).reshape(b, n, 3, h, d)
@@ -325,12 +353,11 @@ def _tokens(g: np.ndarray) -> np.ndarray:
     return g.reshape(b, c, -1).transpose(0, 2, 1)
 
 
-def _check_hw(x: Any, hw: Any, c: int) -> tuple[np.ndarray, tuple[int, int]]:
+def _check_hw(x: Any, hw: Any, c: int | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """x (B, N, C) float with N = H W (and C = ``c`` unless None); hw a pair of positive ints."""
     x = numerics.as_float(x, "x")
-    if not (isinstance(hw, (tuple, list)) and len(hw) == 2):
-        raise TypeError(f"argument 'hw': expected a pair (H, W), got {hw!r}")
-    big_h, big_w = numerics.check_positive_int(hw[0], "hw[0]"), numerics.check_positive_int(hw[1], "hw[1]")
-    numerics.check_shapes(x=(x, "B N C"), sizes={"N": big_h * big_w, "C": c})
+    big_h, big_w = validation.check_grid(hw)
+    numerics.check_shapes(x=(x, "B N C"), sizes={"N": big_h * big_w} if c is None else {"N": big_h * big_w, "C": c})
     return x, (big_h, big_w)
 
 
@@ -355,7 +382,9 @@ def lcm(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
     ----------
     L2ViT Eq. 6-7, Appendix 10 and Fig. 5; the BN follows the GELU as Eq. 6-7 and Fig. 5 order them.
     """
-    x, hw = _check_hw(x, hw, np.shape(x)[-1])
+    x, hw = _check_hw(x, hw, None)
+    _check_lcm_params(params, x.shape[-1], "lcm")
+    validation.check_taps(taps)
     w1, w2 = _p(params, "conv1.weight"), _p(params, "conv2.weight")
     g1 = depthwise_conv2d(_grid(x, hw), w1, _opt(params, "conv1.bias"), padding=w1.shape[-1] // 2)
     a = gelu(g1)
@@ -409,6 +438,8 @@ def lga_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int
     L2ViT §4.2-4.3, Eq. 4-8, Fig. 3, Appendix 10 and 12.
     """
     x, hw = _check_hw(x, hw, cfg.dim)
+    _check_params(params, cfg, "lga", "lga_block")
+    validation.check_taps(taps)
     inner: dict | None = {} if taps is not None else None
     x = _cpe(x, params, "cpe.0", hw)
     a = enhanced_attention(_ln(x, params, "norm1", cfg), subparams(params, "attn"), cfg, order=order, taps=inner,
@@ -463,6 +494,8 @@ def lwa_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int
     L2ViT §4.3, Fig. 3, Appendix 12; Swin Transformer §3.2.
     """
     x, hw = _check_hw(x, hw, cfg.dim)
+    _check_params(params, cfg, "lwa", "lwa_block")
+    validation.check_taps(taps)
     inner: dict | None = {} if taps is not None else None
     x = _cpe(x, params, "cpe.0", hw)
     y = _ln(x, params, "norm1", cfg).reshape(x.shape[0], hw[0], hw[1], cfg.dim)
@@ -602,6 +635,7 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
     """
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
+    _check_params(params, cfg, "lga", "enhanced_attention_bound", prefix="attn.")
     _, e, depth = _err_attention_module(x, np.zeros_like(x), params, cfg, dtype)
     return _bound(e, depth, "enhanced attention", dtype)
 
@@ -616,6 +650,7 @@ def enhanced_attention_stages(params: Mapping[str, Any], cfg: L2ViTConfig) -> li
     ----------
     L2ViT Eq. 4 (and Appendix 8 for the scale); docs/design.md "Stages".
     """
+    _check_params(params, cfg, "lga", "enhanced_attention_stages", prefix="attn.")
     h, d, c = cfg.num_heads, cfg.head_dim, cfg.dim
     s, mode = _scale_args(params, cfg)
 
@@ -676,7 +711,8 @@ def lcm_bound(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
     ----------
     L2ViT Eq. 6-7; docs/design.md "The verdict".
     """
-    x, hw = _check_hw(x, hw, np.shape(x)[-1])
+    x, hw = _check_hw(x, hw, None)
+    _check_lcm_params(params, x.shape[-1], "lcm_bound")
     _, e, depth = _err_lcm(x, np.zeros_like(x), params, hw, batch_norm_eps)
     return _bound(e, depth, "LCM")
 
@@ -716,6 +752,7 @@ def lga_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
     L2ViT Eq. 4-8, Fig. 3; docs/design.md "The verdict".
     """
     x, hw = _check_hw(x, hw, cfg.dim)
+    _check_params(params, cfg, "lga", "lga_block_bound")
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
     y, ey, k = _err_ln(x, ex, params, "norm1", cfg)
     a, ea, ka = _err_attention_module(y, ey, subparams(params, "attn"), cfg, dtype)
@@ -785,6 +822,7 @@ def lwa_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
     L2ViT §4.3, Fig. 3; Swin §3.2; docs/design.md "The verdict".
     """
     x, hw = _check_hw(x, hw, cfg.dim)
+    _check_params(params, cfg, "lwa", "lwa_block_bound")
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
     y, ey, k = _err_ln(x, ex, params, "norm1", cfg)
     shape4 = (x.shape[0], hw[0], hw[1], cfg.dim)

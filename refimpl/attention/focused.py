@@ -53,7 +53,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, numerics
+from .. import backends, config, numerics, validation
+from ..errors import ParameterKeyError
 from ..layers import conv2d, conv2d_bound, depthwise_conv2d, depthwise_conv2d_bound, layer_norm, layer_norm_bound, linear, linear_bound, \
     shifted_window_mask, window_partition, window_reverse
 from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
@@ -125,9 +126,7 @@ class FocusedConfig:
             if getattr(self, name) not in allowed:
                 raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
         for name in ("relu_eps", "eps", "layer_norm_eps"):
-            v = getattr(self, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-                raise ValueError(f"argument '{name}': expected a real number >= 0, got {v!r}")
+            validation.check_eps(getattr(self, name), name)            # finite, >= 0
 
     @property
     def head_dim(self) -> int:
@@ -347,11 +346,24 @@ def focused_function_bound(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *,
 
 def _attend_mean_scaled(phi_q, phi_k, v, *, order, eps, taps, max_elements):
     """The released normaliser: O = phi_q ((phi_k n^-1/2)^T (v n^-1/2)) / (phi_q . mean_j phi_k_j + eps).
-    Equal to Eq. (4) with den + n eps in exact arithmetic."""
+    Equal to Eq. (4) with den + n eps in exact arithmetic.
+
+    Range safety as in :func:`refimpl.attention.linear.kernelized_attention`: each row of phi_q, each head's
+    phi_k and each value column is rescaled by the exact power of two of ``numerics.pow2_exponent`` (2^0, the
+    unscaled computation bit for bit, inside the band), eps with the normaliser; taps are scaled back."""
+    if taps is not None:
+        taps.update(phi_q=phi_q, phi_k=phi_k)
+    e_q = numerics.pow2_exponent(phi_q, axis=-1)                   # (B,h,N,1)
+    e_k = numerics.pow2_exponent(phi_k, axis=(-2, -1))             # (B,h,1,1)
+    e_v = numerics.pow2_exponent(v, axis=-2)                       # (B,h,1,e)
+    phi_q, phi_k, v = np.ldexp(phi_q, -e_q), np.ldexp(phi_k, -e_k), np.ldexp(v, -e_v)
+    e_qk = e_q + e_k
+    with np.errstate(over="ignore"):
+        eps_s = np.ldexp(phi_q.dtype.type(eps), -e_qk[..., 0]) if np.any(e_qk) else eps
     n = phi_k.shape[-2]
     r = n ** -0.5
     k_mean = np.mean(phi_k, axis=-2)                               # (B,h,d)
-    den = np.einsum("bhnd,bhd->bhn", phi_q, k_mean) + eps
+    den = np.einsum("bhnd,bhd->bhn", phi_q, k_mean) + eps_s
     if order == "linear":
         kv = (phi_k * r).swapaxes(-1, -2) @ (v * r)                # (B,h,d,e) = phi_k^T v / n
         num = phi_q @ kv
@@ -361,12 +373,14 @@ def _attend_mean_scaled(phi_q, phi_k, v, *, order, eps, taps, max_elements):
         scores = phi_q @ (phi_k * r).swapaxes(-1, -2)             # (B,h,N,n) = phi_q phi_k^T / sqrt n
         num = scores @ (v * r)
         kv = None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = num / den[..., None]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.ldexp(num / den[..., None], e_v)
     if taps is not None:
-        taps.update(phi_q=phi_q, phi_k=phi_k, k_mean=k_mean, numerator=num, denominator=den)
-        if kv is not None:
-            taps["kv"] = kv
+        with np.errstate(over="ignore"):
+            taps.update(k_mean=np.ldexp(k_mean, e_k[..., 0]), numerator=np.ldexp(num, e_qk + e_v),
+                        denominator=np.ldexp(den, e_qk[..., 0]))
+            if kv is not None:
+                taps["kv"] = np.ldexp(kv, e_k + e_v)
         if scores is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
                 taps["attn"] = scores * r / den[..., None]
@@ -490,6 +504,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
         return att
     if hw is None:
         raise ValueError("argument 'hw': the DWC branch needs the (H, W) grid of V")
+    hw = validation.check_grid(hw, sz["n"], tokens="v")
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
     dwc = _dwc(v, tuple(hw), tuple(hw), dwc_weight, None if dwc_bias is None else
@@ -527,7 +542,7 @@ def resample_linear(x: Any, size: int, axis: int = -1) -> np.ndarray:
     """
     x = numerics.as_float(x, "x")
     size = numerics.check_positive_int(size, "size")
-    ax = axis % x.ndim
+    ax = validation.check_axis(axis, x.ndim)
     _, i0, i1, lam = _resample_plan(x.shape[ax], size)
     lam = lam.astype(x.dtype)
     shape = [1] * x.ndim
@@ -595,8 +610,17 @@ def _dwc(v, hw_v, hw_out, weight, bias, shared, resample):
 
 def _p(params: Mapping[str, Any], key: str) -> np.ndarray:
     if key not in params:
-        raise KeyError(f"focused attention: missing parameter '{key}' (have {sorted(params)})")
+        raise ParameterKeyError(f"focused attention: missing parameter '{key}'")
     return numerics.as_float(params[key], key)
+
+
+def _check_params(params: Any, cfg: FocusedConfig, layout: str, hw: tuple[int, int], where: str) -> None:
+    """The strict parameter check (:func:`refimpl.validation.check_params`) against :func:`focused_param_shapes`
+    of the layout; the positional encoding covers the key tokens (global: the (H // sr) x (W // sr) reduced
+    grid; window: one window of ``hw`` = (wh, ww))."""
+    sr = cfg.sr_ratio if layout == "global" else 1
+    n_kv = (hw[0] // sr) * (hw[1] // sr)
+    validation.check_params(params, focused_param_shapes(cfg, layout=layout, n_kv=n_kv), where=where)
 
 
 def _opt(params: Mapping[str, Any], key: str, present: bool) -> np.ndarray | None:
@@ -712,6 +736,8 @@ def focused_linear_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     """
     x, big_h, big_w = _check_x(x, hw, cfg)
     _check_order(order)
+    _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention")
+    validation.check_taps(taps)
     c = cfg.dim
     q = linear(x, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias))
     if cfg.sr_ratio > 1:
@@ -776,6 +802,8 @@ def focused_window_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     if cfg.sr_ratio != 1:
         raise ValueError(f"argument 'cfg': the Swin layout has no spatial reduction, got sr_ratio={cfg.sr_ratio}")
     (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
+    _check_params(params, cfg, "window", (wh, ww), "focused_window_attention")
+    validation.check_taps(taps)
     b, c = x.shape[0], cfg.dim
     grid = x.reshape(b, big_h, big_w, c)
     if sh or sw:
@@ -1111,6 +1139,7 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
     depth = _feature_depth(p, sz["d"], dtype) + k_att
     if dwc_weight is None:
         return _bound(e_att, depth, "focused attention", dtype)
+    hw = validation.check_grid(hw, sz["n"], tokens="v")
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
     att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
@@ -1135,6 +1164,7 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
     x, big_h, big_w = _check_x(x, hw, cfg)
+    _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention_bound")
     c = cfg.dim
     zero = np.zeros_like(x)
     q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias), dtype)
@@ -1173,6 +1203,7 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     """
     x, big_h, big_w = _check_x(x, hw, cfg)
     (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
+    _check_params(params, cfg, "window", (wh, ww), "focused_window_attention_bound")
     b, c = x.shape[0], cfg.dim
     grid = x.reshape(b, big_h, big_w, c)
     if sh or sw:
@@ -1326,7 +1357,8 @@ def focused_linear_attention_stages(params: Mapping[str, Any], cfg: FocusedConfi
     ----------
     FLatten Eq. 5-6, 10-12; PVT's spatial-reduction attention.
     """
-    big_h, big_w = hw
+    big_h, big_w = validation.check_grid(hw)
+    _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention_stages")
     c = cfg.dim
     stages = [_linear_stage("q", "x", params, "q", cfg.qkv_bias, "FLatten Eq. 5: Q = x W_Q")]
     if cfg.sr_ratio > 1:
@@ -1377,7 +1409,8 @@ def focused_window_attention_stages(params: Mapping[str, Any], cfg: FocusedConfi
     ----------
     FLatten Eq. 5-6, 10-12, §4.3 (Swin); Swin Transformer §3.2.
     """
-    (wh, ww), (sh, sw) = _window_geometry(tuple(hw), window_size, shift)
+    (wh, ww), (sh, sw) = _window_geometry(validation.check_grid(hw), window_size, shift)
+    _check_params(params, cfg, "window", (wh, ww), "focused_window_attention_stages")
     c = cfg.dim
     mask = None
     if (sh or sw) and cfg.shift_mask == "apply":

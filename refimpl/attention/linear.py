@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, numerics
+from .. import backends, config, numerics, validation
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -108,9 +108,15 @@ def _map_and_error(x: np.ndarray, name: str, opts: Mapping[str, Any], want_error
     base_opts = {"negative_slope": opts["negative_slope"]} if ("negative_slope" in opts
                                                                and base == "leaky_relu") else {}
     b, eb = _map_and_error(x, base, base_opts, want_error)
-    s = np.sum(np.abs(b), axis=axis, keepdims=True)
-    den = np.maximum(s, eps)
-    phi = b / den
+    # Range safety: b / max(sum|b|, eps) = b' / max(sum|b'|, eps 2^-e) with b' = b 2^-e per row
+    # (numerics.pow2_exponent; e = 0, the unscaled computation, inside the band), so a sum of 1e300-sized
+    # entries cannot overflow.
+    e = numerics.pow2_exponent(b, axis=axis)
+    b_s = np.ldexp(b, -e)
+    with np.errstate(over="ignore"):
+        den_s = np.maximum(np.sum(np.abs(b_s), axis=axis, keepdims=True), np.ldexp(b.dtype.type(eps), -e))
+        den = np.ldexp(den_s, e)                            # max(sum|b|, eps), for the error coefficient
+    phi = b_s / den_s
     err = None
     if want_error:
         # phi = b / max(sum|b|, eps): base errors eb propagate as eb/den + |phi| sum(eb)/den; the sum of n
@@ -203,11 +209,9 @@ def _check_policy(order: str | None, eps: float, eps_policy: str, clamp_min: flo
         raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
     if eps_policy not in _EPS_POLICIES:
         raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
-    if not isinstance(eps, (int, float, np.floating, np.integer)) or isinstance(eps, bool):
-        raise TypeError(f"argument 'eps': expected a real number, got {type(eps).__name__}")
-    if clamp_min is not None and (not isinstance(clamp_min, (int, float, np.floating, np.integer))
-                                  or isinstance(clamp_min, bool)):
-        raise TypeError(f"argument 'clamp_min': expected a real number or None, got {type(clamp_min).__name__}")
+    validation.check_eps(eps, "eps")                       # finite, >= 0
+    if clamp_min is not None:
+        validation.check_real(clamp_min, "clamp_min", minimum=0.0)   # finite, >= 0 (L2ViT's C_min)
 
 
 def _guard(elements: int, max_elements: int | None, what: str) -> None:
@@ -221,7 +225,7 @@ def _guard(elements: int, max_elements: int | None, what: str) -> None:
 
 
 def _wants_attn(taps: dict | None) -> bool:
-    return taps is not None and bool(taps.get("want_attn", False))
+    return validation.check_taps(taps) is not None and bool(taps.get("want_attn", False))
 
 
 def apply_normaliser(den: np.ndarray, *, eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
@@ -233,7 +237,11 @@ def apply_normaliser(den: np.ndarray, *, eps: float = config.LINEAR_DEFAULT_EPS,
     References
     ----------
     L2ViT Appendix 8 (clamp to [C_min, inf), Table 10); FLatten Eq. 4.
+
+    ``den`` is a real floating array (or a Python number); float16/float32 are promoted to the working
+    precision (numerics.as_float), strings, None, object and integer arrays are refused.
     """
+    den = numerics.as_float(den, "den", allow_empty=True)
     _check_policy(None, eps, eps_policy, clamp_min)
     out = den
     if clamp_min is not None:
@@ -299,17 +307,30 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
     if taps is not None:
         taps["phi_q"], taps["phi_k"] = phi_q, phi_k
 
+    # Range safety: O is homogeneous of degree 0 in each row of phi_q and in each head's phi_k (numerator
+    # and normaliser scale together) and of degree 1 in each column of v.  Each group is rescaled by the
+    # exact power of two of numerics.pow2_exponent (2^0 for magnitudes inside config.RANGE_RESCALE_EXPONENT's
+    # band: then this is the unscaled computation bit for bit); eps and clamp_min are scaled with the
+    # normaliser, and every recorded tap is scaled back.
+    e_q = numerics.pow2_exponent(phi_q, axis=-1)           # (B,h,N,1)
+    e_k = numerics.pow2_exponent(phi_k, axis=(-2, -1))     # (B,h,1,1)
+    e_v = numerics.pow2_exponent(v, axis=-2)               # (B,h,1,e)
+    phi_k_in, v_in = phi_k, v
+    phi_q, phi_k, v = np.ldexp(phi_q, -e_q), np.ldexp(phi_k, -e_k), np.ldexp(v, -e_v)
+    e_qk = e_q + e_k                                       # the scores' and the normaliser's exponent
+
     scores = None
     if order == "linear":
         kv = phi_k.swapaxes(-1, -2) @ v                    # (B,h,d,e): sum_j phi(K_j)^T V_j
         num = phi_q @ kv
-        if taps is not None:
-            taps["kv"] = kv
+        if taps is not None:   # the products of the tapped phi's as written (rescaled: recomputed)
+            with np.errstate(all="ignore"):
+                taps["kv"] = phi_k_in.swapaxes(-1, -2) @ v_in if np.any(e_k) or np.any(e_v) else kv
         if normalize:
             k_sum = np.sum(phi_k, axis=-2)                 # (B,h,d)
             den = np.einsum("bhnd,bhd->bhn", phi_q, k_sum)
             if taps is not None:
-                taps["k_sum"] = k_sum
+                taps["k_sum"] = np.sum(phi_k_in, axis=-2) if np.any(e_k) else k_sum
         if want_attn:
             scores = phi_q @ phi_k.swapaxes(-1, -2)
     else:
@@ -318,20 +339,56 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
         if normalize:
             den = np.sum(scores, axis=-1)
         if taps is not None:
-            taps["scores"] = scores
+            taps["scores"] = _unscaled(scores, e_qk)
     if taps is not None:
-        taps["numerator"] = num
+        taps["numerator"] = _unscaled(num, e_qk + e_v)
     if not normalize:
         if taps is not None and scores is not None:
-            taps["attn"] = scores
-        return num
-    den_eff = apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+            taps["attn"] = _unscaled(scores, e_qk)
+        return _unscaled(num, e_qk + e_v, "linear attention (normalize=False): numerator phi(Q) phi(K)^T V")
+    den_eff = _normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
     with np.errstate(divide="ignore", invalid="ignore"):
         out = num / den_eff[..., None]
         if taps is not None:
-            taps["denominator_raw"], taps["denominator"] = den, den_eff
+            taps["denominator_raw"] = _unscaled(den, e_qk[..., 0])
+            taps["denominator"] = _unscaled(den_eff, e_qk[..., 0])
             if scores is not None:
                 taps["attn"] = scores / den_eff[..., None]
+    return _unscaled(out, e_v, "linear attention: output phi(Q) KV / normaliser")
+
+
+def _unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndarray:
+    """x 2^e (exact unless it over- or underflows; ``np.ldexp``).  With ``stage`` named, a finite entry that
+    overflows is a result float64 cannot represent: FloatingPointError naming the stage and the index."""
+    with np.errstate(over="ignore"):
+        y = np.ldexp(x, e)
+    if stage is not None:
+        lost = np.isinf(y) & np.isfinite(x)
+        if np.any(lost):
+            idx = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise FloatingPointError(f"{stage}: the exact result at index {idx} is finite but beyond the range of "
+                                     f"{y.dtype} (it is not representable)")
+    return y
+
+
+def _normaliser_scaled(den: np.ndarray, e: np.ndarray, *, eps: float, eps_policy: str,
+                       clamp_min: float | None) -> np.ndarray:
+    """:func:`apply_normaliser` of a normaliser given as den 2^-e: the same policy with clamp_min and eps
+    scaled by 2^-e too, so the result is apply_normaliser(den 2^e) 2^-e (bit for bit apply_normaliser(den)
+    where e = 0).  A scaled eps or clamp_min that overflows is +inf, i.e. the true normaliser is that
+    constant and the output underflows to 0, as it does in float64."""
+    if not np.any(e):
+        return apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+    with np.errstate(over="ignore"):
+        out = den
+        c = den.dtype.type      # eps and clamp_min in the working precision, as in apply_normaliser
+        if clamp_min is not None:
+            out = np.maximum(out, np.ldexp(c(clamp_min), -e))
+        if eps_policy == "add":
+            if eps != 0:
+                out = out + np.ldexp(c(eps), -e)
+        else:
+            out = np.maximum(out, np.ldexp(c(eps), -e))
     return out
 
 

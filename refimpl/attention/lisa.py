@@ -49,7 +49,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import scipy.fft as sfft
 
-from .. import backends, config, numerics, toeplitz as tz
+from .. import backends, config, numerics, toeplitz as tz, validation
+from ..errors import ParameterKeyError
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, linear_bound, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
@@ -117,6 +118,9 @@ class LiSAConfig:
         _check_heads(self.dim, self.num_heads)
         object.__setattr__(self, "grid", _check_grid(self.grid))
         check_positive_int(self.latent, "latent")
+        validation.check_eps(self.l2_eps, "l2_eps")
+        validation.check_eps(self.ln_eps, "ln_eps")
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
         if self.transform not in TRANSFORMS:
             raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {self.transform!r}")
         if self.fft_lengths is not None:
@@ -193,6 +197,7 @@ class SAConfig:
         _check_heads(self.dim, self.num_heads)
         object.__setattr__(self, "grid", _check_grid(self.grid))
         check_positive_int(self.latent, "latent")
+        validation.check_eps(self.l2_eps, "l2_eps")
         if self.form not in SA_FORMS:
             raise ValueError(f"argument 'form': expected one of {SA_FORMS}, got {self.form!r}")
         if self.rpe not in RPE_KINDS:
@@ -701,8 +706,14 @@ def sa_eq8_terms(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bi
 
 def _param(p: Mapping[str, Any], key: str, where: str) -> np.ndarray:
     if key not in p:
-        raise KeyError(f"{where}: missing parameter '{key}' (have {sorted(p)})")
+        raise ParameterKeyError(f"{where}: missing parameter '{key}'")
     return as_float(p[key], key)
+
+
+def _check_params(params: Any, expected: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """The strict parameter check (:func:`refimpl.validation.check_params`) against :func:`lisa_param_shapes`,
+    :func:`sa_param_shapes` or :func:`lisa_block_param_shapes`."""
+    validation.check_params(params, expected, where=where)
 
 
 def _qkv_heads(x: np.ndarray, params: Mapping[str, Any], dim: int, heads: int, qkv_bias: bool, where: str):
@@ -742,6 +753,8 @@ def lisa_attention(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: 
     """
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, lisa_param_shapes(cfg), "lisa_attention")
+    validation.check_taps(taps)
     qkv, q, k, v = _qkv_heads(x, params, cfg.dim, cfg.num_heads, cfg.qkv_bias, "lisa_attention")
     out = lisa_core(q, k, v, _param(params, "weight_a", "lisa_attention"), _param(params, "weight_b", "lisa_attention"),
                     _param(params, "bias_a", "lisa_attention"), _param(params, "bias_b", "lisa_attention"),
@@ -776,6 +789,8 @@ def structure_aware_attention(x: Any, params: Mapping[str, Any], cfg: SAConfig, 
     """
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, sa_param_shapes(cfg), "structure_aware_attention")
+    validation.check_taps(taps)
     bsz, n_tok = x.shape[:2]
     _guard(sa_elements(bsz, cfg.num_heads, n_tok, cfg.head_dim, cfg.latent, cfg.form), cfg.max_elements,
            "structure_aware_attention")
@@ -828,6 +843,8 @@ def lisa_block(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: dict
     """
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, lisa_block_param_shapes(cfg), "lisa_block")
+    validation.check_taps(taps)
     ln1 = layer_norm(x, _param(params, "norm1.weight", "lisa_block"), _param(params, "norm1.bias", "lisa_block"),
                      cfg.ln_eps)
     inner: dict | None = {} if taps is not None else None
@@ -1221,6 +1238,7 @@ def lisa_attention_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, 
     References: LiSA Eq. 9-10, Fig. 7; Higham (2002) ch. 3."""
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, lisa_param_shapes(cfg), "lisa_attention_bound")
     y, ey, depth = _tr_attention(x, None, params, cfg, kind="lisa")
     return _finish(y, ey, depth, dtype, "lisa_attention")
 
@@ -1241,6 +1259,7 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
     LiSA Eq. 9-10, Fig. 7; docs/design.md "Stages".
     """
     where = "lisa_attention_stages"
+    _check_params(params, lisa_param_shapes(cfg), where)
     h, c = cfg.num_heads, cfg.head_dim
     w = {n: _param(params, n, where) for n in ("weight_a", "weight_b", "bias_a", "bias_b")}
     opts = dict(exact_toeplitz=cfg.exact_toeplitz, fft_lengths=cfg.fft_lengths, eps=cfg.l2_eps)
@@ -1328,6 +1347,7 @@ def structure_aware_attention_bound(x: Any, params: Mapping[str, Any], cfg: SACo
     with dense RPE products).  Returns numerics.Bound with scale (B, N, C).  References: LiSA Eq. 4-7."""
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, sa_param_shapes(cfg), "structure_aware_attention_bound")
     _guard(sa_elements(x.shape[0], cfg.num_heads, x.shape[1], cfg.head_dim, cfg.latent, cfg.form),
            cfg.max_elements, "structure_aware_attention_bound")
     y, ey, depth = _tr_attention(x, None, params, cfg, kind="sa")
@@ -1358,6 +1378,7 @@ def lisa_block_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, dtyp
     depth heuristic.  Returns numerics.Bound with scale (B, N, C).  References: LiSA §5.1, Fig. 3."""
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
+    _check_params(params, lisa_block_param_shapes(cfg), "lisa_block_bound")
     p = params
     l1, el1, d0 = _tr_layer_norm(x, None, _param(p, "norm1.weight", "bound"), _param(p, "norm1.bias", "bound"),
                                  cfg.ln_eps)

@@ -62,7 +62,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, layers, numerics
+from .. import backends, config, layers, numerics, validation
+from ..errors import ArgumentError, ParameterKeyError
 from .linear import feature_map
 
 __all__ = [
@@ -152,10 +153,9 @@ class RALAConfig:
         if self.rope and self.head_dim % 4:
             raise ValueError(f"RALAConfig: rope=True needs head_dim % 4 == 0 (row and column halves of "
                              f"channel pairs), got head_dim={self.head_dim}")
-        if self.lepe_kernel < 0 or (self.lepe_kernel and self.lepe_kernel % 2 == 0):
-            raise ValueError(f"RALAConfig.lepe_kernel: expected 0 or an odd size, got {self.lepe_kernel}")
-        if not (isinstance(self.eps, (int, float)) and self.eps >= 0):
-            raise ValueError(f"RALAConfig.eps: expected a number >= 0, got {self.eps!r}")
+        validation.check_kernel(self.lepe_kernel, "RALAConfig.lepe_kernel", allow_zero=True)
+        validation.check_eps(self.eps, "RALAConfig.eps")
+        validation.check_positive(self.rope_base, "RALAConfig.rope_base")
 
     @property
     def head_dim(self) -> int:
@@ -201,11 +201,12 @@ class RAVLTBlockConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.attn, RALAConfig):
             raise TypeError(f"RAVLTBlockConfig.attn: expected a RALAConfig, got {type(self.attn).__name__}")
+        validation.check_positive(self.mlp_ratio, "RAVLTBlockConfig.mlp_ratio")
         if self.hidden < 1:
-            raise ValueError(f"RAVLTBlockConfig.mlp_ratio: hidden width int(mlp_ratio * dim) must be >= 1, "
-                             f"got {self.mlp_ratio} * {self.attn.dim}")
-        if self.cpe_kernel < 0 or (self.cpe_kernel and self.cpe_kernel % 2 == 0):
-            raise ValueError(f"RAVLTBlockConfig.cpe_kernel: expected 0 or an odd size, got {self.cpe_kernel}")
+            raise ArgumentError(f"RAVLTBlockConfig.mlp_ratio: hidden width int(mlp_ratio * dim) must be >= 1, "
+                                f"got {self.mlp_ratio} * {self.attn.dim}")
+        validation.check_kernel(self.cpe_kernel, "RAVLTBlockConfig.cpe_kernel", allow_zero=True)
+        validation.check_eps(self.norm_eps, "RAVLTBlockConfig.norm_eps")
 
     @property
     def hidden(self) -> int:
@@ -333,8 +334,18 @@ def _weight2d(w: np.ndarray, layout: str, key: str, out: int, inp: int) -> np.nd
 
 def _param(params: Mapping[str, Any], key: str) -> np.ndarray:
     if key not in params:
-        raise KeyError(f"missing parameter '{key}' (have {sorted(params)})")
+        raise ParameterKeyError(f"RALA: missing parameter '{key}'")
     return numerics.as_float(params[key], key)
+
+
+def _check_params(params: Any, expected: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """The strict parameter check (:func:`refimpl.validation.check_params`): expected keys from
+    :func:`rala_param_shapes` (the layer) or :func:`ravlt_block_param_shapes` (the block, its FFN)."""
+    validation.check_params(params, expected, where=where)
+
+
+def _ffn_shapes(cfg: RAVLTBlockConfig) -> dict[str, tuple[int, ...]]:
+    return {k[len("ffn."):]: s for k, s in ravlt_block_param_shapes(cfg).items() if k.startswith("ffn.")}
 
 
 def _check_grid(x: Any, layout: str, dim: int, name: str = "x") -> np.ndarray:
@@ -352,15 +363,21 @@ def reweighting_coefficients(q_global: Any, kappa_k: Any, scale: float = 1.0) ->
     """alpha_j = N softmax_j(scale * Q_g kappa(K_j)^T)  (Eq. 4; scale = 1 in the paper).
 
     q_global : (B, h, 1, d); kappa_k : (B, h, N, d).  Returns (B, h, N), positive, summing to N over j
-    (to rounding).  Softmax by max-subtraction (numerics.softmax), so no logit overflows.
+    (to rounding).  Softmax by max-subtraction (numerics.softmax), so no logit overflows.  Range safety:
+    q_global and kappa_k are rescaled per head by exact powers of two (numerics.pow2_exponent; none inside
+    its band, where this is the unscaled computation bit for bit) and the logits' differences scaled back
+    (numerics.softmax_shifted), so logits beyond the float64 range (1e150-sized inputs) give the saturated
+    softmax they have, not NaN.
 
     References: RALA Eq. 3-4.
     """
     q_global = numerics.as_float(q_global, "q_global")
     kappa_k = numerics.as_float(kappa_k, "kappa_k")
     sz = numerics.check_shapes(q_global=(q_global, "B h 1 d"), kappa_k=(kappa_k, "B h N d"))
-    scores = scale * (q_global @ kappa_k.swapaxes(-1, -2))[..., 0, :]
-    return sz["N"] * numerics.softmax(scores, axis=-1)
+    e_g = numerics.pow2_exponent(q_global, axis=(-2, -1))[..., 0]       # (B,h,1)
+    e_k = numerics.pow2_exponent(kappa_k, axis=(-2, -1))[..., 0]        # (B,h,1)
+    scores = scale * (np.ldexp(q_global, -e_g[..., None]) @ np.ldexp(kappa_k, -e_k[..., None]).swapaxes(-1, -2))[..., 0, :]
+    return sz["N"] * numerics.softmax_shifted(scores, e_g + e_k, axis=-1)
 
 
 def kv_buffer(alpha: Any, kappa_k: Any, v: Any) -> np.ndarray:
@@ -429,51 +446,78 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     # Eq. 4: the global query and the reweighting coefficients.
     if cfg.reweight:
         q_g, scale, alpha = _reweighting(q, kq, kk, cfg)
-        t["q_global"], t["scores"] = q_g, scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
+        if taps is not None:
+            with np.errstate(over="ignore", invalid="ignore"):
+                t["q_global"], t["scores"] = q_g, scale * (q_g @ kk.swapaxes(-1, -2))[..., 0, :]
     else:
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     t["alpha"] = alpha
-    kw = alpha[..., None] * kk                          # alpha_j kappa(K_j)
-    t["k_weighted"] = kw
+
+    # Range safety: Eq. 2 is homogeneous of degree 0 in each row of kappa(Q) and in each head's kappa(K)
+    # and of degree 1 in each column of V: each is rescaled by the exact power of two of
+    # numerics.pow2_exponent (none inside its band: then this is the unscaled computation bit for bit),
+    # eps with the normaliser, and the taps are scaled back.
+    e_q = numerics.pow2_exponent(kq, axis=-1)           # (B,h,N,1)
+    e_k = numerics.pow2_exponent(kk, axis=(-2, -1))     # (B,h,1,1)
+    e_v = numerics.pow2_exponent(v, axis=-2)            # (B,h,1,e)
+    kq_s, v_s = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
+    kw = alpha[..., None] * np.ldexp(kk, -e_k)          # alpha_j kappa(K_j), scaled by 2^-e_k
 
     # Numerator operands: rotated (official) or not.
     if cfg.rope:
         if hw is None or hw[0] * hw[1] != n:
             raise ValueError(f"argument 'hw': rope needs the grid (H, W) with H*W = N = {n}, got {hw}")
         ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
-        qn, kn = apply_rope_2d(kq, ang), apply_rope_2d(kw, ang)
-        t["q_rot"], t["k_rot"] = qn, kn
+        qn, kn = apply_rope_2d(kq_s, ang), apply_rope_2d(kw, ang)
     else:
-        qn, kn = kq, kw
+        qn, kn = kq_s, kw
     # (HW)^(-1/2) on K and V (official) = 1/N on the numerator; the normaliser then uses the mean.
     norm = 1.0 / n if cfg.token_scaling == "mean" else 1.0
 
     if cfg.order == "linear":
-        kv = norm * (kn.swapaxes(-1, -2) @ v)           # Eq. 3: B, (B, h, d, d)
-        t["kv"] = kv
+        kv = norm * (kn.swapaxes(-1, -2) @ v_s)         # Eq. 3: B, (B, h, d, d)
         num = qn @ kv
     else:
         _quadratic_guard(sz["B"], sz["h"], n, max_elements)
         a = norm * (qn @ kn.swapaxes(-1, -2))           # (B, h, N, N)
-        t["attn"] = a
-        num = a @ v
+        num = a @ v_s
     key_sum = norm * np.sum(kw, axis=-2)                # sum_j (or mean_j) alpha_j kappa(K_j), unrotated
-    den = np.einsum("bhnd,bhd->bhn", kq, key_sum)       # Eq. 2's normaliser
+    den = np.einsum("bhnd,bhd->bhn", kq_s, key_sum)     # Eq. 2's normaliser
+    e_qk = (e_q + e_k)[..., 0]                          # (B,h,N): the normaliser's exponent
     if cfg.eps:
-        den = den + cfg.eps
-    t["numerator"], t["key_sum"], t["denominator"] = num, key_sum, den
-    with np.errstate(invalid="ignore", divide="ignore"):
-        out = num / den[..., None]
-    t["out"] = out
+        with np.errstate(over="ignore"):
+            den = den + (np.ldexp(den.dtype.type(cfg.eps), -e_qk) if np.any(e_qk) else cfg.eps)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        out = np.ldexp(num / den[..., None], e_v)
+    if taps is not None:
+        with np.errstate(over="ignore"):
+            t["k_weighted"] = np.ldexp(kw, e_k)
+            if cfg.rope:
+                t["q_rot"], t["k_rot"] = np.ldexp(qn, e_q), np.ldexp(kn, e_k)
+            if cfg.order == "linear":
+                t["kv"] = np.ldexp(kv, e_k + e_v)
+            else:
+                t["attn"] = np.ldexp(a, e_q + e_k)
+            t["numerator"] = np.ldexp(num, e_q + e_k + e_v)
+            t["key_sum"], t["denominator"] = np.ldexp(key_sum, e_k[..., 0]), np.ldexp(den, e_qk)
+        t["out"] = out
     return out
 
 
 def _reweighting(q: np.ndarray, kq: np.ndarray | None, kk: np.ndarray, cfg: RALAConfig):
     """(Q_g, scale, alpha) of Eq. 4: Q_g the mean of Q (global_query "q") or of kappa(Q) = ``kq`` over the
     tokens, scale = d^(-1/2) (alpha_scale "head_dim") or 1, alpha = N softmax_j(scale Q_g kappa(K_j)^T)."""
-    q_g = np.mean(q if cfg.global_query == "q" else kq, axis=-2, keepdims=True)
+    q_g = _token_mean(q if cfg.global_query == "q" else kq)
     scale = q.shape[-1] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
     return q_g, scale, reweighting_coefficients(q_g, kk, scale)
+
+
+def _token_mean(x: np.ndarray) -> np.ndarray:
+    """mean_i x_i over the tokens (axis -2, kept), on x 2^-e per head (numerics.pow2_exponent: e = 0, the
+    plain np.mean bit for bit, inside its band) scaled back, so that a sum of 1e300-sized rows cannot
+    overflow: the global query Q_g of Eq. 4."""
+    e = numerics.pow2_exponent(x, axis=(-2, -1))
+    return np.ldexp(np.mean(np.ldexp(x, -e), axis=-2, keepdims=True), e)
 
 
 def _rala_core_fused(q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: RALAConfig) -> np.ndarray:
@@ -522,7 +566,7 @@ def _rala_alpha_numpy(q: Any, k: Any, global_query: str = "q", kernel: str = "el
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"))
     _choice(global_query, "global_query", _GLOBAL_QUERIES)
     _choice(kernel, "kernel", _KERNELS)
-    q_g = np.mean(q if global_query == "q" else kappa(q, kernel), axis=-2, keepdims=True)
+    q_g = _token_mean(q if global_query == "q" else kappa(q, kernel))
     res = reweighting_coefficients(q_g, kappa(k, kernel), scale)
     if out is not None:
         out[...] = res
@@ -561,15 +605,22 @@ def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kerne
     v = numerics.as_float(v, "v")
     alpha = numerics.as_float(alpha, "alpha")
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"), alpha=(alpha, "B h M"))
-    kq = kappa(q, kernel)
-    kw = alpha[..., None] * kappa(k, kernel)
+    kq, kk = kappa(q, kernel), kappa(k, kernel)
+    # Range safety as in rala_core: exact power-of-two rescaling of kappa(Q) rows, each head's kappa(K) and
+    # each value column (none inside numerics.pow2_exponent's band: the unscaled computation bit for bit).
+    e_q, e_k, e_v = (numerics.pow2_exponent(kq, axis=-1), numerics.pow2_exponent(kk, axis=(-2, -1)),
+                     numerics.pow2_exponent(v, axis=-2))
+    kq, v = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
+    kw = alpha[..., None] * np.ldexp(kk, -e_k)
     kv = kv_scale * (kw.swapaxes(-1, -2) @ v)
     key_sum = kv_scale * np.sum(kw, axis=-2)
     den = np.einsum("bhnd,bhd->bhn", kq, key_sum)
     if eps:
-        den = den + eps
-    with np.errstate(invalid="ignore", divide="ignore"):
-        res = (kq @ kv) / den[..., None]
+        e_qk = (e_q + e_k)[..., 0]
+        with np.errstate(over="ignore"):
+            den = den + (np.ldexp(den.dtype.type(eps), -e_qk) if np.any(e_qk) else eps)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        res = np.ldexp((kq @ kv) / den[..., None], e_v)
     if out is not None:
         out[...] = res
         return out
@@ -606,6 +657,8 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
     code for the official options.
     """
     x = _check_grid(x, cfg.layout, cfg.dim)
+    _check_params(params, rala_param_shapes(cfg), "rala_attention")
+    validation.check_taps(taps)
     c, heads = cfg.dim, cfg.num_heads
     tok, h, w = _grid_to_tokens(x, cfg.layout)
     t = taps if taps is not None else {}
@@ -681,6 +734,8 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
     """
     layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
     x = _check_grid(x, layout, c)
+    _check_params(params, _ffn_shapes(cfg), "ravlt_ffn")
+    validation.check_taps(taps)
     tok, h, w = _grid_to_tokens(x, layout)
     t = taps if taps is not None else {}
     hid = numerics.gelu(layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
@@ -741,6 +796,8 @@ def ravlt_block(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, tap
     RALA §3.2 "Design of the block" and Fig. 6; CPE: Chu et al. (2023).
     """
     x = _check_grid(x, cfg.attn.layout, cfg.attn.dim)
+    _check_params(params, ravlt_block_param_shapes(cfg), "ravlt_block")
+    validation.check_taps(taps)
     t = taps if taps is not None else {}
     x1 = ravlt_cpe(x, params, cfg)
     t["cpe"] = x1
@@ -1121,6 +1178,7 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; docs/design.md "The verdict".
     """
     x = _check_grid(x, cfg.layout, cfg.dim)
+    _check_params(params, rala_param_shapes(cfg), "rala_attention_bound")
     pr = _Prec.of(dtype)
     c = cfg.dim
     tok, h, w = _grid_to_tokens(x, cfg.layout)
@@ -1188,7 +1246,8 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[
     ----------
     RALA Eq. 2-4, 6, §3.2; docs/design.md "Stages".
     """
-    c, (h, w), lay, nh = cfg.dim, hw, cfg.layout, cfg.num_heads
+    c, (h, w), lay, nh = cfg.dim, validation.check_grid(hw), cfg.layout, cfg.num_heads
+    _check_params(params, rala_param_shapes(cfg), "rala_attention_stages")
     key = "qkvo" if cfg.gate_source == "qkvo" else "qkv"
     rows = 4 * c if key == "qkvo" else 3 * c
 
@@ -1387,6 +1446,7 @@ def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *,
     """
     layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
     x = _check_grid(x, layout, c)
+    _check_params(params, _ffn_shapes(cfg), "ravlt_ffn_bound")
     pr = _Prec.of(dtype)
     tok, h, w = _grid_to_tokens(x, layout)
     bias = lambda key: None if params.get(key) is None else numerics.as_float(params[key], key)

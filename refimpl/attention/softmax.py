@@ -115,12 +115,25 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
         if mask.dtype != bool:
             raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mask.dtype}")
         _broadcastable(mask, full, "mask")
-    s = _logits(q, k, scale, bias, mask)
+    # Range safety: the logits are formed from q 2^-e_q (per query row) and k 2^-e_k (per head), with the
+    # bias scaled alike, and their differences to the row maximum scaled back (numerics.softmax_shifted), so
+    # logits beyond the float64 range (1e150-sized q and k) give the saturated softmax they have instead of
+    # inf - inf = NaN; v is rescaled per column and the output scaled back.  Inside numerics.pow2_exponent's
+    # band every exponent is 0 and this is the unscaled computation bit for bit.
+    e_q = numerics.pow2_exponent(q, axis=-1)                  # (B,h,N,1)
+    e_k = numerics.pow2_exponent(k, axis=(-2, -1))            # (B,h,1,1)
+    e_v = numerics.pow2_exponent(v, axis=-2)                  # (B,h,1,e)
+    e_s = e_q + e_k
+    if bias is not None and np.any(e_s):
+        bias = np.ldexp(bias, -e_s)
+    s = _logits(np.ldexp(q, -e_q), np.ldexp(k, -e_k), scale, bias, mask)
     with np.errstate(invalid="ignore"):
-        p = numerics.softmax(s, axis=-1)
+        p = numerics.softmax_shifted(s, e_s, axis=-1)
     if taps is not None:
-        taps["logits"], taps["attn"] = s, p
-    return p @ v
+        with np.errstate(over="ignore"):
+            taps["logits"], taps["attn"] = np.ldexp(s, e_s), p
+    with np.errstate(over="ignore"):
+        return np.ldexp(p @ np.ldexp(v, -e_v), e_v)
 
 
 @backends.register("window_softmax_attention", "numpy")

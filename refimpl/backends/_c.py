@@ -281,12 +281,28 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     ImportError if the compiled module is missing; RuntimeError if the kernel refuses its arguments (a
     validation bug).
 
+    Range: the kernel computes without rescaling.  For float64 inputs whose largest magnitude exceeds
+    2^``config.RANGE_RESCALE_EXPONENT`` (1e150-sized operands), or where the result has a NaN or Inf, the
+    wrapper returns the NumPy definition's result instead (it rescales exactly by powers of
+    two, so it returns the finite result where one exists, and the same NaN as the kernel for a dead
+    query row): the same finite/non-finite pattern as NumPy on every input, at the cost of one dot product
+    per input and one sum over the output on the common path.  float32 keeps the
+    kernel's own float32 range (as the naive float32 run of the definition does).
+
     References
     ----------
     L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020), Eq. 2-7.
     """
+    def twin() -> np.ndarray:
+        from ..attention.linear import _linear_attention_numpy
+        v_eff = v
+        if v_scale is not None:
+            s = np.asarray(v_scale).reshape(1, -1, 1, 1)
+            v_eff = v / s if v_scale_mode == "divide" else v * s
+        return _linear_attention_numpy(q, k, v_eff, feature_map, eps, eps_policy, clamp_min, p)
+
     return _linear_attention_call(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, out, workspace,
-                                  threads, p, v_scale, v_scale_mode)
+                                  threads, p, v_scale, v_scale_mode, twin=twin)
 
 
 #: The C "linear_attention" takes the keywords ``v_scale=`` / ``v_scale_mode=`` (L2ViT's per-head gain applied
@@ -307,8 +323,9 @@ def _check_focusing_factor(p: Any) -> float:
 def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map: str, eps: Any, eps_policy: str,
                            clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any,
                            p: Any = config.FLATTEN_FOCUSING_FACTOR, v_scale: Any = None,
-                           v_scale_mode: str = "divide") -> np.ndarray:
-    """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status."""
+                           v_scale_mode: str = "divide", twin: Any = None) -> np.ndarray:
+    """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status; ``twin()`` (the NumPy
+    definition) answers instead where :func:`_range_fallback` says so."""
     mod = _load()
     power = _check_focusing_factor(p)
     if feature_map not in LINEAR_ATTENTION_MAPS:
@@ -355,7 +372,10 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
         ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
                                                               ("alpha", key_weight)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
-    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    if twin is not None and _outside_band(a.q, a.k, a.v, kw, vs):
+        result[...] = twin()
+        return result
+    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
     ffi, lib = mod.ffi, mod.lib
     ct = _ctype(dt)
     fn = lib.refimpl_linear_attention_f64 if dt == np.float64 else lib.refimpl_linear_attention_f32
@@ -367,6 +387,55 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                 0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
                 float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
     _check_status(mod, status, "refimpl_linear_attention")
+    return _range_fallback(result, twin)
+
+
+def _outside_band(*arrays: Any) -> bool:
+    """Whether a float64 array among ``arrays`` (None skipped) may have its largest magnitude m above 2^B,
+    B = config.RANGE_RESCALE_EXPONENT: where the NumPy definitions rescale (numerics.pow2_exponent) and the
+    kernels, which do not, may overflow.  Tested on the sum of squares S = x . x (one pass, no temporary):
+    m > 2^B gives S >= m^2 > 2^2B (or inf), so no such array is missed; an array with m slightly below 2^B
+    may be flagged too, and then simply gets the definition's result.  A NaN makes S NaN, which is not
+    flagged: the kernel's NaN output is handled by :func:`_range_fallback`."""
+    two_b = 2 * config.RANGE_RESCALE_EXPONENT
+    for a in arrays:
+        if a is None or a.dtype != np.float64:
+            continue
+        flat = a.reshape(-1)
+        with np.errstate(over="ignore", under="ignore"):
+            ss = float(np.einsum("i,i->", flat, flat))     # not BLAS: its idle threads would slow the kernel
+        if ss > 2.0 ** two_b:
+            return True
+    return False
+
+
+#: The poison of the range-checked kernels' outputs: a quiet NaN with a payload no arithmetic produces from
+#: finite operands, so that :func:`_range_fallback` replaces the kernel's own NaN and Inf (0/0, overflow) but
+#: never an element the kernel failed to write.
+_POISON_BITS = np.uint64(0x7FF8_0000_DEAD_BEEF)
+
+
+def _poison(result: np.ndarray) -> None:
+    if result.dtype == np.float64:
+        result.view(np.uint64).fill(_POISON_BITS)
+    else:
+        result.fill(np.nan)
+
+
+def _range_fallback(result: np.ndarray, twin: Any) -> np.ndarray:
+    """``result`` with (float64 only, ``twin`` given) every NaN or Inf the kernel returned replaced by the
+    NumPy definition's value there (``twin()``, computed only then): the definition rescales, so it is
+    finite wherever the exact result is, and NaN where the kernel's NaN is the mathematics' (a zero
+    normaliser), so both backends give the same pattern; the kernel's finite entries keep their bits (each
+    output row, or each head's alpha, is computed independently of the others).  One summation pass over
+    the output on the common path."""
+    if twin is not None and result.dtype == np.float64:
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = float(np.sum(result))       # NaN or Inf iff an entry is (or, rarely, the sum overflows)
+        if not np.isfinite(total):
+            bad = ~np.isfinite(result) & (result.view(np.uint64) != _POISON_BITS)
+            if bad.any():
+                result[bad] = twin()[bad]
     return result
 
 
@@ -399,10 +468,19 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     References
     ----------
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 2-4.
+
+    Range: as :func:`linear_attention` (float64 inputs above 2^``config.RANGE_RESCALE_EXPONENT``, or a
+    NaN/Inf result, are answered by the NumPy definition, which rescales exactly).
     """
     if kernel not in ("elu1", "relu"):
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
-    return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads)
+
+    def twin() -> np.ndarray:
+        from ..attention.rala import _reweighted_linear_attention_numpy
+        return _reweighted_linear_attention_numpy(q, k, v, alpha, kernel, kv_scale, eps)
+
+    return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads,
+                                  twin=twin)
 
 
 def rala_alpha_workspace_size(B: int, h: int, N: int, M: int, d: int, threads: int | None = None) -> int:
@@ -455,6 +533,11 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     TypeError for dtypes other than float32/float64 or mixed, or a non-real scale; ValueError for
     inconsistent shapes, an unknown global query or kernel, bad threads, an unusable ``out``/``workspace``.
 
+    Range: as :func:`linear_attention`: float64 inputs above 2^``config.RANGE_RESCALE_EXPONENT``, or a
+    NaN/Inf result, are answered by the NumPy definition (which rescales exactly by powers of two, so
+    1e150-sized q and k give the saturated softmax, not NaN); one dot product per input and one sum over
+    alpha on the common path.
+
     References
     ----------
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 4.
@@ -492,7 +575,15 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
         ws = _validate.workspace_buffer(workspace, dt, need, (("q", qa), ("k", ka), ("out", out)), "q")
     qa, ka = _validate._contiguous(qa), _validate._contiguous(ka)
     result = out if out is not None else empty_aligned((b_, h, m), dt)
-    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+
+    def twin() -> np.ndarray:
+        from ..attention.rala import _rala_alpha_numpy
+        return _rala_alpha_numpy(qa, ka, global_query, kernel, scale)
+
+    if _outside_band(qa, ka):
+        result[...] = twin()
+        return result
+    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
     ffi, lib = mod.ffi, mod.lib
     ct = _ctype(dt)
     fn = lib.refimpl_rala_alpha_f64 if dt == np.float64 else lib.refimpl_rala_alpha_f32
@@ -500,7 +591,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
                 ffi.from_buffer(ct, qa), ffi.from_buffer(ct, ka), LINEAR_ATTENTION_MAPS[kernel],
                 _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, nthreads)
     _check_status(mod, status, "refimpl_rala_alpha")
-    return result
+    return _range_fallback(result, twin)
 
 
 @register("elu1_feature_map", "c")
@@ -685,6 +776,10 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     -------
     (BW, h, n, e) array of the dtype of q.
 
+    Range: as :func:`linear_attention`: float64 q, k, v or bias above 2^``config.RANGE_RESCALE_EXPONENT``, or
+    a NaN/Inf result (a fully masked row included), are answered by the NumPy definition, which
+    rescales q, k and v exactly by powers of two (1e150-sized q and k give the saturated softmax, not NaN).
+
     References
     ----------
     Swin Transformer (Liu et al., 2021) §3.2, Eq. 4; Vaswani et al. (2017) Eq. 1.
@@ -732,7 +827,15 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
         ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
                                                               ("bias", bias)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
-    result.fill(np.nan)  # poison
+
+    def twin() -> np.ndarray:
+        from ..attention.softmax import _window_softmax_attention_numpy
+        return _window_softmax_attention_numpy(q, k, v, float(scale), bias, mask)
+
+    if _outside_band(np.asarray(q), np.asarray(k), np.asarray(v), bias_c):
+        result[...] = twin()
+        return result
+    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
     ffi, lib = mod.ffi, mod.lib
     ct = _ctype(dt)
     fn = lib.refimpl_window_attention_f64 if dt == np.float64 else lib.refimpl_window_attention_f32
@@ -742,4 +845,4 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
                 ffi.NULL if mask_c is None else ffi.from_buffer("unsigned char[]", mask_c),
                 float(scale), bw * h, h, n, m, d, sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads)
     _check_status(mod, status, "refimpl_window_attention")
-    return result
+    return _range_fallback(result, twin)

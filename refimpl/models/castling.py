@@ -39,7 +39,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention.angular import CastlingConfig, castling_attention
 from . import common, counting, register
 from .common import Err
@@ -82,6 +82,8 @@ class CastlingDeiTConfig:
             raise ValueError(f"argument 'preset': expected one of {_PRESETS}, got {self.preset!r}")
         for name in ("embed_dim", "depth", "num_heads", "patch_size", "in_chans", "num_classes"):
             numerics.check_positive_int(getattr(self, name), name)
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
+        validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
         h, w = self.img_size
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"argument 'img_size': {self.img_size} must be a multiple of patch_size="
@@ -148,6 +150,11 @@ def init_params(cfg: CastlingDeiTConfig, rng: np.random.Generator | int = 0) -> 
 # Forward, unit by unit ("stem", "blocks.i", "head"; unit values are tokens (B, T, C))
 # ===================================================================================================
 
+def _check_params(params: Any, cfg: CastlingDeiTConfig) -> Mapping[str, Any]:
+    """The strict check of :func:`refimpl.models.common.check_network_params` against :func:`param_shapes`."""
+    return common.check_network_params(params, cfg, param_shapes, "Castling-DeiT network")
+
+
 def unit_names(cfg: CastlingDeiTConfig) -> list[str]:
     """The units of the network in execution order."""
     _check_cfg(cfg)
@@ -166,6 +173,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConf
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     eps = cfg.layer_norm_eps
+    _check_params(params, cfg)
     if name == "stem":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
         y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
@@ -196,6 +204,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
+    _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -218,6 +227,7 @@ def _feature_map(name: str, y: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarra
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
+    validation.check_taps(taps)
     x, feats = images, []
     for name in unit_names(cfg):
         x = run_unit(params, name, x, cfg)
@@ -302,6 +312,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
+    _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(numerics.as_float(x, "x")), cfg, dtype),
                            f"unit {name}, {part}")
 
@@ -310,6 +321,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTCo
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     _check_cfg(cfg)
+    _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -318,6 +330,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConf
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and
     params (rigorous to first order, loose through depth; see flatten.forward_bounds)."""
     _check_cfg(cfg)
+    _check_params(params, cfg)
     t, fb = common.e_exact(images), []
     for name in unit_names(cfg):
         t = _e_unit(params, name, t, cfg, dtype)

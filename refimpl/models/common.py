@@ -26,18 +26,19 @@ loose envelope; the naive same-precision ratio of :func:`refimpl.numerics.compar
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention import angular as _angular
 from ..attention import focused as _focused
 from ..attention import softmax as _softmax
 
 __all__ = [
-    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "patch_embed",
+    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "patch_embed",
     "stage_grids", "swin_window", "mlp_shapes", "ln_shapes", "window_attention_shapes", "linear2d", "mlp2d",
     "patch_merging2d",
     "Err", "e_exact", "e_linear", "e_layer_norm", "e_gelu", "e_mlp", "e_add", "e_conv2d", "e_mean",
@@ -121,6 +122,25 @@ def window_attention_shapes(prefix: str, c: int, heads: int, ws: int, qkv_bias: 
 # ===================================================================================================
 # Network pieces
 # ===================================================================================================
+
+@functools.lru_cache(maxsize=64)
+def _expected_shapes(shapes_fn: Callable[[Any], Mapping[str, tuple[int, ...]]], cfg: Any) -> dict:
+    return dict(shapes_fn(cfg))
+
+
+def check_network_params(params: Any, cfg: Any, shapes_fn: Callable[[Any], Mapping[str, tuple[int, ...]]],
+                         where: str) -> Mapping[str, Any]:
+    """The strict parameter check of every network entry point (:func:`refimpl.validation.check_params`)
+    against the family's ``param_shapes(cfg)`` (cached per config): keys by their full state_dict names,
+    "did you mean" for misspellings, shapes, real floating dtypes, BatchNorm running_var >= 0.  Every family's
+    public functions that take ``params`` call it first, so a network never runs on a misspelled, extra or
+    missing key."""
+    try:
+        expected = _expected_shapes(shapes_fn, cfg)
+    except TypeError:                       # an unhashable config: no caching
+        expected = dict(shapes_fn(cfg))
+    return validation.check_params(params, expected, where=where)
+
 
 def check_images(images: Any, in_chans: int, img_size: tuple[int, int]) -> np.ndarray:
     """Validate a (B, in_chans, H, W) batch whose (H, W) is the config's ``img_size`` (the positional

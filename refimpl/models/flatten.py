@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes, \
     focused_window_attention
 from ..attention.softmax import WINDOW_PRESETS, window_attention
@@ -83,8 +83,8 @@ def _check_common(cfg: Any) -> None:
     if h % cfg.patch_size or w % cfg.patch_size:
         raise ValueError(f"argument 'img_size': {cfg.img_size} must be a multiple of patch_size={cfg.patch_size} "
                          f"(the released patch embedding does not pad)")
-    if not cfg.mlp_ratio > 0:
-        raise ValueError(f"argument 'mlp_ratio': expected > 0, got {cfg.mlp_ratio}")
+    validation.check_positive(cfg.mlp_ratio, "mlp_ratio")
+    validation.check_eps(cfg.layer_norm_eps, "layer_norm_eps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,6 +306,12 @@ def _check_cfg(cfg: Any) -> None:
         raise TypeError(f"argument 'cfg': expected FlattenDeiTConfig or FlattenSwinConfig, got {type(cfg).__name__}")
 
 
+def _check_params(params: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig) -> Mapping[str, Any]:
+    """The strict check of :func:`refimpl.models.common.check_network_params` against :func:`param_shapes`."""
+    kind = "FLatten-DeiT" if isinstance(cfg, FlattenDeiTConfig) else "FLatten-Swin"
+    return common.check_network_params(params, cfg, param_shapes, f"{kind} network")
+
+
 def _parse(name: str) -> tuple[int, int]:
     parts = name.split(".")
     return int(parts[1]), int(parts[3]) if len(parts) > 3 else -1
@@ -360,6 +366,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any,
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     eps = cfg.layer_norm_eps
+    _check_params(params, cfg)
     if name == "stem":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
         y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
@@ -393,7 +400,9 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    return _block_part(params, name, part, _check_unit_input(x, name, cfg), cfg)
+    x = _check_unit_input(x, name, cfg)
+    _check_params(params, cfg)
+    return _block_part(params, name, part, x, cfg)
 
 
 def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
@@ -429,6 +438,7 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | Flatten
     """Logits and per-stage feature maps in one pass (see :func:`forward`, :func:`features`).
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
+    validation.check_taps(taps)
     x, feats = images, []
     for name in unit_names(cfg):
         x = run_unit(params, name, x, cfg)
@@ -530,6 +540,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any,
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
+    _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
@@ -540,6 +551,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenDeiTCon
     _check_cfg(cfg)
     if name != "stem":
         x = _check_unit_input(x, name, cfg)
+    _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -550,6 +562,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
     absolute Jacobians of every stage (see docs/models_flatten_castling.md for measured sizes), so the
     sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature bounds, logits bound)."""
     _check_cfg(cfg)
+    _check_params(params, cfg)
     t, fb = common.e_exact(images), []
     for name in unit_names(cfg):
         t = _e_unit(params, name, t, cfg, dtype)

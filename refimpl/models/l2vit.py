@@ -41,7 +41,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention import enhanced
 from ..numerics import relu
 from . import _netparts as nets
@@ -93,6 +93,10 @@ class L2ViTNetConfig:
     batch_norm_eps: float = config.BATCH_NORM_EPS
 
     def __post_init__(self) -> None:
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
+        validation.check_real(self.c_min, "c_min", minimum=0.0)
+        validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
+        validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name in ("dims", "pairs", "num_heads"):
             v = tuple(int(t) for t in getattr(self, name))
             if not v or any(t < 1 for t in v):
@@ -196,6 +200,11 @@ def stage_grids(cfg: L2ViTNetConfig, image_hw: tuple[int, int]) -> list[tuple[in
     return grids
 
 
+def _check_params(params: Any, cfg: L2ViTNetConfig) -> Mapping[str, Any]:
+    """The strict check of :func:`refimpl.models.common.check_network_params` against :func:`param_shapes`."""
+    return common.check_network_params(params, cfg, param_shapes, "L2ViT network")
+
+
 def _bn(x: np.ndarray, p: Mapping[str, np.ndarray], prefix: str, eps: float) -> np.ndarray:
     return layers.batch_norm2d(x, p[prefix + ".weight"], p[prefix + ".bias"], p[prefix + ".running_mean"],
                                p[prefix + ".running_var"], eps)
@@ -233,6 +242,8 @@ def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: L2ViTNetConf
     """
     pre = "downsample_layers.0"
     images = nets.check_images(images, cfg.in_chans)
+    _check_params(params, cfg)
+    validation.check_taps(taps)
     x = nets.pad_bottom_right(images, 4)
     y1 = layers.conv2d(x, params[f"{pre}.proj.proj.0.weight"], params[f"{pre}.proj.proj.0.bias"], stride=2, padding=1)
     a1 = relu(_bn(y1, params, f"{pre}.proj.proj.1", cfg.batch_norm_eps))
@@ -249,6 +260,7 @@ def downsample(x: np.ndarray, params: Mapping[str, np.ndarray], i: int, cfg: L2V
     multiple of 2 at the bottom/right, conv 2x2 stride 2 to C_i.  x : (B, C_(i-1), H, W) ->
     (B, C_i, ceil(H/2), ceil(W/2)).  References: L2ViT §4.3, Table 13; released PatchEmbed (norm, padding)."""
     pre = f"downsample_layers.{i}"
+    _check_params(params, cfg)
     y = layers.layer_norm_cf(x, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"], cfg.layer_norm_eps)
     return layers.conv2d(nets.pad_bottom_right(y, 2), params[f"{pre}.proj.weight"], params[f"{pre}.proj.bias"],
                          stride=2)
@@ -274,6 +286,8 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, 
         return stem(x, params, cfg, taps=taps)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B C H W"))
+    _check_params(params, cfg)
+    validation.check_taps(taps)
     if name == "head":
         y = layers.layer_norm_cf(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps)
         return layers.linear(np.mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
@@ -464,6 +478,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
+    _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"L2ViT unit {name}")
 
 
@@ -478,9 +493,10 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, 
     capped by their range (_netparts.e_layer_norm) and the clamped normaliser by C_min, so it stays finite
     (and void past a few blocks).  :func:`unit_bound` restarts the analysis at each unit (the meaningful
     comparison points)."""
+    images = nets.check_images(images, cfg.in_chans)
+    _check_params(params, cfg)
     return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                            _feature_units(cfg), common.e_exact(nets.check_images(images, cfg.in_chans)),
-                            "L2ViT")
+                            _feature_units(cfg), common.e_exact(images), "L2ViT")
 
 
 # ===================================================================================================

@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention import lisa
 from ..attention.focused import resample_linear
 from . import _netparts as nets
@@ -104,6 +104,8 @@ class LiSANetConfig:
     ln_eps: float = config.LISANET_LN_EPS
 
     def __post_init__(self) -> None:
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
+        validation.check_eps(self.ln_eps, "ln_eps")
         if self.kind not in KINDS:
             raise ValueError(f"LiSANetConfig.kind: expected one of {KINDS}, got {self.kind!r}")
         if self.embed not in EMBEDS:
@@ -219,10 +221,16 @@ def init_params(cfg: LiSANetConfig, rng: np.random.Generator | int = 0) -> dict[
 # Forward
 # ===================================================================================================
 
+def _check_params(params: Any, cfg: LiSANetConfig) -> Mapping[str, Any]:
+    """The strict check of :func:`refimpl.models.common.check_network_params` against :func:`param_shapes`."""
+    return common.check_network_params(params, cfg, param_shapes, "LiSANet network")
+
+
 def embed(x: np.ndarray, params: Mapping[str, np.ndarray], i: int, cfg: LiSANetConfig) -> np.ndarray:
     """The patch embedding before stage i: conv (kernel, stride, padding of the module docstring), then
     LayerNorm over the channels (hierarchical) or + position embedding (isotropic).
     x : (B, C_in, H, W).  Returns (B, C_i, H_i, W_i).  References: LiSA Table 7, Appendix A.1."""
+    _check_params(params, cfg)
     _, stride, pad = _embed_geometry(cfg, i)
     y = layers.conv2d(x, params[f"patch_embed.{i}.proj.weight"], params[f"patch_embed.{i}.proj.bias"],
                       stride=stride, padding=pad)
@@ -278,6 +286,8 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *
         return embed(images, params, 0, cfg)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B C H W"))
+    _check_params(params, cfg)
+    validation.check_taps(taps)
     if name == "head":
         y = layers.layer_norm_cf(x, params["norm.weight"], params["norm.bias"], cfg.ln_eps)
         return layers.linear(np.mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
@@ -366,6 +376,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig,
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = nets.check_images(x, cfg.in_chans) if name == "patch_embed.0" else numerics.as_float(x, "x")
+    _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"LiSANet unit {name}")
 
 
@@ -379,6 +390,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *
     their range, _netparts.e_layer_norm).  :func:`unit_bound` restarts the analysis at each unit."""
     images = nets.check_images(images, cfg.in_chans)
     _check_grids(cfg, images)
+    _check_params(params, cfg)
     return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                             _feature_units(cfg), common.e_exact(images), "LiSANet")
 
@@ -393,6 +405,7 @@ def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Seq
     (:func:`refimpl.attention.focused.resample_linear` per axis; the paper does not say how, DeiT's code
     uses bicubic).  Everything else is unchanged.  Returns (new params, config with the new image_size).
     """
+    _check_params(params, cfg)
     new_cfg = dataclasses.replace(cfg, image_size=tuple(int(t) for t in image_size))
     old_g, new_g = stage_grids(cfg, cfg.image_size), stage_grids(new_cfg, new_cfg.image_size)
     out = {k: np.asarray(v) for k, v in params.items()}

@@ -57,7 +57,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention import rala
 from ..attention.softmax import softmax_attention, softmax_attention_error
 from . import _netparts as nets
@@ -111,6 +111,8 @@ class RAVLTNetConfig:
     batch_norm_eps: float = config.BATCH_NORM_EPS
 
     def __post_init__(self) -> None:
+        validation.check_positive(self.mlp_ratio, "mlp_ratio")
+        validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name in ("dims", "depths", "num_heads"):
             v = tuple(int(t) for t in getattr(self, name))
             if not v or any(t < 1 for t in v):
@@ -245,6 +247,11 @@ def stage_grids(cfg: RAVLTNetConfig, image_hw: tuple[int, int]) -> list[tuple[in
     return grids
 
 
+def _check_params(params: Any, cfg: RAVLTNetConfig) -> Mapping[str, Any]:
+    """The strict check of :func:`refimpl.models.common.check_network_params` against :func:`param_shapes`."""
+    return common.check_network_params(params, cfg, param_shapes, "RAVLT network")
+
+
 def _bn(x: np.ndarray, p: Mapping[str, np.ndarray], prefix: str, eps: float) -> np.ndarray:
     return layers.batch_norm2d(x, p[prefix + ".weight"], p[prefix + ".bias"], p[prefix + ".running_mean"],
                                p[prefix + ".running_var"], eps)
@@ -255,7 +262,9 @@ def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: RAVLTNetConf
     """The released four-conv stem: conv 3x3/2 -> BN -> GELU -> (conv 3x3 -> BN -> GELU) x 2 ->
     conv 3x3/2 -> BN.  images (B, in_chans, H, W) -> (B, C_0, H_1, W_1).  taps: "stem.<conv index>".
     References: RAVLT §3.3 (downsampling rates 1/4 ... 1/32); released PatchEmbed (the paper gives no stem)."""
-    x = images
+    x = nets.check_images(images, cfg.in_chans)
+    _check_params(params, cfg)
+    validation.check_taps(taps)
     for n, (ci, bi, stride, _, _) in enumerate(_STEM):
         x = layers.conv2d(x, params[f"patch_embed.proj.{ci}.weight"], params[f"patch_embed.proj.{ci}.bias"],
                           stride=stride, padding=1)
@@ -427,6 +436,8 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, 
         return stem(nets.check_images(x, cfg.in_chans), params, cfg, taps=taps)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B C H W"))
+    _check_params(params, cfg)
+    validation.check_taps(taps)
     if name == "head":
         z = layers.conv2d(x, params["proj.weight"], params["proj.bias"])
         z = nets.swish(_bn(z, params, "norm", cfg.batch_norm_eps))
@@ -625,6 +636,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
+    _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"RAVLT unit {name}")
 
 
@@ -640,9 +652,10 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, 
     RoPE (official) no such cap exists and the bound is +inf once a normaliser's or an exponential's error
     bound blows up (float32 past stage 2 of the reduced model).  :func:`unit_bound` restarts the analysis at
     each unit (the meaningful comparison points)."""
+    images = nets.check_images(images, cfg.in_chans)
+    _check_params(params, cfg)
     return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                            _feature_units(cfg), common.e_exact(nets.check_images(images, cfg.in_chans)),
-                            "RAVLT")
+                            _feature_units(cfg), common.e_exact(images), "RAVLT")
 
 
 # ===================================================================================================

@@ -1,0 +1,275 @@
+"""Validation at the public boundary: scalars, option arguments, token grids, ``taps`` and parameter mappings.
+
+Layer: constants (imports :mod:`refimpl.errors` and NumPy only), so configs, layers, attention modules and
+networks all use the same checks.  Arrays have theirs in :mod:`refimpl.numerics` (``as_float``: real floating
+dtypes only, promoted to the working precision; ``check_shapes``: ranks and named dimensions).  Every check
+raises a class of :mod:`refimpl.errors` whose message names the argument (for a parameter: its full
+state_dict key), what was expected and what was given, and never prints an array (shapes, dtypes and single
+values only).
+
+One check per concept:
+
+- :func:`check_real` / :func:`check_eps` / :func:`check_positive`: real scalars (bool, str, None, arrays and
+  NaN refused; eps finite and >= 0; ratios and bases finite and > 0);
+- :func:`check_int` and :func:`check_kernel`: integral fields (a float such as 2.5, or 5.0, is refused; kernel
+  sizes odd, or 0 where "no kernel" is allowed);
+- :func:`check_taps`: the ``taps`` argument is None or a dict;
+- :func:`check_axis`: an axis of an array of known rank;
+- :func:`check_grid`: an (H, W) pair of positive ints whose product is the number of tokens;
+- :func:`check_params`: a state_dict-keyed parameter mapping against the expected keys and shapes.
+
+The parameter check (:func:`check_params`) is strict:
+
+1. ``params`` is a mapping with string keys;
+2. every expected key that is present has the expected shape (``blocks.3.attn.qkv.weight: expected shape
+   (288, 96), got (289, 96)``) and a real floating dtype (float16/32/64; values are promoted by the consumers);
+3. the key sets are equal: missing and unexpected keys are listed by their full names, each unexpected key with
+   the closest expected one ("did you mean 'cpe.0.proj.bias'?", :mod:`difflib`);
+4. BatchNorm running variances (keys ending in ``.running_var``) are >= 0 (NaN refused): sqrt(rv + eps) of a
+   negative variance would be a silent NaN.
+
+Weights may otherwise hold any values, NaN and Inf included: a non-finite weight gives the non-finite result the
+mathematics implies (not a silent one), so values are not scanned for finiteness.
+
+**Buffers.**  The expected tables (each family's ``param_shapes``) hold every *floating* state_dict entry of the
+PyTorch twin: parameters and BatchNorm's ``running_mean`` / ``running_var``, which are required.  Derived
+buffers are not parameters of the reference: the relative-position indices, the RoPE tables and the attention
+masks are computed from the configuration (they are non-persistent in the twins), so a key with such a name is
+refused as unexpected, with a note that the reference derives it.  The one integer persistent buffer,
+BatchNorm's ``num_batches_tracked`` (what ``{k: v.double().numpy() for k, v in module.state_dict().items()}``
+also copies), is optional: accepted next to an expected ``.running_var`` of the same prefix if it is a
+non-negative integral scalar, and unused (eval-mode BatchNorm does not read it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, ParameterShapeError, ParameterTypeError,
+                     ParameterValueError)
+
+__all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_taps",
+           "check_axis", "check_grid", "check_params", "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
+
+#: The optional persistent buffer (BatchNorm's batch counter; unused in eval mode).
+OPTIONAL_BUFFER_SUFFIX = ".num_batches_tracked"
+
+#: Leaf names of buffers that the reference derives from the configuration (never parameters).
+DERIVED_BUFFER_NAMES = ("relative_position_index", "attn_mask", "mask", "rope", "freqs", "sin", "cos",
+                        "rope_sin", "rope_cos", "position_ids")
+
+_MAX_LISTED = 8          # keys listed per category in a key-mismatch message
+_MAX_REPR = 60           # characters of a non-array value shown in a message
+
+
+# ===================================================================================================
+# Describing a value without printing arrays
+# ===================================================================================================
+
+def describe(value: Any) -> str:
+    """A short description of ``value`` for an error message: arrays by shape and dtype, other values by a
+    repr truncated to a few dozen characters."""
+    if isinstance(value, np.ndarray) or (hasattr(value, "shape") and hasattr(value, "dtype")):
+        shape = tuple(getattr(value, "shape", ()))
+        if shape == () and isinstance(value, (np.ndarray, np.generic)):
+            return f"{np.asarray(value).dtype} scalar {np.asarray(value).item()!r}"
+        return f"{type(value).__name__} of shape {shape} and dtype {getattr(value, 'dtype', '?')}"
+    if isinstance(value, (list, tuple)) and len(repr(value)) > _MAX_REPR:
+        return f"{type(value).__name__} of length {len(value)}"
+    text = repr(value)
+    if len(text) > _MAX_REPR:
+        text = text[:_MAX_REPR] + "..."
+    return f"{type(value).__name__} {text}"
+
+
+def _label(name: str) -> str:
+    return f"argument '{name}'"
+
+
+# ===================================================================================================
+# Scalars
+# ===================================================================================================
+
+def check_real(value: Any, name: str, *, minimum: float | None = None, exclusive: bool = False,
+               allow_inf: bool = False) -> float:
+    """Return ``value`` as a float: a real number (Python or NumPy scalar, not bool), not NaN, finite unless
+    ``allow_inf``, and >= ``minimum`` (> with ``exclusive``).  ``ArgumentTypeError`` / ``ArgumentError``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ArgumentTypeError(f"{_label(name)}: expected a real number, got {describe(value)}")
+    v = float(value)
+    rng = "" if minimum is None else f" {'>' if exclusive else '>='} {minimum:g}"
+    what = f"a {'real number' if allow_inf else 'finite real number'}{rng}"
+    if math.isnan(v) or (math.isinf(v) and not allow_inf):
+        raise ArgumentError(f"{_label(name)}: expected {what}, got {v}")
+    if minimum is not None and (v < minimum or (exclusive and v == minimum)):
+        raise ArgumentError(f"{_label(name)}: expected {what}, got {value!r}")
+    return v
+
+
+def check_eps(value: Any, name: str = "eps") -> float:
+    """An eps (added to a denominator or a variance): a finite real number >= 0."""
+    return check_real(value, name, minimum=0.0)
+
+
+def check_positive(value: Any, name: str) -> float:
+    """A ratio, base or scale: a finite real number > 0."""
+    return check_real(value, name, minimum=0.0, exclusive=True)
+
+
+def check_int(value: Any, name: str, *, minimum: int | None = None) -> int:
+    """Return ``value`` as int: an integer (Python or NumPy; bool and floats such as 2.5 or 5.0 refused)
+    >= ``minimum``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        rng = "" if minimum is None else f" >= {minimum}"
+        raise ArgumentTypeError(f"{_label(name)}: expected an integer{rng}, got {describe(value)}")
+    if minimum is not None and value < minimum:
+        raise ArgumentError(f"{_label(name)}: expected an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_kernel(value: Any, name: str, *, allow_zero: bool = False) -> int:
+    """A kernel size for 'same' padding k // 2: an odd integer >= 1, or 0 ("none") with ``allow_zero``."""
+    k = check_int(value, name, minimum=0 if allow_zero else 1)
+    if k % 2 == 0 and not (allow_zero and k == 0):
+        what = "0 (none) or an odd integer" if allow_zero else "an odd integer"
+        raise ArgumentError(f"{_label(name)}: expected {what} ('same' padding k // 2), got {k}")
+    return k
+
+
+# ===================================================================================================
+# taps, axes, grids
+# ===================================================================================================
+
+def check_taps(taps: Any, name: str = "taps") -> dict | None:
+    """``taps`` is None or a dict (the function writes named intermediates into it)."""
+    if taps is not None and not isinstance(taps, dict):
+        raise ArgumentTypeError(f"{_label(name)}: expected None or a dict (intermediates are written into it), "
+                                f"got {describe(taps)}")
+    return taps
+
+
+def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:
+    """An axis of a ``ndim``-d array, in [-ndim, ndim); returns it non-negative."""
+    a = check_int(axis, name)
+    if not -ndim <= a < ndim:
+        raise ArgumentError(f"{_label(name)}: expected an axis in [{-ndim}, {ndim}) of a {ndim}-d array, got {a}")
+    return a % ndim
+
+
+def check_grid(hw: Any, n_tokens: int | None = None, name: str = "hw", *, tokens: str = "x") -> tuple[int, int]:
+    """An (H, W) pair of positive integers; with ``n_tokens``, H W must equal it (the tokens of argument
+    ``tokens`` fill the grid row-major)."""
+    if not (isinstance(hw, (tuple, list)) and len(hw) == 2):
+        raise ArgumentTypeError(f"{_label(name)}: expected a pair (H, W) of positive integers, got {describe(hw)}")
+    big_h, big_w = check_int(hw[0], f"{name}[0]", minimum=1), check_int(hw[1], f"{name}[1]", minimum=1)
+    if n_tokens is not None and big_h * big_w != n_tokens:
+        raise ArgumentError(f"{_label(name)}: expected (H, W) with H * W = N = {n_tokens} (the tokens of "
+                            f"argument '{tokens}'), got ({big_h}, {big_w}) with H * W = {big_h * big_w}")
+    return big_h, big_w
+
+
+# ===================================================================================================
+# Parameter mappings
+# ===================================================================================================
+
+def _listed(keys: Iterable[str]) -> str:
+    keys = list(keys)
+    shown = ", ".join(f"'{k}'" for k in keys[:_MAX_LISTED])
+    return shown + (f" and {len(keys) - _MAX_LISTED} more" if len(keys) > _MAX_LISTED else "")
+
+
+def _fmt_shape(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _suggest(key: str, candidates: list[str]) -> str | None:
+    best = difflib.get_close_matches(key, candidates, n=1, cutoff=0.75)
+    return best[0] if best else None
+
+
+def _is_optional_buffer(key: str, expected: Mapping[str, Any]) -> bool:
+    if not key.endswith(OPTIONAL_BUFFER_SUFFIX):
+        return False
+    return key[: -len(OPTIONAL_BUFFER_SUFFIX)] + ".running_var" in expected
+
+
+def _check_optional_buffer(key: str, value: Any, where: str) -> None:
+    arr = np.asarray(value)
+    ok = arr.shape == () and arr.dtype.kind in "iuf" and np.isfinite(arr) and float(arr) >= 0 \
+        and float(arr) == math.floor(float(arr))
+    if not ok:
+        raise ParameterValueError(f"{where}: buffer '{key}' (BatchNorm's batch counter, optional and unused in "
+                                  f"eval mode): expected a non-negative integral scalar, got {describe(value)}")
+
+
+def check_params(params: Any, expected: Mapping[str, tuple[int, ...]], *, where: str) -> Mapping[str, Any]:
+    """Check a state_dict-keyed parameter mapping strictly against ``expected`` (key -> shape); returns
+    ``params`` unchanged.
+
+    ``where`` names the function or network in the messages (``"l2vit network"``, ``"focused_linear_attention"``).
+    Order of the checks: the mapping itself, then each expected key present (shape, dtype, running_var >= 0),
+    then the key sets (missing / unexpected / misspelled, with "did you mean").  Raises
+    :class:`~refimpl.errors.ArgumentTypeError` (not a mapping), :class:`~refimpl.errors.ParameterShapeError`,
+    :class:`~refimpl.errors.ParameterTypeError`, :class:`~refimpl.errors.ParameterValueError` and
+    :class:`~refimpl.errors.ParameterKeyError`; see the module docstring for buffers.
+    """
+    if not isinstance(params, Mapping):
+        raise ArgumentTypeError(f"{where}: argument 'params': expected a mapping of state_dict keys to float "
+                                f"arrays, got {describe(params)}")
+    bad_keys = [k for k in params if not isinstance(k, str)]
+    if bad_keys:
+        raise ParameterKeyError(f"{where}: argument 'params': expected string keys, got {describe(bad_keys[0])}")
+    for key, shape in expected.items():
+        if key not in params:
+            continue
+        value = params[key]
+        got = np.shape(value)
+        if tuple(got) != tuple(shape):
+            raise ParameterShapeError(f"{where}: parameter '{key}': expected shape {_fmt_shape(tuple(shape))}, "
+                                      f"got {_fmt_shape(tuple(got))}")
+        dtype = getattr(value, "dtype", None)
+        kind = np.dtype(dtype).kind if isinstance(dtype, np.dtype) else np.asarray(value).dtype.kind
+        if kind != "f":
+            raise ParameterTypeError(f"{where}: parameter '{key}': expected a real floating array "
+                                     f"(float16/float32/float64), got {describe(value)}")
+        if key.endswith(".running_var"):
+            rv = np.asarray(value)
+            bad = ~(rv >= 0)
+            if bad.any():
+                worst = rv[bad].flat[0]
+                raise ParameterValueError(f"{where}: parameter '{key}': a BatchNorm running variance must be "
+                                          f">= 0, got {int(bad.sum())} of {rv.size} entries below 0 or NaN "
+                                          f"(first: {float(worst)!r})")
+    missing = [k for k in expected if k not in params]
+    unexpected = []
+    for k in params:
+        if k in expected:
+            continue
+        if _is_optional_buffer(k, expected):
+            _check_optional_buffer(k, params[k], where)
+            continue
+        unexpected.append(k)
+    if not (missing or unexpected):
+        return params
+    parts = []
+    if unexpected:
+        described = []
+        for k in sorted(unexpected)[:_MAX_LISTED]:
+            leaf = k.rpartition(".")[2]
+            hint = _suggest(k, missing)          # a misspelled key leaves the right one missing
+            if hint is not None:
+                described.append(f"'{k}' (did you mean '{hint}'?)")
+            elif leaf in DERIVED_BUFFER_NAMES:
+                described.append(f"'{k}' (a buffer the reference derives from the configuration; remove it)")
+            else:
+                described.append(f"'{k}'")
+        more = len(unexpected) - _MAX_LISTED
+        parts.append("unexpected " + ", ".join(described) + (f" and {more} more" if more > 0 else ""))
+    if missing:
+        parts.append("missing " + _listed(missing))
+    raise ParameterKeyError(f"{where}: the parameter keys differ from the expected state_dict keys "
+                            f"({len(expected)} expected): " + "; ".join(parts))

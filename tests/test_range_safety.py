@@ -1,0 +1,304 @@
+"""Range safety and bounded work (issue 15, items 2 and 3).
+
+1. Exact power-of-two rescaling (``numerics.pow2_exponent``): where the mathematics is homogeneous, inputs
+   scaled by 2^k give the unscaled result times the right power of two, bit for bit, for k from -250 to 1000
+   (groups above 2^256 are rescaled; tiny groups are not scaled up, see numerics.pow2_exponent, so the
+   subnormal range is left as it was): linear attention (relu / identity maps, degree 0 in phi(Q) and phi(K), degree 1
+   in V; both orders), focused attention, RALA without reweighting, softmax attention (degree 1 in V; q 2^a
+   with k 2^-a leaves the logits unchanged).  The inputs carry 10 fractional bits so that 2^k x is exact.
+2. Ordinary inputs are computed bit for bit as the unscaled formulas written out here (the equations
+   without any rescaling), taps included; every backend gives NumPy's finite/non-finite pattern on
+   1e150-sized and mixed inputs, and out of the band the C wrappers return the NumPy bits.
+3. Softmax of logits beyond the float64 range (q, k ~ 2^600) is the saturated softmax: each output row is
+   the value row of the largest logit, exactly.
+4. A finite result beyond the float64 range raises FloatingPointError naming the stage.
+5. Bounded work: arcsin_series(order=10**7) and angular_similarity_series(order=10**6) answer at once and
+   equal a modest order's result; orders that would need more terms than config.ARCSIN_SERIES_MAX_TERMS
+   raise ValueError naming 'order'.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from refimpl import backends, config, numerics
+from refimpl.attention import angular as A, focused as F, linear as L, rala as R, softmax as S
+
+BACKENDS = tuple(b for b, ok in backends.available().items() if ok)
+SUBNORMAL = 2.0 ** -1022
+
+
+def _arrays(seed: int, shape: tuple[int, ...], n: int = 3) -> list[np.ndarray]:
+    """Standard-normal arrays rounded to 10 fractional bits (|x| < 8: at most 14 significant bits), so that
+    x 2^k is exact for every k >= -1060 and no product of three of them underflows for k >= -250."""
+    rng = np.random.default_rng(seed)
+    return [np.round(rng.standard_normal(shape) * 1024) / 1024 for _ in range(n)]
+
+
+def _same_scaled(got: np.ndarray, base: np.ndarray, k: int) -> bool:
+    """got == base 2^k bit for bit where base 2^k is a normal number (or 0, NaN); within one subnormal
+    spacing where it is subnormal (base 2^k then rounds twice, got once)."""
+    with np.errstate(over="ignore"):
+        want = np.ldexp(base, k)
+    tiny = (np.abs(want) < SUBNORMAL) & (want != 0)
+    exact = np.array_equal(np.where(tiny, 0.0, got), np.where(tiny, 0.0, want), equal_nan=True)
+    return exact and bool(np.all(np.abs(got[tiny] - want[tiny]) <= 2.0 ** -1074))
+
+
+def _run(backend: str, fn, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # "runs on the NumPy definition" notices
+        with backends.use(backend):
+            return fn(*args, **kwargs)
+
+
+scales = st.integers(-250, 1000)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Exact homogeneity across the whole float64 range
+# ---------------------------------------------------------------------------------------------------
+
+@settings(max_examples=30)
+@given(st.integers(0, 2**16), scales, scales, scales, st.sampled_from(["relu", "identity"]),
+       st.sampled_from(["linear", "quadratic"]))
+def test_linear_attention_is_exactly_homogeneous(seed, a, b, c, fmap, order):
+    """L(2^a q, 2^b k, 2^c v) = 2^c L(q, k, v) bit for bit (relu and identity maps are positively
+    homogeneous; the output is of degree 0 in phi(Q), phi(K) and 1 in V) on the NumPy definition."""
+    q, k, v = _arrays(seed, (1, 2, 7, 4))
+    base = L.linear_attention(q, k, v, feature_map=fmap, order=order)
+    with np.errstate(all="ignore"):
+        got = L.linear_attention(np.ldexp(q, a), np.ldexp(k, b), np.ldexp(v, c), feature_map=fmap, order=order)
+    assert np.array_equal(np.isfinite(got), np.isfinite(base))
+    assert _same_scaled(got, base, c)
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**16), scales, scales)
+def test_linear_attention_v_degree_one_every_map_every_backend(seed, c, b):
+    """Degree 1 in V for every feature map (elu1, softmax, l1 included) on every backend: the C wrapper
+    answers out-of-band inputs with the NumPy definition, whose rescaling is exact; in band both are the
+    kernel.  And the finite/non-finite pattern of (q, k) 2^b equals NumPy's on every backend."""
+    q, k, v = _arrays(seed, (1, 2, 6, 4))
+    for fmap in ("relu", "elu1", "softmax", "l1"):
+        base = {bk: _run(bk, L.linear_attention, q, k, v, feature_map=fmap) for bk in BACKENDS}
+        for bk in BACKENDS:
+            with np.errstate(all="ignore"):
+                got = _run(bk, L.linear_attention, q, k, np.ldexp(v, c), feature_map=fmap)
+            assert np.array_equal(np.isfinite(got), np.isfinite(base[bk])), (fmap, bk)
+            if c <= config.RANGE_RESCALE_EXPONENT - 8 or bk != "c":   # in band: the kernel both times
+                assert _same_scaled(got, base[bk], c), (fmap, bk)
+            with np.errstate(all="ignore"):
+                pat = _run(bk, L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
+                ref = L.linear_attention(np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
+            assert np.array_equal(np.isfinite(pat), np.isfinite(ref)), (fmap, bk, b)
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**16), scales, scales, st.sampled_from(["linear", "quadratic"]))
+def test_focused_attention_is_exactly_homogeneous(seed, a, c, order):
+    """FLatten's attention term (Eq. 4-6, normaliser "sum", eps = 0) is of degree 0 in (q, k) (f_p is
+    homogeneous of degree 1 and ReLU positively homogeneous) and 1 in V: exact."""
+    q, k, v = _arrays(seed, (1, 2, 6, 4))
+    base = F.focused_attention(q, k, v, order=order)
+    with np.errstate(all="ignore"):
+        got = F.focused_attention(np.ldexp(q, a), np.ldexp(k, a), np.ldexp(v, c), order=order)
+    assert np.array_equal(np.isfinite(got), np.isfinite(base))
+    assert _same_scaled(got, base, c)
+
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**16), scales, scales, st.sampled_from(["linear", "quadratic"]), st.booleans())
+def test_rala_core_homogeneity(seed, a, c, order, mean):
+    """RALA's Eq. 2 with alpha = 1 and the relu kernel is of degree 0 in (Q, K), 1 in V: exact.  With the
+    reweighting (Eq. 4) only V's degree 1 is exact (alpha depends on the scale of Q and K)."""
+    q, k, v = _arrays(seed, (1, 2, 9, 4))
+    plain = R.RALAConfig(dim=8, num_heads=2, kernel="relu", reweight=False, order=order,
+                         token_scaling="mean" if mean else "sum")
+    base = R.rala_core(q, k, v, plain)
+    with np.errstate(all="ignore"):
+        got = R.rala_core(np.ldexp(q, a), np.ldexp(k, a), np.ldexp(v, c), plain)
+    assert np.array_equal(np.isfinite(got), np.isfinite(base))
+    assert _same_scaled(got, base, c)
+    cfg = R.RALAConfig.preset("official", dim=8, num_heads=2, order=order)
+    base = R.rala_core(q, k, v, cfg, hw=(3, 3))
+    with np.errstate(all="ignore"):
+        got = R.rala_core(q, k, np.ldexp(v, c), cfg, hw=(3, 3))
+    assert _same_scaled(got, base, c)
+
+
+@settings(max_examples=25)
+@given(st.integers(0, 2**16), st.integers(-1000, 1000), scales)
+def test_softmax_attention_scaling(seed, a, c):
+    """softmax(q k^T) V: q 2^a with k 2^-a leaves the logits unchanged and V 2^c scales the output: exact,
+    with a bias and a mask, across the range (logit overflow and underflow of the unscaled q or k)."""
+    q, k, v = _arrays(seed, (1, 2, 5, 4))
+    rng = np.random.default_rng(seed + 1)
+    bias = rng.standard_normal((2, 5, 5))
+    mask = rng.random((1, 2, 5, 5)) > 0.2
+    base = S.softmax_attention(q, k, v, bias=bias, mask=mask)
+    with np.errstate(all="ignore"):
+        got = S.softmax_attention(np.ldexp(q, a), np.ldexp(k, -a), np.ldexp(v, c), bias=bias, mask=mask)
+    assert _same_scaled(got, base, c)
+
+
+def test_softmax_of_logits_beyond_the_range_is_saturated():
+    """q, k of size 2^600: logits ~2^1200, beyond float64 (before: inf - inf = NaN).  The softmax is then
+    exactly one-hot at each row's largest logit, so each output row is that value row, exactly."""
+    q, k, v = _arrays(7, (1, 1, 6, 4))
+    logits = q @ k.swapaxes(-1, -2)
+    for bk in BACKENDS:
+        out = _run(bk, S.softmax_attention, np.ldexp(q, 600), np.ldexp(k, 600), v, scale=1.0)
+        assert np.array_equal(out, v[0, 0][np.argmax(logits, axis=-1)]), bk
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Ordinary inputs are the unscaled formulas bit for bit; patterns on every backend
+# ---------------------------------------------------------------------------------------------------
+
+@settings(max_examples=20)
+@given(st.integers(0, 2**16), st.sampled_from([1.0, 30.0, 1e-3, 1e100, 1e-100]),
+       st.sampled_from([{}, {"eps": 1e-6}, {"clamp_min": 1e-2, "eps": 1e-6, "eps_policy": "clamp"}]))
+def test_ordinary_inputs_are_the_unscaled_formulas_bitwise(seed, mag, policy):
+    """Inside config.RANGE_RESCALE_EXPONENT's band nothing is rescaled: the outputs and taps are those of the
+    equations computed as written (L2ViT Eq. 2-4 with the normaliser policy; softmax by max-subtraction)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((2, 2, 8, 4)) * mag for _ in range(3))
+    taps: dict = {}
+    got = L.linear_attention(q, k, v, taps=taps, **policy)
+    pq, pk = np.maximum(q, 0.0), np.maximum(k, 0.0)
+    kv = pk.swapaxes(-1, -2) @ v
+    den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2))
+    den_eff = L.apply_normaliser(den, **policy)
+    with np.errstate(all="ignore"):
+        want = (pq @ kv) / den_eff[..., None]
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.array_equal(taps["kv"], kv) and np.array_equal(taps["denominator"], den_eff)
+    s = (q * 4 ** -0.5) @ k.swapaxes(-1, -2)
+    with np.errstate(invalid="ignore"):
+        want_s = numerics.softmax(s, axis=-1) @ v
+    assert np.array_equal(S.softmax_attention(q, k, v), want_s)
+
+
+def _extreme_inputs(seed: int):
+    q, k, v = _arrays(seed, (1, 2, 9, 4))
+    yield "1e150", q * 1e150, k * 1e150, v * 1e150
+    mixed_q, mixed_k = q.copy(), k.copy()
+    mixed_q[..., ::2, :] *= 1e150
+    mixed_q[..., 1::2, :] *= 1e-150
+    mixed_k[..., ::3, :] *= 1e-300
+    yield "mixed", mixed_q, mixed_k, v * 1e200
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_backend_gives_numpys_pattern_on_extreme_inputs(seed):
+    """1e150-sized and mixed inputs: where the unscaled inputs give a finite result, so do the
+    scaled ones (NaN only where a ReLU row is dead, as unscaled), and every backend has NumPy's pattern."""
+    q0, k0, v0 = _arrays(seed, (1, 2, 9, 4))
+    # RALA without alpha: with it, 1e150-sized q saturate Eq. 4's softmax and exp underflows the other
+    # alpha_j to 0, which no power of two undoes (a known limit, as ELU + 1's exp(x) for x < -745).
+    rala_cfg = R.RALAConfig(dim=8, num_heads=2, kernel="relu", reweight=False)
+    official = R.RALAConfig.preset("official", dim=8, num_heads=2)
+    calls = {
+        "linear relu": lambda q, k, v: L.linear_attention(q, k, v),
+        "linear l1": lambda q, k, v: L.linear_attention(q, k, v, feature_map="l1"),
+        "linear identity": lambda q, k, v: L.linear_attention(q, k, v, feature_map="identity", order="quadratic"),
+        "focused": lambda q, k, v: F.focused_attention(q, k, v),
+        "focused official": lambda q, k, v: F.focused_attention(q, k, v, normaliser="mean_scaled", eps=1e-6),
+        "rala relu": lambda q, k, v: R.rala_core(q, k, v, rala_cfg),
+        "rala official": lambda q, k, v: R.rala_core(q, k, v, official, hw=(3, 3)),
+        "softmax": lambda q, k, v: S.softmax_attention(q, k, v),
+    }
+    for name, fn in calls.items():
+        unscaled = np.isfinite(fn(q0, k0, v0))
+        for label, q, k, v in _extreme_inputs(seed):
+            with np.errstate(all="ignore"):
+                ref = fn(q, k, v)
+            # Honest overflow, not compared with the unscaled pattern: the signed identity map on mixed
+            # inputs, and official RALA at 1e150 (RoPE's rotated numerator ~1e450 over the unrotated
+            # normaliser 0 + eps: the exact output is beyond float64).
+            if (name, label) not in {("linear identity", "mixed"), ("rala official", "1e150"),
+                                     ("rala official", "mixed")}:
+                assert np.array_equal(np.isfinite(ref), unscaled), (name, label)
+            for bk in BACKENDS:
+                with np.errstate(all="ignore"):
+                    got = _run(bk, fn, q, k, v)
+                assert np.array_equal(np.isfinite(got), np.isfinite(ref)), (name, label, bk)
+
+
+@pytest.mark.skipif("c" not in BACKENDS, reason="the C backend is not available")
+def test_c_wrappers_return_the_definition_out_of_band():
+    """Out of the band the C wrappers answer with the NumPy definition (documented in their docstrings):
+    the same bits as the NumPy backend, for linear attention, RALA's alpha and window softmax attention."""
+    from refimpl.backends import _c
+    q, k, v = _arrays(3, (1, 2, 9, 4))
+    for s in (2.0 ** 500, 2.0 ** 997):
+        qs, ks, vs = q * s, k * s, v * s
+        for fmap in ("relu", "elu1", "focused"):
+            want = L._linear_attention_numpy(qs, ks, vs, fmap)
+            assert np.array_equal(_c.linear_attention(qs, ks, vs, fmap), want, equal_nan=True), (fmap, s)
+        assert np.array_equal(_c.rala_alpha(qs, ks), R._rala_alpha_numpy(qs, ks))
+        assert np.array_equal(_c.window_softmax_attention(qs, ks, vs, 0.5),
+                              S._window_softmax_attention_numpy(qs, ks, vs, 0.5))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Results float64 cannot represent
+# ---------------------------------------------------------------------------------------------------
+
+def test_unrepresentable_output_raises_naming_the_stage():
+    """Identity feature map (signed): q = (1, 0), keys (1, 0) and (-1 + 2^-40, 0) make the normaliser 2^-40;
+    values 2^1000 then give an output 2^1040, finite but beyond float64: FloatingPointError naming the stage
+    (before: inf, silently)."""
+    q = np.array([1.0, 0.0]).reshape(1, 1, 1, 2)
+    k = np.array([[1.0, 0.0], [-1.0 + 2.0 ** -40, 0.0]]).reshape(1, 1, 2, 2)
+    v = np.array([[2.0 ** 1000], [0.0]]).reshape(1, 1, 2, 1)
+    with pytest.raises(FloatingPointError, match="linear attention: output .* not representable"):
+        L.linear_attention(q, k, v, feature_map="identity")
+    small = L.linear_attention(q, k, v * 2.0 ** -100, feature_map="identity")   # 2^940: representable
+    assert small[0, 0, 0, 0] == 2.0 ** 940
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. Bounded work
+# ---------------------------------------------------------------------------------------------------
+
+def test_arcsin_series_of_huge_order_answers_at_once():
+    """arcsin_series(order=10**7) (before: no answer within a minute) sums only the terms the tail bound
+    leaves non-negligible: the same bits as order=1000 on |x| <= 0.9, in well under a second."""
+    x = np.linspace(-0.9, 0.9, 1001)
+    t0 = time.perf_counter()
+    big = A.arcsin_series(x, 10**7)
+    der = A.arcsin_series_derivative(x, 10**7)
+    assert time.perf_counter() - t0 < 5.0
+    assert np.array_equal(big, A.arcsin_series(x, 1000))
+    assert np.array_equal(der, A.arcsin_series_derivative(x, 1000))
+    assert np.max(np.abs(big - np.arcsin(x))) <= 4 * numerics.unit_roundoff(np.float64)
+
+
+def test_angular_similarity_series_of_huge_order_answers_at_once():
+    rng = np.random.default_rng(0)
+    q, k = rng.standard_normal((1, 2, 16, 8)), rng.standard_normal((1, 2, 16, 8))
+    c = A.cosine_matrix(q, k)
+    order = A._terms(c, 10**6, "test")
+    assert order < config.ARCSIN_SERIES_MAX_TERMS
+    assert np.array_equal(A.angular_similarity_series(q, k, 10**6), A.angular_similarity_series(q, k, order))
+
+
+def test_orders_beyond_the_work_limit_raise():
+    """At |x| = 1 (a row's cosine with itself) every term matters: orders above the limit raise a
+    ValueError naming 'order', the limit and the value; so do the explicit series features."""
+    limit = config.ARCSIN_SERIES_MAX_TERMS
+    with pytest.raises(ValueError, match=rf"argument 'order'.*{limit + 1} terms.*limit {limit}"):
+        A.arcsin_series(np.array([1.0]), limit + 1)
+    assert np.isfinite(A.arcsin_series(np.array([1.0]), limit)[0])
+    q = np.random.default_rng(1).standard_normal((1, 1, 3, 4))
+    with pytest.raises(ValueError, match=r"argument 'order'.*limit"):
+        A.angular_similarity_series(q, q, 10**6)
+    with pytest.raises(ValueError, match=r"argument 'order'.*1000001 terms"):
+        A.angular_series_features(q, 10**6)
