@@ -27,7 +27,7 @@ import numpy as np
 __all__ = ["register", "create", "names", "family_of", "param_count", "param_shapes", "ModelEntry"]
 
 #: The model modules of this package; each registers its configs when imported.
-FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling")
+FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt")
 
 
 @dataclasses.dataclass(frozen=True)
