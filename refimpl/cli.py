@@ -124,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("target", nargs="?", help="package.module:Name or path/to/file.py:Name")
     vp.add_argument("--reference", help="the reference to compare with (--list shows them)")
     vp.add_argument("--list", action="store_true", help="list the references")
-    vp.add_argument("--preset", default="official")
+    vp.add_argument("--preset", default=None, help="the reference preset (default: the reference's own, "
+                    "'official', or 'paper' where no code is released)")
     vp.add_argument("--init", help="JSON keyword arguments for the class or factory")
     vp.add_argument("--call", help="JSON keyword arguments of forward ($H, $W, $HW substituted)")
     vp.add_argument("--config", help="JSON reference configuration fields (override inference and preset)")

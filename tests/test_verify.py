@@ -296,3 +296,45 @@ def test_floating_buffers_are_derived_data_judged_by_their_stages():
     assert r.verdict == "match" and {"rope_cos", "rope_sin"} <= set(r.derived_buffers), str(r)
     rb = V.verify(PortRALABuffers(16, 2, bug="stale_tables"), "rala.attention", hw=(8, 6))
     assert rb.verdict == "diverges" and rb.first_divergence["stage"] == "numerator", str(rb)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("linear", [False, True])
+def test_a_lisa_port_matches_and_its_bugs_diverge_at_their_stage(dtype, linear):
+    """LiSA ported in another style (tests/verify_gallery/lisa_port.py: split q/k/v, fft2 of the kernel placed at
+    its offsets, Gb by a dense Toeplitz / circulant matrix), circular kernels (Eq. 10) or Toeplitz parameters
+    (Eq. 9, zero-padded FFTs), on a non-square grid that the module fixes.  In half precision the port's FFTs run
+    in float32 (torch has none in half on the CPU) and round once; the whole-module bound is then void and the
+    verdict comes from the stages.  Each planted bug diverges at its stage, the stages before it matched."""
+    from tests.verify_gallery.lisa_port import PortLiSA
+    r = V.verify(PortLiSA(8, 2, (4, 3), 3, linear=linear), "lisa.attention", dtype=dtype)
+    assert r.verdict == "match" and r.preset == "paper", str(r)
+    assert all(s.verdict == "match" for s in r.stages), str(r)
+    assert r.config["exact_toeplitz"] is linear and r.config["latent"] == 3 and r.config["hw"] == [4, 3]
+    assert r.config_sources["hw"] == "module attribute resolution" and "rows" in r.config_sources["exact_toeplitz"]
+    assert r.mapping["weight_a"] == "k_kernel" and r.mapping["bias_b"] == "v_bias"
+    assert r.mapping["qkv.weight"] == "query.weight + key.weight + value.weight"
+    assert all({s.name: s.foreign for s in r.stages}[n].endswith("(by value)") for n in ("qn", "kn", "ga", "gb"))
+    assert any("exact_toeplitz = True" in f["message"] for f in r.findings if f["kind"] == "config") == linear
+    bugs = [("l2_tokens", "qn"), ("mirror", "ga"), ("bias_swap", "ga"), ("gb_transposed", "gb")]
+    for bug, stage in bugs + ([("circular", "ga")] if linear else []):
+        rb = V.verify(PortLiSA(8, 2, (4, 3), 3, linear=linear, bug=bug), "lisa.attention", dtype=dtype)
+        assert rb.verdict == "diverges" and rb.first_divergence["stage"] == stage, (bug, str(rb))
+        names = [x.name for x in rb.stages]
+        assert all(x.verdict == "match" for x in rb.stages[:names.index(stage)]), (bug, str(rb))
+
+
+def test_lisa_reference_is_listed_defaults_to_the_paper_preset_and_names_bad_arguments(capsys):
+    from tests.verify_gallery.lisa_port import PortLiSA
+    assert cli.main(["verify", "--list"]) == 0 and "lisa.attention" in capsys.readouterr().out
+    path = os.path.join(os.path.dirname(GALLERY), "lisa_port.py")
+    code = cli.main(["verify", f"{path}:PortLiSA", "--reference", "lisa.attention", "--init",
+                     '{"dim": 8, "heads": 2, "bug": "mirror"}', "--json", "-"])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 1 and rep["preset"] == "paper" and rep["first_divergence"]["stage"] == "ga"
+    with pytest.raises(V.VerifyError, match=r"'preset': expected one of \('paper',\)"):
+        V.verify(PortLiSA(8, 2), "lisa.attention", preset="official")
+    with pytest.raises(V.VerifyError, match=r"k_kernel has 12 rows; on the grid \(5, 5\)"):
+        V.verify(PortLiSA(8, 2), "lisa.attention", hw=(5, 5))
+    r = V.verify(PortLiSA(8, 2, (3, 3), 2), "lisa.attention", config={"transform": "fft"}, dtype="float32")
+    assert r.verdict == "match" and r.config_sources["transform"] == "--config", str(r)

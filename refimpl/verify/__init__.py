@@ -18,8 +18,8 @@ What happens::
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
-what would).  Not yet built (issue 13): the references of LiSA, FLatten's masked shifted windows, RALA's token
-layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
+what would).  Not yet built (issue 13): the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
+masked shifted windows, RALA's token layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 

@@ -8,7 +8,8 @@ weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention
 
 Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
 spatial reduction; FLatten Eq. 4-6, 10-12), ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4)
-``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6) and ``castling.attention`` (Castling-ViT; Eq. 9-10).
+``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6), ``castling.attention`` (Castling-ViT; Eq. 9-10) and
+``lisa.attention`` (LiSA's operator on tokens; Eq. 9-10, Fig. 7).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 from ..attention import angular as r_ang
 from ..attention import enhanced as r_enh
 from ..attention import focused as r_foc
+from ..attention import lisa as r_lisa
 from ..attention import rala as r_rala
 from .loading import VerifyError
 from .mapping import _alias_pattern
@@ -70,6 +72,8 @@ class Reference:
     name: str = ""
     summary: str = ""
     presets: tuple[str, ...] = ()
+    #: the preset used when none is asked for
+    default_preset: str = "official"
     #: configuration fields that describe the module's shape, not its arithmetic (not reported as departures
     #: from the preset)
     structural: frozenset[str] = frozenset()
@@ -83,6 +87,10 @@ class Reference:
     def setup(self, module: Any, state: Mapping[str, np.ndarray], preset: str, config: Mapping[str, Any],
               hw: tuple[int, int] | None) -> Setup:
         raise NotImplementedError
+
+    def preset_config(self, preset: str, s: Setup) -> Any:
+        """The preset's configuration at the module's size, against which departures are reported."""
+        return type(s.cfg).preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads)
 
     def draw_input(self, s: Setup, batch: int, rng: np.random.Generator) -> np.ndarray:
         """N(0, 1) input in the reference's layout; tokens (B, H W, C) unless the reference says otherwise."""
@@ -525,8 +533,133 @@ class CastlingAttention(Reference):
         return r_ang.castling_attention_stages(params, s.cfg, hw=s.hw)
 
 
+def _top_attr(module: Any, names: Sequence[str], accept: Callable[[Any], bool]) -> tuple[Any, str] | None:
+    """The first attribute of ``names`` on the module itself (not its submodules: a LayerNorm's ``eps`` is not the
+    module's) whose value ``accept`` takes."""
+    for n in names:
+        v = getattr(module, n, None)
+        if v is not None and not isinstance(v, bool) and accept(v):
+            return v, n
+    return None
+
+
+def _int_tuple(v: Any, length: int | None = None) -> bool:
+    return (isinstance(v, (tuple, list)) and (length is None or len(v) == length) and len(v) > 0 and
+            all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 1 for t in v))
+
+
+class LiSAAttention(Reference):
+    """LiSA's operator on tokens (:func:`refimpl.attention.lisa.lisa_attention`; Eq. 9-10, Fig. 7 with heads): the
+    qkv projection, per-head L2 normalisation of Q and K, Ga = Kn (*) Wa + Ba and Gb = V (*) Wb + Bb (circular
+    convolutions over the grid, Eq. 10; or, with Toeplitz parameters on the 2n - 1 offsets, the exact linear
+    ones of Eq. 9), the contraction sum_c sum_d Qn_c Ga_cd Gb_vd, the output projection.  Heads share Wa, Wb,
+    Ba, Bb.  Input: tokens (B, H W, C), row-major over the 2-D grid, which the module fixes (its kernels have one
+    row per token or per offset); the foreign forward is called as ``forward(x)``.  Stages: qkv (hooked), the
+    normalised Q and K, Ga and Gb (located by value), core (the projection's input), proj."""
+
+    name = "lisa.attention"
+    summary = ("LiSA attention (no released code: the paper's equations): qkv, L2-normalised Q and K, the Toeplitz "
+               "(FFT) convolutions Ga = Kn * Wa + Ba and Gb = V * Wb + Bb, the contraction of Eq. 9-10, proj")
+    presets = ("paper",)
+    default_preset = "paper"
+    structural = frozenset({"dim", "num_heads", "grid", "latent", "qkv_bias", "ln_eps", "mlp_ratio"})
+    aliases = {"qkv": _QKV_ALIASES, "proj": _PROJ_ALIASES,
+               "weight_a": ("weight_a", "wa", "w_a", "kernel_a", "k_kernel", "key_kernel", "rpe_a", "ea", "e_a"),
+               "weight_b": ("weight_b", "wb", "w_b", "kernel_b", "v_kernel", "value_kernel", "rpe_b", "eb", "e_b"),
+               "bias_a": ("bias_a", "ba", "b_a", "k_bias", "key_bias", "k_shift"),
+               "bias_b": ("bias_b", "bb", "b_b", "v_bias", "value_bias", "v_shift")}
+    joined = {"qkv": _SPLIT_QKV}
+    value_stages = ("qn", "kn", "ga", "gb")
+    _GRID_ATTRS = ("grid", "hw", "resolution", "input_resolution", "grid_size", "feat_size", "spatial_shape")
+    _LENGTH_ATTRS = ("fft_lengths", "lengths", "fft_size", "fft_shape", "pad_to")
+
+    def _grid(self, module, over, hw, fields):
+        """The token grid (H, W): --hw, --config grid, or a module attribute (grid, hw, resolution, ...)."""
+        if hw is not None:
+            g, src = (int(hw[0]), int(hw[1])), "--hw"
+            if "grid" in over and tuple(over["grid"]) != g:
+                raise VerifyError(f"argument 'hw': {g} disagrees with --config grid {tuple(over['grid'])}")
+        elif "grid" in over:
+            g, src = tuple(over["grid"]), "--config"
+        elif (got := _top_attr(module, self._GRID_ATTRS, _int_tuple)) is not None:
+            g, src = tuple(int(t) for t in got[0]), f"module attribute {got[1]}"
+        else:
+            raise VerifyError(f"argument 'hw': cannot infer the token grid of {self.name} (no module attribute "
+                              f"{'/'.join(self._GRID_ATTRS)}); give --hw H,W")
+        if len(g) != 2:
+            raise VerifyError(f"argument 'hw': {self.name} verifies 2-D token grids (H, W); got {g} ({src})")
+        fields["grid"] = fields["hw"] = src
+        return g
+
+    def setup(self, module, state, preset, config, hw):
+        over = dict(config or {})
+        _check_options(r_lisa.LiSAConfig, preset, self.presets, self.name, over)
+        fields: dict[str, str] = {}
+        inferred: dict[str, Any] = {}
+        _infer_qkv_layer(module, state, self.name, over, inferred, fields)
+        g = self._grid(module, over, hw, fields)
+        if "grid" not in over:
+            inferred["grid"] = g
+        ks = {k: _find(state, self.aliases[k], "") for k in ("weight_a", "weight_b", "bias_a", "bias_b")}
+        wa = ks["weight_a"]
+        if len(wa) != 1 or state[wa[0]].ndim != 3:
+            raise VerifyError(f"weights: {self.name} expects one kernel Wa of shape (P, c, D) (P = H W circular, "
+                              f"(2H-1)(2W-1) Toeplitz; {', '.join(self.aliases['weight_a'])}), found "
+                              f"{[(k, tuple(state[k].shape)) for k in wa] or 'none'}")
+        p, _, d = state[wa[0]].shape
+        if "latent" not in over:
+            inferred["latent"], fields["latent"] = int(d), f"{wa[0]} shape (last axis)"
+        n_circ, n_toep = g[0] * g[1], (2 * g[0] - 1) * (2 * g[1] - 1)
+        if "exact_toeplitz" not in over and n_circ != n_toep:
+            if p == n_circ:
+                inferred["exact_toeplitz"] = False
+                fields["exact_toeplitz"] = f"{wa[0]} has H W = {p} rows: circular kernels (Eq. 10)"
+            elif p == n_toep:
+                inferred["exact_toeplitz"] = True
+                fields["exact_toeplitz"] = f"{wa[0]} has (2H-1)(2W-1) = {p} rows: Toeplitz parameters (Eq. 9)"
+            else:
+                raise VerifyError(f"weights: {wa[0]} has {p} rows; on the grid {g} a LiSA kernel has H W = {n_circ} "
+                                  f"(circular, Eq. 10) or (2H-1)(2W-1) = {n_toep} (Toeplitz, Eq. 9); the grid came from "
+                                  f"{fields['grid']}: give the module's grid with --hw H,W")
+        exact = over.get("exact_toeplitz", inferred.get("exact_toeplitz", False))
+        if "fft_lengths" not in over and exact and \
+                (got := _top_attr(module, self._LENGTH_ATTRS, lambda v: _int_tuple(v, 2))) is not None:
+            inferred["fft_lengths"] = tuple(int(t) for t in got[0])
+            fields["fft_lengths"] = f"module attribute {got[1]}"
+        if "transform" not in over and (got := _top_attr(
+                module, ("transform", "fft_kind"), lambda v: isinstance(v, str) and v in r_lisa.TRANSFORMS)):
+            inferred["transform"], fields["transform"] = got[0], f"module attribute {got[1]}"
+        if "l2_eps" not in over and (got := _top_attr(
+                module, ("l2_eps", "norm_eps", "eps"), lambda v: isinstance(v, (int, float)) and v > 0)):
+            inferred["l2_eps"], fields["l2_eps"] = float(got[0]), f"module attribute {got[1]}"
+        cfg = _config(r_lisa.LiSAConfig, preset, self.presets, self.name, inferred, over, fields)
+        points = {"x": Point("qkv", "input"), "qkv": Point("qkv", "output"), "core": Point("proj", "input"),
+                  "proj": Point("proj", "output")}
+        return Setup(cfg, fields, tuple(cfg.grid), r_lisa.lisa_param_shapes(cfg), points, [])
+
+    def preset_config(self, preset, s):
+        return r_lisa.LiSAConfig.preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads, grid=s.cfg.grid)
+
+    def value_shapes(self, s, x):
+        b, c = x.shape[0], s.cfg.head_dim
+        n, h = s.cfg.num_tokens, s.cfg.num_heads
+        return [(b, h, n, c), (b, h, n, c, s.cfg.latent)]
+
+    def grid_step(self, s):
+        return None                     # the kernels fix the grid
+
+    def forward(self, x, params, s):
+        return r_lisa.lisa_attention(x, params, s.cfg)
+
+    def bound(self, x, params, s, dtype):
+        return r_lisa.lisa_attention_bound(x, params, s.cfg, dtype=dtype)
+
+    def stages(self, params, s):
+        return r_lisa.lisa_attention_stages(params, s.cfg, fine=True)
+
+
 REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention(), RALAAttention(),
-                                                        CastlingAttention())}
+                                                        CastlingAttention(), LiSAAttention())}
 
 
 def get_reference(name: str) -> Reference:

@@ -293,14 +293,15 @@ def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.
     return verdict, None
 
 
-def verify(module: Any, reference: str, *, preset: str = "official", config: Mapping[str, Any] | None = None,
+def verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int = 2, dtype: str = "float32",
            device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
     ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``).
 
-    preset : the reference preset the configuration starts from ("paper", "official").
+    preset : the reference preset the configuration starts from ("paper", "official"); None: the reference's
+        default (``official`` where the paper's code is released, ``paper`` for LiSA, which has none).
     config : reference configuration fields that override inference and preset.
     weights : a path (.safetensors, .npz, .pt/.pth with weights_only) or a dict of arrays, loaded strictly into
         the module; None redraws every floating tensor from ``seed``.
@@ -314,6 +315,7 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     _check_arguments(dtype, batch, seed, hw, device)
     ref = get_reference(reference)
+    preset = ref.default_preset if preset is None else preset
     # prepare: the module in dtype, its parameters read back (exactly what it computes with), the configuration,
     # the mapping onto the reference's keys
     module = instantiate(load_target(module) if isinstance(module, str) else module, init)
@@ -350,7 +352,7 @@ def verify(module: Any, reference: str, *, preset: str = "official", config: Map
     results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype)
     verdict, first = _conclude(results, whole, got, want)
 
-    preset_cfg = dataclasses.asdict(type(s.cfg).preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads))
+    preset_cfg = dataclasses.asdict(ref.preset_config(preset, s))
     diffs = {k: v for k, v in dataclasses.asdict(s.cfg).items() if preset_cfg.get(k) != v and k not in ref.structural}
     if diffs:
         findings.append({"kind": "config", "message": f"{preset} preset except " + ", ".join(
