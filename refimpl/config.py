@@ -402,10 +402,11 @@ SWIN_WINDOW = 7
 #: clamped per stage to the grid by Swin's rule, so 28 x 28 in stage 2 at 224 x 224).
 FLATTEN_SWIN_FOCUSED_WINDOW = 56
 
-#: Random test/benchmark initialisation of these networks (models.common.init_from_shapes): matrices and
-#: kernels N(0, 1/fan_in); norm weights 1 + N(0, s^2); biases, positional embeddings, class token and
-#: relative-position tables N(0, s^2), s = NET_INIT_STD_FC; FLatten's learnable scale N(0, 0.5^2)
-#: (softplus of it in [0.3, 1.3] mostly).  Not the papers' training initialisations.
+#: Random test/benchmark initialisation of these networks (models.common.init_from_shapes): every entry with
+#: two or more axes (matrices, kernels, and also positional embeddings, the class token and relative-position
+#: tables) N(0, 1/fan_in), fan_in = prod(shape[1:]); norm weights 1 + N(0, s^2); biases and other 1-D entries
+#: N(0, s^2), s = NET_INIT_STD_FC; FLatten's learnable scale N(0, 0.5^2) (softplus of it in [0.3, 1.3]
+#: mostly).  Not the papers' training initialisations.
 NET_INIT_STD_FC = 0.1
 FLATTEN_NET_SCALE_INIT_STD = 0.5
 

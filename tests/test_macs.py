@@ -1,0 +1,274 @@
+"""MAC counts of every registered network, pinned (issue 15, item 5).
+
+``MACS`` holds the exact analytic count (refimpl/models/counting.py's convention) of every registered model at
+224 x 224 under its registered config, and, where a family has an "official" preset whose count differs, under
+that preset too.  A registered model without a row fails.  Independently of the counting code, closed-form
+counts written out from the papers' architecture tables and the released code reproduce the totals of
+L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT and FLatten-DeiT, so a
+counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's closed form
+is tests/test_flatten_pvt.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
+
+The papers' printed figures (GFLOPs = GMACs in this convention, Castling-ViT: GMACs) are recorded next to the
+counts with whether ours rounds to them at the printed precision; the gaps are those of
+docs/models_l2vit_ravlt_lisanet.md ("MAC counts") and docs/models_flatten_castling.md ("MACs").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from refimpl import models as rm
+from refimpl.models import counting
+
+HW = (224, 224)
+
+#: name -> exact MACs at 224 x 224 of the registered config (preset "paper" for every family).
+MACS = {
+    "castling_deit_b": 17_097_231_360,
+    "castling_deit_t": 1_137_033_984,
+    "flatten_deit_t": 1_139_086_848,
+    "flatten_pvt_l": 10_379_944_448,
+    "flatten_pvt_m": 7_035_990_016,
+    "flatten_pvt_s": 4_029_945_856,
+    "flatten_pvt_t": 2_037_406_720,
+    "flatten_swin_b": 15_421_313_024,
+    "flatten_swin_s": 8_733_649_920,
+    "flatten_swin_t": 4_483_341_312,
+    "l2vit_base": 15_793_669_120,
+    "l2vit_small": 8_969_564_928,
+    "l2vit_tiny": 4_681_774_848,
+    "lisanet_h_b": 9_001_869_312,
+    "lisanet_h_s": 2_772_893_696,
+    "lisanet_h_t": 1_664_405_504,
+    "lisanet_i_t": 1_117_023_744,
+    "lisanet_i_t_d1": 1_072_510_464,
+    "lisanet_i_t_d4": 1_081_413_120,
+    "lisanet_i_t_d8": 1_093_283_328,
+    "ravlt_b": 9_456_239_616,
+    "ravlt_l": 15_317_937_920,
+    "ravlt_s": 4_312_459_520,
+    "ravlt_t": 2_328_036_352,
+}
+
+#: name -> exact MACs with preset="official" (families with released code; LiSA has none).  FLatten's and
+#: Castling's official extras are additions, not MACs: the same counts as the paper preset.
+MACS_OFFICIAL = {
+    "castling_deit_b": 17_097_231_360,
+    "castling_deit_t": 1_137_033_984,
+    "flatten_deit_t": 1_139_086_848,
+    "flatten_pvt_l": 10_379_944_448,
+    "flatten_pvt_m": 7_035_990_016,
+    "flatten_pvt_s": 4_029_945_856,
+    "flatten_pvt_t": 2_037_406_720,
+    "flatten_swin_b": 15_421_313_024,
+    "flatten_swin_s": 8_733_649_920,
+    "flatten_swin_t": 4_483_341_312,
+    "l2vit_base": 15_807_668_224,        # + the second CPE of every LWA block (released code)
+    "l2vit_small": 8_980_064_256,
+    "l2vit_tiny": 4_688_209_920,
+    "ravlt_b": 10_579_554_816,           # + LePE, output projection, FFN depthwise conv; softmax in stages 3-4
+    "ravlt_l": 17_208_927_104,
+    "ravlt_s": 4_878_388_352,
+    "ravlt_t": 2_613_312_000,
+}
+
+#: name -> (the paper's printed G(FL)OPs / GMACs, decimals printed, where).  LiSA prints FLOPs including its FFTs,
+#: which are not MACs (docs/models_l2vit_ravlt_lisanet.md: MACs + the FFT proxy land within 2-6%).
+PAPER = {
+    "castling_deit_b": (17.28, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_deit_t": (1.18, 2, "Castling-ViT Table 2 (MACs)"),
+    "flatten_deit_t": (1.1, 1, "FLatten Table 8"),
+    "flatten_pvt_l": (10.4, 1, "FLatten Table 8"),
+    "flatten_pvt_m": (7.0, 1, "FLatten Table 8"),
+    "flatten_pvt_s": (4.0, 1, "FLatten Table 8"),
+    "flatten_pvt_t": (2.0, 1, "FLatten Table 8"),
+    "flatten_swin_b": (15.4, 1, "FLatten Table 8"),
+    "flatten_swin_s": (8.7, 1, "FLatten Table 8"),
+    "flatten_swin_t": (4.5, 1, "FLatten Table 8"),
+    "l2vit_base": (15.9, 1, "L2ViT Table 3 (224^2)"),
+    "l2vit_small": (9.0, 1, "L2ViT Table 2"),
+    "l2vit_tiny": (4.7, 1, "L2ViT Table 2"),
+    "lisanet_h_b": (9.6, 1, "LiSA Table 4"),
+    "lisanet_h_s": (2.9, 1, "LiSA Table 4"),
+    "lisanet_h_t": (1.8, 1, "LiSA Table 8b (D = 8)"),
+    "lisanet_i_t": (1.21, 2, "LiSA Table 3d (D = 16)"),
+    "lisanet_i_t_d1": (1.11, 2, "LiSA Table 3d (D = 1)"),
+    "lisanet_i_t_d4": (1.13, 2, "LiSA Table 3d (D = 4)"),
+    "lisanet_i_t_d8": (1.17, 2, "LiSA Table 3d (D = 8)"),
+    "ravlt_b": (9.9, 1, "RALA Table 1"),
+    "ravlt_l": (16.0, 1, "RALA Table 1"),
+    "ravlt_s": (4.6, 1, "RALA Table 1"),
+    "ravlt_t": (2.4, 1, "RALA Table 1"),
+}
+
+#: Registered models whose count (registered config, and official preset where there is one) does not round to
+#: the paper's figure at its printed precision: recorded gaps, asserted so that a change either way is noticed.
+GAPS = {
+    "castling_deit_t": "1.137G vs 1.18G: 1-4% below Castling-ViT's MACs (docs/models_flatten_castling.md)",
+    "castling_deit_b": "17.097G vs 17.28G (docs/models_flatten_castling.md)",
+    "l2vit_base": "15.79G (official 15.81G) vs 15.9G, 0.7% (docs/models_l2vit_ravlt_lisanet.md: 'about 1%')",
+    "ravlt_t": "paper preset 2.33G, official 2.61G vs 2.4G (docs/models_l2vit_ravlt_lisanet.md)",
+    "ravlt_s": "paper preset 4.31G, official 4.88G vs 4.6G",
+    "ravlt_b": "paper preset 9.46G, official 10.58G vs 9.9G",
+    "ravlt_l": "paper preset 15.32G, official 17.21G vs 16.0G",
+    "lisanet_i_t": "1.117G MACs without the FFTs vs 1.21G FLOPs (FFT proxy 0.117G)",
+    "lisanet_i_t_d1": "1.073G vs 1.11G",
+    "lisanet_i_t_d4": "1.081G vs 1.13G",
+    "lisanet_i_t_d8": "1.093G vs 1.17G",
+    "lisanet_h_t": "1.66G vs 1.8G",
+    "lisanet_h_s": "2.77G vs 2.9G",
+    "lisanet_h_b": "9.00G vs 9.6G",
+}
+
+
+def _total(name: str, **overrides) -> int:
+    cfg = rm.create(name, **overrides)[0]
+    return counting.total(rm.family_of(name).macs(cfg, HW))
+
+
+def test_every_registered_network_is_pinned():
+    names = set(rm.names())
+    assert names == MACS.keys(), f"unpinned: {sorted(names - MACS.keys())}; stale: {sorted(MACS.keys() - names)}"
+    assert names == PAPER.keys()
+    assert GAPS.keys() <= names
+    with_official = {n for n in names if not n.startswith("lisanet")}
+    assert with_official == MACS_OFFICIAL.keys()
+
+
+@pytest.mark.parametrize("name", sorted(MACS))
+def test_mac_count_is_pinned(name):
+    total = _total(name)
+    assert isinstance(total, int) and total == MACS[name]
+    if name in MACS_OFFICIAL:
+        assert _total(name, preset="official") == MACS_OFFICIAL[name]
+    g, digits, _ = PAPER[name]
+    rounds = {round(total / 1e9, digits) == g}
+    if name in MACS_OFFICIAL:
+        rounds.add(round(MACS_OFFICIAL[name] / 1e9, digits) == g)
+    assert (True in rounds) == (name not in GAPS), f"{name}: ours {total:,} vs paper {g}G; gap recorded: " \
+                                                     f"{GAPS.get(name)}"
+
+
+# ===================================================================================================
+# Closed forms, written from the architecture tables and the released code (not from counting.py)
+# ===================================================================================================
+
+def l2vit_closed_form(dims, pairs, heads, *, lwa_cpes=1, classes=1000):
+    """L2ViT at 224 (Table 13, §4.3, Appendix 12; released l2vit.py): stem conv 3x3/2 (3 -> C0/2, 112^2) and
+    3x3/2 (C0/2 -> C0, 56^2); per stage (grid 56, 28, 14, 7: whole 7x7 windows, no padding) `pairs` LWA + LGA
+    blocks; downsampling conv 2x2/2; head linear.  LWA: CPE 3x3 dw (x lwa_cpes), qkv 3NC^2, window QK^T and
+    AV 2 N 49 C, proj NC^2, MLP 8NC^2.  LGA: CPE, qkv, linear attention K^T V and Q(K^T V) 2 N C d plus the
+    normaliser N C, proj, LCM two 7x7 depthwise convs 2 N C 49, MLP."""
+    c0 = dims[0]
+    out = 112 * 112 * (c0 // 2) * 3 * 9 + 56 * 56 * c0 * (c0 // 2) * 9
+    for i, (c, p, h) in enumerate(zip(dims, pairs, heads)):
+        g = 56 >> i
+        n, d = g * g, c // h
+        if i:
+            out += n * c * dims[i - 1] * 4
+        lwa = lwa_cpes * n * c * 9 + 3 * n * c * c + 2 * n * 49 * c + n * c * c + 8 * n * c * c
+        lga = n * c * 9 + 3 * n * c * c + (2 * n * c * d + n * c) + n * c * c + 2 * n * c * 49 + 8 * n * c * c
+        out += p * (lwa + lga)
+    return out + dims[-1] * classes
+
+
+def ravlt_closed_form(dims, depths, heads, *, official, ratio=3.5, proj=1024, classes=1000):
+    """RAVLT at 224 (RALA Table 1, §3.2; released RALA.py): stem 3x3 convs 3 -> C0/2 (/2, 112^2), C0/2 -> C0/2
+    twice (112^2), C0/2 -> C0 (/2, 56^2); per block CPE 3x3 dw N C 9, fused q,k,v,gate projection 4NC^2, the
+    attention, an FFN 2 N C hid (hid = 3.5 C); downsampling conv 3x3/2; head 1x1 conv C3 -> 1024 on 7^2 and a
+    linear 1024 -> classes.  RALA: K^T V and Q(K^T V) 2 N C d, the normaliser N C and the reweighting scores
+    (mean query against every key) N C.  Official (released) blocks add the 5x5 LePE N C 25, the output
+    projection NC^2 and the FFN's 3x3 depthwise conv N hid 9, and stages 3-4 use softmax attention 2 N^2 C."""
+    c0 = dims[0]
+    s = c0 // 2
+    out = 112 * 112 * s * 3 * 9 + 2 * 112 * 112 * s * s * 9 + 56 * 56 * c0 * s * 9
+    for i, (c, nb, h) in enumerate(zip(dims, depths, heads)):
+        g = 56 >> i
+        n, d, hid = g * g, c // h, int(ratio * c)
+        softmax = official and i >= 2
+        attn = 2 * n * n * c if softmax else 2 * n * c * d + n * c + n * c
+        blk = n * c * 9 + 4 * n * c * c + attn + 2 * n * c * hid
+        if official:
+            blk += n * c * 25 + n * c * c + n * hid * 9
+        out += nb * blk
+        if i < 3:
+            m = (g // 2) ** 2
+            out += m * dims[i + 1] * c * 9
+    return out + 49 * dims[-1] * proj + proj * classes
+
+
+def deit_closed_form(c, depth, heads, *, attention, classes=1000):
+    """DeiT at 224, patch 16 (FLatten Table 9; Castling-ViT's DeiT): patch embedding 196 C 768; per block qkv
+    3NC^2, proj NC^2, MLP 8NC^2 and the attention; head C x classes.  FLatten-DeiT (no class token, N = 196):
+    focused linear attention 2 N C d + N C and its 5x5 DWC N C 25.  Castling-DeiT (class token, N = 197): the
+    linear-angular core K^T V and Q(K^T V) 2 N C d and the 9-tap depthwise conv on V, N C 9."""
+    d = c // heads
+    if attention == "focused":
+        n = 196
+        att = 2 * n * c * d + n * c + n * c * 25
+    else:
+        n = 197
+        att = 2 * n * c * d + n * c * 9
+    return 196 * c * 768 + depth * (3 * n * c * c + att + n * c * c + 8 * n * c * c) + c * classes
+
+
+L2VIT = {"l2vit_tiny": ((96, 192, 384, 768), (1, 1, 3, 1), (3, 6, 12, 24)),
+         "l2vit_small": ((96, 192, 384, 768), (1, 1, 9, 1), (3, 6, 12, 24)),
+         "l2vit_base": ((128, 256, 512, 1024), (1, 1, 9, 1), (4, 8, 16, 32))}
+RAVLT = {"ravlt_t": ((64, 128, 256, 512), (2, 2, 6, 2), (1, 2, 4, 8)),
+         "ravlt_s": ((64, 128, 320, 512), (3, 5, 9, 3), (1, 2, 5, 8)),
+         "ravlt_b": ((96, 192, 384, 512), (4, 6, 12, 6), (1, 2, 6, 8)),
+         "ravlt_l": ((96, 192, 448, 640), (4, 7, 19, 8), (1, 2, 7, 10))}
+
+
+@pytest.mark.parametrize("name", sorted(L2VIT))
+def test_l2vit_closed_form(name):
+    dims, pairs, heads = L2VIT[name]
+    assert l2vit_closed_form(dims, pairs, heads) == MACS[name]
+    assert l2vit_closed_form(dims, pairs, heads, lwa_cpes=2) == MACS_OFFICIAL[name]
+
+
+@pytest.mark.parametrize("name", sorted(RAVLT))
+def test_ravlt_closed_form(name):
+    dims, depths, heads = RAVLT[name]
+    assert ravlt_closed_form(dims, depths, heads, official=False) == MACS[name]
+    assert ravlt_closed_form(dims, depths, heads, official=True) == MACS_OFFICIAL[name]
+
+
+def test_deit_closed_forms():
+    assert deit_closed_form(192, 12, 3, attention="focused") == MACS["flatten_deit_t"]
+    assert deit_closed_form(192, 12, 3, attention="angular") == MACS["castling_deit_t"]
+    assert deit_closed_form(768, 12, 12, attention="angular") == MACS["castling_deit_b"]
+
+
+def test_a_forgotten_component_changes_the_count():
+    """What the pins catch: L2ViT without its LCMs, RAVLT without its LePEs, FLatten without its DWC each give
+    a different total (the component is a sizeable, non-zero share of the count)."""
+    dims, pairs, heads = L2VIT["l2vit_tiny"]
+    lcm = sum(p * 2 * (56 >> i) ** 2 * c * 49 for i, (c, p) in enumerate(zip(dims, pairs)))
+    m = rm.family_of("l2vit_tiny").macs(rm.create("l2vit_tiny")[0], HW)
+    assert sum(v for k, v in m.items() if k.endswith(".lcm")) == lcm == 70_070_784
+    assert MACS["l2vit_tiny"] - lcm != MACS["l2vit_tiny"]
+    dims, depths, _ = RAVLT["ravlt_t"]
+    lepe = sum(nb * (56 >> i) ** 2 * c * 25 for i, (c, nb) in enumerate(zip(dims, depths)))
+    m = rm.family_of("ravlt_t").macs(rm.create("ravlt_t", preset="official")[0], HW)
+    assert sum(v for k, v in m.items() if k.endswith(".lepe")) == lepe == 23_833_600
+    m = rm.family_of("flatten_deit_t").macs(rm.create("flatten_deit_t")[0], HW)
+    assert sum(v for k, v in m.items() if k.endswith(".dwc")) == 12 * 196 * 192 * 25
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MACS if n.startswith("lisanet")))
+def test_lisanet_blocks_count_every_component(name):
+    """No closed form here (the spectral products depend on the FFT lengths); every LiSA block counts its qkv,
+    spectral products, latent contraction, projection and MLP, each non-zero, and nothing else is missing: the
+    per-block groups plus the embeddings and head are all the groups."""
+    cfg = rm.create(name)[0]
+    m = rm.family_of(name).macs(cfg, HW)
+    blocks = {".".join(k.split(".")[:3]) for k in m if k.startswith("stages.")}      # "stages.i.j"
+    for b in blocks:
+        for part in ("attn.qkv", "attn.spectral", "attn.contraction", "attn.proj", "mlp"):
+            assert m[f"{b}.{part}"] > 0, f"{b}.{part}"
+    assert len(blocks) == sum(cfg.depths)
+    assert sum(1 for k in m if k.startswith("stages.")) == 5 * len(blocks)
+    others = [k for k in m if not k.startswith("stages.")]
+    assert all(k.startswith(("patch_embed", "head")) for k in others), others
