@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextvars
 import json
 import os
-import re
 import subprocess
 import sys
 import textwrap
@@ -46,34 +45,19 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, layers, numerics
 from refimpl.backends import _c, _numba
+from tests.kernel_helpers import (ACCELERATED, STATUS, accelerated_backend_params, backend_available,
+                                  backend_status_id)
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-STATUS = backends.available()
-ACCELERATED = ("c", "numba")
 DEFINITION = layers._depthwise_conv2d_numpy
-
-
-def _short(reason: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.]+", "-", reason)[:80].strip("-")
-
-
-def _accelerated_params():
-    """The accelerated backends the agreement tests run on: the available ones, plus (REQUIRE) the
-    unavailable ones, which then fail in :func:`kernel`.  Never empty: with none available the NumPy
-    backend stands in (the tests then check the dispatch path itself) and the id says so."""
-    params = [pytest.param(name, id=name) for name in ACCELERATED if STATUS[name].ok or REQUIRE]
-    if not params:
-        params = [pytest.param("numpy", id="numpy-standing-in:no-accelerated-backend-available")]
-    return params
-
-
-BACKEND_PARAMS = _accelerated_params()
+#: The accelerated backends the agreement tests run on (tests.kernel_helpers.accelerated_backend_params).
+BACKEND_PARAMS = accelerated_backend_params()
 
 
 def kernel(name: str):
-    """The registered depthwise-conv implementation of backend ``name`` (no fallback)."""
-    if name != "numpy" and not STATUS[name].ok:
-        pytest.fail(f"REFIMPL_REQUIRE_BACKENDS=1 but the {name!r} backend is unavailable: {STATUS[name].reason}")
+    """The registered depthwise-conv implementation of backend ``name`` (no fallback: an unavailable one is
+    a parameter only under REFIMPL_REQUIRE_BACKENDS=1, and fails here)."""
+    if not backend_available(name, "depthwise_conv2d"):
+        pytest.fail(f"the {name!r} backend is unavailable: {STATUS[name].reason}")
     return backends._REGISTRY["depthwise_conv2d"][name]
 
 
@@ -368,9 +352,7 @@ def test_output_is_nan_poisoned_before_the_kernel_runs(backend, monkeypatch):
 def test_refused_c_call_leaves_the_poisoned_output():
     """If the C kernel refuses its arguments (status != 0: here a zero stride smuggled past validation)
     the wrapper raises and the output stays NaN; the raw kernel writes nothing on a nonzero status."""
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
-        assert "c" in backends.kernels()["depthwise_conv2d"]
+    if not backend_available("c", "depthwise_conv2d"):
         return
     from refimpl.backends import _validate
     mod = _c._load()
@@ -415,9 +397,7 @@ def test_repeated_runs_are_bitwise_identical(backend, dtype):
 def test_c_kernel_gives_the_same_bits_at_every_vector_level(dtype, case):
     """The AVX-512, AVX2 and baseline versions of the C plane loop (ckernels/dwconv2d.c) differ only in
     vector width, so each level the CPU supports returns the same bits."""
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
-        assert "c" in backends.kernels()["depthwise_conv2d"]
+    if not backend_available("c", "depthwise_conv2d"):
         return
     lib = _c._load().lib
     x, w, b = make(case, dtype)
@@ -463,8 +443,7 @@ def test_c_kernel_plane_paths_are_the_definition_at_every_vector_level(dtype, ca
     order; ckernels/dwconv2d_body.h)."""
     x, w, b = make(case, dtype)
     want = DEFINITION(x, w, b, case["stride"], case["pads"])
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
+    if not backend_available("c", "depthwise_conv2d"):
         np.testing.assert_array_equal(kernel("numpy")(x, w, b, case["stride"], case["pads"]), want)
         return
     lib = _c._load().lib
@@ -481,16 +460,13 @@ def test_c_kernel_plane_paths_are_the_definition_at_every_vector_level(dtype, ca
 # 7. The switch
 # ---------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ACCELERATED,
-                         ids=[f"{n}-{'available' if STATUS[n].ok else 'unavailable:' + _short(STATUS[n].reason)}"
-                              for n in ACCELERATED])
+@pytest.mark.parametrize("name", ACCELERATED, ids=[backend_status_id(n) for n in ACCELERATED])
 def test_backend_status(name):
     """available() reports each backend; with REFIMPL_REQUIRE_BACKENDS=1 every backend must be available.
     An unavailable one (its reason is in this test's id) must fall back to NumPy with a warning."""
     status = backends.available()[name]
     assert isinstance(status, backends.Status) and isinstance(status.reason, str) and status.reason
-    if REQUIRE:
-        assert status.ok, f"REFIMPL_REQUIRE_BACKENDS=1 but {name} is unavailable: {status.reason}"
+    backend_available(name)     # fails under REFIMPL_REQUIRE_BACKENDS=1 when unavailable
     if status.ok:
         assert backends.get("depthwise_conv2d", name) is backends._REGISTRY["depthwise_conv2d"][name]
     else:

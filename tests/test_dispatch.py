@@ -22,7 +22,6 @@ backend has no kernel for it).  Also the fix of ``focused._eta_in_u`` for dtype 
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
@@ -32,9 +31,8 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, numerics
 from refimpl.attention import angular, enhanced, focused, linear
+from tests.kernel_helpers import STATUS, backend_available
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-STATUS = backends.available()
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale")
 
@@ -42,7 +40,7 @@ KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale")
 def test_c_backend_status_is_known():
     """The C backend is available, or its absence is allowed (then every dispatch lands on the NumPy twins
     and the comparisons below still hold); REFIMPL_REQUIRE_BACKENDS=1 makes its absence a failure."""
-    assert STATUS["c"].ok or not REQUIRE, STATUS["c"].reason
+    backend_available("c")
     kernels = backends.kernels()
     assert "c" in kernels["linear_attention"] and "c" in kernels["linear_angular_attention"]
 
@@ -192,8 +190,7 @@ def test_enhanced_dispatch_passes_the_gain_to_the_kernel(monkeypatch, dtype, pre
     """Under use("c") the gain t of L2ViT §4.2 (V / s, paper; V * t_h per head, official) goes to the C
     kernel as ``v_scale`` (applied as V rows are loaded, no t V temporary), and the result is the bits of
     the kernel on the prescaled v_eff = V / s (V * t) that the NumPy path uses: the same rounded operands."""
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
+    if not backend_available("c", "linear_attention"):
         return
     c = _case((1, 3, 90, 90, 16, 16), seed=13, q="mixed_scale", preset=preset, c_min=1e2)
     q, k, v = (a.astype(dtype) for a in _qkv(c, dtype))

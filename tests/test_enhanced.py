@@ -1,5 +1,6 @@
 """Properties of L2ViT's enhanced linear attention, LCM and blocks (refimpl.attention.enhanced), each citing
-its equation.  Comparisons of two float64 computations use twice the reference's running bound (``_twice``).
+its equation.  Comparisons of two float64 computations use twice the reference's running bound
+(``tests.kernel_helpers.twice_bound``).
 """
 
 from __future__ import annotations
@@ -14,18 +15,7 @@ from equivalence.strategies import KINDS, generate
 from refimpl import analysis, config, layers, numerics
 from refimpl.attention import enhanced as E
 from tests import naive_enhanced as NE
-
-
-#: numerics.underflow_eta("float64") evaluates 2^-1074 / 2 to 0.0 (2^-1075 is not representable), so the
-#: Bound's k eta term vanishes in float64 and a subnormal result may not differ by even one subnormal ulp.
-#: Higham's model (eq. 2.8) allows eta per rounding; we add it through the scale: gamma_k(u) * 2^-1074 / u
-#: >= k 2^-1074.  (Reported to the lead; harmless for float32, where it adds ~1e-300.)
-_ETA64_IN_U = 2.0 ** -1074 / numerics.unit_roundoff("float64")
-
-
-def _twice(b: numerics.Bound, why: str = "both sides computed in float64") -> numerics.Bound:
-    return numerics.Bound(2.0 * np.asarray(b.scale) + _ETA64_IN_U, b.k,
-                          f"{b.note}; x2: {why}; + float64 underflow eta per rounding")
+from tests.kernel_helpers import twice_bound
 
 
 def _qkv(seed, kind, b, h, n, d):
@@ -166,7 +156,7 @@ def test_both_association_orders_agree(seed, kind, h, n, d, c_min, target):
     taps: dict = {}
     a = E.enhanced_linear_attention(q, k, v, taps=taps, **kw)
     b = E.enhanced_linear_attention(q, k, v, order="quadratic", **kw)
-    bd = _twice(E.enhanced_linear_attention_bound(q, k, v, dtype="float64", **kw))
+    bd = twice_bound(E.enhanced_linear_attention_bound(q, k, v, dtype="float64", **kw))
     # Rows whose normaliser is subnormal-range (only possible with c_min = 0) lose relative accuracy in both
     # orders legitimately: there only the bound and the NaN pattern are required (second check); the verdict
     # on the normal rows is the first (zero bound on the rows it leaves out).
@@ -188,7 +178,7 @@ def test_lga_block_orders_agree(seed, preset, kind, hw, ch, placement, ks):
     p = E.init_l2vit_params(cfg, "lga", seed=seed % 997)
     a = E.lga_block(x, p, cfg, hw)
     b = E.lga_block(x, p, cfg, hw, order="quadratic")
-    numerics.assert_close(a, b, _twice(E.lga_block_bound(x, p, cfg, hw, dtype="float64")), "float64")
+    numerics.assert_close(a, b, twice_bound(E.lga_block_bound(x, p, cfg, hw, dtype="float64")), "float64")
 
 
 # ===================================================================================================
@@ -234,7 +224,7 @@ def test_official_lga_block_matches_the_naive_oracle(hw):
     p = E.init_l2vit_params(cfg, "lga", seed=4)
     got = E.lga_block(x, p, cfg, hw)
     want = NE.lga_official(x, p, heads=2, hw=hw, c_min=1.0)
-    numerics.assert_close(got, want, _twice(E.lga_block_bound(x, p, cfg, hw)), "float64")
+    numerics.assert_close(got, want, twice_bound(E.lga_block_bound(x, p, cfg, hw)), "float64")
 
 
 @pytest.mark.parametrize("hw,ws", [((3, 4), 3), ((4, 5), 3), ((4, 4), 2)])
@@ -246,7 +236,7 @@ def test_official_lwa_block_matches_the_naive_oracle(hw, ws):
     p = E.init_l2vit_params(cfg, "lwa", seed=5)
     got = E.lwa_block(x, p, cfg, hw)
     want = NE.lwa_official(x, p, heads=2, hw=hw, ws=ws)
-    numerics.assert_close(got, want, _twice(E.lwa_block_bound(x, p, cfg, hw)), "float64")
+    numerics.assert_close(got, want, twice_bound(E.lwa_block_bound(x, p, cfg, hw)), "float64")
 
 
 # ===================================================================================================

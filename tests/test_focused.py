@@ -1,7 +1,8 @@
 """Properties of FLatten's focused linear attention (refimpl.attention.focused), each citing its equation.
 
 Comparisons of two float64 computations use the reference's running bound for *both* sides (the bound
-limits each side's distance to the exact value, so their difference is within twice it): ``_twice``.
+limits each side's distance to the exact value, so their difference is within twice it):
+``tests.kernel_helpers.twice_bound``.
 """
 
 from __future__ import annotations
@@ -17,21 +18,10 @@ from equivalence.strategies import KINDS, generate
 from refimpl import analysis, config, numerics
 from refimpl.attention import focused as F
 from tests import naive_focused as NF
+from tests.kernel_helpers import twice_bound
 
 mpmath.mp.dps = 50
 PS = (1.0, 1.5, 2.0, 3.0, 4.0, 8.0, 32.0)
-
-
-#: numerics.underflow_eta("float64") evaluates 2^-1074 / 2 to 0.0 (2^-1075 is not representable), so the
-#: Bound's k eta term vanishes in float64 and a subnormal result may not differ by even one subnormal ulp.
-#: Higham's model (eq. 2.8) allows eta per rounding; we add it through the scale: gamma_k(u) * 2^-1074 / u
-#: >= k 2^-1074.  (Reported to the lead; harmless for float32, where it adds ~1e-300.)
-_ETA64_IN_U = 2.0 ** -1074 / numerics.unit_roundoff("float64")
-
-
-def _twice(b: numerics.Bound, why: str = "both sides computed in float64") -> numerics.Bound:
-    return numerics.Bound(2.0 * np.asarray(b.scale) + _ETA64_IN_U, b.k,
-                          f"{b.note}; x2: {why}; + float64 underflow eta per rounding")
 
 
 def _assert_orders_close(a, b, bound, den, n_terms: int) -> None:
@@ -224,7 +214,7 @@ def test_dwc_branch_is_the_sparse_matrix_m_dwc(seed, hw, h, d, ks, p):
             m_eq = analysis.equivalent_attention_matrix(taps["attn"][0, hh], w[hh * d + c, 0], *hw)
             want[0, hh, :, c] = m_eq @ v[0, hh, :, c]
     b = F.focused_attention_bound(q, k, v, p=p, hw=hw, dwc_weight=w, dwc_bias=bias)
-    numerics.assert_close(out, want, _twice(b), "float64")
+    numerics.assert_close(out, want, twice_bound(b), "float64")
 
 
 # ===================================================================================================
@@ -243,7 +233,7 @@ def test_both_association_orders_agree(seed, kind, b, h, n, d, p, normaliser, ep
     lin = F.focused_attention(q, k, v, p=p, normaliser=normaliser, eps=eps, taps=taps)
     quad = F.focused_attention(q, k, v, p=p, normaliser=normaliser, eps=eps, order="quadratic")
     bd = F.focused_attention_bound(q, k, v, p=p, normaliser=normaliser, eps=eps, dtype="float64")
-    _assert_orders_close(lin, quad, _twice(bd), taps["denominator"], n * d)
+    _assert_orders_close(lin, quad, twice_bound(bd), taps["denominator"], n * d)
 
 
 @given(st.integers(0, 2**32 - 1), st.integers(1, 30), st.integers(1, 16), st.sampled_from((1e-6, 1e-2)))
@@ -288,7 +278,7 @@ def test_global_module_orders_agree(seed, preset, sr, hw, ch, p, kind):
     lin = F.focused_linear_attention(x, params, cfg, hw)
     quad = F.focused_linear_attention(x, params, cfg, hw, order="quadratic")
     bd = F.focused_linear_attention_bound(x, params, cfg, hw, dtype="float64")
-    numerics.assert_close(lin, quad, _twice(bd), "float64")
+    numerics.assert_close(lin, quad, twice_bound(bd), "float64")
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from(("paper", "official")), st.sampled_from((2, 3)),
@@ -305,7 +295,7 @@ def test_window_module_orders_agree_with_and_without_the_shift_mask(seed, preset
     lin = F.focused_window_attention(x, params, cfg, hw, **kw)
     quad = F.focused_window_attention(x, params, cfg, hw, order="quadratic", **kw)
     bd = F.focused_window_attention_bound(x, params, cfg, hw, dtype="float64", **kw)
-    numerics.assert_close(lin, quad, _twice(bd), "float64")
+    numerics.assert_close(lin, quad, twice_bound(bd), "float64")
 
 
 @pytest.mark.parametrize("official,sr,hw", [(True, 1, (3, 4)), (True, 2, (4, 4)), (False, 1, (3, 4)),
@@ -321,7 +311,7 @@ def test_global_module_matches_the_naive_oracle(official, sr, hw):
     got = F.focused_linear_attention(x, params, cfg, hw)
     want = NF.focused_global(x, params, dim=6, heads=2, hw=hw, p=cfg.p, sr=sr, official=official)
     assert np.all(np.isfinite(got))
-    numerics.assert_close(got, want, _twice(F.focused_linear_attention_bound(x, params, cfg, hw)), "float64")
+    numerics.assert_close(got, want, twice_bound(F.focused_linear_attention_bound(x, params, cfg, hw)), "float64")
 
 
 @pytest.mark.parametrize("shift", [0, 1])
@@ -334,7 +324,7 @@ def test_official_window_module_matches_the_naive_oracle(shift):
     got = F.focused_window_attention(x, params, cfg, hw, window_size=2, shift=shift)
     want = NF.focused_swin_official(x, params, dim=6, heads=2, hw=hw, ws=2, shift=shift, p=cfg.p)
     bd = F.focused_window_attention_bound(x, params, cfg, hw, window_size=2, shift=shift)
-    numerics.assert_close(got, want, _twice(bd), "float64")
+    numerics.assert_close(got, want, twice_bound(bd), "float64")
 
 
 def test_official_ignores_the_shift_mask_and_paper_applies_it():
@@ -359,7 +349,7 @@ def test_resample_linear_matches_loops_and_is_exact_at_equal_size():
     for size in (5, 7, 10, 20):
         got = F.resample_linear(x, size, axis=-1)
         want = np.array([NF.interp_linear(list(row), size) for row in x])
-        numerics.assert_close(got, want, _twice(F.resample_linear_bound(x, size, axis=-1)), "float64")
+        numerics.assert_close(got, want, twice_bound(F.resample_linear_bound(x, size, axis=-1)), "float64")
     np.testing.assert_array_equal(F.resample_linear(x, 5, axis=-1), x)
 
 

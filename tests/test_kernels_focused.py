@@ -28,7 +28,6 @@ and 5):
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
@@ -40,10 +39,8 @@ from equivalence.strategies import generate
 from refimpl import backends, config, numerics, verdict
 from refimpl.attention import focused, linear
 from refimpl.backends import _c, twins
-from tests.kernel_helpers import c_kernel_that_writes_nothing
+from tests.kernel_helpers import STATUS, backend_available, c_kernel_that_writes_nothing, registered_kernel
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-STATUS = backends.available()
 DEFINITION = linear._linear_attention_numpy
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 PS = (1.0, 2.0, 3.0, 4.5, 5.0, 6.0, 7.0, 32.0)
@@ -51,22 +48,19 @@ KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale")
 
 
 def have_c() -> bool:
-    """Whether the compiled module is there (its absence fails only under REFIMPL_REQUIRE_BACKENDS=1; the
-    dispatch tests then still check that the NumPy twin stands in)."""
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
-        assert "c" in backends.kernels()["linear_attention"]
-        return False
-    return True
+    """Whether the compiled module is there (tests.kernel_helpers.backend_available: its absence fails only
+    under REFIMPL_REQUIRE_BACKENDS=1; the dispatch tests then still check that the NumPy twin stands in)."""
+    return backend_available("c", "linear_attention")
 
 
 def c_linear_attention():
-    return backends._REGISTRY["linear_attention"]["c"] if STATUS["c"].ok else DEFINITION
+    """The registered C kernel, or (no compiled module) the NumPy twin DEFINITION."""
+    return registered_kernel("linear_attention", "c")
 
 
 def c_feature_map(x, p):
     """The kernel's map (its staging code), or the definition when the compiled module is absent."""
-    if STATUS["c"].ok:
+    if have_c():
         return _c.focused_feature_map(x, p)
     return focused.focused_feature_map(x, p)
 

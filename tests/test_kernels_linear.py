@@ -25,8 +25,6 @@ Appendix 8, FLatten Eq. 1-4, Katharopoulos et al. 2020 Eq. 7).  What is checked 
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import example, given, strategies as st
@@ -35,30 +33,23 @@ from equivalence.strategies import generate
 from refimpl import backends, numerics
 from refimpl.attention import linear
 from refimpl.backends import _c
-from tests.kernel_helpers import c_kernel_that_writes_nothing, kernel_verdict
+from tests.kernel_helpers import (STATUS, backend_available, c_kernel_that_writes_nothing, kernel_verdict,
+                                  registered_kernel)
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-STATUS = backends.available()
 DEFINITION = linear._linear_attention_numpy
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 
 
 def c_kernel():
     """The registered C implementation (no fallback); without the compiled module the NumPy twin stands in
-    (the dispatch path is then what is tested) unless REFIMPL_REQUIRE_BACKENDS=1."""
-    if not STATUS["c"].ok:
-        if REQUIRE:
-            pytest.fail(f"REFIMPL_REQUIRE_BACKENDS=1 but the C backend is unavailable: {STATUS['c'].reason}")
-        return DEFINITION
-    return backends._REGISTRY["linear_attention"]["c"]
+    (the dispatch path is then what is tested) unless REFIMPL_REQUIRE_BACKENDS=1
+    (tests.kernel_helpers.registered_kernel)."""
+    return registered_kernel("linear_attention", "c")
 
 
 def needs_c():
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
-        assert "c" in backends.kernels()["linear_attention"]
-        return False
-    return True
+    """Whether the compiled module is there (tests.kernel_helpers.backend_available)."""
+    return backend_available("c", "linear_attention")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -26,7 +26,6 @@ says the same of the contraction).
 
 from __future__ import annotations
 
-import os
 import warnings
 from unittest import mock
 
@@ -38,18 +37,17 @@ from equivalence.strategies import generate
 from refimpl import backends, config, numerics, toeplitz as tz
 from refimpl.attention import lisa
 from refimpl.backends import _numba
+from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-HAVE_NUMBA = backends.available()["numba"].ok
+HAVE_NUMBA = STATUS["numba"].ok
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale")
 
 
 def numba_kernel():
-    """The registered Numba lisa_fft_core (its NumPy twin when Numba is unavailable)."""
-    if not HAVE_NUMBA and REQUIRE:
-        pytest.fail(f"REFIMPL_REQUIRE_BACKENDS=1 but numba is unavailable: {backends.available()['numba'].reason}")
-    return backends._REGISTRY["lisa_fft_core"]["numba" if HAVE_NUMBA else "numpy"]
+    """The registered Numba lisa_fft_core (its NumPy twin when Numba is unavailable and
+    REFIMPL_REQUIRE_BACKENDS is not set: tests.kernel_helpers.registered_kernel)."""
+    return registered_kernel("lisa_fft_core", "numba")
 
 
 @st.composite
@@ -274,9 +272,7 @@ def _kernel_small(dtype=np.float64, grid=(3, 4), exact=False):
 def test_outputs_are_nan_poisoned_before_the_kernel_runs(grid, monkeypatch):
     """With every compiled kernel replaced by one that writes nothing, S and Y come back all NaN, also
     into a caller's zero-filled out= and s_out=."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "numpy" in backends.kernels()["lisa_fft_core"]
+    if not backend_available("numba", "lisa_fft_core"):
         return
     args = _kernel_small(grid=grid)
     monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *a: None))
@@ -338,9 +334,7 @@ BAD = [
 @pytest.mark.parametrize("case_id,exc,word,mutate", BAD, ids=[b[0] for b in BAD])
 def test_bad_arguments_are_refused(case_id, exc, word, mutate):
     """Malformed calls raise TypeError/ValueError naming the argument; nothing reaches the kernels."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "lisa_fft_core" in backends.kernels()
+    if not backend_available("numba", "lisa_fft_core"):
         return
     args, kw = mutate(_kernel_small())
     with pytest.raises(exc, match=word):
@@ -409,9 +403,7 @@ def test_lisa_core_thread_count_does_not_change_the_bits(monkeypatch):
 def test_thread_rule_and_bad_threads():
     """lisa_threads: at most one thread per head, one below config.LISA_PARALLEL_MIN_WORK, None = the C
     kernels' default; threads that are not integers >= 1 are refused by name."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "numpy" in backends.kernels()["lisa_fft_core"]
+    if not backend_available("numba", "lisa_fft_core"):
         return
     big = max(config.LISA_PARALLEL_MIN_WORK, 1)
     assert _numba.lisa_threads(4, 2, big) == 2
@@ -430,9 +422,7 @@ def test_thread_rule_and_bad_threads():
 def test_threaded_outputs_are_nan_poisoned(monkeypatch):
     """With threads = 2 and every compiled kernel replaced by one that writes nothing, S and Y come back
     all NaN (the worker threads write only through the kernels)."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "numpy" in backends.kernels()["lisa_fft_core"]
+    if not backend_available("numba", "lisa_fft_core"):
         return
     monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
     args = _kernel_small()
@@ -444,9 +434,7 @@ def test_threaded_outputs_are_nan_poisoned(monkeypatch):
 def test_threaded_errors_reach_the_caller_and_the_pool_survives(monkeypatch):
     """An exception raised in a unit (here by every compiled kernel) reaches the caller of a 2-thread
     call, and the next call (real kernels again) gives the 1-thread bits."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "numpy" in backends.kernels()["lisa_fft_core"]
+    if not backend_available("numba", "lisa_fft_core"):
         return
     monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
     args = _kernel_small()

@@ -22,7 +22,6 @@ failure), as tests/test_backends.py does.
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import numpy as np
@@ -33,18 +32,17 @@ from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import focused, lisa
 from refimpl.backends import _numba, twins
+from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-HAVE_NUMBA = backends.available()["numba"].ok
+HAVE_NUMBA = STATUS["numba"].ok
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 OPS = ("lisa_contraction", "lisa_spectral_product", "angular_series_features", "focused_function")
 
 
 def numba_kernel(op: str):
-    """The registered Numba kernel of ``op`` (no fallback)."""
-    if not HAVE_NUMBA and REQUIRE:
-        pytest.fail(f"REFIMPL_REQUIRE_BACKENDS=1 but numba is unavailable: {backends.available()['numba'].reason}")
-    return backends._REGISTRY[op]["numba"] if HAVE_NUMBA else backends._REGISTRY[op]["numpy"]
+    """The registered Numba kernel of ``op`` (no fallback), or its NumPy twin where Numba is unavailable and
+    REFIMPL_REQUIRE_BACKENDS is not set (tests.kernel_helpers.registered_kernel)."""
+    return registered_kernel(op, "numba")
 
 
 def rounded(seed: int, kind: str, shape, dtype) -> np.ndarray:
@@ -332,9 +330,7 @@ def _small_calls(dtype=np.float64):
 def test_outputs_are_nan_poisoned_before_the_kernel_runs(op, monkeypatch):
     """With the compiled kernel replaced by one that writes nothing, every output (also a caller's
     zero-filled out=) comes back all NaN, so an element a kernel never writes cannot pass a comparison."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert "numpy" in backends.kernels()[op]
+    if not backend_available("numba", op):
         return
     monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *args: None))
     args, kw = _small_calls()[op]
@@ -386,9 +382,7 @@ BAD = [
 @pytest.mark.parametrize("case_id,exc,word,op,mutate", BAD, ids=[b[0] for b in BAD])
 def test_bad_lisa_arguments_are_refused(case_id, exc, word, op, mutate):
     """Malformed calls raise TypeError/ValueError naming the argument; nothing reaches the kernel."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
-        assert op in backends.kernels()
+    if not backend_available("numba", op):
         return
     (qb, a, bv), _ = _small_calls()[op]
     args, kw = mutate(qb, a, bv)
@@ -398,8 +392,7 @@ def test_bad_lisa_arguments_are_refused(case_id, exc, word, op, mutate):
 
 def test_bad_feature_arguments_are_refused():
     """angular / focused kernels refuse bad dtypes, policies, orders, p, axes and out= buffers by name."""
-    if not HAVE_NUMBA:
-        assert not REQUIRE
+    if not backend_available("numba", "focused_function"):
         return
     x = np.ones((2, 3))
     ang, foc = numba_kernel("angular_series_features"), numba_kernel("focused_function")

@@ -26,8 +26,6 @@ rala_core used it for alpha's kappa(K)).  What is checked:
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 from hypothesis import example, given, strategies as st
@@ -36,26 +34,22 @@ from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import linear, rala
 from refimpl.backends import _c, twins
-from tests.kernel_helpers import c_kernel_that_writes_nothing, kernel_verdict
+from tests.kernel_helpers import (STATUS, backend_available, c_kernel_that_writes_nothing, kernel_verdict,
+                                  registered_kernel)
 
-REQUIRE = os.environ.get("REFIMPL_REQUIRE_BACKENDS", "") == "1"
-STATUS = backends.available()
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale", "subnormal")
 
 
 def needs_c() -> bool:
-    """True when the compiled module is there; its absence is allowed unless REFIMPL_REQUIRE_BACKENDS=1."""
-    if not STATUS["c"].ok:
-        assert not REQUIRE, STATUS["c"].reason
-        assert "c" in backends.kernels()["elu1_feature_map"]
-        return False
-    return True
+    """True when the compiled module is there; its absence is allowed unless REFIMPL_REQUIRE_BACKENDS=1
+    (tests.kernel_helpers.backend_available)."""
+    return backend_available("c", "elu1_feature_map")
 
 
 def elu1_c():
     """The registered C implementation, or (no compiled module) the NumPy twin."""
-    return backends._REGISTRY["elu1_feature_map"]["c" if STATUS["c"].ok else "numpy"]
+    return registered_kernel("elu1_feature_map", "c")
 
 
 def elu1_bound(x64: np.ndarray) -> numerics.Bound:

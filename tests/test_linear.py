@@ -10,25 +10,12 @@ from hypothesis import given, strategies as st
 from equivalence.strategies import adversarial_arrays, benign_arrays
 from refimpl import analysis, config, numerics
 from refimpl.attention import linear as L
+from tests.kernel_helpers import agree_float64, twice_bound
 
 ALL_MAPS = (("identity", {}), ("relu", {}), ("elu1", {}), ("softmax", {}), ("softmax", {"axis": -2}),
             ("l1", {}), ("l1", {"base": "identity", "axis": -2}), ("l1", {"base": "elu1"}),
             ("leaky_relu", {}), ("leaky_relu", {"negative_slope": 0.3}))
 NONNEG_MAPS = tuple(m for m in ALL_MAPS if m[0] in L.NON_NEGATIVE_MAPS and m[1].get("base") != "identity")
-
-
-def _agree(actual, reference, bound: numerics.Bound, name: str) -> None:
-    """Two float64 evaluations of the same definition agree within ``bound`` (and their NaN/Inf patterns
-    agree).  The verdict's ensemble criterion is not applied: neither side is an implementation
-    under test (both are the reference), and its floor has no underflow term, so two outputs entirely in the
-    subnormal range would be judged on a 1-ulp floor (reported to the lead)."""
-    report = numerics.compare(actual, reference, bound, "float64", name=name)
-    assert report.pattern_ok and report.within_bound, str(report)
-
-
-def _twice(bound: numerics.Bound) -> numerics.Bound:
-    """Both orders are within ``bound`` of the exact value, so they differ by at most twice it."""
-    return numerics.Bound(2.0 * np.asarray(bound.scale), bound.k, "2 x (" + bound.note + ")")
 
 
 @st.composite
@@ -58,7 +45,7 @@ def test_associativity_both_orders_agree(arrays, fmap, norm, normalize):
     lin = L.linear_attention(q, k, v, order="linear", **kw)
     quad = L.linear_attention(q, k, v, order="quadratic", **kw)
     bound = L.linear_attention_bound(q, k, v, dtype="float64", **kw)
-    _agree(lin, quad, _twice(bound), f"linear vs quadratic order ({name})")
+    agree_float64(lin, quad, twice_bound(bound), f"linear vs quadratic order ({name})")
 
 
 @given(qkv(benign_arrays), st.sampled_from(NONNEG_MAPS))

@@ -25,6 +25,7 @@ from refimpl import config, numerics
 from refimpl.analysis import numerical_rank
 from refimpl.attention import rala
 from tests import naive_rala
+from tests.kernel_helpers import twice_bound
 
 
 def _rng_arrays(seed, *shapes, scale=1.0):
@@ -35,11 +36,6 @@ def _rng_arrays(seed, *shapes, scale=1.0):
 def _random_params(shapes: dict, seed: int, std: float = 0.3) -> dict:
     rng = np.random.default_rng(seed)
     return {k: std * rng.standard_normal(s) for k, s in shapes.items()}
-
-
-def _twice(b: numerics.Bound) -> numerics.Bound:
-    """Two float64 computations of the same value, each within E of it, differ by at most 2E."""
-    return numerics.Bound(2 * np.asarray(b.scale), b.k, "two float64 evaluations: 2 x (" + b.note + ")")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -55,7 +51,7 @@ def test_paper_core_matches_loops(h, w, d, seed):
     for order in ("linear", "quadratic"):
         cfg = rala.RALAConfig(dim=d, num_heads=1, order=order)
         got = rala.rala_core(q, k, v, cfg)
-        numerics.assert_close(got, want, _twice(rala.rala_core_bound(q, k, v, cfg, dtype="float64")), "float64",
+        numerics.assert_close(got, want, twice_bound(rala.rala_core_bound(q, k, v, cfg, dtype="float64")), "float64",
                               name=f"paper core ({order})")
 
 
@@ -72,7 +68,7 @@ def test_official_layer_matches_loops(h, w, heads_dim, seed):
     (x,) = _rng_arrays(seed + 1, (1, c, h, w))
     got = rala.rala_attention(x, params, cfg)
     want = naive_rala.naive_official_attention(x, params, nh)
-    numerics.assert_close(got, want, _twice(rala.rala_attention_bound(x, params, cfg, dtype="float64")),
+    numerics.assert_close(got, want, twice_bound(rala.rala_attention_bound(x, params, cfg, dtype="float64")),
                           "float64", name="official layer vs loops")
 
 
@@ -137,7 +133,7 @@ def test_token_scaling_without_eps_is_a_no_op(h, w, seed):
     mean = rala.RALAConfig.preset("official", dim=16, num_heads=2, eps=0.0)
     total = dataclasses.replace(mean, token_scaling="sum")
     numerics.assert_close(rala.rala_core(q, k, v, mean, (h, w)), rala.rala_core(q, k, v, total, (h, w)),
-                          _twice(rala.rala_core_bound(q, k, v, mean, (h, w), dtype="float64")), "float64")
+                          twice_bound(rala.rala_core_bound(q, k, v, mean, (h, w), dtype="float64")), "float64")
 
 
 def test_eps_matters_only_against_a_tiny_normaliser():

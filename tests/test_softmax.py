@@ -10,21 +10,8 @@ from hypothesis import given, settings, strategies as st
 from equivalence.strategies import adversarial_arrays, benign_arrays, window_configs
 from refimpl import config, numerics
 from refimpl.attention import softmax as S
+from tests.kernel_helpers import agree_float64, twice_bound
 from tests.naive_softmax import softmax_attention_loops, window_attention_loops
-
-
-def _agree(actual, reference, bound: numerics.Bound, name: str) -> None:
-    """Two float64 evaluations of the same definition agree within ``bound`` (and their NaN/Inf patterns
-    agree).  The verdict's ensemble criterion is not applied: neither side is an implementation
-    under test (both are the reference), and its floor has no underflow term, so two outputs entirely in the
-    subnormal range would be judged on a 1-ulp floor (reported to the lead)."""
-    report = numerics.compare(actual, reference, bound, "float64", name=name)
-    assert report.pattern_ok and report.within_bound, str(report)
-
-
-def _twice(bound: numerics.Bound) -> numerics.Bound:
-    """Two float64 computations each within ``bound`` of the exact value differ by at most twice it."""
-    return numerics.Bound(2.0 * np.asarray(bound.scale), bound.k, "2 x (" + bound.note + ")")
 
 
 @given(st.data())
@@ -41,7 +28,7 @@ def test_softmax_attention_matches_loops(data):
     ref = S.softmax_attention(q, k, v, bias=bias, mask=mask)
     oracle = softmax_attention_loops(q, k, v, bias=bias, mask=mask)
     bound = S.softmax_attention_bound(q, k, v, bias=bias, mask=mask, dtype="float64")
-    _agree(ref, oracle, _twice(bound), "softmax attention vs loops")
+    agree_float64(ref, oracle, twice_bound(bound), "softmax attention vs loops")
 
 
 @given(st.data())
@@ -83,7 +70,7 @@ def test_window_attention_matches_loops(data):
     ref = S.window_attention(x, p, num_heads=heads, window_size=ws, shift=shift, **opts)
     oracle = window_attention_loops(x, p, heads, ws, shift=shift, **opts)
     bound = S.window_attention_bound(x, p, num_heads=heads, window_size=ws, shift=shift, dtype="float64", **opts)
-    _agree(ref, oracle, _twice(bound), "window attention vs loops")
+    agree_float64(ref, oracle, twice_bound(bound), "window attention vs loops")
 
 
 def test_window_presets_are_named_options():
@@ -110,7 +97,7 @@ def test_padded_keys_change_real_tokens_only_without_padding_mask():
     y_open = S.window_attention(x, p, num_heads=1, window_size=ws, rel_pos_bias=False, mask_padding=False)
     # Oracle for the masked case: attention restricted to the real tokens of each window.
     oracle = window_attention_loops(x, p, 1, ws, rel_pos_bias=False, mask_padding=True)
-    numerics.assert_close(y_masked, oracle, _twice(S.window_attention_bound(
+    numerics.assert_close(y_masked, oracle, twice_bound(S.window_attention_bound(
         x, p, num_heads=1, window_size=ws, rel_pos_bias=False, dtype="float64")), "float64")
     # Window (0, 0) holds only real tokens: identical (bitwise) with and without the padding mask.
     np.testing.assert_array_equal(y_masked[:, :3, :3], y_open[:, :3, :3])
