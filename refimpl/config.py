@@ -423,6 +423,10 @@ PVT_LN_EPS = 1e-6
 PVT_PATCH = 4
 PVT_MERGE_PATCH = 2
 
+#: PVT v2's convolutional feed-forward (Wang et al. 2022, "PVT v2", §3.3, Fig. 1b): a 3 x 3 depthwise
+#: convolution (zero padding 1, with bias) between the MLP's first linear layer and its GELU.
+PVT_V2_MLP_DWCONV_KERNEL = 3
+
 # --- kernels and backends (backends/, ckernels/) ---------------------------------------------------
 
 #: Alignment in bytes of output and workspace buffers handed to C and Numba kernels (one cache line;

@@ -291,3 +291,200 @@ def test_bad_arguments_raise_clear_errors():
         flatten_pvt.macs(cfg, (224, 224))
     with pytest.raises(ArgumentError, match="part"):
         flatten_pvt.run_unit_part(params, "head", "attn", np.zeros((1, 6, 128)), cfg)
+
+
+# ===================================================================================================
+# FLatten-PVTv2-B0..B4 (FLatten Table 8; Appendix D Tables 12-13; PVT v2 Table 1)
+# ===================================================================================================
+
+V2_NAMES = ("flatten_pvt_v2_b0", "flatten_pvt_v2_b1", "flatten_pvt_v2_b2", "flatten_pvt_v2_b3", "flatten_pvt_v2_b4")
+V2_DIMS = {"flatten_pvt_v2_b0": (32, 64, 160, 256)}
+V2_DEPTHS = {"flatten_pvt_v2_b0": (2, 2, 2, 2), "flatten_pvt_v2_b1": (2, 2, 2, 2), "flatten_pvt_v2_b2": (3, 4, 6, 3),
+             "flatten_pvt_v2_b3": (3, 4, 18, 3), "flatten_pvt_v2_b4": (3, 8, 27, 3)}
+
+#: FLatten Table 8: #Params (M) and FLOPs (G) at 224 x 224, FLatten-PVTv2 rows, and the PVTv2 rows' #Params.
+PAPER_V2 = {"flatten_pvt_v2_b0": (3.6, 0.6), "flatten_pvt_v2_b1": (12.9, 2.2), "flatten_pvt_v2_b2": (22.6, 4.3),
+            "flatten_pvt_v2_b3": (38.3, 7.3), "flatten_pvt_v2_b4": (51.8, 10.7)}
+PAPER_PVT_V2 = {"flatten_pvt_v2_b0": 3.4, "flatten_pvt_v2_b1": 13.1, "flatten_pvt_v2_b2": 25.4,
+                "flatten_pvt_v2_b3": 45.2, "flatten_pvt_v2_b4": 62.6}
+
+
+def pvt2_count(name, *, attention="focused", preset="official", sr=(1, 1, 1, 1), k=5, classes=1000):
+    """Parameters of a PVT v2 network at 224 (PVT v2 §3.1-3.3): per stage an overlapping patch embedding (conv
+    7x7 / 3x3 + bias, LayerNorm), blocks of 2 LN, q, kv (with bias), [sr conv + LN], proj, fc1, the 3x3
+    depthwise conv (+ bias), fc2 and the focused extras (as :func:`pvt_count`), the stage LayerNorm; head."""
+    dims, total, cin = V2_DIMS.get(name, DIMS), 0, 3
+    for i in range(4):
+        c, d, n = dims[i], dims[i] // HEADS[i], GRIDS[i] ** 2
+        hid = c * (MLP[0] if i < 2 else MLP[1])
+        kk = 7 if i == 0 else 3
+        total += cin * kk * kk * c + c + 2 * c + 2 * c
+        block = 2 * 2 * c + (c * c + c) + (2 * c * c + 2 * c) + (c * c + c) + (c * hid + hid) + (hid * 9 + hid) \
+            + (hid * c + c)
+        if sr[i] > 1:
+            block += c * c * sr[i] ** 2 + c + 2 * c
+        if attention == "focused" and preset == "official":
+            block += d * k * k + d + c + (n // sr[i] ** 2) * c
+        elif attention == "focused":
+            block += c * k * k + c
+        total += V2_DEPTHS[name][i] * block
+        cin = c
+    return total + dims[-1] * classes + classes
+
+
+def pvt2_macs(name, *, attention="focused", sr=(1, 1, 1, 1), k=5):
+    """MACs at 224 (counting.py's convention): as :func:`pvt_macs` with the overlapping patch embeddings
+    (N C_in k^2, k = 7, 3, 3, 3) and the feed-forward's 3x3 depthwise conv (N hidden 9)."""
+    dims, total, cin = V2_DIMS.get(name, DIMS), 0, 3
+    for i in range(4):
+        c, h, g = dims[i], HEADS[i], GRIDS[i]
+        d, n, m = c // h, g * g, (g // sr[i]) ** 2
+        hid = c * (MLP[0] if i < 2 else MLP[1])
+        total += n * c * cin * (49 if i == 0 else 9)
+        block = n * c * c + m * c * 2 * c + n * c * c + 2 * n * c * hid + n * hid * 9 \
+            + (m * c * c * sr[i] ** 2 if sr[i] > 1 else 0)
+        if attention == "focused":
+            block += h * (m * d * d + n * d * d + n * d) + n * c * k * k
+        else:
+            block += 2 * h * n * m * d
+        total += V2_DEPTHS[name][i] * block
+        cin = c
+    return total + dims[-1] * 1000
+
+
+@pytest.mark.parametrize("name", V2_NAMES)
+def test_v2_param_counts_reproduce_table_8(name):
+    """FLatten Table 8: FLatten-PVTv2-B0..B4 3.6M / 12.9M / 22.6M / 38.3M / 51.8M.  The released module (preset
+    "official") counts 3,594,824 / 12,931,240 / 22,548,264 / 38,273,832 / 51,836,968, equal to the closed form
+    for both presets; four round to the paper's figures, B2 (22.5M) is the recorded gap."""
+    exact = {"flatten_pvt_v2_b0": 3_594_824, "flatten_pvt_v2_b1": 12_931_240, "flatten_pvt_v2_b2": 22_548_264,
+             "flatten_pvt_v2_b3": 38_273_832, "flatten_pvt_v2_b4": 51_836_968}
+    paper_preset = {"flatten_pvt_v2_b0": 3_224_904, "flatten_pvt_v2_b1": 12_191_400, "flatten_pvt_v2_b2": 21_170_536,
+                    "flatten_pvt_v2_b3": 36_219_496, "flatten_pvt_v2_b4": 48_879_912}
+    official = rm.param_count(rm.create(name, **flatten_pvt.PAPER_COUNT_OVERRIDES[name])[0])
+    assert official == exact[name] == pvt2_count(name)
+    assert rm.param_count(name) == paper_preset[name] == pvt2_count(name, preset="paper")
+    if name == "flatten_pvt_v2_b2":
+        assert _round_m(official) == 22.5 != PAPER_V2[name][0]
+        assert flatten_pvt.COUNT_GAPS[name].derived == official
+        assert _round_m(official + 1_735) == 22.5 and _round_m(official + 1_736) == 22.6
+    else:
+        assert _round_m(official) == PAPER_V2[name][0]
+        assert name not in flatten_pvt.COUNT_GAPS
+
+
+@pytest.mark.parametrize("name", V2_NAMES)
+def test_v2_closed_form_arithmetic_and_the_pvtv2_baselines(name):
+    """The same arithmetic with PVT v2's softmax spatial-reduction attention (sr 8, 4, 2, 1) gives PVTv2-B2/B3/B4's
+    printed 25.4M / 45.2M / 62.6M (the PVTv2 rows of FLatten Table 8).  B0 and B1 give 3.67M and 14.01M against
+    the printed 3.4M and 13.1M: PVT v2's own Table 1 prints 3.4M and 14.0M, so B1's 13.1M is a transposition in
+    FLatten's table, and B0's 3.4M is PVT v2's own figure (the released PVTv2-B0 has 3.67M); recorded here, not
+    part of our registry (no softmax PVTv2 is registered)."""
+    pvt = pvt2_count(name, attention="softmax", sr=(8, 4, 2, 1))
+    baseline = {"flatten_pvt_v2_b0": 3_666_760, "flatten_pvt_v2_b1": 14_009_000, "flatten_pvt_v2_b2": 25_362_856,
+                "flatten_pvt_v2_b3": 45_238_696, "flatten_pvt_v2_b4": 62_556_072}
+    assert pvt == baseline[name]
+    assert (_round_m(pvt) == PAPER_PVT_V2[name]) is (name not in ("flatten_pvt_v2_b0", "flatten_pvt_v2_b1"))
+
+
+@pytest.mark.parametrize("name", V2_NAMES)
+def test_v2_macs_reproduce_table_8(name):
+    """FLatten Table 8 FLOPs 0.6G / 2.2G / 4.3G / 7.3G / 10.7G are MACs in counting.py's convention: our exact totals
+    (579,813,888 / 2,219,344,896 / 4,250,720,256 / 7,283,859,456 / 10,677,036,544, both presets) round to them and
+    equal the closed-form count."""
+    exact = {"flatten_pvt_v2_b0": 579_813_888, "flatten_pvt_v2_b1": 2_219_344_896, "flatten_pvt_v2_b2": 4_250_720_256,
+             "flatten_pvt_v2_b3": 7_283_859_456, "flatten_pvt_v2_b4": 10_677_036_544}
+    for preset in ("paper", "official"):
+        total = counting.total(flatten_pvt.macs(rm.create(name, preset=preset)[0]))
+        assert total == exact[name] == pvt2_macs(name)
+        assert round(total / 1e9, 1) == PAPER_V2[name][1]
+
+
+@pytest.mark.parametrize("name", V2_NAMES[1:])
+def test_v2_the_full_grid_attention_is_what_the_paper_counts(name):
+    """FLatten Tables 12-13 ("win 56 x 56" .. "7 x 7"): with PVT v2's reduction (8, 4, 2, 1) FLatten-PVTv2-B1..B4
+    would have more parameters than PVTv2-B1..B4 themselves (14.12M / 25.60M / 45.69M / 63.19M) and fewer MACs
+    (2.11G / 4.03G / 6.90G / 10.11G) than printed (12.9M / 22.6M / 38.3M / 51.8M; 2.2G / 4.3G / 7.3G / 10.7G)."""
+    cfg = rm.create(name, preset="official", sr_ratios=(8, 4, 2, 1))[0]
+    n, m = rm.param_count(cfg), counting.total(flatten_pvt.macs(cfg))
+    assert n == pvt2_count(name, sr=(8, 4, 2, 1)) and m == pvt2_macs(name, sr=(8, 4, 2, 1))
+    assert n > pvt2_count(name, attention="softmax", sr=(8, 4, 2, 1))
+    assert _round_m(n) != PAPER_V2[name][0] and round(m / 1e9, 1) != PAPER_V2[name][1]
+    assert rm.create(name)[0].sr_ratios == (1, 1, 1, 1)
+
+
+def test_v2_geometry_and_keys_at_224_without_running():
+    """PVT v2 §3.2-3.3, FLatten Tables 12-13: overlapping embeddings 7x7 (stage 1) and 3x3, no positional
+    embeddings, the feed-forward's depthwise conv over the hidden channels, a LayerNorm per stage, no "norm"."""
+    cfg = rm.create("flatten_pvt_v2_b0")[0]
+    assert cfg.stage_grids == [(56, 56), (28, 28), (14, 14), (7, 7)]
+    assert [(cfg.stage_kernel(i), cfg.stage_patch(i), cfg.stage_padding(i)) for i in range(4)] == \
+        [(7, 4, 3), (3, 2, 1), (3, 2, 1), (3, 2, 1)]
+    shapes = rm.param_shapes("flatten_pvt_v2_b0")
+    assert shapes["patch_embed1.proj.weight"] == (32, 3, 7, 7)
+    assert shapes["patch_embed4.proj.weight"] == (256, 160, 3, 3)
+    assert shapes["block1.0.mlp.dwconv.dwconv.weight"] == (256, 1, 3, 3)
+    assert shapes["block4.1.mlp.dwconv.dwconv.bias"] == (1024,)
+    assert [shapes[f"norm{i}.weight"] for i in range(1, 5)] == [(32,), (64,), (160,), (256,)]
+    assert not any(k.startswith("pos_embed") or k.startswith("norm.") for k in shapes)
+    off = rm.param_shapes(rm.create("flatten_pvt_v2_b4", preset="official")[0])
+    assert off["block3.26.attn.positional_encoding"] == (1, 196, 320)
+    units = flatten_pvt.unit_names(flatten_pvt.reduced(cfg))
+    assert units[:4] == ["patch_embed1", "block1.0", "block1.1", "norm1"] and units[-2:] == ["norm4", "head"]
+
+
+@pytest.mark.parametrize("img_size", [(64, 96), (96, 64)])
+def test_v2_feature_maps_are_the_stage_norms(img_size):
+    """Feature maps channels-first (B, C_i, H / 4 / 2^i, W / 4 / 2^i), non-square included, and each is the output
+    of the stage's LayerNorm unit norm{i}; the head pools norm4's tokens (so it depends on norm4.*)."""
+    cfg = dataclasses.replace(flatten_pvt.reduced(rm.create("flatten_pvt_v2_b1")[0]), img_size=img_size)
+    params = flatten_pvt.init_params(cfg, SEED)
+    images = np.random.default_rng(SEED).standard_normal((3, 3, *img_size))
+    taps: dict = {}
+    logits, feats = flatten_pvt.run(params, images, cfg, taps=taps)
+    h, w = img_size[0] // 4, img_size[1] // 4
+    assert logits.shape == (3, 10)
+    assert [f.shape for f in feats] == [(3, cfg.embed_dims[i], h >> i, w >> i) for i in range(4)]
+    for i, f in enumerate(feats):
+        np.testing.assert_array_equal(f, taps[f"norm{i + 1}"].transpose(0, 2, 1).reshape(f.shape))
+    moved = {**params, "norm4.bias": params["norm4.bias"] + 1.0}
+    assert not np.array_equal(flatten_pvt.forward(moved, images, cfg), logits)
+
+
+@pytest.mark.parametrize("preset", ["paper", "official"])
+def test_v2_batched_equals_per_sample(preset):
+    """As :func:`test_batched_equals_per_sample`, for the reduced FLatten-PVTv2 (every unit: overlapping
+    embeddings, blocks with the convolutional feed-forward, stage norms, head)."""
+    cfg = flatten_pvt.reduced(rm.create("flatten_pvt_v2_b0", preset=preset)[0])
+    params = flatten_pvt.init_params(cfg, SEED)
+    images = np.random.default_rng(SEED).standard_normal((3, 3, *cfg.img_size))
+    taps: dict = {}
+    flatten_pvt.run(params, images, cfg, taps=taps)
+    x = images
+    for unit in flatten_pvt.unit_names(cfg):
+        bnd = flatten_pvt.unit_bound(params, unit, x, cfg, dtype="float64")
+        for i in range(3):
+            one = flatten_pvt.run_unit(params, unit, x[i:i + 1], cfg)
+            numerics.assert_close(one, taps[unit][i:i + 1],
+                                  numerics.Bound(np.asarray(bnd.scale)[i:i + 1], bnd.k, bnd.note), "float64",
+                                  name=f"{unit} sample {i}")
+        x = taps[unit]
+    a = flatten_pvt.run(params, images, cfg)
+    np.testing.assert_array_equal(a[0], taps["head"])
+
+
+def test_v2_bad_arguments_raise_clear_errors():
+    """PVT v2 has no final-norm choice (its stage norms are always applied); the version is 1 or 2."""
+    with pytest.raises(ArgumentError, match="final_norm"):
+        rm.create("flatten_pvt_v2_b0", final_norm=False)
+    with pytest.raises(ArgumentError, match="version"):
+        rm.create("flatten_pvt_v2_b0", version=3)
+    with pytest.raises(ArgumentError, match="img_size"):
+        rm.create("flatten_pvt_v2_b0", img_size=(224, 200))
+    cfg = flatten_pvt.reduced(rm.create("flatten_pvt_v2_b0")[0])
+    params = flatten_pvt.init_params(cfg, SEED)
+    with pytest.raises(ArgumentError, match="x"):
+        flatten_pvt.run_unit(params, "norm2", np.zeros((1, 384, 32)), cfg)  # stage-1 tokens into stage 2's norm
+    with pytest.raises(KeyError):
+        flatten_pvt.forward({k: v for k, v in params.items() if k != "norm3.weight"},
+                            np.zeros((1, 3, *cfg.img_size)), cfg)

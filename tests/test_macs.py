@@ -5,8 +5,8 @@
 that preset too.  A registered model without a row fails.  Independently of the counting code, closed-form
 counts written out from the papers' architecture tables and the released code reproduce the totals of
 L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT and FLatten-DeiT, so a
-counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's closed form
-is tests/test_flatten_pvt.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
+counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's and
+FLatten-PVTv2's closed forms (the v2 feed-forward's depthwise conv included) are tests/test_flatten_pvt.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
 
 The papers' printed figures (GFLOPs = GMACs in this convention, Castling-ViT: GMACs) are recorded next to the
 counts with whether ours rounds to them at the printed precision; the gaps are those of
@@ -31,6 +31,11 @@ MACS = {
     "flatten_pvt_m": 7_035_990_016,
     "flatten_pvt_s": 4_029_945_856,
     "flatten_pvt_t": 2_037_406_720,
+    "flatten_pvt_v2_b0": 579_813_888,
+    "flatten_pvt_v2_b1": 2_219_344_896,
+    "flatten_pvt_v2_b2": 4_250_720_256,
+    "flatten_pvt_v2_b3": 7_283_859_456,
+    "flatten_pvt_v2_b4": 10_677_036_544,
     "flatten_swin_b": 15_421_313_024,
     "flatten_swin_s": 8_733_649_920,
     "flatten_swin_t": 4_483_341_312,
@@ -60,6 +65,11 @@ MACS_OFFICIAL = {
     "flatten_pvt_m": 7_035_990_016,
     "flatten_pvt_s": 4_029_945_856,
     "flatten_pvt_t": 2_037_406_720,
+    "flatten_pvt_v2_b0": 579_813_888,
+    "flatten_pvt_v2_b1": 2_219_344_896,
+    "flatten_pvt_v2_b2": 4_250_720_256,
+    "flatten_pvt_v2_b3": 7_283_859_456,
+    "flatten_pvt_v2_b4": 10_677_036_544,
     "flatten_swin_b": 15_421_313_024,
     "flatten_swin_s": 8_733_649_920,
     "flatten_swin_t": 4_483_341_312,
@@ -82,6 +92,11 @@ PAPER = {
     "flatten_pvt_m": (7.0, 1, "FLatten Table 8"),
     "flatten_pvt_s": (4.0, 1, "FLatten Table 8"),
     "flatten_pvt_t": (2.0, 1, "FLatten Table 8"),
+    "flatten_pvt_v2_b0": (0.6, 1, "FLatten Table 8"),
+    "flatten_pvt_v2_b1": (2.2, 1, "FLatten Table 8"),
+    "flatten_pvt_v2_b2": (4.3, 1, "FLatten Table 8"),
+    "flatten_pvt_v2_b3": (7.3, 1, "FLatten Table 8"),
+    "flatten_pvt_v2_b4": (10.7, 1, "FLatten Table 8"),
     "flatten_swin_b": (15.4, 1, "FLatten Table 8"),
     "flatten_swin_s": (8.7, 1, "FLatten Table 8"),
     "flatten_swin_t": (4.5, 1, "FLatten Table 8"),

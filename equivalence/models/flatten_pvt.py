@@ -1,10 +1,12 @@
-"""PyTorch twin of refimpl.models.flatten_pvt: FLatten-PVT-T/S/M/L.
+"""PyTorch twin of refimpl.models.flatten_pvt: FLatten-PVT-T/S/M/L and FLatten-PVTv2-B0..B4.
 
 Written as an ordinary PVT-style nn.Module (per-stage ``patch_embed{i}``, ``pos_embed{i}``, ``block{i}``
 ModuleLists, a final ``norm`` and ``head``), built from the attention twin of equivalence/modules
 (focused.FocusedLinearAttention, which carries PVT's spatial reduction for sr > 1) and
 equivalence/modules/layers.Mlp.  state_dict keys equal refimpl.models.flatten_pvt.param_shapes.  Tokens are
-(B, N, C) between units, as in the reference; ``features`` returns channels-first maps.
+(B, N, C) between units, as in the reference; ``features`` returns channels-first maps.  ``cfg.version == 2``
+(PVT v2): overlapping patch embeddings without positional embeddings, the convolutional feed-forward
+(``ConvMlp``: fc1 -> ``dwconv.dwconv`` 3x3 depthwise -> GELU -> fc2) and a LayerNorm ``norm{i}`` per stage.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from torch import nn
 
 from equivalence.modules.focused import FocusedLinearAttention
 from equivalence.modules.layers import Mlp
+from refimpl import config as _config
 from refimpl.models.flatten_pvt import FlattenPVTConfig
 
 CONFIG_TYPES = (FlattenPVTConfig,)
@@ -22,15 +25,44 @@ __all__ = ["CONFIG_TYPES", "build", "FlattenPVT"]
 
 
 class PatchEmbed(nn.Module):
-    """Conv(s x s, stride s) on a channels-first grid -> tokens (B, N, C) -> LayerNorm."""
+    """Conv(k x k, stride s, padding) on a channels-first grid -> tokens (B, N, C) -> LayerNorm (v1: k = s, no
+    padding; v2: k = 2 s - 1, padding s - 1)."""
 
-    def __init__(self, in_chans: int, dim: int, patch: int, eps: float):
+    def __init__(self, in_chans: int, dim: int, kernel: int, stride: int, padding: int, eps: float):
         super().__init__()
-        self.proj = nn.Conv2d(in_chans, dim, patch, stride=patch)
+        self.proj = nn.Conv2d(in_chans, dim, kernel, stride=stride, padding=padding)
         self.norm = nn.LayerNorm(dim, eps=eps)
 
     def forward(self, grid: torch.Tensor) -> torch.Tensor:
         return self.norm(self.proj(grid).flatten(2).transpose(1, 2))
+
+
+class DWConv(nn.Module):
+    """The 3x3 depthwise conv (with bias, zero padding) of PVT v2's feed-forward, on (B, N, C) tokens."""
+
+    def __init__(self, c: int, hw: tuple[int, int]):
+        super().__init__()
+        k = _config.PVT_V2_MLP_DWCONV_KERNEL
+        self.hw = hw
+        self.dwconv = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        return self.dwconv(x.transpose(1, 2).reshape(b, c, *self.hw)).flatten(2).transpose(1, 2)
+
+
+class ConvMlp(nn.Module):
+    """PVT v2's convolutional feed-forward: fc1 -> DWConv -> GELU -> fc2."""
+
+    def __init__(self, c: int, hidden: int, hw: tuple[int, int]):
+        super().__init__()
+        self.fc1 = nn.Linear(c, hidden)
+        self.dwconv = DWConv(hidden, hw)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, c)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.dwconv(self.fc1(x))))
 
 
 class Block(nn.Module):
@@ -44,7 +76,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.attn = FocusedLinearAttention(cfg.attention_config(i), kh * kw)
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
-        self.mlp = Mlp(c, cfg.hidden(i))
+        self.mlp = Mlp(c, cfg.hidden(i)) if cfg.version == 1 else ConvMlp(c, cfg.hidden(i), self.hw)
 
     def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
         """One stage of the block: "attn" (x + attn(LN1 x)) or "mlp" (x + MLP(LN2 x))."""
@@ -65,11 +97,16 @@ class FlattenPVT(nn.Module):
         self.cfg = cfg
         for i in range(cfg.n_stages):
             c, (gh, gw) = cfg.embed_dims[i], cfg.stage_grids[i]
-            setattr(self, f"patch_embed{i + 1}", PatchEmbed(cfg.stage_in_chans(i), c, cfg.stage_patch(i),
+            setattr(self, f"patch_embed{i + 1}", PatchEmbed(cfg.stage_in_chans(i), c, cfg.stage_kernel(i),
+                                                            cfg.stage_patch(i), cfg.stage_padding(i),
                                                             cfg.patch_norm_eps))
-            setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, gh * gw, c)))
+            if cfg.version == 1:
+                setattr(self, f"pos_embed{i + 1}", nn.Parameter(torch.zeros(1, gh * gw, c)))
             setattr(self, f"block{i + 1}", nn.ModuleList(Block(cfg, i) for _ in range(cfg.depths[i])))
-        self.norm = nn.LayerNorm(cfg.embed_dims[-1], eps=cfg.layer_norm_eps)
+            if cfg.version == 2:
+                setattr(self, f"norm{i + 1}", nn.LayerNorm(c, eps=cfg.layer_norm_eps))
+        if cfg.version == 1:
+            self.norm = nn.LayerNorm(cfg.embed_dims[-1], eps=cfg.layer_norm_eps)
         self.head = nn.Linear(cfg.embed_dims[-1], cfg.num_classes)
 
     def _grid(self, x: torch.Tensor, i: int) -> torch.Tensor:
@@ -78,9 +115,10 @@ class FlattenPVT(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], gh, gw)
 
     def embed(self, i: int, x: torch.Tensor) -> torch.Tensor:
-        """Stage i's patch embedding (images for i = 0, else the previous stage's tokens) + pos_embed."""
+        """Stage i's patch embedding (images for i = 0, else the previous stage's tokens) + pos_embed (v1)."""
         grid = x if i == 0 else self._grid(x, i - 1)
-        return getattr(self, f"patch_embed{i + 1}")(grid) + getattr(self, f"pos_embed{i + 1}")
+        y = getattr(self, f"patch_embed{i + 1}")(grid)
+        return y if self.cfg.version == 2 else y + getattr(self, f"pos_embed{i + 1}")
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
         if self.cfg.applies_final_norm:
@@ -96,6 +134,8 @@ class FlattenPVT(nn.Module):
             return self.head_unit(x)
         if name.startswith("patch_embed"):
             return self.embed(int(name[len("patch_embed"):]) - 1, x)
+        if name.startswith("norm"):
+            return getattr(self, name)(x)
         return self._block(name)(x)
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
@@ -107,6 +147,8 @@ class FlattenPVT(nn.Module):
             x = self.embed(i, x)
             for blk in getattr(self, f"block{i + 1}"):
                 x = blk(x)
+            if self.cfg.version == 2:
+                x = getattr(self, f"norm{i + 1}")(x)
             feats.append(self._grid(x, i))
         return self.head_unit(x), feats
 
