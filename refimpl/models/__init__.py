@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["register", "create", "names", "family_of", "param_count", "param_shapes", "ModelEntry"]
+__all__ = ["register", "create", "names", "family_of", "param_count", "param_shapes", "ModelEntry",
+           "convert_state_dict"]
 
 #: The model modules of this package; each registers its configs when imported.
 FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt")
@@ -115,3 +116,10 @@ def is_buffer(key: str) -> bool:
     """Whether a state_dict key names a buffer (kept in params so the state_dict round-trips, but not
     counted as a parameter).  Families with other buffers name them with a suffix listed here."""
     return key.endswith(BUFFER_SUFFIXES)
+
+
+def convert_state_dict(name: Any, state_dict: Any, source: str = "official", **kwargs: Any) -> dict:
+    """The reference's params for a released model's state_dict (``source="official"``) or a twin's
+    (``source="twin"``), strictly: see :func:`refimpl.models.convert.convert_state_dict`."""
+    from .convert import convert_state_dict as _convert
+    return _convert(name, state_dict, source, **kwargs)
