@@ -19,7 +19,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from . import backends, config, validation
-from .errors import ArgumentError, ParameterKeyError
+from .errors import ArgumentError, ArgumentTypeError, ParameterKeyError
 from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu, sum_depth
 from .verdict import accumulation_format
 
@@ -209,7 +209,7 @@ def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
         return int(v), int(v)
     if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v):
         return int(v[0]), int(v[1])
-    raise TypeError(f"argument '{name}': expected an int or a pair of ints, got {v!r}")
+    raise ArgumentTypeError(f"argument '{name}': expected an int or a pair of ints, got {v!r}")
 
 
 def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
@@ -225,20 +225,20 @@ def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
             return 0, 0, 0, 0
         if padding == "same":
             if stride != (1, 1):
-                raise ValueError(f"argument 'padding': 'same' requires stride 1 (as in PyTorch), got stride {stride}")
+                raise ArgumentError(f"argument 'padding': 'same' requires stride 1 (as in PyTorch), got stride {stride}")
             th, tw = dilation[0] * (kernel[0] - 1), dilation[1] * (kernel[1] - 1)
             return th // 2, th - th // 2, tw // 2, tw - tw // 2
-        raise ValueError(f"argument 'padding': expected an int, a pair, 'same' or 'valid', got {padding!r}")
+        raise ArgumentError(f"argument 'padding': expected an int, a pair, 'same' or 'valid', got {padding!r}")
     ph, pw = _pair(padding, "padding")
     if ph < 0 or pw < 0:
-        raise ValueError(f"argument 'padding': expected non-negative padding, got {padding!r}")
+        raise ArgumentError(f"argument 'padding': expected non-negative padding, got {padding!r}")
     return ph, ph, pw, pw
 
 
 def _output_size(n: int, k: int, s: int, d: int, lo: int, hi: int, axis: str) -> int:
     span = d * (k - 1) + 1
     if n + lo + hi < span:
-        raise ValueError(f"argument 'x': padded {axis} size {n + lo + hi} is smaller than the dilated kernel "
+        raise ArgumentError(f"argument 'x': padded {axis} size {n + lo + hi} is smaller than the dilated kernel "
                          f"extent {span}")
     return (n + lo + hi - span) // s + 1
 
@@ -249,14 +249,14 @@ def _validate_conv(x, weight, stride, padding, dilation, groups):
     dims = check_shapes(x=(x, "B C H W"), weight=(weight, "O Cg KH KW"))
     groups = check_positive_int(groups, "groups")
     if dims["C"] % groups or dims["O"] % groups:
-        raise ValueError(f"argument 'groups': in_channels {dims['C']} and out_channels {dims['O']} must both "
+        raise ArgumentError(f"argument 'groups': in_channels {dims['C']} and out_channels {dims['O']} must both "
                          f"be divisible by groups={groups}")
     if dims["Cg"] != dims["C"] // groups:
-        raise ValueError(f"argument 'weight': expected shape ({dims['O']}, {dims['C'] // groups}, KH, KW) for "
+        raise ArgumentError(f"argument 'weight': expected shape ({dims['O']}, {dims['C'] // groups}, KH, KW) for "
                          f"in_channels={dims['C']}, groups={groups}; got {weight.shape}")
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(stride) < 1 or min(dilation) < 1:
-        raise ValueError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
+        raise ArgumentError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
     pads = conv_padding(padding, (dims["KH"], dims["KW"]), stride, dilation)
     return x, weight, dims, groups, stride, dilation, pads
 
@@ -323,7 +323,7 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
         bias = check_vector(bias, "bias", dims["C"])
     stride, dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
     if min(stride) < 1 or min(dilation) < 1:
-        raise ValueError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
+        raise ArgumentError(f"arguments 'stride'/'dilation': expected >= 1, got {stride}, {dilation}")
     pads = conv_padding(padding, (dims["KH"], dims["KW"]), stride, dilation)
     _output_size(dims["H"], dims["KH"], stride[0], dilation[0], pads[0], pads[1], "height")
     _output_size(dims["W"], dims["KW"], stride[1], dilation[1], pads[2], pads[3], "width")
@@ -423,7 +423,7 @@ def window_partition(x: np.ndarray, ws: int | tuple[int, int]) -> np.ndarray:
     wh, ww = _pair(ws, "ws")
     b, h, w, c = x.shape
     if h % wh or w % ww:
-        raise ValueError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww}; "
+        raise ArgumentError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww}; "
                          f"pad it first with pad_to_multiple")
     x = x.reshape(b, h // wh, wh, w // ww, ww, c).transpose(0, 1, 3, 2, 4, 5)
     return x.reshape(-1, wh * ww, c)
@@ -434,11 +434,11 @@ def window_reverse(windows: np.ndarray, ws: int | tuple[int, int], h: int, w: in
     windows = np.asarray(windows)
     wh, ww = _pair(ws, "ws")
     if h % wh or w % ww:
-        raise ValueError(f"arguments 'h', 'w': grid {h}x{w} is not a multiple of the window {wh}x{ww}")
+        raise ArgumentError(f"arguments 'h', 'w': grid {h}x{w} is not a multiple of the window {wh}x{ww}")
     nw = (h // wh) * (w // ww)
     check_shapes(windows=(windows, "BnW n C"), sizes={"n": wh * ww})
     if windows.shape[0] % nw:
-        raise ValueError(f"argument 'windows': leading size {windows.shape[0]} is not a multiple of the "
+        raise ArgumentError(f"argument 'windows': leading size {windows.shape[0]} is not a multiple of the "
                          f"{nw} windows of a {h}x{w} grid")
     b, c = windows.shape[0] // nw, windows.shape[-1]
     x = windows.reshape(b, h // wh, w // ww, wh, ww, c).transpose(0, 1, 3, 2, 4, 5)
@@ -456,9 +456,9 @@ def shifted_window_mask(h: int, w: int, ws: int | tuple[int, int], shift: int | 
     wh, ww = _pair(ws, "ws")
     sh, sw = _pair(shift, "shift")
     if h % wh or w % ww:
-        raise ValueError(f"arguments 'h', 'w': grid {h}x{w} must be a multiple of the window {wh}x{ww}")
+        raise ArgumentError(f"arguments 'h', 'w': grid {h}x{w} must be a multiple of the window {wh}x{ww}")
     if not (0 <= sh < wh and 0 <= sw < ww):
-        raise ValueError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
+        raise ArgumentError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
     region = np.zeros((1, h, w, 1))
     label = 0
     for hs in (slice(0, -wh), slice(-wh, -sh if sh else None), slice(-sh, None) if sh else slice(0, 0)):
@@ -489,9 +489,9 @@ def relative_position_bias(table: np.ndarray, index: np.ndarray) -> np.ndarray:
     check_shapes(table=(table, "T h"))
     index = np.asarray(index)
     if index.dtype.kind not in "iu":
-        raise TypeError(f"argument 'index': expected an integer array, got {index.dtype}")
+        raise ArgumentTypeError(f"argument 'index': expected an integer array, got {index.dtype}")
     if index.size and (index.min() < 0 or index.max() >= table.shape[0]):
-        raise ValueError(f"argument 'index': entries must lie in [0, {table.shape[0]}), got "
+        raise ArgumentError(f"argument 'index': entries must lie in [0, {table.shape[0]}), got "
                          f"[{index.min()}, {index.max()}]")
     return np.moveaxis(table[index], -1, 0)
 
@@ -507,7 +507,7 @@ def cpe(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np
     weight = as_float(weight, "weight")
     k = weight.shape[-1]
     if weight.ndim != 4 or weight.shape[-2] != k or k % 2 == 0:
-        raise ValueError(f"argument 'weight': expected (C, 1, k, k) with odd k, got {weight.shape}")
+        raise ArgumentError(f"argument 'weight': expected (C, 1, k, k) with odd k, got {weight.shape}")
     return x + depthwise_conv2d(x, weight, bias, padding=k // 2)
 
 

@@ -64,7 +64,7 @@ def precision(dtype) -> Iterator[np.dtype]:
     """
     dt = np.dtype(dtype)
     if dt.kind != "f":
-        raise TypeError(f"precision: expected a real floating dtype, got {dt}")
+        raise ArgumentTypeError(f"precision: expected a real floating dtype, got {dt}")
     token = _WORKING.set(dt)
     try:
         yield dt
@@ -201,7 +201,7 @@ def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
     if approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
         return 0.5 * x * (1.0 + np.tanh(c * (x + config.GELU_TANH_COEF * x * x * x)))
-    raise ValueError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
+    raise ArgumentError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
 
 
 def relu(x: np.ndarray) -> np.ndarray:
@@ -262,7 +262,7 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = config.L2_NORMALIZE
             return x / (norm + eps)
         if policy == "none":
             return x / norm
-    raise ValueError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
+    raise ArgumentError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
 
 
 # ===================================================================================================

@@ -49,6 +49,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from . import config
+from .errors import ArgumentError
 from .numerics import Bound, as_float
 
 __all__ = [
@@ -68,7 +69,7 @@ METHODS = ("dense", "rfft", "fft")
 
 def _check_ndim(ndim: Any) -> int:
     if isinstance(ndim, bool) or not isinstance(ndim, (int, np.integer)) or int(ndim) not in (1, 2, 3):
-        raise ValueError(f"argument 'ndim': expected 1, 2 or 3 grid axes, got {ndim!r}")
+        raise ArgumentError(f"argument 'ndim': expected 1, 2 or 3 grid axes, got {ndim!r}")
     return int(ndim)
 
 
@@ -77,7 +78,7 @@ def _tuple(v: int | Sequence[int], ndim: int, name: str) -> tuple[int, ...]:
         return (int(v),) * ndim
     t = tuple(int(i) for i in v)
     if len(t) != ndim:
-        raise ValueError(f"argument '{name}': expected {ndim} values (one per grid axis), got {v!r}")
+        raise ArgumentError(f"argument '{name}': expected {ndim} values (one per grid axis), got {v!r}")
     return t
 
 
@@ -87,11 +88,11 @@ def toeplitz_grid(e: np.ndarray, ndim: int, name: str = "e") -> tuple[int, ...]:
     ndim = _check_ndim(ndim)
     shape = np.shape(e)
     if len(shape) < ndim:
-        raise ValueError(f"argument '{name}': expected at least {ndim} axes (2n-1 per grid axis), got shape "
+        raise ArgumentError(f"argument '{name}': expected at least {ndim} axes (2n-1 per grid axis), got shape "
                          f"{tuple(shape)}")
     for a, s in enumerate(shape[:ndim]):
         if s % 2 == 0 or s < 1:
-            raise ValueError(f"argument '{name}': grid axis {a} of Toeplitz parameters must have odd length "
+            raise ArgumentError(f"argument '{name}': grid axis {a} of Toeplitz parameters must have odd length "
                              f"2n-1, got {s} (shape {tuple(shape)})")
     return tuple((s + 1) // 2 for s in shape[:ndim])
 
@@ -101,7 +102,7 @@ def circulant_grid(w: np.ndarray, ndim: int, name: str = "w") -> tuple[int, ...]
     ndim = _check_ndim(ndim)
     shape = np.shape(w)
     if len(shape) < ndim:
-        raise ValueError(f"argument '{name}': expected at least {ndim} axes (one per grid axis), got shape "
+        raise ArgumentError(f"argument '{name}': expected at least {ndim} axes (one per grid axis), got shape "
                          f"{tuple(shape)}")
     return tuple(int(s) for s in shape[:ndim])
 
@@ -119,7 +120,7 @@ def num_circulant_params(grid: Sequence[int]) -> int:
 def _guard(elements: int, max_elements: int | None, what: str) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else int(max_elements)
     if elements > limit:
-        raise ValueError(f"{what}: the dense N x N path would allocate {elements} elements, above the limit "
+        raise ArgumentError(f"{what}: the dense N x N path would allocate {elements} elements, above the limit "
                          f"{limit} (config.QUADRATIC_MAX_ELEMENTS or max_elements); use method='rfft' "
                          f"(FFT product, O(N log N)) instead")
 
@@ -129,11 +130,11 @@ def _split_x(x: np.ndarray, grid: tuple[int, ...], nch: int,
     """(batch shape, channel shape) of x = (*batch, *grid, *ch) with len(ch) = nch; ValueError otherwise."""
     r = len(grid)
     if x.ndim < r + nch:
-        raise ValueError(f"argument '{name}': expected shape (*batch, {', '.join(map(str, grid))}, <{nch} channel "
+        raise ArgumentError(f"argument '{name}': expected shape (*batch, {', '.join(map(str, grid))}, <{nch} channel "
                          f"axes>), got {x.shape}")
     g = x.shape[x.ndim - nch - r: x.ndim - nch]
     if tuple(g) != tuple(grid):
-        raise ValueError(f"argument '{name}': expected grid axes {tuple(grid)} at positions "
+        raise ArgumentError(f"argument '{name}': expected grid axes {tuple(grid)} at positions "
                          f"{x.ndim - nch - r}..{x.ndim - nch - 1} of shape {x.shape} (the last {nch} axes are "
                          f"channels, matching the kernel), got {tuple(g)}")
     return x.shape[:x.ndim - nch - r], x.shape[x.ndim - nch:]
@@ -292,7 +293,7 @@ def periodize(e: Any, ndim: int = 1, lengths: int | Sequence[int] | None = None)
     lens = grid if lengths is None else _tuple(lengths, ndim, "lengths")
     for a, length in enumerate(lens):
         if length < 1:
-            raise ValueError(f"argument 'lengths': axis {a} length must be >= 1, got {length}")
+            raise ArgumentError(f"argument 'lengths': axis {a} length must be >= 1, got {length}")
     out = h
     for a, (n, length) in enumerate(zip(grid, lens)):
         moved = np.moveaxis(out, a, 0)
@@ -358,7 +359,7 @@ def restrict_support(e: Any, ndim: int = 1, radius: int | Sequence[int] = 0) -> 
     grid = toeplitz_grid(e, ndim)
     rad = _tuple(radius, ndim, "radius")
     if min(rad) < 0:
-        raise ValueError(f"argument 'radius': expected non-negative radii, got {radius!r}")
+        raise ArgumentError(f"argument 'radius': expected non-negative radii, got {radius!r}")
     mask = np.ones((1,) * ndim, dtype=bool)
     for a, n in enumerate(grid):
         s = np.abs(np.arange(2 * n - 1) - (n - 1)).reshape([2 * n - 1 if b == a else 1 for b in range(ndim)])
@@ -391,13 +392,13 @@ def dense_product(m: Any, x: Any, ndim: int = 1) -> np.ndarray:
     x = as_float(x, "x")
     ndim = _check_ndim(ndim)
     if m.ndim < 2 or m.shape[0] != m.shape[1]:
-        raise ValueError(f"argument 'm': expected shape (N, N, *ch), got {m.shape}")
+        raise ArgumentError(f"argument 'm': expected shape (N, N, *ch), got {m.shape}")
     nch = m.ndim - 2
     if x.ndim < ndim + nch:
-        raise ValueError(f"argument 'x': expected (*batch, <{ndim} grid axes>, <{nch} channel axes>), got {x.shape}")
+        raise ArgumentError(f"argument 'x': expected (*batch, <{ndim} grid axes>, <{nch} channel axes>), got {x.shape}")
     grid = x.shape[x.ndim - nch - ndim: x.ndim - nch]
     if int(np.prod(grid)) != m.shape[0]:
-        raise ValueError(f"argument 'x': grid {tuple(grid)} has {int(np.prod(grid))} tokens, matrix 'm' is "
+        raise ArgumentError(f"argument 'x': grid {tuple(grid)} has {int(np.prod(grid))} tokens, matrix 'm' is "
                          f"{m.shape[0]} x {m.shape[1]}")
     batch, chx = _split_x(x, tuple(grid), nch)
     ch = np.broadcast_shapes(m.shape[2:], chx)
@@ -428,7 +429,7 @@ def _fft_convolve(x: np.ndarray, k: np.ndarray, ndim: int, lengths: tuple[int, .
         if taps is not None:
             taps["imag"] = yc.imag[_crop(y.ndim, axes, grid)]
     else:
-        raise ValueError(f"argument 'method': expected one of {METHODS}, got {transform!r}")
+        raise ArgumentError(f"argument 'method': expected one of {METHODS}, got {transform!r}")
     if taps is not None:
         taps["spectrum_x"] = xf
         taps["spectrum_kernel"] = kf
@@ -512,7 +513,7 @@ def toeplitz_product(e: Any, x: Any, ndim: int = 1, method: str = "rfft",
     lens = default_lengths(grid) if lengths is None else _tuple(lengths, ndim, "lengths")
     for a, (n, length) in enumerate(zip(grid, lens)):
         if length < n:
-            raise ValueError(f"argument 'lengths': axis {a} FFT length {length} is smaller than the grid size {n}")
+            raise ArgumentError(f"argument 'lengths': axis {a} FFT length {length} is smaller than the grid size {n}")
     k = periodize(e, ndim, lens)
     if taps is not None:
         taps["padded_kernel"] = k

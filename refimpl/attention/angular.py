@@ -93,7 +93,7 @@ def _terms(x: np.ndarray, order: Any, what: str) -> int:
     terms = min(order, k0)
     limit = config.ARCSIN_SERIES_MAX_TERMS
     if terms > limit:
-        raise ValueError(f"argument 'order': {what} would sum {terms} terms of the arcsin series (order = {order}; "
+        raise ArgumentError(f"argument 'order': {what} would sum {terms} terms of the arcsin series (order = {order}; "
                          f"the largest |x| is {m!r}, where the terms up to that order are not negligible in "
                          f"float64), above the limit {limit} (config.ARCSIN_SERIES_MAX_TERMS); use order <= {limit}, "
                          f"or arcsin itself (angular_similarity) for the untruncated kernel")
@@ -272,7 +272,7 @@ def arcsin_tail_bound(x: Any, order: int, kind: str = "geometric") -> np.ndarray
     order = _check_order(order)
     ax = np.abs(np.asarray(numerics.as_float(x, "x", allow_empty=True), dtype=np.float64))
     if kind not in ("geometric", "uniform", "best"):
-        raise ValueError(f"argument 'kind': expected 'geometric', 'uniform' or 'best', got {kind!r}")
+        raise ArgumentError(f"argument 'kind': expected 'geometric', 'uniform' or 'best', got {kind!r}")
     inflate = 1.0 + numerics.gamma(config.ELEMENTARY_FUNCTION_ULPS + 8, numerics.unit_roundoff(np.float64))
     c_next = float(arcsin_coefficients_exact(order + 1)[-1])
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -301,7 +301,7 @@ def arcsin_tail_tightness(x: Any, order: int, kind: str = "geometric") -> np.nda
     if kind == "uniform":
         f1 = math.sqrt((order + 1.5) / (order + 1)) * (1.0 + 1.0 / (2 * (order + 1)))
         return np.where(ax == 1.0, f1, np.inf)
-    raise ValueError(f"argument 'kind': expected 'geometric' or 'uniform', got {kind!r}")
+    raise ArgumentError(f"argument 'kind': expected 'geometric' or 'uniform', got {kind!r}")
 
 
 # ===================================================================================================
@@ -310,22 +310,22 @@ def arcsin_tail_tightness(x: Any, order: int, kind: str = "geometric") -> np.nda
 
 def _check_pair(q: np.ndarray, k: np.ndarray) -> None:
     if q.ndim < 2 or k.ndim < 2:
-        raise ValueError(f"arguments 'q', 'k': expected arrays of shape (..., N, d) and (..., M, d), got "
+        raise ArgumentError(f"arguments 'q', 'k': expected arrays of shape (..., N, d) and (..., M, d), got "
                          f"{q.shape} and {k.shape}")
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"arguments 'q', 'k': expected shapes (..., N, d) and (..., M, d) with equal leading "
+        raise ArgumentError(f"arguments 'q', 'k': expected shapes (..., N, d) and (..., M, d) with equal leading "
                          f"dims and d, got {q.shape} and {k.shape}")
 
 
 def _check_policy(policy: str) -> None:
     if policy not in _POLICIES:
-        raise ValueError(f"argument 'policy': expected one of {_POLICIES}, got {policy!r}")
+        raise ArgumentError(f"argument 'policy': expected one of {_POLICIES}, got {policy!r}")
 
 
 def _guard(elements: int, max_elements: int | None, what: str, instead: str) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
     if elements > limit:
-        raise ValueError(f"{what} would allocate {elements} elements (limit {limit}, "
+        raise ArgumentError(f"{what} would allocate {elements} elements (limit {limit}, "
                          f"config.QUADRATIC_MAX_ELEMENTS or max_elements); use {instead} instead")
 
 
@@ -357,7 +357,7 @@ def unit_rows(x: Any, *, eps: float = config.CASTLING_QK_NORM_EPS, policy: str =
     if arithmetic == "scaled":
         return numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy)
     if arithmetic != "naive":
-        raise ValueError(f"argument 'arithmetic': expected 'scaled' or 'naive', got {arithmetic!r}")
+        raise ArgumentError(f"argument 'arithmetic': expected 'scaled' or 'naive', got {arithmetic!r}")
     x = numerics.as_float(x, "x")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         n = np.abs(x) if x.shape[-1] == 1 else np.sqrt(np.sum(x * x, axis=-1, keepdims=True))
@@ -427,7 +427,7 @@ def spectral_angle(q: Any, k: Any, *, method: str = "atan2", eps: float = config
     computation?" (2006), Sec. 12 (angle between vectors).
     """
     if method not in _METHODS:
-        raise ValueError(f"argument 'method': expected one of {_METHODS}, got {method!r}")
+        raise ArgumentError(f"argument 'method': expected one of {_METHODS}, got {method!r}")
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     _check_pair(q, k)
@@ -522,7 +522,7 @@ def _feature_dim(d: int, order: int, constant: bool) -> int:
     an integer of millions of digits.  An order above config.ARCSIN_SERIES_MAX_TERMS (one feature block per
     term, so nothing to truncate) raises ValueError naming 'order'."""
     if order + 1 > config.ARCSIN_SERIES_MAX_TERMS:
-        raise ValueError(f"argument 'order': the angular series features have one block per term, {order + 1} "
+        raise ArgumentError(f"argument 'order': the angular series features have one block per term, {order + 1} "
                          f"terms for order = {order}, above the limit {config.ARCSIN_SERIES_MAX_TERMS} "
                          f"(config.ARCSIN_SERIES_MAX_TERMS)")
     dim = int(constant)
@@ -575,7 +575,7 @@ def _angular_series_features_numpy(x: Any, order: int, *, constant: bool = True,
     dim = _feature_dim(x.shape[-1], order, constant)
     n_el = int(np.prod(x.shape[:-1])) * dim
     if n_el > config.CASTLING_MAX_FEATURE_ELEMENTS:
-        raise ValueError(f"angular_series_features: {n_el} elements exceed config.CASTLING_MAX_FEATURE_ELEMENTS="
+        raise ArgumentError(f"angular_series_features: {n_el} elements exceed config.CASTLING_MAX_FEATURE_ELEMENTS="
                          f"{config.CASTLING_MAX_FEATURE_ELEMENTS} (d = {x.shape[-1]}, order = {order}); lower the "
                          f"order, or use angular_attention (quadratic in N) for small N")
     xh = unit_rows(x, eps=eps, policy=policy)
@@ -612,7 +612,7 @@ def hyperplane_features(x: Any, directions: Any) -> np.ndarray:
     w = numerics.as_float(directions, "directions")
     numerics.check_shapes(directions=(w, "m d"), sizes=None)
     if w.shape[1] != x.shape[-1]:
-        raise ValueError(f"argument 'directions': expected shape (m, {x.shape[-1]}), got {w.shape}")
+        raise ArgumentError(f"argument 'directions': expected shape (m, {x.shape[-1]}), got {w.shape}")
     m = w.shape[0]
     s = np.where(x @ w.T >= 0, 1.0, -1.0).astype(x.dtype)
     head = np.full((*x.shape[:-1], 1), math.sqrt(0.5), dtype=x.dtype)
@@ -757,7 +757,7 @@ _NORMALIZERS = ("none", "similarity_sum", "output_l2")
 def _constant_term(v: np.ndarray, constant: str, n: int) -> np.ndarray:
     if constant == "own":
         if v.shape[-2] != n:
-            raise ValueError(f"constant='own' needs as many keys as queries (the token's own value), got "
+            raise ArgumentError(f"constant='own' needs as many keys as queries (the token's own value), got "
                              f"N = {n} queries and M = {v.shape[-2]} values")
         return 0.5 * v
     return np.broadcast_to(0.5 * np.sum(v, axis=-2, keepdims=True), (*v.shape[:-2], n, v.shape[-1]))
@@ -802,9 +802,9 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     Castling-ViT Eq. 8-9; Katharopoulos et al. (2020) for the association order.
     """
     if constant not in _CONSTANTS:
-        raise ValueError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
+        raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
     if normalizer not in _NORMALIZERS:
-        raise ValueError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
+        raise ArgumentError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
     if (taps is None and policy == "clamp" and arithmetic == "scaled" and normalizer != "output_l2"
             and backends.current() != "numpy" and isinstance(eps, (int, float, np.integer, np.floating))
             and not isinstance(eps, (bool, np.bool_)) and eps >= 0):
@@ -824,9 +824,9 @@ def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "
     what that function computes on the NumPy backend, and what the NumPy twin of operation
     "linear_angular_attention" (refimpl.backends.twins) calls, so that the twin never dispatches again."""
     if constant not in _CONSTANTS:
-        raise ValueError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
+        raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
     if normalizer not in _NORMALIZERS:
-        raise ValueError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
+        raise ArgumentError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
     q, k, v, sz = _check_qkv(q, k, v)
     qh = unit_rows(q, eps=eps, policy=policy, arithmetic=arithmetic)
     kh = unit_rows(k, eps=eps, policy=policy, arithmetic=arithmetic)
@@ -872,7 +872,7 @@ def token_conv(v: Any, weight: Any, bias: Any = None) -> np.ndarray:
     weight = numerics.as_float(weight, "weight")
     sz = numerics.check_shapes(v=(v, "B h N d"), weight=(weight, "h 1 k 1"))
     if sz["k"] % 2 == 0:
-        raise ValueError(f"argument 'weight': expected an odd kernel length k (padding k//2 keeps N tokens), "
+        raise ArgumentError(f"argument 'weight': expected an odd kernel length k (padding k//2 keeps N tokens), "
                          f"got shape {weight.shape}")
     return layers.depthwise_conv2d(v, weight, bias, padding=(sz["k"] // 2, 0))
 
@@ -916,7 +916,7 @@ def grid_conv(v: Any, weight: Any, bias: Any = None, *, hw: tuple[int, int]) -> 
     hw = _check_hw(hw, sz["N"])
     numerics.check_shapes(weight=(weight, "C 1 k k"), sizes={"C": sz["h"] * sz["d"]})
     if weight.shape[2] % 2 == 0:
-        raise ValueError(f"argument 'weight': expected an odd kernel size, got shape {weight.shape}")
+        raise ArgumentError(f"argument 'weight': expected an odd kernel size, got shape {weight.shape}")
     img = _heads_to_image(v, hw)
     out = layers.depthwise_conv2d(img, weight, bias, padding=weight.shape[2] // 2)
     return _image_to_heads(out, sz["h"])
@@ -1014,7 +1014,7 @@ class CastlingConfig:
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
-            raise ValueError(f"argument 'dim': expected a multiple of num_heads={self.num_heads}, got {self.dim}")
+            raise ArgumentError(f"argument 'dim': expected a multiple of num_heads={self.num_heads}, got {self.dim}")
         _check_order(self.order)
         choices = {"constant": _CONSTANTS, "normalizer": _NORMALIZERS, "qk_norm": _POLICIES,
                    "norm_arithmetic": ("scaled", "naive"),
@@ -1022,14 +1022,14 @@ class CastlingConfig:
                    "sparse_logits": ("unit", "scaled_raw")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
-                raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
         k = numerics.check_positive_int(self.conv_kernel, "conv_kernel")
         if k % 2 == 0:
-            raise ValueError(f"argument 'conv_kernel': expected an odd size (padding k//2 keeps N), got {k}")
+            raise ArgumentError(f"argument 'conv_kernel': expected an odd size (padding k//2 keeps N), got {k}")
         validation.check_eps(self.qk_norm_eps, "qk_norm_eps")
         validation.check_eps(self.sparse_eps, "sparse_eps")
         if self.normalizer == "output_l2" and self.order != 0:
-            raise ValueError("normalizer='output_l2' (the official preset) is defined for order 0 only")
+            raise ArgumentError("normalizer='output_l2' (the official preset) is defined for order 0 only")
 
     @property
     def head_dim(self) -> int:
@@ -1046,7 +1046,7 @@ class CastlingConfig:
                              sparse="off", sparse_eps=config.CASTLING_SPARSE_EPS, sparse_logits="scaled_raw"),
         }
         if name not in presets:
-            raise ValueError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
+            raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
         return cls(**{**presets[name], **overrides})
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -1105,7 +1105,7 @@ def _features_no_norm(xh: np.ndarray, order: int) -> np.ndarray:
     """[sqrt(c_k/pi) xh^{(x)(2k+1)}]_k on already normalised rows (no constant component)."""
     dim = _feature_dim(xh.shape[-1], order, False)
     if int(np.prod(xh.shape[:-1])) * dim > config.CASTLING_MAX_FEATURE_ELEMENTS:
-        raise ValueError(f"order {order} with d = {xh.shape[-1]}: {dim} features per token exceed "
+        raise ArgumentError(f"order {order} with d = {xh.shape[-1]}: {dim} features per token exceed "
                          f"config.CASTLING_MAX_FEATURE_ELEMENTS; lower the order")
     c = arcsin_coefficients(order)
     parts, power = [], xh
@@ -1151,10 +1151,10 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
     """
     q, k, v, sz = _check_qkv(q, k, v)
     if sz["N"] != sz["M"] or sz["e"] != sz["d"]:
-        raise ValueError(f"castling_core: self-attention expects q, k, v of one shape (B, h, N, d), got "
+        raise ArgumentError(f"castling_core: self-attention expects q, k, v of one shape (B, h, N, d), got "
                          f"{q.shape}, {k.shape}, {v.shape}")
     if sz["h"] != cfg.num_heads or sz["d"] != cfg.head_dim:
-        raise ValueError(f"castling_core: q has h = {sz['h']}, d = {sz['d']}; cfg expects h = {cfg.num_heads}, "
+        raise ArgumentError(f"castling_core: q has h = {sz['h']}, d = {sz['d']}; cfg expects h = {cfg.num_heads}, "
                          f"d = {cfg.head_dim}")
     qh = unit_rows(q, eps=cfg.qk_norm_eps, policy=cfg.qk_norm, arithmetic=cfg.norm_arithmetic)
     kh = unit_rows(k, eps=cfg.qk_norm_eps, policy=cfg.qk_norm, arithmetic=cfg.norm_arithmetic)
@@ -1185,7 +1185,7 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
         _tap(taps, "angular", out)
     if cfg.conv != "none":
         if conv_weight is None:
-            raise ValueError(f"argument 'conv_weight': required for conv={cfg.conv!r}")
+            raise ArgumentError(f"argument 'conv_weight': required for conv={cfg.conv!r}")
         dwc = token_conv(v, conv_weight, conv_bias) if cfg.conv == "tokens1d" else \
             grid_conv(v, conv_weight, conv_bias, hw=hw)
         _tap(taps, "dwc", dwc)
@@ -1602,9 +1602,9 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
     """
     q, k, v, _ = _check_qkv(q, k, v)
     if constant not in ("sum", "own"):
-        raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
+        raise ArgumentError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
     if normalizer not in ("none", "similarity_sum"):
-        raise ValueError(f"argument 'normalizer': the bound covers 'none' and 'similarity_sum', got {normalizer!r}")
+        raise ArgumentError(f"argument 'normalizer': the bound covers 'none' and 'similarity_sum', got {normalizer!r}")
     with np.errstate(all="ignore"):
         qh = unit_rows(q, eps=eps, policy="clamp")
         kh = unit_rows(k, eps=eps, policy="clamp")

@@ -116,15 +116,15 @@ class L2ViTConfig:
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
-            raise ValueError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+            raise ArgumentError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
         numerics.check_positive_int(self.window_size, "window_size")
         for name in ("lcm_kernel", "cpe_kernel"):
             k = numerics.check_positive_int(getattr(self, name), name)
             if k % 2 == 0:
-                raise ValueError(f"argument '{name}': expected an odd kernel size ('same' padding), got {k}")
+                raise ArgumentError(f"argument '{name}': expected an odd kernel size ('same' padding), got {k}")
         numerics.check_positive_int(self.window_shift, "window_shift", minimum=0)
         if self.window_shift >= self.window_size:
-            raise ValueError(f"argument 'window_shift': expected 0 <= shift < window_size={self.window_size}, "
+            raise ArgumentError(f"argument 'window_shift': expected 0 <= shift < window_size={self.window_size}, "
                              f"got {self.window_shift}")
         validation.check_real(self.c_min, "c_min", minimum=0.0)
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
@@ -136,7 +136,7 @@ class L2ViTConfig:
         for name, allowed in (("scale_mode", ("scalar", "per_head")), ("scale_target", ("numerator", "similarity")),
                               ("lcm_placement", ("residual", "attention")), ("lwa_cpe", ("once", "twice"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:
@@ -156,14 +156,14 @@ class L2ViTConfig:
         elif name == "official":
             fields = dict(scale_mode="per_head", lwa_cpe="twice", window_mask_padding=False)
         else:
-            raise ValueError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
+            raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
         fields.update(overrides)
         return cls(**fields)
 
 
 def _check_order(order: str) -> None:
     if order not in _ORDERS:
-        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
 
 
 # ===================================================================================================
@@ -175,13 +175,13 @@ def _scaled(a: np.ndarray, scale: Any, scale_mode: str, h: int) -> tuple[np.ndar
     scalar; the gain t (1, h, 1, 1) is 1 / s ("divide", the paper's s) or s ("multiply", the temperature)."""
     s = numerics.as_float(scale, "scale")
     if s.size not in (1, h):
-        raise ValueError(f"argument 'scale': expected one value or one per head ({h}), got shape {s.shape}")
+        raise ArgumentError(f"argument 'scale': expected one value or one per head ({h}), got shape {s.shape}")
     s = s.reshape(1, -1, 1, 1)
     if scale_mode == "divide":
         return a / s, 1.0 / s
     if scale_mode == "multiply":
         return a * s, s
-    raise ValueError(f"argument 'scale_mode': expected 'divide' or 'multiply', got {scale_mode!r}")
+    raise ArgumentError(f"argument 'scale_mode': expected 'divide' or 'multiply', got {scale_mode!r}")
 
 
 def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L2VIT_C_MIN, scale: Any = 1.0,
@@ -256,7 +256,7 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
         pk, t = _scaled(phi_k, scale, scale_mode, sz["h"])
         out = kernelized_attention(phi_q, pk, v, order=order, clamp_min=c_min, taps=taps, max_elements=max_elements)
     else:
-        raise ValueError(f"argument 'scale_target': expected 'numerator' or 'similarity', got {scale_target!r}")
+        raise ArgumentError(f"argument 'scale_target': expected 'numerator' or 'similarity', got {scale_target!r}")
     if taps is not None:
         taps["gain"] = t
     return out
@@ -538,7 +538,7 @@ def l2vit_param_shapes(cfg: L2ViTConfig, block: str) -> dict[str, tuple[int, ...
         if cfg.lwa_cpe == "twice":
             shapes.update({"cpe.1.proj.weight": (c, 1, kc, kc), "cpe.1.proj.bias": (c,)})
     else:
-        raise ValueError(f"argument 'block': expected 'lga' or 'lwa', got {block!r}")
+        raise ArgumentError(f"argument 'block': expected 'lga' or 'lwa', got {block!r}")
     shapes.update({"norm2.weight": (c,), "norm2.bias": (c,), "mlp.fc1.weight": (hid, c), "mlp.fc1.bias": (hid,),
                    "mlp.fc2.weight": (c, hid), "mlp.fc2.bias": (c,)})
     return shapes

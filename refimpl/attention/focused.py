@@ -54,7 +54,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, numerics, validation
-from ..errors import ParameterKeyError
+from ..errors import ArgumentError, ArgumentTypeError, ParameterKeyError
 from ..layers import conv2d, conv2d_bound, depthwise_conv2d, depthwise_conv2d_bound, layer_norm, layer_norm_bound, linear, linear_bound, \
     shifted_window_mask, window_partition, window_reverse
 from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
@@ -113,18 +113,18 @@ class FocusedConfig:
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
-            raise ValueError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+            raise ArgumentError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
         _check_p(self.p)
         numerics.check_positive_int(self.kernel_size, "kernel_size")
         if self.kernel_size % 2 == 0:
-            raise ValueError(f"argument 'kernel_size': expected an odd size ('same' padding k // 2), "
+            raise ArgumentError(f"argument 'kernel_size': expected an odd size ('same' padding k // 2), "
                              f"got {self.kernel_size}")
         numerics.check_positive_int(self.sr_ratio, "sr_ratio")
         for name, allowed in (("norm_scope", ("head", "token")), ("normaliser", ("sum", "mean_scaled")),
                               ("dwc_resample", ("bilinear", "linear_flat")),
                               ("shift_mask", ("apply", "ignore")), ("power_scaling", ("max", "none"))):
             if getattr(self, name) not in allowed:
-                raise ValueError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
         for name in ("relu_eps", "eps", "layer_norm_eps"):
             validation.check_eps(getattr(self, name), name)            # finite, >= 0
 
@@ -147,7 +147,7 @@ class FocusedConfig:
                           eps=config.FLATTEN_OFFICIAL_NORMALISER_EPS, dwc_shared=True,
                           dwc_resample="linear_flat", shift_mask="ignore")
         else:
-            raise ValueError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
+            raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
         fields.update(overrides)
         return cls(**fields)
 
@@ -155,13 +155,13 @@ class FocusedConfig:
 def _check_p(p: Any) -> float:
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not math.isfinite(p) \
             or p < 1:
-        raise ValueError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
+        raise ArgumentError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
     return float(p)
 
 
 def _check_order(order: str) -> None:
     if order not in _ORDERS:
-        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
 
 
 # ===================================================================================================
@@ -204,6 +204,7 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     FLatten Eq. 6 (and Appendix Eq. 14, 18: ||f_p(x)|| = ||x||; Eq. 20-21: the max-normalised form).
     """
     x = numerics.as_float(x, "x")
+    validation.check_axis(axis, x.ndim)          # before dispatch: every backend refuses the same axes
     if backends.current() != "numpy" and x.dtype in (np.float32, np.float64):
         return backends.get("focused_function", dtype=x.dtype)(x, p, axis=axis, power_scaling=power_scaling)
     return _focused_function_numpy(x, p, axis=axis, power_scaling=power_scaling)
@@ -217,7 +218,7 @@ def _focused_function_numpy(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *
     x = numerics.as_float(x, "x")
     p = _check_p(p)
     if np.any(x < 0):
-        raise ValueError("argument 'x': f_p is defined on non-negative features (apply ReLU first, i.e. use "
+        raise ArgumentError("argument 'x': f_p is defined on non-negative features (apply ReLU first, i.e. use "
                          "focused_feature_map); got negative entries")
     if power_scaling == "none":
         with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
@@ -225,7 +226,7 @@ def _focused_function_numpy(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *
             return np.sqrt(np.sum(x * x, axis=axis, keepdims=True)) / \
                 np.sqrt(np.sum(t * t, axis=axis, keepdims=True)) * t
     if power_scaling != "max":
-        raise ValueError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
+        raise ArgumentError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
     m, nx = _norm_scaled(x, axis)
     with np.errstate(invalid="ignore", divide="ignore", under="ignore"):
         t = (x / np.where(m > 0, m, 1.0)) ** p          # in [0, 1], max entry exactly 1 -> ||t|| >= 1
@@ -390,7 +391,7 @@ def _attend_mean_scaled(phi_q, phi_k, v, *, order, eps, taps, max_elements):
 def _guard(elements: int, max_elements: int | None) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
     if elements > limit:
-        raise ValueError(f"focused attention (order='quadratic'): the N x n attention matrix would have "
+        raise ArgumentError(f"focused attention (order='quadratic'): the N x n attention matrix would have "
                          f"B*h*N*n = {elements} elements, above max_elements = {limit} "
                          f"(config.QUADRATIC_MAX_ELEMENTS); use order='linear', which never forms it")
 
@@ -489,7 +490,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h n d"), v=(v, "B h n e"))
     _check_order(order)
     if normaliser not in ("sum", "mean_scaled"):
-        raise ValueError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
+        raise ArgumentError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
     if _fused_kernel_applies(q, k, v, order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None,
                              taps=taps):
         att = backends.get("linear_attention", dtype=q.dtype)(q, k, v, "focused", eps, "add", None, _check_p(p))
@@ -503,7 +504,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     if dwc_weight is None:
         return att
     if hw is None:
-        raise ValueError("argument 'hw': the DWC branch needs the (H, W) grid of V")
+        raise ArgumentError("argument 'hw': the DWC branch needs the (H, W) grid of V")
     hw = validation.check_grid(hw, sz["n"], tokens="v")
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
@@ -594,11 +595,11 @@ def _dwc(v, hw_v, hw_out, weight, bias, shared, resample):
     kk = weight.shape[-1]
     if shared:
         if weight.shape[0] != e:
-            raise ValueError(f"argument 'dwc.weight': a shared bank needs shape ({e}, 1, k, k), got {weight.shape}")
+            raise ArgumentError(f"argument 'dwc.weight': a shared bank needs shape ({e}, 1, k, k), got {weight.shape}")
         out = depthwise_conv2d(g.reshape(b * h, e, big_h, big_w), weight, bias, padding=kk // 2)
     else:
         if weight.shape[0] != h * e:
-            raise ValueError(f"argument 'dwc.weight': expected shape ({h * e}, 1, k, k) (one kernel per "
+            raise ArgumentError(f"argument 'dwc.weight': expected shape ({h * e}, 1, k, k) (one kernel per "
                              f"channel), got {weight.shape}")
         out = depthwise_conv2d(g.reshape(b, h * e, big_h, big_w), weight, bias, padding=kk // 2)
     return out.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
@@ -667,7 +668,7 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
     if cfg.positional_encoding:
         pe = _p(params, "positional_encoding")
         if pe.shape != (1,) + k.shape[1:]:
-            raise ValueError(f"argument 'positional_encoding': expected shape {(1,) + k.shape[1:]}, got {pe.shape}")
+            raise ArgumentError(f"argument 'positional_encoding': expected shape {(1,) + k.shape[1:]}, got {pe.shape}")
         k = k + pe
     if cfg.norm_scope == "head" and _fused_kernel_applies(q, k, v, order=order, normaliser=cfg.normaliser,
                                                           power_scaling=cfg.power_scaling, mask=mask, taps=taps):
@@ -696,7 +697,7 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
 def _check_x(x: Any, hw: Any, cfg: FocusedConfig) -> tuple[np.ndarray, int, int]:
     x = numerics.as_float(x, "x")
     if not (isinstance(hw, (tuple, list)) and len(hw) == 2):
-        raise TypeError(f"argument 'hw': expected a pair (H, W), got {hw!r}")
+        raise ArgumentTypeError(f"argument 'hw': expected a pair (H, W), got {hw!r}")
     big_h = numerics.check_positive_int(hw[0], "hw[0]")
     big_w = numerics.check_positive_int(hw[1], "hw[1]")
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": big_h * big_w, "C": cfg.dim})
@@ -760,10 +761,10 @@ def _window_geometry(hw, window_size, shift):
     sh, sw = (shift, shift) if isinstance(shift, (int, np.integer)) else tuple(shift)
     wh, ww = numerics.check_positive_int(wh, "window_size"), numerics.check_positive_int(ww, "window_size")
     if hw[0] % wh or hw[1] % ww:
-        raise ValueError(f"argument 'window_size': grid {hw[0]}x{hw[1]} is not a multiple of the window "
+        raise ArgumentError(f"argument 'window_size': grid {hw[0]}x{hw[1]} is not a multiple of the window "
                          f"{wh}x{ww} (the Swin layout of FLatten does not pad)")
     if not (0 <= sh < wh and 0 <= sw < ww):
-        raise ValueError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
+        raise ArgumentError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
     return (wh, ww), (sh, sw)
 
 
@@ -800,7 +801,7 @@ def focused_window_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     x, big_h, big_w = _check_x(x, hw, cfg)
     _check_order(order)
     if cfg.sr_ratio != 1:
-        raise ValueError(f"argument 'cfg': the Swin layout has no spatial reduction, got sr_ratio={cfg.sr_ratio}")
+        raise ArgumentError(f"argument 'cfg': the Swin layout has no spatial reduction, got sr_ratio={cfg.sr_ratio}")
     (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
     _check_params(params, cfg, "window", (wh, ww), "focused_window_attention")
     validation.check_taps(taps)
@@ -852,7 +853,7 @@ def focused_param_shapes(cfg: FocusedConfig, *, layout: str, n_kv: int) -> dict[
         if cfg.qkv_bias:
             shapes["qkv.bias"] = (3 * c,)
     else:
-        raise ValueError(f"argument 'layout': expected 'global' or 'window', got {layout!r}")
+        raise ArgumentError(f"argument 'layout': expected 'global' or 'window', got {layout!r}")
     nb = d if cfg.dwc_shared else c
     shapes.update({"dwc.weight": (nb, 1, kk, kk), "dwc.bias": (nb,), "proj.weight": (c, c), "proj.bias": (c,)})
     if cfg.learnable_scale:

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, numerics, validation
+from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -52,7 +53,7 @@ def _check_map_options(name: str, opts: Mapping[str, Any]) -> None:
                "l1": {"axis", "base", "eps", "negative_slope"}}.get(name, set())
     extra = set(opts) - allowed
     if extra:
-        raise TypeError(f"feature map {name!r}: unexpected option(s) {sorted(extra)}; "
+        raise ArgumentTypeError(f"feature map {name!r}: unexpected option(s) {sorted(extra)}; "
                         f"accepted: {sorted(allowed) or 'none'}")
 
 
@@ -60,7 +61,7 @@ def _map_and_error(x: np.ndarray, name: str, opts: Mapping[str, Any], want_error
     """phi(x) and (optionally) its error coefficient E with |fl_T(phi(x)) - phi(x)| <= u_T * E (first
     order in u_T), E >= 0 element-wise.  See :func:`feature_map_error` for the derivation per map."""
     if name not in FEATURE_MAPS:
-        raise ValueError(f"argument 'feature_map': expected one of {FEATURE_MAPS}, got {name!r}")
+        raise ArgumentError(f"argument 'feature_map': expected one of {FEATURE_MAPS}, got {name!r}")
     _check_map_options(name, opts)
     c_elem = float(config.ELEMENTARY_FUNCTION_ULPS)
     if name == "identity":
@@ -103,7 +104,7 @@ def _map_and_error(x: np.ndarray, name: str, opts: Mapping[str, Any], want_error
     axis = int(opts.get("axis", -1))
     base = opts.get("base", "relu")
     if base not in _L1_BASES:
-        raise ValueError(f"feature map 'l1': option 'base' must be one of {_L1_BASES}, got {base!r}")
+        raise ArgumentError(f"feature map 'l1': option 'base' must be one of {_L1_BASES}, got {base!r}")
     eps = float(opts.get("eps", config.LINEAR_L1_EPS))
     base_opts = {"negative_slope": opts["negative_slope"]} if ("negative_slope" in opts
                                                                and base == "leaky_relu") else {}
@@ -206,9 +207,9 @@ def _eta_times(count: np.ndarray | float, dtype: Any) -> np.ndarray:
 
 def _check_policy(order: str | None, eps: float, eps_policy: str, clamp_min: float | None) -> None:
     if order is not None and order not in _ORDERS:
-        raise ValueError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
+        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
     if eps_policy not in _EPS_POLICIES:
-        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
+        raise ArgumentError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
     validation.check_eps(eps, "eps")                       # finite, >= 0
     if clamp_min is not None:
         validation.check_real(clamp_min, "clamp_min", minimum=0.0)   # finite, >= 0 (L2ViT's C_min)
@@ -217,7 +218,7 @@ def _check_policy(order: str | None, eps: float, eps_policy: str, clamp_min: flo
 def _guard(elements: int, max_elements: int | None, what: str) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
     if elements > limit:
-        raise ValueError(
+        raise ArgumentError(
             f"{what}: the N x M attention matrix would have B*h*N*M = {elements} elements, above "
             f"max_elements = {limit} (config.QUADRATIC_MAX_ELEMENTS); use order='linear' "
             f"(refimpl.attention.linear.linear_attention / kernelized_attention), which never forms it, "
@@ -483,7 +484,7 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
     L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020) Eq. 7.
     """
     if feature_map not in FUSED_MAPS:
-        raise ValueError(f"argument 'feature_map': operation 'linear_attention' takes {FUSED_MAPS}, got "
+        raise ArgumentError(f"argument 'feature_map': operation 'linear_attention' takes {FUSED_MAPS}, got "
                          f"{feature_map!r}; use linear_attention() for the other maps")
     from . import focused  # at call time: focused imports this module
     p = focused._check_p(p)

@@ -50,7 +50,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from .. import backends, config, numerics, toeplitz as tz, validation
-from ..errors import ParameterKeyError
+from ..errors import ArgumentError, ParameterKeyError
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, linear_bound, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
@@ -77,7 +77,7 @@ def _check_grid(grid: Any) -> tuple[int, ...]:
         grid = (int(grid),)
     g = tuple(grid)
     if len(g) not in (1, 2, 3):
-        raise ValueError(f"argument 'grid': expected 1, 2 or 3 axes ((N,), (H, W) or (T, H, W)), got {grid!r}")
+        raise ArgumentError(f"argument 'grid': expected 1, 2 or 3 axes ((N,), (H, W) or (T, H, W)), got {grid!r}")
     return tuple(check_positive_int(n, "grid") for n in g)
 
 
@@ -85,7 +85,7 @@ def _check_heads(dim: int, num_heads: int) -> None:
     check_positive_int(dim, "dim")
     check_positive_int(num_heads, "num_heads")
     if dim % num_heads:
-        raise ValueError(f"argument 'num_heads': dim={dim} is not divisible by num_heads={num_heads}")
+        raise ArgumentError(f"argument 'num_heads': dim={dim} is not divisible by num_heads={num_heads}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,13 +122,13 @@ class LiSAConfig:
         validation.check_eps(self.ln_eps, "ln_eps")
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
         if self.transform not in TRANSFORMS:
-            raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {self.transform!r}")
+            raise ArgumentError(f"argument 'transform': expected one of {TRANSFORMS}, got {self.transform!r}")
         if self.fft_lengths is not None:
             if not self.exact_toeplitz:
-                raise ValueError("argument 'fft_lengths': only meaningful with exact_toeplitz=True")
+                raise ArgumentError("argument 'fft_lengths': only meaningful with exact_toeplitz=True")
             lens = tuple(int(v) for v in self.fft_lengths)
             if len(lens) != len(self.grid) or any(L < 2 * n - 1 for L, n in zip(lens, self.grid)):
-                raise ValueError(f"argument 'fft_lengths': expected one length >= 2n - 1 per grid axis "
+                raise ArgumentError(f"argument 'fft_lengths': expected one length >= 2n - 1 per grid axis "
                                  f"{self.grid}, got {self.fft_lengths!r} (shorter lengths wrap around)")
             object.__setattr__(self, "fft_lengths", lens)
 
@@ -140,9 +140,9 @@ class LiSAConfig:
         if name == "paper":
             return cls(**overrides)
         if name == "official":
-            raise ValueError("LiSAConfig.preset: no 'official' preset - LiSA has no released code; the paper's "
+            raise ArgumentError("LiSAConfig.preset: no 'official' preset - LiSA has no released code; the paper's "
                              "equations and appendix pseudo-code (Fig. 6, 7) are the only definition")
-        raise ValueError(f"argument 'name': expected 'paper', got {name!r}")
+        raise ArgumentError(f"argument 'name': expected 'paper', got {name!r}")
 
     @property
     def head_dim(self) -> int:
@@ -199,11 +199,11 @@ class SAConfig:
         check_positive_int(self.latent, "latent")
         validation.check_eps(self.l2_eps, "l2_eps")
         if self.form not in SA_FORMS:
-            raise ValueError(f"argument 'form': expected one of {SA_FORMS}, got {self.form!r}")
+            raise ArgumentError(f"argument 'form': expected one of {SA_FORMS}, got {self.form!r}")
         if self.rpe not in RPE_KINDS:
-            raise ValueError(f"argument 'rpe': expected one of {RPE_KINDS}, got {self.rpe!r}")
+            raise ArgumentError(f"argument 'rpe': expected one of {RPE_KINDS}, got {self.rpe!r}")
         if self.rpe_per_head and self.form != "eq4":
-            raise ValueError("argument 'rpe_per_head': only defined for form='eq4' (Table 3b)")
+            raise ArgumentError("argument 'rpe_per_head': only defined for form='eq4' (Table 3b)")
 
     @property
     def head_dim(self) -> int:
@@ -312,14 +312,14 @@ def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, i
 def _grid_for(n_tok: int, grid: Any) -> tuple[int, ...]:
     g = _check_grid(grid)
     if int(np.prod(g)) != n_tok:
-        raise ValueError(f"argument 'grid': {g} has {int(np.prod(g))} tokens, the inputs have N = {n_tok}")
+        raise ArgumentError(f"argument 'grid': {g} has {int(np.prod(g))} tokens, the inputs have N = {n_tok}")
     return g
 
 
 def _guard(elements: int, max_elements: int | None, what: str) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else int(max_elements)
     if elements > limit:
-        raise ValueError(f"{what}: the direct (N x N) structure-aware attention would hold {elements} elements, "
+        raise ArgumentError(f"{what}: the direct (N x N) structure-aware attention would hold {elements} elements, "
                          f"above the limit {limit} (config.QUADRATIC_MAX_ELEMENTS or max_elements); use "
                          f"refimpl.attention.lisa.lisa_attention / lisa_core (FFT, O(N log N)) instead")
 
@@ -345,9 +345,9 @@ def rpe_matrix(params: Any, grid: Sequence[int], rpe: str, *, max_elements: int 
     g = _check_grid(grid)
     kg = tuple(2 * n - 1 for n in g) if rpe == "toeplitz" else g
     if rpe not in RPE_KINDS:
-        raise ValueError(f"argument 'rpe': expected one of {RPE_KINDS}, got {rpe!r}")
+        raise ArgumentError(f"argument 'rpe': expected one of {RPE_KINDS}, got {rpe!r}")
     if params.shape[0] != int(np.prod(kg)):
-        raise ValueError(f"argument 'params': expected leading axis {int(np.prod(kg))} ({rpe} parameters of grid "
+        raise ArgumentError(f"argument 'params': expected leading axis {int(np.prod(kg))} ({rpe} parameters of grid "
                          f"{g}), got shape {params.shape}")
     e = params.reshape(kg + params.shape[1:])
     fn = tz.toeplitz if rpe == "toeplitz" else tz.circulant
@@ -380,7 +380,7 @@ def _fft_lengths(grid: tuple[int, ...], exact_toeplitz: bool, fft_lengths) -> tu
     lens = tz.default_lengths(grid) if fft_lengths is None else tz._tuple(fft_lengths, len(grid), "fft_lengths")
     for a, (n, length) in enumerate(zip(grid, lens)):
         if length < n:
-            raise ValueError(f"argument 'fft_lengths': axis {a} FFT length {length} is smaller than the grid size {n}")
+            raise ArgumentError(f"argument 'fft_lengths': axis {a} FFT length {length} is smaller than the grid size {n}")
     return lens
 
 
@@ -468,7 +468,7 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     g = _grid_for(sz["N"], grid)
     wa, wb, ba, bb, sz = _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, g, exact_toeplitz)
     if transform not in TRANSFORMS:
-        raise ValueError(f"argument 'transform': expected one of {TRANSFORMS}, got {transform!r}")
+        raise ArgumentError(f"argument 'transform': expected one of {TRANSFORMS}, got {transform!r}")
     qb, kb = _l2(q, eps), _l2(k, eps)
     if backends.current() != "numpy" and transform == "rfft":
         if taps is None:      # fused: Ga, Gb never formed whole (backend operation "lisa_fft_core")
@@ -894,9 +894,9 @@ def resample_circular_kernel(w: Any, old_grid: Sequence[int], new_grid: Sequence
     w = as_float(w, "w")
     og, ng = _check_grid(old_grid), _check_grid(new_grid)
     if len(og) != len(ng):
-        raise ValueError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
+        raise ArgumentError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
     if w.shape[0] != int(np.prod(og)):
-        raise ValueError(f"argument 'w': expected leading axis N = {int(np.prod(og))} for grid {og}, got {w.shape}")
+        raise ArgumentError(f"argument 'w': expected leading axis N = {int(np.prod(og))} for grid {og}, got {w.shape}")
     e = tz.embed_circulant(w.reshape(og + w.shape[1:]), len(og))
     out = tz.periodize(e, len(og), ng)
     return out.reshape((int(np.prod(ng)),) + w.shape[1:])
@@ -910,10 +910,10 @@ def resample_toeplitz_kernel(e: Any, old_grid: Sequence[int], new_grid: Sequence
     e = as_float(e, "e")
     og, ng = _check_grid(old_grid), _check_grid(new_grid)
     if len(og) != len(ng):
-        raise ValueError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
+        raise ArgumentError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
     okg = tuple(2 * n - 1 for n in og)
     if e.shape[0] != int(np.prod(okg)):
-        raise ValueError(f"argument 'e': expected leading axis {int(np.prod(okg))} for grid {og}, got {e.shape}")
+        raise ArgumentError(f"argument 'e': expected leading axis {int(np.prod(okg))} for grid {og}, got {e.shape}")
     eg = e.reshape(okg + e.shape[1:])
     out = np.zeros(tuple(2 * n - 1 for n in ng) + e.shape[1:], dtype=e.dtype)
     src, dst = [], []
@@ -975,7 +975,7 @@ def lisanet_isotropic_param_count(*, img_size: int | Sequence[int] = 224, patch_
     "head" and "total".  References: LiSA Table 2, 3a, 3c, 3d, 7, 9; Appendix A.1.
     """
     if layout not in LAYOUTS:
-        raise ValueError(f"argument 'layout': expected one of {LAYOUTS}, got {layout!r}")
+        raise ArgumentError(f"argument 'layout': expected one of {LAYOUTS}, got {layout!r}")
     size = (img_size, img_size) if isinstance(img_size, (int, np.integer)) else tuple(img_size)
     grid = (size[0] // patch_size, size[1] // patch_size)
     cfg = LiSAConfig(dim=dim, num_heads=num_heads, grid=grid, latent=latent, exact_toeplitz=exact_toeplitz,
@@ -1178,7 +1178,7 @@ def sa_core_bound(q: Any, k: Any, v: Any, form: str, *, rpe: Any = None, ra: Any
     """
     q, k, v, sz = _check_qkv(q, k, v)
     if form not in SA_FORMS:
-        raise ValueError(f"argument 'form': expected one of {SA_FORMS}, got {form!r}")
+        raise ArgumentError(f"argument 'form': expected one of {SA_FORMS}, got {form!r}")
     w: dict[str, Any] = {}
     for name, val in (("rpe", rpe), ("ra", ra), ("ra_tilde", ra_tilde), ("rb", rb), ("bias_a", bias_a),
                       ("bias_b", bias_b)):

@@ -63,7 +63,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, layers, numerics, validation
-from ..errors import ArgumentError, ParameterKeyError
+from ..errors import ArgumentError, ArgumentTypeError, ParameterKeyError
 from .linear import feature_map
 
 __all__ = [
@@ -89,7 +89,7 @@ _ORDERS = ("linear", "quadratic")
 
 def _choice(value: Any, name: str, allowed: tuple) -> None:
     if value not in allowed:
-        raise ValueError(f"RALAConfig.{name}: expected one of {allowed}, got {value!r}")
+        raise ArgumentError(f"RALAConfig.{name}: expected one of {allowed}, got {value!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,7 +139,7 @@ class RALAConfig:
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
-            raise ValueError(f"RALAConfig: dim={self.dim} is not divisible by num_heads={self.num_heads}")
+            raise ArgumentError(f"RALAConfig: dim={self.dim} is not divisible by num_heads={self.num_heads}")
         _choice(self.kernel, "kernel", _KERNELS)
         _choice(self.global_query, "global_query", _GLOBAL_QUERIES)
         _choice(self.alpha_scale, "alpha_scale", _ALPHA_SCALES)
@@ -149,9 +149,9 @@ class RALAConfig:
         _choice(self.layout, "layout", _LAYOUTS)
         _choice(self.order, "order", _ORDERS)
         if self.gate_source == "qkvo" and self.gate != "linear":
-            raise ValueError(f"RALAConfig: gate_source='qkvo' makes phi a linear projection; got gate={self.gate!r}")
+            raise ArgumentError(f"RALAConfig: gate_source='qkvo' makes phi a linear projection; got gate={self.gate!r}")
         if self.rope and self.head_dim % 4:
-            raise ValueError(f"RALAConfig: rope=True needs head_dim % 4 == 0 (row and column halves of "
+            raise ArgumentError(f"RALAConfig: rope=True needs head_dim % 4 == 0 (row and column halves of "
                              f"channel pairs), got head_dim={self.head_dim}")
         validation.check_kernel(self.lepe_kernel, "RALAConfig.lepe_kernel", allow_zero=True)
         validation.check_eps(self.eps, "RALAConfig.eps")
@@ -172,7 +172,7 @@ class RALAConfig:
                         eps=config.RALA_OFFICIAL_EPS, gate="linear", gate_source="qkvo",
                         lepe_kernel=config.RALA_OFFICIAL_LEPE_KERNEL, out_proj=True, layout="channels_first")
         else:
-            raise ValueError(f"RALAConfig.preset: expected 'paper' or 'official', got {name!r}")
+            raise ArgumentError(f"RALAConfig.preset: expected 'paper' or 'official', got {name!r}")
         base.update(overrides)
         return cls(**base)
 
@@ -200,7 +200,7 @@ class RAVLTBlockConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.attn, RALAConfig):
-            raise TypeError(f"RAVLTBlockConfig.attn: expected a RALAConfig, got {type(self.attn).__name__}")
+            raise ArgumentTypeError(f"RAVLTBlockConfig.attn: expected a RALAConfig, got {type(self.attn).__name__}")
         validation.check_positive(self.mlp_ratio, "RAVLTBlockConfig.mlp_ratio")
         if self.hidden < 1:
             raise ArgumentError(f"RAVLTBlockConfig.mlp_ratio: hidden width int(mlp_ratio * dim) must be >= 1, "
@@ -260,7 +260,7 @@ def rope_2d_angles(h: int, w: int, head_dim: int, base: float = config.RALA_ROPE
     w = numerics.check_positive_int(w, "w")
     head_dim = numerics.check_positive_int(head_dim, "head_dim")
     if head_dim % 4:
-        raise ValueError(f"argument 'head_dim': 2-D RoPE needs a multiple of 4, got {head_dim}")
+        raise ArgumentError(f"argument 'head_dim': 2-D RoPE needs a multiple of 4, got {head_dim}")
     n = head_dim // 4
     t = np.arange(n, dtype=np.float64) / (n - 1) if n > 1 else np.zeros(1)
     omega = float(base) ** (-t)                                           # (n,)
@@ -281,7 +281,7 @@ def apply_rope_2d(x: Any, angles: Any) -> np.ndarray:
     x = numerics.as_float(x, "x")
     angles = numerics.as_float(angles, "angles")
     if x.ndim < 2 or x.shape[-2:] != angles.shape or angles.shape[-1] % 2:
-        raise ValueError(f"argument 'angles': expected shape (N, d) = {x.shape[-2:]} with d even, "
+        raise ArgumentError(f"argument 'angles': expected shape (N, d) = {x.shape[-2:]} with d even, "
                          f"got {angles.shape}")
     c, s = np.cos(angles), np.sin(angles)
     xe, xo = x[..., 0::2], x[..., 1::2]
@@ -328,7 +328,7 @@ def _weight2d(w: np.ndarray, layout: str, key: str, out: int, inp: int) -> np.nd
     w = numerics.as_float(w, key)
     want = (out, inp) if layout == "tokens" else (out, inp, 1, 1)
     if w.shape != want:
-        raise ValueError(f"parameter '{key}': expected shape {want} for layout={layout!r}, got {w.shape}")
+        raise ArgumentError(f"parameter '{key}': expected shape {want} for layout={layout!r}, got {w.shape}")
     return w.reshape(out, inp)
 
 
@@ -397,7 +397,7 @@ def kv_buffer(alpha: Any, kappa_k: Any, v: Any) -> np.ndarray:
 def _quadratic_guard(bsz: int, heads: int, n: int, max_elements: int | None) -> None:
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
     if bsz * heads * n * n > limit:
-        raise ValueError(
+        raise ArgumentError(
             f"rala_core(order='quadratic'): the N x N matrix would have B*h*N*N = {bsz * heads * n * n} "
             f"elements, above max_elements = {limit} (config.QUADRATIC_MAX_ELEMENTS); use order='linear' "
             f"(RALAConfig(order='linear')), which computes the same attention in O(N d^2)")
@@ -466,7 +466,7 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     # Numerator operands: rotated (official) or not.
     if cfg.rope:
         if hw is None or hw[0] * hw[1] != n:
-            raise ValueError(f"argument 'hw': rope needs the grid (H, W) with H*W = N = {n}, got {hw}")
+            raise ArgumentError(f"argument 'hw': rope needs the grid (H, W) with H*W = N = {n}, got {hw}")
         ang = rope_2d_angles(hw[0], hw[1], d, cfg.rope_base)
         qn, kn = apply_rope_2d(kq_s, ang), apply_rope_2d(kw, ang)
     else:
@@ -769,7 +769,7 @@ def _layerscale(y: np.ndarray, params: Mapping[str, Any], key: str, cfg: RAVLTBl
     g = _param(params, key)
     want = (1, cfg.attn.dim, 1, 1) if cfg.attn.layout == "channels_first" else (cfg.attn.dim,)
     if g.shape != want:
-        raise ValueError(f"parameter '{key}': expected shape {want}, got {g.shape}")
+        raise ArgumentError(f"parameter '{key}': expected shape {want}, got {g.shape}")
     return g * y
 
 

@@ -37,6 +37,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import backends, config, numerics
+from ..errors import ArgumentError, ArgumentTypeError
 from .linear import _eta_times
 from ..layers import (linear, linear_bound, pad_to_multiple, relative_position_bias, relative_position_index,
                       shifted_window_mask, window_partition, window_reverse)
@@ -56,7 +57,7 @@ def _pair(ws: Any, name: str) -> tuple[int, int]:
     if isinstance(ws, (int, np.integer)) and not isinstance(ws, bool):
         ws = (int(ws), int(ws))
     if not (isinstance(ws, (tuple, list)) and len(ws) == 2):
-        raise TypeError(f"argument '{name}': expected an int or a pair of ints, got {ws!r}")
+        raise ArgumentTypeError(f"argument '{name}': expected an int or a pair of ints, got {ws!r}")
     return (numerics.check_positive_int(ws[0], name, minimum=0 if name == "shift" else 1),
             numerics.check_positive_int(ws[1], name, minimum=0 if name == "shift" else 1))
 
@@ -103,7 +104,7 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
     full = (sz["B"], sz["h"], sz["N"], sz["M"])
     limit = config.QUADRATIC_MAX_ELEMENTS if max_elements is None else max_elements
     if int(np.prod(full)) > limit:
-        raise ValueError(f"softmax_attention: the attention matrix would have B*h*N*M = {int(np.prod(full))} "
+        raise ArgumentError(f"softmax_attention: the attention matrix would have B*h*N*M = {int(np.prod(full))} "
                          f"elements, above max_elements = {limit}; use window_attention (local windows) or "
                          f"refimpl.attention.linear.linear_attention(order='linear')")
     scale = sz["d"] ** -0.5 if scale is None else float(scale)
@@ -113,7 +114,7 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
     if mask is not None:
         mask = np.asarray(mask)
         if mask.dtype != bool:
-            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mask.dtype}")
+            raise ArgumentTypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mask.dtype}")
         _broadcastable(mask, full, "mask")
     # Range safety: the logits are formed from q 2^-e_q (per query row) and k 2^-e_k (per head), with the
     # bias scaled alike, and their differences to the row maximum scaled back (numerics.softmax_shifted), so
@@ -183,7 +184,7 @@ def _broadcastable(a: np.ndarray, shape: tuple[int, ...], name: str) -> None:
     except ValueError:
         ok = False
     if not ok:
-        raise ValueError(f"argument '{name}': shape {a.shape} does not broadcast to (B, h, N, M) = {shape}")
+        raise ArgumentError(f"argument '{name}': shape {a.shape} does not broadcast to (B, h, N, M) = {shape}")
 
 
 def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float | None = None,
@@ -297,13 +298,13 @@ def _window_setup(x, p, num_heads, window_size, shift, pad, rel_pos_bias, mask_p
     nh = numerics.check_positive_int(num_heads, "num_heads")
     c = dims["C"]
     if c % nh:
-        raise ValueError(f"argument 'num_heads': channels C = {c} are not divisible by num_heads = {nh}")
+        raise ArgumentError(f"argument 'num_heads': channels C = {c} are not divisible by num_heads = {nh}")
     wh, ww = _pair(window_size, "window_size")
     sh, sw = _pair(shift, "shift")
     if not (sh < wh and sw < ww):
-        raise ValueError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
+        raise ArgumentError(f"argument 'shift': expected 0 <= shift < window {wh}x{ww}, got {(sh, sw)}")
     if mask_value is not None and not np.isfinite(mask_value):
-        raise ValueError(f"argument 'mask_value': expected a finite number or None (exact exclusion), "
+        raise ArgumentError(f"argument 'mask_value': expected a finite number or None (exact exclusion), "
                          f"got {mask_value!r}")
     for key in ("qkv.weight", "proj.weight"):
         if key not in p:
@@ -322,7 +323,7 @@ def _window_setup(x, p, num_heads, window_size, shift, pad, rel_pos_bias, mask_p
                               sizes={"T": (2 * wh - 1) * (2 * ww - 1), "h": nh})
     h, w = dims["H"], dims["W"]
     if not pad and (h % wh or w % ww):
-        raise ValueError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww} and pad=False")
+        raise ArgumentError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww} and pad=False")
     return x, dims, nh, (wh, ww), (sh, sw), table
 
 

@@ -1,0 +1,1144 @@
+"""The bad-input campaign (issue 15, item 7): every public function, one corrupted argument at a time, on every
+backend.
+
+Scope.  The public functions of refimpl.layers, refimpl.numerics (its array functions), refimpl.toeplitz and
+refimpl.attention.* (their ``__all__``); :func:`test_every_public_function_is_covered_or_excluded` fails when a
+public function is neither given a valid call in ``tests/campaign_builders.py`` nor listed in ``EXCLUDED`` with
+the reason.
+
+Corruptions (:func:`corruptions`), chosen by the kind of the valid value:
+
+- float arrays: int, bool, object, complex and str dtypes, None, one rank more, one rank less, the last axis one
+  shorter, one NaN entry, one Inf entry, magnitudes 1e150 and 1e-310, an empty array;
+- parameter mappings (``params``, ``p``): one key missing, one parameter with a NaN, at 1e150, of int dtype, of
+  the wrong shape; a str instead of the mapping;
+- float scalars: -1, NaN, +-inf, 1e300, a str, a bool, None; int scalars: -1, 0, 2.5, a bool, a str, None;
+  options (str): an unknown option, an int; tuples of ints: a negative entry, a float entry, one entry, None;
+  configs: None, a str; ``taps``: a str; ``max_elements``: -1, 2.5; ``dtype``: an int dtype, an unknown name.
+  (bool flags are not corrupted: any truthy value is a legitimate flag.)
+
+Outcomes (:func:`classify`).  Acceptable are: (a) a finite result (for a refused type - wrong dtype, None, str,
+unknown option, missing key - a finite result is a silent acceptance and counts as a finding); (b) an exception
+of the refimpl.errors hierarchy whose message names the argument (the key, for a parameter), is shorter than
+500 characters and holds no array repr, or a FloatingPointError of the documented range policy (magnitude
+corruptions); (c) a non-finite result where the corruption put a NaN or Inf into the input (entries or
+scalars).  Anything else is a finding: another exception type, a message without the argument's name, a
+non-finite result from finite input, a call running past ``TIME_LIMIT_S`` (signal.setitimer).
+
+``KNOWN_FINDINGS`` lists every finding not fixed, with the reason; the deterministic sweep
+(:func:`test_sweep_findings_are_exactly_the_known_ones`: every function x every corruption x every backend,
+one fixed representative each) asserts the set of findings equals the table, so a fixed finding must be
+removed.  The Hypothesis test (:func:`test_random_corruptions`) draws the corrupted argument, the corruption,
+the backend and the corrupted value (NaN position, magnitude exponent, which parameter) and asserts the outcome
+is acceptable or a known finding of that (function, argument, corruption).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import signal
+import warnings
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from refimpl import backends
+from refimpl.errors import RefimplError
+from tests.campaign_builders import BUILDERS, MODULES
+from tests.kernel_helpers import available_backends
+
+TIME_LIMIT_S = 5.0
+
+#: Public names that are not array functions of the reference, or cannot take a corrupted argument
+#: meaningfully; each with the reason.
+EXCLUDED = {
+    "numerics.working_dtype": "no argument",
+    "numerics.precision": "a context manager taking a dtype (tested in tests/test_numerics.py)",
+    "numerics.as_float": "the array check itself (its name argument is a label, not data; tests/test_numerics.py)",
+    "numerics.check_shapes": "the shape check itself, taking **kwargs of (array, spec) pairs (tests/test_numerics.py)",
+    "numerics.check_positive_int": "the int check itself (its name argument is a label; tests/test_numerics.py)",
+    "numerics.naive_same_precision": "takes a callable and *args (a test harness, not an array function)",
+}
+
+#: Modules swept: key -> import path.
+MODULE_PATHS = {"layers": "refimpl.layers", "numerics": "refimpl.numerics", "toeplitz": "refimpl.toeplitz",
+                "angular": "refimpl.attention.angular", "enhanced": "refimpl.attention.enhanced",
+                "focused": "refimpl.attention.focused", "linear": "refimpl.attention.linear",
+                "lisa": "refimpl.attention.lisa", "rala": "refimpl.attention.rala",
+                "softmax": "refimpl.attention.softmax"}
+
+# Corruptions after which only an error is acceptable (a finite result would be a silent acceptance).
+REFUSED = {"dtype_int", "dtype_bool", "dtype_object", "dtype_complex", "str", "none", "not_mapping", "key_missing",
+           "key_int", "float_str", "float_bool", "int_float", "int_bool", "int_str", "opt_bogus", "opt_int",
+           "tuple_float", "tuple_none", "cfg_none", "cfg_str", "taps_str", "dtype_arg_int", "dtype_arg_bogus",
+           "maxel_float"}
+# Corruptions that put a NaN or Inf into the input: a non-finite result is honest there.
+NONFINITE_INPUT = {"nan", "inf", "key_nan", "float_nan", "float_inf", "float_ninf"}
+# Corruptions of magnitude: FloatingPointError (the documented range policy) is acceptable.
+MAGNITUDE = {"big", "tiny", "key_big", "float_big"}
+
+PARAM_NAMES = {"params", "p"}
+
+
+# ===================================================================================================
+# Known findings: (function, argument, corruption) -> (outcome, reason).  Must equal the sweep's findings.
+# ===================================================================================================
+
+# Reasons of the findings not fixed in this pass (the fix of each is a boundary check still to write).
+R_UNCHECKED = ("the argument is not validated at the boundary: the bad value reaches NumPy or Python and fails "
+               "there with a built-in exception (or an unchecked scalar gives a non-finite result); needs a "
+               "refimpl.validation / numerics.as_float check")
+R_SILENT = ("the argument is not validated: a bool is taken as a number, or a refused type or option is ignored "
+            "on this path; needs validation.check_real / check_int or an option check")
+R_INNER_NAME = ("the error comes from an inner helper and names the helper's argument ('weight' for conv_weight, "
+                "'k' for y, 'grid' for old_grid) or no argument (a max_elements guard); needs the check at the "
+                "public boundary")
+R_RANGE = ("outside the range-safety promise of docs/guarantees.md (only linear, focused, RALA and softmax "
+           "attention rescale 1e150-sized groups; bounds, series and blocks do not; subnormals are not promised)")
+R_BACKENDS = ("the backends disagree (categories joined by '|'): the accelerated wrappers (refimpl/backends) check "
+              "this argument differently from the NumPy definition, or not at all; the check belongs before dispatch")
+R_VERDICT_DTYPE = ("the 'dtype' argument is parsed by refimpl.verdict, which raises a plain TypeError; "
+                   "refimpl/verdict.py is outside this task's files")
+
+KNOWN_FINDINGS: dict[tuple[str, str, str], tuple[str, str]] = {
+    ('angular.angular_attention', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_attention', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.angular_attention', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.angular_attention', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.angular_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.angular_attention_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_attention_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention_features', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_attention_features', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention_features', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_attention_features', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_series_features', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_series_features', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_series_features', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_similarity', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.angular_similarity', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.angular_similarity_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.angular_similarity_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.angular_similarity_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_similarity_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity_series', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.angular_similarity_series', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity_series', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.angular_similarity_series', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.angular_similarity_series', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.arcsin_series', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.arcsin_series_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.arcsin_series_derivative', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.arcsin_tail_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.arcsin_tail_tightness', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.castling_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.castling_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.castling_core', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_core', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_core', 'conv_weight', 'dtype_bool'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'dtype_complex'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'dtype_int'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'dtype_object'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'empty'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'conv_weight', 'str'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_core', 'v', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_core_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.castling_core_bound', 'conv_weight', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core_bound', 'conv_weight', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core_bound', 'conv_weight', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.castling_core_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.castling_core_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('angular.castling_core_bound', 'v', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.cosine_matrix', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.cosine_matrix', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.cosine_matrix', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.cosine_matrix', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.cosine_matrix', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'sigma', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.exponential_kernel', 'sigma', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.exponential_kernel', 'sigma', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.exponential_kernel', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.exponential_kernel', 'x', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'x', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'y', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('angular.exponential_kernel', 'y', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'y', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.exponential_kernel', 'y', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'sigma', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.gaussian_rbf_kernel', 'sigma', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.gaussian_rbf_kernel', 'sigma', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.gaussian_rbf_kernel', 'x', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'x', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'y', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'y', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('angular.gaussian_rbf_kernel', 'y', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('angular.init_castling_params', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.init_castling_params', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.init_castling_params', 'rng', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('angular.init_castling_params', 'rng', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.init_castling_params', 'rng', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.init_castling_params', 'rng', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.init_castling_params', 'rng', 'none'): ('accepted-silently', R_SILENT),
+    ('angular.linear_angular_attention', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.linear_angular_attention', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.linear_angular_attention', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.linear_angular_attention', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.linear_angular_attention_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.linear_angular_attention_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.linear_angular_attention_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.masked_softmax_branch', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.masked_softmax_branch', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.masked_softmax_branch', 'scale', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.masked_softmax_branch', 'scale', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.masked_softmax_branch', 'scale', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.masked_softmax_branch', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.masked_softmax_branch', 'threshold', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.masked_softmax_branch', 'threshold', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.masked_softmax_branch', 'threshold', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.spectral_angle', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.spectral_angle', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.spectral_angle', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.spectral_angle', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('angular.spectral_angle', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('angular.unit_rows', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('angular.unit_rows', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('angular.unit_rows', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.enhanced_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.enhanced_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.enhanced_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('enhanced.enhanced_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.enhanced_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.enhanced_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.enhanced_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.enhanced_attention_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_bool'): ('argument-not-named|raised-unchecked', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_inf'): ('acceptable|argument-not-named', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_nan'): ('acceptable|argument-not-named', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_neg'): ('acceptable|argument-not-named', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_ninf'): ('acceptable|argument-not-named', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'float_str'): ('argument-not-named|raised-unchecked', R_BACKENDS),
+    ('enhanced.enhanced_linear_attention', 'c_min', 'none'): ('accepted-silently', R_SILENT),
+    ('enhanced.enhanced_linear_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_bool'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_inf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_nan'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_neg'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_ninf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'float_str'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.enhanced_linear_attention_bound', 'c_min', 'none'): ('accepted-silently', R_SILENT),
+    ('enhanced.enhanced_linear_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.enhanced_linear_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.enhanced_linear_attention_bound', 'scale_target', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('enhanced.enhanced_linear_attention_bound', 'scale_target', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('enhanced.init_l2vit_params', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.init_l2vit_params', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.init_l2vit_params', 'seed', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('enhanced.init_l2vit_params', 'seed', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.init_l2vit_params', 'seed', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.init_l2vit_params', 'seed', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.init_l2vit_params', 'seed', 'none'): ('accepted-silently', R_SILENT),
+    ('enhanced.l2vit_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.l2vit_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_bool'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_inf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_nan'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_neg'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_ninf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'float_str'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'batch_norm_eps', 'none'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_bool'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_inf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_nan'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_neg'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_ninf'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'float_str'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'batch_norm_eps', 'none'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lcm_bound', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('enhanced.lga_block', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lga_block', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lga_block', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('enhanced.lga_block_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lga_block_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lga_block_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.lga_block_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('enhanced.lwa_block', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lwa_block', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lwa_block_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lwa_block_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('enhanced.lwa_block_bound', 'dtype', 'dtype_arg_bogus'): ('accepted-silently', R_SILENT),
+    ('enhanced.lwa_block_bound', 'dtype', 'dtype_arg_int'): ('accepted-silently', R_SILENT),
+    ('focused.focused_attention', 'dwc_bias', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention', 'dwc_bias', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention', 'dwc_bias', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention', 'dwc_weight', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention', 'dwc_weight', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention', 'dwc_weight', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_attention', 'eps', 'float_bool'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_attention', 'eps', 'float_str'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_attention', 'eps', 'none'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('focused.focused_attention', 'power_scaling', 'opt_bogus'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_attention', 'power_scaling', 'opt_int'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_attention', 'v', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_attention_bound', 'dwc_bias', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dwc_bias', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dwc_bias', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dwc_weight', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dwc_weight', 'rank_up'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_attention_bound', 'dwc_weight', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_attention_bound', 'v', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('focused.focused_feature_map', 'power_scaling', 'opt_bogus'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_feature_map', 'power_scaling', 'opt_int'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_function', 'power_scaling', 'opt_bogus'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_function', 'power_scaling', 'opt_int'): ('acceptable|raised-unchecked', R_BACKENDS),
+    ('focused.focused_function_bound', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_bound', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_bound', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_bound', 'axis', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_function_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_function_error', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_error', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_error', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_error', 'axis', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_function_error', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_function_error', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_linear_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_linear_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_linear_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('focused.focused_linear_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_linear_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_linear_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_linear_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_linear_attention_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('focused.focused_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_param_shapes', 'n_kv', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.focused_param_shapes', 'n_kv', 'int_float'): ('accepted-silently', R_SILENT),
+    ('focused.focused_param_shapes', 'n_kv', 'int_str'): ('accepted-silently', R_SILENT),
+    ('focused.focused_param_shapes', 'n_kv', 'none'): ('accepted-silently', R_SILENT),
+    ('focused.focused_window_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('focused.focused_window_attention', 'shift', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.focused_window_attention', 'shift', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'shift', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'shift', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'window_size', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'window_size', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention', 'window_size', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_window_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('focused.focused_window_attention_bound', 'shift', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.focused_window_attention_bound', 'shift', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'shift', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'shift', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'window_size', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'window_size', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'window_size', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.focused_window_attention_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('focused.init_focused_params', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.init_focused_params', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.init_focused_params', 'n_kv', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.init_focused_params', 'n_kv', 'int_float'): ('accepted-silently', R_SILENT),
+    ('focused.init_focused_params', 'n_kv', 'int_str'): ('accepted-silently', R_SILENT),
+    ('focused.init_focused_params', 'n_kv', 'none'): ('accepted-silently', R_SILENT),
+    ('focused.init_focused_params', 'seed', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.init_focused_params', 'seed', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.init_focused_params', 'seed', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.init_focused_params', 'seed', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.init_focused_params', 'seed', 'none'): ('accepted-silently', R_SILENT),
+    ('focused.resample_linear_bound', 'axis', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('focused.resample_linear_bound', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.resample_linear_bound', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('focused.resample_linear_bound', 'axis', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'bias', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'bias', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('layers.batch_norm2d_bound', 'eps', 'float_neg'): ('non-finite-from-finite-input', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'running_mean', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'running_mean', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'running_var', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'running_var', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'weight', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.batch_norm2d_bound', 'weight', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.conv_padding', 'dilation', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('layers.conv_padding', 'dilation', 'tuple_none'): ('accepted-silently', R_SILENT),
+    ('layers.conv_padding', 'kernel', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('layers.conv_padding', 'kernel', 'tuple_none'): ('accepted-silently', R_SILENT),
+    ('layers.conv_padding', 'stride', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('layers.conv_padding', 'stride', 'tuple_none'): ('accepted-silently', R_SILENT),
+    ('layers.cpe_bound', 'bias', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'bias', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'weight', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'weight', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'weight', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'weight', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'weight', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.cpe_bound', 'x', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'bias', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'bias', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'dilation', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'stride', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'stride', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'weight', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'weight', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.depthwise_conv2d_bound', 'x', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.gelu_bound', 'approximate', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('layers.gelu_bound', 'approximate', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm', 'bias', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm', 'weight', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_bound', 'bias', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_bound', 'bias', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('layers.layer_norm_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('layers.layer_norm_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_bound', 'eps', 'float_neg'): ('non-finite-from-finite-input', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'weight', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_bound', 'weight', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_bound', 'x', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_cf', 'bias', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_cf', 'weight', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_cf_bound', 'bias', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_cf_bound', 'bias', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_cf_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_cf_bound', 'eps', 'float_neg'): ('non-finite-from-finite-input', R_UNCHECKED),
+    ('layers.layer_norm_cf_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_cf_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_cf_bound', 'weight', 'none'): ('accepted-silently', R_SILENT),
+    ('layers.layer_norm_cf_bound', 'weight', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.layer_norm_cf_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.linear_bound', 'bias', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('layers.linear_bound', 'bias', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.linear_bound', 'weight', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('layers.linear_bound', 'weight', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.linear_bound', 'weight', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.mlp', 'p', 'key_int'): ('argument-not-named', R_INNER_NAME),
+    ('layers.mlp', 'p', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('layers.mlp', 'p', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('layers.mlp_bound', 'p', 'key_int'): ('argument-not-named', R_INNER_NAME),
+    ('layers.mlp_bound', 'p', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('layers.mlp_bound', 'p', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('layers.mlp_bound', 'p', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.pad_to_multiple', 'ws', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.patch_merging', 'p', 'key_int'): ('argument-not-named', R_INNER_NAME),
+    ('layers.patch_merging', 'p', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('layers.patch_merging', 'p', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('layers.patch_merging', 'p', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.patch_merging', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('layers.shifted_window_mask', 'h', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.shifted_window_mask', 'h', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.shifted_window_mask', 'w', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.shifted_window_mask', 'w', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.shifted_window_mask', 'ws', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('layers.shifted_window_mask', 'ws', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.subparams', 'params', 'key_int'): ('accepted-silently', R_SILENT),
+    ('layers.subparams', 'params', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.subparams', 'prefix', 'opt_bogus'): ('argument-not-named', R_INNER_NAME),
+    ('layers.subparams', 'prefix', 'opt_int'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_partition', 'ws', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_partition', 'ws', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_partition', 'x', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('layers.window_partition', 'x', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('layers.window_partition', 'x', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('layers.window_partition', 'x', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('layers.window_reverse', 'h', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'h', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'h', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'w', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'w', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'w', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('layers.window_reverse', 'windows', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('layers.window_reverse', 'windows', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('layers.window_reverse', 'windows', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('layers.window_reverse', 'windows', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('layers.window_reverse', 'ws', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('layers.window_reverse', 'ws', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('linear.feature_map', 'name', 'opt_bogus'): ('argument-not-named', R_INNER_NAME),
+    ('linear.feature_map', 'name', 'opt_int'): ('argument-not-named', R_INNER_NAME),
+    ('linear.feature_map_error', 'name', 'opt_bogus'): ('argument-not-named', R_INNER_NAME),
+    ('linear.feature_map_error', 'name', 'opt_int'): ('argument-not-named', R_INNER_NAME),
+    ('linear.kernelized_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('linear.kernelized_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('linear.kernelized_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('linear.linear_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('linear.linear_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('linear.linear_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.init_params', 'seed', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.init_params', 'seed', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'seed', 'int_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'seed', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'seed', 'none'): ('accepted-silently', R_SILENT),
+    ('lisa.init_params', 'shapes', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'shapes', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'std', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.init_params', 'std', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.init_params', 'std', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_block', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_block', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_block_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_block_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_block_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_block_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_block_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_block_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisa_core', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_core_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.lisa_core_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisa_core_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_core_bound', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisa_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'depth', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'depth', 'int_float'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'depth', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'depth', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'int_bool'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'int_zero'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.lisanet_isotropic_param_count', 'img_size', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'in_chans', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'in_chans', 'int_float'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'in_chans', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'in_chans', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'num_classes', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'num_classes', 'int_float'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'num_classes', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'num_classes', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'int_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'int_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'int_zero'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.lisanet_isotropic_param_count', 'patch_size', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resample_circular_kernel', 'new_grid', 'tuple_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_circular_kernel', 'new_grid', 'tuple_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_circular_kernel', 'new_grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resample_circular_kernel', 'old_grid', 'tuple_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_circular_kernel', 'old_grid', 'tuple_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_circular_kernel', 'old_grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resample_toeplitz_kernel', 'new_grid', 'tuple_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_toeplitz_kernel', 'new_grid', 'tuple_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_toeplitz_kernel', 'new_grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resample_toeplitz_kernel', 'old_grid', 'tuple_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_toeplitz_kernel', 'old_grid', 'tuple_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resample_toeplitz_kernel', 'old_grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resize_lisa_params', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resize_lisa_params', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resize_lisa_params', 'new_grid', 'tuple_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resize_lisa_params', 'new_grid', 'tuple_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.resize_lisa_params', 'new_grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.resize_lisa_params', 'params', 'key_int'): ('accepted-silently', R_SILENT),
+    ('lisa.resize_lisa_params', 'params', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('lisa.resize_lisa_params', 'params', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.rpe_matrix', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.rpe_matrix', 'grid', 'tuple_short'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.rpe_matrix', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.rpe_matrix', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_core_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.sa_core_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.sa_core_bound', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_core_bound', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_core_bound', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_core_bound', 'rpe', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_core_bound', 'rpe', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq4', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq4', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq4', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq4', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq4', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq4', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq5', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq5', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq5', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq5', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq5', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq5', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq6', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq6', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq6', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq6', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq6', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq6', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq7', 'bias_a', 'none'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq7', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq7', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq7', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq7', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq7', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq7', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq8_terms', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('lisa.sa_eq8_terms', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq8_terms', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_eq8_terms', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_eq8_terms', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('lisa.sa_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.sa_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.structure_aware_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.structure_aware_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.structure_aware_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.structure_aware_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('lisa.structure_aware_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('lisa.structure_aware_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('numerics.elu', 'alpha', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.elu', 'alpha', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.elu', 'alpha', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.l2_normalize', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.l2_normalize', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.l2_normalize', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.l2_normalize', 'axis', 'none'): ('accepted-silently', R_SILENT),
+    ('numerics.l2_normalize', 'eps', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.l2_normalize', 'eps', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.l2_normalize', 'eps', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.leaky_relu', 'negative_slope', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.leaky_relu', 'negative_slope', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.leaky_relu', 'negative_slope', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.pow2_exponent', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.pow2_exponent', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.pow2_exponent', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.pow2_exponent', 'x', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.pow2_exponent', 'x', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('numerics.pow2_exponent', 'x', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('numerics.pow2_exponent', 'x', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('numerics.pow2_exponent', 'x', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.pow2_exponent', 'x', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax', 'axis', 'none'): ('accepted-silently', R_SILENT),
+    ('numerics.softmax_bound', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_bound', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_bound', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_bound', 'axis', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'axis', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'axis', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'axis', 'int_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'axis', 'none'): ('accepted-silently', R_SILENT),
+    ('numerics.softmax_shifted', 's', 'dtype_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 's', 'dtype_complex'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 's', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('numerics.softmax_shifted', 's', 'dtype_object'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 's', 'empty'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 's', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 's', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'shift', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.softmax_shifted', 'shift', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softmax_shifted', 'shift', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softplus', 'beta', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.softplus', 'beta', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softplus', 'beta', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('numerics.softplus', 'threshold', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('numerics.softplus', 'threshold', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_attention', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_attention', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_attention', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('rala.rala_attention', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('rala.rala_attention_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_attention_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.rala_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.rala_attention_bound', 'x', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('rala.rala_core', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_core', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_core', 'hw', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('rala.rala_core', 'hw', 'tuple_none'): ('accepted-silently', R_SILENT),
+    ('rala.rala_core', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('rala.rala_core', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_core_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_core_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_core_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.rala_core_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.rala_core_bound', 'hw', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('rala.rala_core_bound', 'hw', 'tuple_none'): ('accepted-silently', R_SILENT),
+    ('rala.rala_core_bound', 'k', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('rala.rala_core_bound', 'q', 'big'): ('non-finite-from-finite-input', R_RANGE),
+    ('rala.rala_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rala_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_block', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_block', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_block', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('rala.ravlt_block_param_shapes', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_block_param_shapes', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_cpe', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_cpe', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_cpe', 'params', 'key_int'): ('argument-not-named', R_INNER_NAME),
+    ('rala.ravlt_cpe', 'params', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('rala.ravlt_cpe', 'params', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('rala.ravlt_cpe', 'params', 'not_mapping'): ('argument-not-named', R_INNER_NAME),
+    ('rala.ravlt_cpe', 'x', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_cpe', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_cpe', 'x', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('rala.ravlt_cpe', 'x', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_ffn', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_ffn', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_ffn_bound', 'cfg', 'cfg_none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_ffn_bound', 'cfg', 'cfg_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.ravlt_ffn_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.ravlt_ffn_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('rala.residual_bound', 'a', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.residual_bound', 'a', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.residual_bound', 'b', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.residual_bound', 'b', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.residual_bound', 'gamma', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.reweighting_coefficients', 'scale', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('rala.reweighting_coefficients', 'scale', 'float_str'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.reweighting_coefficients', 'scale', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('rala.rope_2d_angles', 'base', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('rala.rope_2d_angles', 'base', 'float_str'): ('accepted-silently', R_SILENT),
+    ('rala.rope_2d_angles', 'base', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('softmax.softmax_attention', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('softmax.softmax_attention', 'scale', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('softmax.softmax_attention', 'scale', 'float_str'): ('accepted-silently', R_SILENT),
+    ('softmax.softmax_attention', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention_bound', 'bias', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention_bound', 'bias', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.softmax_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.softmax_attention_bound', 'scale', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('softmax.softmax_attention_bound', 'scale', 'float_str'): ('accepted-silently', R_SILENT),
+    ('softmax.softmax_attention_error', 'bias', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention_error', 'bias', 'shape'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.softmax_attention_error', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.softmax_attention_error', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.softmax_attention_error', 'scale', 'float_bool'): ('accepted-silently', R_SILENT),
+    ('softmax.softmax_attention_error', 'scale', 'float_str'): ('accepted-silently', R_SILENT),
+    ('softmax.window_attention', 'p', 'key_int'): ('argument-not-named', R_INNER_NAME),
+    ('softmax.window_attention', 'p', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('softmax.window_attention', 'p', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('softmax.window_attention', 'p', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.window_attention', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('softmax.window_attention_bound', 'dtype', 'dtype_arg_bogus'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.window_attention_bound', 'dtype', 'dtype_arg_int'): ('raised-unchecked', R_VERDICT_DTYPE),
+    ('softmax.window_attention_bound', 'p', 'key_missing'): ('accepted-silently', R_SILENT),
+    ('softmax.window_attention_bound', 'p', 'key_shape'): ('argument-not-named', R_INNER_NAME),
+    ('softmax.window_attention_bound', 'p', 'not_mapping'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.abs_convolution', 'w', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'w', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'w', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'w', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'w', 'empty'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.abs_convolution', 'w', 'none'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.abs_convolution', 'w', 'rank_down'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.abs_convolution', 'w', 'shape'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.abs_convolution', 'w', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.abs_convolution', 'x', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'x', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'x', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'x', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('toeplitz.abs_convolution', 'x', 'str'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.circulant', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_grid', 'name', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_grid', 'name', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_grid', 'w', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_grid', 'w', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_grid', 'w', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_grid', 'w', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_product', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_product', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.circulant_product_bound', 'method', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_product_bound', 'method', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.circulant_product_bound', 'w', 'dtype_bool'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'dtype_complex'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'dtype_int'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'dtype_object'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'empty'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'none'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'w', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.circulant_product_bound', 'w', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.circulant_product_bound', 'w', 'str'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.circulant_product_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.default_lengths', 'grid', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.default_lengths', 'grid', 'tuple_neg'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.default_lengths', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.fft_convolution_bound', 'k', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.fft_convolution_bound', 'k', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.fft_convolution_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.fft_convolution_depth', 'lengths', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.fft_convolution_depth', 'lengths', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.num_circulant_params', 'grid', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.num_circulant_params', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.num_toeplitz_params', 'grid', 'tuple_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.num_toeplitz_params', 'grid', 'tuple_none'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.periodize', 'lengths', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.periodize', 'lengths', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.periodize', 'lengths', 'int_str'): ('accepted-silently', R_SILENT),
+    ('toeplitz.restrict_support', 'radius', 'int_bool'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.restrict_support', 'radius', 'int_float'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.restrict_support', 'radius', 'int_str'): ('accepted-silently', R_SILENT),
+    ('toeplitz.restrict_support', 'radius', 'none'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.toeplitz', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz_grid', 'e', 'dtype_bool'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_grid', 'e', 'dtype_complex'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_grid', 'e', 'dtype_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_grid', 'e', 'dtype_object'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_grid', 'name', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_grid', 'name', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_product', 'max_elements', 'maxel_float'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_product', 'taps', 'taps_str'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.toeplitz_product_bound', 'e', 'dtype_bool'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz_product_bound', 'e', 'dtype_complex'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz_product_bound', 'e', 'dtype_int'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz_product_bound', 'e', 'dtype_object'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.toeplitz_product_bound', 'e', 'rank_up'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.toeplitz_product_bound', 'method', 'opt_bogus'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_product_bound', 'method', 'opt_int'): ('accepted-silently', R_SILENT),
+    ('toeplitz.toeplitz_product_bound', 'x', 'rank_down'): ('raised-unchecked', R_UNCHECKED),
+    ('toeplitz.wraparound_matrix', 'max_elements', 'int_neg'): ('argument-not-named', R_INNER_NAME),
+    ('toeplitz.wraparound_matrix', 'max_elements', 'maxel_float'): ('argument-not-named', R_INNER_NAME),
+}
+
+
+#: Findings that only some values of a corruption show (the sweep's representative does not), found by the
+#: Hypothesis test; accepted there, not part of the sweep's exact table.
+KNOWN_RANDOM_FINDINGS: dict[tuple[str, str, str], tuple[str, str]] = {
+    # a weight 2^300..2^1020 times the valid one: x W overflows; RALA has no FloatingPointError policy for it
+    ("rala.rala_attention", "params", "key_big"): ("non-finite-from-finite-input", R_RANGE),
+}
+
+
+# ===================================================================================================
+# The public functions
+# ===================================================================================================
+
+def public_functions() -> list[str]:
+    names = []
+    for key, path in MODULE_PATHS.items():
+        mod = importlib.import_module(path)
+        for n in getattr(mod, "__all__"):
+            obj = getattr(mod, n)
+            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+                names.append(f"{key}.{n}")
+    return names
+
+
+def _function(qual: str) -> Callable:
+    key, name = qual.split(".")
+    return getattr(MODULES[key], name)
+
+
+def test_every_public_function_is_covered_or_excluded():
+    public = set(public_functions())
+    covered, excluded = set(BUILDERS), set(EXCLUDED)
+    assert not (covered & excluded), sorted(covered & excluded)
+    assert public - covered - excluded == set(), f"public functions neither swept nor excluded: " \
+                                                 f"{sorted(public - covered - excluded)}"
+    assert (covered | excluded) - public == set(), f"stale entries: {sorted((covered | excluded) - public)}"
+
+
+# ===================================================================================================
+# Corruptions
+# ===================================================================================================
+
+def _entry(a: np.ndarray, value: float, pos: int = 0) -> np.ndarray:
+    b = np.array(a, dtype=np.float64, copy=True)
+    if b.size:
+        b.flat[pos % b.size] = value
+    return b
+
+
+def _shorter(a: np.ndarray) -> np.ndarray:
+    if a.ndim == 0:
+        return a.reshape(1)
+    if a.shape[-1] > 1:
+        return a[..., :-1]
+    return np.concatenate([a, a], axis=-1)
+
+
+def _array_corruptions(a: np.ndarray, optional: bool, pos: int = 0, big: float = 1e150,
+                       tiny: float = 1e-310) -> dict[str, Any]:
+    out = {"dtype_int": np.round(a).astype(np.int64), "dtype_bool": a > 0, "dtype_object": a.astype(object),
+           "dtype_complex": a.astype(np.complex128), "str": "abc",
+           "rank_up": a[None], "rank_down": a.reshape(-1) if a.ndim > 1 else a.reshape(-1)[0],
+           "shape": _shorter(a), "nan": _entry(a, math.nan, pos), "inf": _entry(a, math.inf, pos),
+           "big": a * big, "tiny": a * tiny, "empty": np.zeros((0,) + a.shape[1:])}
+    if not optional:
+        out["none"] = None
+    return out
+
+
+def _param_corruptions(p: dict, pick: int = 0, pos: int = 0, big: float = 1e150) -> dict[str, Any]:
+    keys = sorted(p)
+    key = keys[pick % len(keys)]
+    a = np.asarray(p[key], dtype=np.float64)
+    return {"key_missing": {k: v for k, v in p.items() if k != key},
+            "key_nan": {**p, key: _entry(a, math.nan, pos)},
+            "key_big": {**p, key: a * big},
+            "key_int": {**p, key: np.round(a).astype(np.int64)},
+            "key_shape": {**p, key: _shorter(a)},
+            "not_mapping": "abc"}
+
+
+def corruptions(name: str, value: Any, default: Any, *, pos: int = 0, pick: int = 0, big: float = 1e150,
+                tiny: float = 1e-310, neg: float = -1.0) -> dict[str, Any]:
+    """The corrupted values of argument ``name`` whose valid value is ``value`` (default ``default``)."""
+    optional = default is None
+    if name == "taps":
+        return {"taps_str": "abc"}
+    if name == "max_elements":
+        return {"int_neg": -1, "maxel_float": 2.5}
+    if name == "dtype":
+        return {"dtype_arg_int": np.int32, "dtype_arg_bogus": "bogus"}
+    if value is None or isinstance(value, (bool, np.bool_)):
+        return {}
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind != "f":
+            return {"dtype_bool": value > 0, "str": "abc", "rank_up": value[None], "shape": _shorter(value)}
+        return _array_corruptions(value, optional, pos, big, tiny)
+    if isinstance(value, dict):
+        if name in PARAM_NAMES or all(isinstance(v, np.ndarray) for v in value.values()):
+            return _param_corruptions(value, pick, pos, big)
+        return {"not_mapping": "abc", "none": None}
+    if isinstance(value, float):
+        out = {"float_neg": neg, "float_nan": math.nan, "float_inf": math.inf, "float_ninf": -math.inf,
+               "float_big": 1e300, "float_str": "1.0", "float_bool": True}
+        if not optional:
+            out["none"] = None
+        return out
+    if isinstance(value, int):
+        out = {"int_neg": -1, "int_zero": 0, "int_float": 2.5, "int_bool": True, "int_str": "3"}
+        if not optional:
+            out["none"] = None
+        return out
+    if isinstance(value, str):
+        return {"opt_bogus": "bogus", "opt_int": 3}
+    if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
+        return {"tuple_neg": (-1,) + value[1:], "tuple_float": (2.5,) + value[1:], "tuple_short": value[:1],
+                "tuple_none": None}
+    if hasattr(value, "__dataclass_fields__"):
+        return {"cfg_none": None, "cfg_str": "abc"}
+    if isinstance(value, type):        # a dtype given as a type (np.float32)
+        return {"dtype_arg_int": np.int32, "dtype_arg_bogus": "bogus"}
+    return {}
+
+
+# ===================================================================================================
+# Running one call and classifying its outcome
+# ===================================================================================================
+
+class _Timeout(BaseException):
+    pass
+
+
+def _alarm(signum, frame):
+    raise _Timeout()
+
+
+def _leaves(obj: Any, depth: int = 0) -> Iterator[Any]:
+    if depth > 6:
+        return
+    if isinstance(obj, (np.ndarray, np.generic, float, int, complex)):
+        yield obj
+    elif isinstance(obj, dict):
+        for v in obj.values():
+            yield from _leaves(v, depth + 1)
+    elif isinstance(obj, (list, tuple)):
+        for v in obj:
+            yield from _leaves(v, depth + 1)
+    elif hasattr(obj, "__dataclass_fields__"):
+        for f in obj.__dataclass_fields__:
+            yield from _leaves(getattr(obj, f), depth + 1)
+
+
+def _finite(obj: Any) -> bool:
+    for leaf in _leaves(obj):
+        a = np.asarray(leaf)
+        if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+            return False
+    return True
+
+
+def run_call(fn: Callable, kwargs: dict, backend: str) -> tuple[str, Any]:
+    """("ok", result) or ("raised", exception) or ("timeout", None)."""
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT_S)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with backends.use(backend):
+                return "ok", fn(**kwargs)
+    except _Timeout:
+        return "timeout", None
+    except Exception as exc:        # noqa: BLE001 - classified by the caller
+        return "raised", exc
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+#: Corruptions of a shape: the error may name the other argument of a mismatched pair ('k' against 'q').
+SHAPE_KINDS = {"rank_up", "rank_down", "shape", "empty", "key_shape"}
+
+
+def _names_argument(msg: str, name: str, kind: str, valid: Any, others: tuple[str, ...]) -> bool:
+    if f"'{name}" in msg or f"{name}:" in msg:
+        return True
+    if kind.startswith("key_") and isinstance(valid, dict):
+        return any(f"'{k}'" in msg for k in valid)
+    return kind in SHAPE_KINDS and any(f"'{o}'" in msg for o in others)
+
+
+def classify(name: str, kind: str, value: Any, valid: Any, status: str, result: Any,
+             others: tuple[str, ...] = ()) -> str | None:
+    """None when the outcome is acceptable, else the finding's category."""
+    if status == "timeout":
+        return "timeout"
+    if status == "raised":
+        exc = result
+        msg = str(exc)
+        if isinstance(exc, FloatingPointError) and not isinstance(exc, RefimplError) and kind in MAGNITUDE:
+            return None if len(msg) < 500 and "array(" not in msg else "unclear-message"
+        if not isinstance(exc, RefimplError):
+            # one category whatever the built-in class: which one NumPy raises (TypeError, UFuncTypeError, ...)
+            # changes between its versions, the finding (no check at the boundary) does not
+            return "raised-unchecked"
+        if len(msg) >= 500 or "array(" in msg:
+            return "unclear-message"
+        if not _names_argument(msg, name, kind, valid, others):
+            return "argument-not-named"
+        return None
+    if kind in REFUSED:
+        return "accepted-silently"
+    if not _finite(result) and kind not in NONFINITE_INPUT:
+        return "non-finite-from-finite-input"
+    return None
+
+
+def sweep_cases() -> Iterator[tuple[str, str, str, dict, Any]]:
+    """(function, argument, corruption, kwargs, valid value) for every corruption of every argument."""
+    for qual in sorted(BUILDERS):
+        fn = _function(qual)
+        sig = inspect.signature(fn)
+        valid = BUILDERS[qual]()
+        for name, value in valid.items():
+            default = sig.parameters[name].default
+            default = "<required>" if default is inspect.Parameter.empty else default
+            for kind, bad in corruptions(name, value, default).items():
+                yield qual, name, kind, {**valid, name: bad}, value
+
+
+def test_valid_calls_give_finite_results_on_every_backend():
+    failures = []
+    for qual in sorted(BUILDERS):
+        for backend in available_backends():
+            status, result = run_call(_function(qual), BUILDERS[qual](), backend)
+            if status != "ok" or not _finite(result):
+                failures.append((qual, backend, status, repr(result)[:200]))
+    assert failures == []
+
+
+def test_sweep_findings_are_exactly_the_known_ones():
+    found: dict[tuple[str, str, str], set[str]] = {}
+    for qual, name, kind, kwargs, valid in sweep_cases():
+        for backend in available_backends():
+            status, result = run_call(_function(qual), kwargs, backend)
+            category = classify(name, kind, kwargs[name], valid, status, result, tuple(kwargs))
+            found.setdefault((qual, name, kind), set()).add(category or "acceptable")
+    # the categories of every backend ("acceptable|raised-unchecked": the backends disagree)
+    observed = {key: "|".join(sorted(cats)) for key, cats in found.items() if cats != {"acceptable"}}
+    known = {key: cat for key, (cat, _) in KNOWN_FINDINGS.items()}
+    # The table was measured with every backend; where one is unavailable (a machine without numba or the C
+    # build), a finding may show fewer of its categories, or none: require only that nothing new appears.
+    complete = all(status.ok for status in backends.available().values())
+
+    def listed(key, cats):
+        if known.get(key) == cats:
+            return True
+        return not complete and key in known and set(cats.split("|")) <= set(known[key].split("|")) | {"acceptable"}
+
+    new = {k: v for k, v in observed.items() if not listed(k, v)}
+    fixed = sorted(k for k in known if k not in observed) if complete else []
+    assert not new and not fixed, f"new findings: {new}\nfixed findings still listed: {fixed}"
+
+
+# ===================================================================================================
+# Hypothesis: random corruption values
+# ===================================================================================================
+
+def _examples() -> int:
+    return max(3, settings.default.max_examples // 12)
+
+
+@pytest.mark.parametrize("qual", sorted(BUILDERS))
+def test_random_corruptions(qual):
+    fn = _function(qual)
+    sig = inspect.signature(fn)
+    names = list(BUILDERS[qual]())
+    backend_list = available_backends()
+
+    @settings(max_examples=_examples(), deadline=None)
+    @given(st.data())
+    def check(data):
+        valid = BUILDERS[qual]()
+        name = data.draw(st.sampled_from(names), label="argument")
+        default = sig.parameters[name].default
+        default = "<required>" if default is inspect.Parameter.empty else default
+        opts = dict(pos=data.draw(st.integers(0, 10**6), label="pos"), pick=data.draw(st.integers(0, 100)),
+                    big=2.0 ** data.draw(st.integers(300, 1020), label="log2 big"),
+                    tiny=2.0 ** -data.draw(st.integers(1023, 1070), label="-log2 tiny"),
+                    neg=-data.draw(st.floats(1e-3, 1e6), label="neg"))
+        table = corruptions(name, valid[name], default, **opts)
+        if not table:
+            return
+        kind = data.draw(st.sampled_from(sorted(table)), label="corruption")
+        backend = data.draw(st.sampled_from(backend_list), label="backend")
+        kwargs = {**valid, name: table[kind]}
+        status, result = run_call(fn, kwargs, backend)
+        category = classify(name, kind, table[kind], valid[name], status, result, tuple(valid))
+        known = KNOWN_FINDINGS.get((qual, name, kind)) or KNOWN_RANDOM_FINDINGS.get((qual, name, kind))
+        detail = repr(result)[:300] if status != "ok" else ""
+        assert category is None or (known is not None and category in known[0].split("|")), \
+            (qual, name, kind, backend, category, detail)
+
+    check()
