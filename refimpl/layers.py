@@ -131,6 +131,7 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
     d = 0 and y = b exactly: only the bias term remains.  With a mixed-precision ``dtype``
     (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
     stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8."""
+    validation.check_eps(eps)
     x = as_float(x, "x")
     n = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
@@ -156,6 +157,7 @@ def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | N
 
 
 def layer_norm_cf_bound(x: np.ndarray, weight, bias, eps: float = config.LAYER_NORM_EPS) -> Bound:
+    validation.check_eps(eps)
     b = layer_norm_bound(np.moveaxis(as_float(x, "x"), 1, -1), weight, bias, eps)
     return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)")
 
@@ -182,6 +184,7 @@ def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BA
     """Eval BatchNorm is an affine map per channel; whether computed as above or folded into
     x * scale + shift (as PyTorch does), each element sees at most 6 roundings (subtract, add eps, sqrt,
     divide, multiply, add) on magnitudes bounded by (|x| + |rm|) / sqrt(rv + eps) |w| + |b|.  k = 6."""
+    validation.check_eps(eps)
     x = as_float(x, "x")
     col = (slice(None), None, None)
     rm, rv = as_float(running_mean, "running_mean"), as_float(running_var, "running_var")

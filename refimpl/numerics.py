@@ -29,7 +29,7 @@ import scipy.special
 
 from . import config
 from .errors import ArgumentError, ArgumentTypeError
-from .validation import describe
+from .validation import check_eps, check_real, describe
 from .verdict import (Bound, ErrorReport, Stage, StageReport, accumulation_ratio, assert_close, compare,
                       compare_stages, format_name, gamma, round_to, running_bound, sum_depth, ulp_distance,
                       underflow_eta, unit_roundoff)
@@ -231,6 +231,9 @@ def softplus(x: np.ndarray, beta: float = 1.0, threshold: float | None = None) -
     exp of a positive number.  ``threshold`` mirrors torch's switch to the identity for beta*x > threshold
     (``config.SOFTPLUS_TORCH_THRESHOLD`` in torch); None (default) means no switch.
     """
+    check_real(beta, "beta")
+    if threshold is not None:
+        check_real(threshold, "threshold", allow_inf=True)
     x = as_float(x, "x")
     z = beta * x
     out = (np.maximum(z, 0.0) + np.log1p(np.exp(-np.abs(z)))) / beta
@@ -250,6 +253,7 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = config.L2_NORMALIZE
     The norm is computed as m * ||x / m|| with m = max|x| so that it neither overflows nor underflows
     for any finite input (LAPACK dnrm2's scaling idea).
     """
+    check_eps(eps)
     x = as_float(x, "x")
     m = np.max(np.abs(x), axis=axis, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.fft as sfft
 
-from . import config
+from . import config, validation
 from .errors import ArgumentError
 from .numerics import Bound, as_float
 
@@ -175,6 +175,7 @@ def toeplitz(e: Any, ndim: int = 1, *, max_elements: int | None = None) -> np.nd
     ----------
     LiSA Eq. 2 (Toeplitz RPE), Eq. 5 (sets of Toeplitz matrices R = {T(e_1), ..., T(e_D)}).
     """
+    validation.check_max_elements(max_elements)
     e = as_float(e, "e")
     grid = toeplitz_grid(e, ndim)
     n_tok = int(np.prod(grid))
@@ -204,6 +205,7 @@ def circulant(w: Any, ndim: int = 1, *, max_elements: int | None = None) -> np.n
     ----------
     LiSA Eq. 10 and §4.3.
     """
+    validation.check_max_elements(max_elements)
     w = as_float(w, "w")
     grid = circulant_grid(w, ndim)
     n_tok = int(np.prod(grid))
@@ -231,6 +233,7 @@ def wraparound_matrix(e: Any, ndim: int = 1, *, max_elements: int | None = None)
     ----------
     LiSA Eq. 10 (the circular approximation of the RPE product of Eq. 9).
     """
+    validation.check_max_elements(max_elements)
     e = as_float(e, "e")
     grid = toeplitz_grid(e, ndim)
     n_tok = int(np.prod(grid))
@@ -465,6 +468,8 @@ def circulant_product(w: Any, x: Any, ndim: int = 1, method: str = "rfft", *, ta
     ----------
     LiSA Eq. 10 (convolution theorem), Appendix A ("2D RFFT/IRFFT for images and 3D variant for videos").
     """
+    validation.check_max_elements(max_elements)
+    validation.check_taps(taps)
     w = as_float(w, "w")
     x = as_float(x, "x")
     grid = circulant_grid(w, ndim)
@@ -504,6 +509,8 @@ def toeplitz_product(e: Any, x: Any, ndim: int = 1, method: str = "rfft",
     ----------
     LiSA Eq. 2-3 (Toeplitz RPE), Eq. 9 (RPE products as global convolutions).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_taps(taps)
     e = as_float(e, "e")
     x = as_float(x, "x")
     grid = toeplitz_grid(e, ndim)
@@ -604,6 +611,8 @@ def circulant_product_bound(w: Any, x: Any, ndim: int = 1, method: str = "rfft")
     """Error bound of :func:`circulant_product` computed in precision T (see :func:`fft_convolution_bound`
     for the FFT methods, :func:`dense_product_bound` for "dense").  Shapes as circulant_product.
     References: LiSA Eq. 10; Higham (2002) Thm 24.2, eq. 3.12."""
+    wf, xf = as_float(w, "w"), as_float(x, "x")           # checked here, under the caller's names
+    _split_x(xf, circulant_grid(wf, ndim), wf.ndim - ndim)
     if method == "dense":
         return dense_product_bound(circulant(w, ndim), x, ndim)
     return fft_convolution_bound(x, w, ndim)
@@ -614,6 +623,8 @@ def toeplitz_product_bound(e: Any, x: Any, ndim: int = 1, method: str = "rfft",
     """Error bound of :func:`toeplitz_product` (FFT: ||x||_2 ||e||_1 with the depth of the padded
     lengths; dense: gamma_N |T||x|).  Shapes as toeplitz_product.  References: LiSA Eq. 2, 9;
     Higham (2002) Thm 24.2, eq. 3.12."""
+    ef, xf = as_float(e, "e"), as_float(x, "x")           # checked here, under the caller's names
+    _split_x(xf, toeplitz_grid(ef, ndim), ef.ndim - ndim)
     if method == "dense":
         return dense_product_bound(toeplitz(e, ndim), x, ndim)
     grid = toeplitz_grid(e, ndim)
@@ -640,6 +651,8 @@ def abs_convolution(w: Any, x: Any, ndim: int = 1, *, toeplitz_params: bool = Fa
     -------
     (*batch, n.., *ch) float64 array >= 0.
     """
+    as_float(w, "w")                                       # refuse int/bool/object/complex/str before the abs
+    as_float(x, "x")
     w = np.abs(np.asarray(w, dtype=np.float64))
     x = np.abs(np.asarray(x, dtype=np.float64))
     if toeplitz_params:

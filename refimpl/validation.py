@@ -14,6 +14,8 @@ One check per concept:
 - :func:`check_int` and :func:`check_kernel`: integral fields (a float such as 2.5, or 5.0, is refused; kernel
   sizes odd, or 0 where "no kernel" is allowed);
 - :func:`check_taps`: the ``taps`` argument is None or a dict;
+- :func:`check_max_elements`: a memory guard ``max_elements`` is None (the default limit) or an integer >= 0;
+- :func:`check_config`: a configuration argument is an instance of its config class (not None, a str, a dict);
 - :func:`check_axis`: an axis of an array of known rank;
 - :func:`check_grid`: an (H, W) pair of positive ints whose product is the number of tokens;
 - :func:`check_params`: a state_dict-keyed parameter mapping against the expected keys and shapes.
@@ -53,7 +55,8 @@ from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, Parame
                      ParameterValueError)
 
 __all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_taps",
-           "check_axis", "check_grid", "check_params", "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
+           "check_config", "check_max_elements", "check_axis", "check_grid", "check_params",
+           "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
 
 #: The optional persistent buffer (BatchNorm's batch counter; unused in eval mode).
 OPTIONAL_BUFFER_SUFFIX = ".num_batches_tracked"
@@ -150,6 +153,21 @@ def check_taps(taps: Any, name: str = "taps") -> dict | None:
         raise ArgumentTypeError(f"{_label(name)}: expected None or a dict (intermediates are written into it), "
                                 f"got {describe(taps)}")
     return taps
+
+
+def check_max_elements(value: Any, name: str = "max_elements") -> int | None:
+    """A memory guard: None (the default limit, ``config.QUADRATIC_MAX_ELEMENTS``) or an integer >= 0 (a float
+    such as 2.5, a bool or a negative limit refused)."""
+    return None if value is None else check_int(value, name, minimum=0)
+
+
+def check_config(cfg: Any, cls: type, name: str = "cfg") -> Any:
+    """``cfg`` is an instance of the config class ``cls`` (a frozen dataclass that validated itself in
+    ``__post_init__``); returns it unchanged."""
+    if not isinstance(cfg, cls):
+        raise ArgumentTypeError(f"{_label(name)}: expected a {cls.__name__} ({cls.__module__}.{cls.__qualname__}), "
+                                f"got {describe(cfg)}")
+    return cfg
 
 
 def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:

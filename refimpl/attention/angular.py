@@ -308,12 +308,13 @@ def arcsin_tail_tightness(x: Any, order: int, kind: str = "geometric") -> np.nda
 # 2. The angular kernel (Eq. 4-5, 8)
 # ===================================================================================================
 
-def _check_pair(q: np.ndarray, k: np.ndarray) -> None:
+def _check_pair(q: np.ndarray, k: np.ndarray, names: tuple[str, str] = ("q", "k")) -> None:
+    a, b = names
     if q.ndim < 2 or k.ndim < 2:
-        raise ArgumentError(f"arguments 'q', 'k': expected arrays of shape (..., N, d) and (..., M, d), got "
+        raise ArgumentError(f"arguments '{a}', '{b}': expected arrays of shape (..., N, d) and (..., M, d), got "
                          f"{q.shape} and {k.shape}")
     if q.shape[:-2] != k.shape[:-2] or q.shape[-1] != k.shape[-1]:
-        raise ArgumentError(f"arguments 'q', 'k': expected shapes (..., N, d) and (..., M, d) with equal leading "
+        raise ArgumentError(f"arguments '{a}', '{b}': expected shapes (..., N, d) and (..., M, d) with equal leading "
                          f"dims and d, got {q.shape} and {k.shape}")
 
 
@@ -353,6 +354,7 @@ def unit_rows(x: Any, *, eps: float = config.CASTLING_QK_NORM_EPS, policy: str =
     -------
     (..., d) working dtype.
     """
+    validation.check_eps(eps)
     _check_policy(policy)
     if arithmetic == "scaled":
         return numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy)
@@ -377,6 +379,8 @@ def cosine_matrix(q: Any, k: Any, *, eps: float = config.CASTLING_QK_NORM_EPS,
     -------
     (..., N, M) working dtype.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     _check_pair(q, k)
@@ -426,6 +430,8 @@ def spectral_angle(q: Any, k: Any, *, method: str = "atan2", eps: float = config
     Castling-ViT Eq. 4, Eq. 8; W. Kahan, "How futile are mindless assessments of roundoff in floating-point
     computation?" (2006), Sec. 12 (angle between vectors).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     if method not in _METHODS:
         raise ArgumentError(f"argument 'method': expected one of {_METHODS}, got {method!r}")
     q = numerics.as_float(q, "q")
@@ -460,6 +466,8 @@ def angular_similarity(q: Any, k: Any, *, method: str = "atan2", eps: float = co
     -------
     (..., N, M) working dtype.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     theta = spectral_angle(q, k, method=method, eps=eps, policy=policy, max_elements=max_elements)
     return 1.0 - theta / math.pi
 
@@ -480,6 +488,8 @@ def angular_similarity_series(q: Any, k: Any, order: int, *, eps: float = config
     -------
     (..., N, M) working dtype.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     c = cosine_matrix(q, k, eps=eps, policy=policy, max_elements=max_elements)
     return 0.5 + arcsin_series(c, order) / math.pi
 
@@ -555,6 +565,7 @@ def angular_series_features(x: Any, order: int, *, constant: bool = True,
     ----------
     Castling-ViT Eq. 8.
     """
+    validation.check_eps(eps)
     order = _check_order(order)
     x = numerics.as_float(x, "x")
     if (backends.current() != "numpy" and x.dtype in (np.float32, np.float64) and policy in ("clamp", "none")
@@ -622,9 +633,10 @@ def hyperplane_features(x: Any, directions: Any) -> np.ndarray:
 def exponential_kernel(x: Any, y: Any, sigma: float = 1.0) -> np.ndarray:
     """exp(<x_i, y_j> / sigma^2), the left side of Castling-ViT Eq. 2.  x : (..., N, d), y : (..., M, d)
     -> (..., N, M)."""
+    validation.check_positive(sigma, "sigma")
     x = numerics.as_float(x, "x")
     y = numerics.as_float(y, "y")
-    _check_pair(x, y)
+    _check_pair(x, y, ("x", "y"))
     return np.exp((x @ np.swapaxes(y, -1, -2)) / (sigma * sigma))
 
 
@@ -632,9 +644,10 @@ def gaussian_rbf_kernel(x: Any, y: Any, sigma: float = 1.0) -> np.ndarray:
     """exp(-||x_i - y_j||^2 / (2 sigma^2)), the Gaussian RBF kernel of Castling-ViT Eq. 2, with the
     squared distance summed from explicit differences (no cancellation).  x : (..., N, d), y : (..., M, d)
     -> (..., N, M)."""
+    validation.check_positive(sigma, "sigma")
     x = numerics.as_float(x, "x")
     y = numerics.as_float(y, "y")
-    _check_pair(x, y)
+    _check_pair(x, y, ("x", "y"))
     diff = x[..., :, None, :] - y[..., None, :, :]
     return np.exp(-np.sum(diff * diff, axis=-1) / (2.0 * sigma * sigma))
 
@@ -693,6 +706,9 @@ def angular_attention(q: Any, k: Any, v: Any, *, order: int | None = None, norma
     ----------
     Castling-ViT Eq. 5, 8, 9 (H = Sim(Q, K) V).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     pairs = sz["B"] * sz["h"] * sz["N"] * sz["M"]
     _guard(pairs * (sz["d"] if (order is None and method == "atan2") else 1), max_elements,
@@ -736,6 +752,8 @@ def angular_attention_features(q: Any, k: Any, v: Any, *, order: int, normalize:
     ----------
     Castling-ViT Eq. 8-9; Katharopoulos et al. (2020) Eq. 5 (associativity).
     """
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     q, k, v, _ = _check_qkv(q, k, v)
     phi_q = angular_series_features(q, order, eps=eps, policy=policy)
     phi_k = angular_series_features(k, order, eps=eps, policy=policy)
@@ -801,6 +819,8 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     ----------
     Castling-ViT Eq. 8-9; Katharopoulos et al. (2020) for the association order.
     """
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     if constant not in _CONSTANTS:
         raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
     if normalizer not in _NORMALIZERS:
@@ -948,6 +968,10 @@ def masked_softmax_branch(q: Any, k: Any, v: Any, *, threshold: float = config.C
     ----------
     Castling-ViT Eq. 10 and Sec. 3.2.2.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(threshold, "threshold")
+    validation.check_real(scale, "scale")
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     _guard(sz["B"] * sz["h"] * sz["N"] * sz["M"], max_elements, "masked_softmax_branch",
            "the inference mode (training=False), which drops the branch")
@@ -1073,6 +1097,7 @@ class CastlingConfig:
 
 def init_castling_params(cfg: CastlingConfig, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
     """Random float64 parameters keyed like the twin's state_dict: weights N(0, 1/fan_in), biases N(0, 0.01^2)."""
+    validation.check_config(cfg, CastlingConfig)
     rng = np.random.default_rng(rng)
     out = {}
     for key, shape in cfg.param_shapes().items():
@@ -1118,6 +1143,25 @@ def _features_no_norm(xh: np.ndarray, order: int) -> np.ndarray:
 
 
 @_nan_quiet
+def _check_self_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, sz: dict, where: str) -> None:
+    if sz["N"] != sz["M"] or sz["e"] != sz["d"]:
+        raise ArgumentError(f"{where}: arguments 'q', 'k', 'v': self-attention expects one shape (B, h, N, d), got "
+                            f"{q.shape}, {k.shape}, {v.shape}")
+
+
+def _check_conv_weight(conv_weight: Any, cfg: CastlingConfig, sz: dict) -> None:
+    """conv_weight checked where the caller passed it (its type and the shape of cfg.conv), not inside the conv."""
+    if cfg.conv == "none":
+        return
+    if conv_weight is None:
+        raise ArgumentError(f"argument 'conv_weight': required for conv={cfg.conv!r}")
+    w = numerics.as_float(conv_weight, "conv_weight")
+    if cfg.conv == "tokens1d":
+        numerics.check_shapes(conv_weight=(w, "h 1 k 1"), sizes={"h": sz["h"]})
+    else:
+        numerics.check_shapes(conv_weight=(w, "C 1 k k"), sizes={"C": sz["h"] * sz["d"]})
+
+
 def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: Any = None,
                   conv_bias: Any = None, training: bool = False, hw: tuple[int, int] | None = None,
                   taps: dict | None = None) -> np.ndarray:
@@ -1149,13 +1193,14 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
     ----------
     Castling-ViT Eq. 8, 9, 10; Sec. 3.2.2 (castling at inference).
     """
+    validation.check_config(cfg, CastlingConfig)
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
-    if sz["N"] != sz["M"] or sz["e"] != sz["d"]:
-        raise ArgumentError(f"castling_core: self-attention expects q, k, v of one shape (B, h, N, d), got "
-                         f"{q.shape}, {k.shape}, {v.shape}")
+    _check_self_attention(q, k, v, sz, "castling_core")
     if sz["h"] != cfg.num_heads or sz["d"] != cfg.head_dim:
         raise ArgumentError(f"castling_core: q has h = {sz['h']}, d = {sz['d']}; cfg expects h = {cfg.num_heads}, "
                          f"d = {cfg.head_dim}")
+    _check_conv_weight(conv_weight, cfg, sz)
     qh = unit_rows(q, eps=cfg.qk_norm_eps, policy=cfg.qk_norm, arithmetic=cfg.norm_arithmetic)
     kh = unit_rows(k, eps=cfg.qk_norm_eps, policy=cfg.qk_norm, arithmetic=cfg.norm_arithmetic)
     _tap(taps, "q_hat", qh)
@@ -1231,6 +1276,7 @@ def castling_attention(x: Any, params: Mapping[str, Any], cfg: CastlingConfig, *
     ----------
     Castling-ViT Eq. 1 (heads, projections), Eq. 9-10.
     """
+    validation.check_config(cfg, CastlingConfig)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg)
@@ -1352,6 +1398,7 @@ def angular_similarity_bound(q: Any, k: Any, *, dtype: Any, order: int | None = 
     -------
     (Sim, E) float64 arrays (..., N, M).
     """
+    validation.check_eps(eps)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     _check_pair(q, k)
@@ -1416,6 +1463,7 @@ def angular_attention_bound(q: Any, k: Any, v: Any, *, dtype: Any, order: int | 
     -------
     numerics.Bound with scale (B, h, N, e).
     """
+    validation.check_eps(eps)
     q, k, v, sz = _check_qkv(q, k, v)
     a, ea = angular_similarity_bound(q, k, dtype=dtype, order=order, method=method, eps=eps, policy=policy)
     m = sz["M"]
@@ -1600,6 +1648,7 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
     ----------
     Castling-ViT Eq. 8-9; Higham (2002) §3.1 (running error of inner products).
     """
+    validation.check_eps(eps)
     q, k, v, _ = _check_qkv(q, k, v)
     if constant not in ("sum", "own"):
         raise ArgumentError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
@@ -1666,7 +1715,10 @@ def castling_core_bound(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, dtype: A
     -------
     numerics.Bound with scale (B, h, N, d).
     """
-    q, k, v, _ = _check_qkv(q, k, v)
+    validation.check_config(cfg, CastlingConfig)
+    q, k, v, sz = _check_qkv(q, k, v)
+    _check_self_attention(q, k, v, sz, "castling_core_bound")
+    _check_conv_weight(conv_weight, cfg, sz)
     z = np.zeros_like(q)
     eq = z if err_q is None else numerics.as_float(err_q, "err_q")
     ek = z if err_k is None else numerics.as_float(err_k, "err_k")
@@ -1733,6 +1785,7 @@ def castling_attention_bound(x: Any, params: Mapping[str, Any], cfg: CastlingCon
     -------
     numerics.Bound with scale (B, N, C).
     """
+    validation.check_config(cfg, CastlingConfig)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg)

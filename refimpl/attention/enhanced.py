@@ -225,6 +225,8 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
     ----------
     L2ViT Eq. 2-4, §4.1 (ReLU), §4.2 (clamp and scale s), Appendix 7 (s = sqrt(C)), Appendix 8 (C_min, Table 10).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_real(c_min, "c_min", minimum=0.0)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -320,6 +322,8 @@ def enhanced_attention(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, *, o
     ----------
     L2ViT Eq. 4, §4.2, Appendix 8.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, L2ViTConfig)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg, "lga", "enhanced_attention", prefix="attn.")
@@ -382,6 +386,7 @@ def lcm(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
     ----------
     L2ViT Eq. 6-7, Appendix 10 and Fig. 5; the BN follows the GELU as Eq. 6-7 and Fig. 5 order them.
     """
+    validation.check_eps(batch_norm_eps, "batch_norm_eps")
     x, hw = _check_hw(x, hw, None)
     _check_lcm_params(params, x.shape[-1], "lcm")
     validation.check_taps(taps)
@@ -437,6 +442,8 @@ def lga_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int
     ----------
     L2ViT §4.2-4.3, Eq. 4-8, Fig. 3, Appendix 10 and 12.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, L2ViTConfig)
     x, hw = _check_hw(x, hw, cfg.dim)
     _check_params(params, cfg, "lga", "lga_block")
     validation.check_taps(taps)
@@ -493,6 +500,7 @@ def lwa_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int
     ----------
     L2ViT §4.3, Fig. 3, Appendix 12; Swin Transformer §3.2.
     """
+    validation.check_config(cfg, L2ViTConfig)
     x, hw = _check_hw(x, hw, cfg.dim)
     _check_params(params, cfg, "lwa", "lwa_block")
     validation.check_taps(taps)
@@ -516,6 +524,7 @@ def lwa_block(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tuple[int
 
 def l2vit_param_shapes(cfg: L2ViTConfig, block: str) -> dict[str, tuple[int, ...]]:
     """Parameter keys and shapes of an "lga" or "lwa" block (= the PyTorch twin's state_dict, float entries)."""
+    validation.check_config(cfg, L2ViTConfig)
     c, h, kk, kc, hid = cfg.dim, cfg.num_heads, cfg.lcm_kernel, cfg.cpe_kernel, cfg.mlp_hidden
     shapes: dict[str, tuple[int, ...]] = {"cpe.0.proj.weight": (c, 1, kc, kc), "cpe.0.proj.bias": (c,),
                                           "norm1.weight": (c,), "norm1.bias": (c,),
@@ -548,6 +557,7 @@ def init_l2vit_params(cfg: L2ViTConfig, block: str, *, seed: int = 0) -> dict[st
     """Random float64 parameters of a block: weights N(0, 1 / fan_in), biases N(0, 0.1^2), norm weights
     1 + N(0, 0.1^2), BN running variance U(0.5, 2); the scale at the paper's init sqrt(C) and the temperature
     at the released init d^-1/2 (Appendix 7; the released code).  For tests, docs and benchmarks."""
+    validation.check_config(cfg, L2ViTConfig)
     rng = np.random.default_rng(seed)
     out: dict[str, np.ndarray] = {}
     for key, shape in l2vit_param_shapes(cfg, block).items():
@@ -600,6 +610,7 @@ def enhanced_linear_attention_bound(q: Any, k: Any, v: Any, *, c_min: float = co
     ----------
     L2ViT Eq. 4, Appendix 8; docs/design.md "The verdict".
     """
+    validation.check_real(c_min, "c_min", minimum=0.0)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -633,6 +644,7 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
     ----------
     L2ViT Eq. 4; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, L2ViTConfig)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg, "lga", "enhanced_attention_bound", prefix="attn.")
@@ -711,6 +723,7 @@ def lcm_bound(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
     ----------
     L2ViT Eq. 6-7; docs/design.md "The verdict".
     """
+    validation.check_eps(batch_norm_eps, "batch_norm_eps")
     x, hw = _check_hw(x, hw, None)
     _check_lcm_params(params, x.shape[-1], "lcm_bound")
     _, e, depth = _err_lcm(x, np.zeros_like(x), params, hw, batch_norm_eps)
@@ -751,6 +764,7 @@ def lga_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
     ----------
     L2ViT Eq. 4-8, Fig. 3; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, L2ViTConfig)
     x, hw = _check_hw(x, hw, cfg.dim)
     _check_params(params, cfg, "lga", "lga_block_bound")
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)
@@ -821,6 +835,7 @@ def lwa_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
     ----------
     L2ViT §4.3, Fig. 3; Swin §3.2; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, L2ViTConfig)
     x, hw = _check_hw(x, hw, cfg.dim)
     _check_params(params, cfg, "lwa", "lwa_block_bound")
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)

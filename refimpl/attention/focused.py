@@ -484,6 +484,8 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     ----------
     FLatten Eq. 4-6 and 10-12.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -506,6 +508,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     if hw is None:
         raise ArgumentError("argument 'hw': the DWC branch needs the (H, W) grid of V")
     hw = validation.check_grid(hw, sz["n"], tokens="v")
+    _check_dwc_args(dwc_weight, dwc_bias, sz)
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
     dwc = _dwc(v, tuple(hw), tuple(hw), dwc_weight, None if dwc_bias is None else
@@ -583,6 +586,18 @@ def _resample_v(v: np.ndarray, hw_in: tuple[int, int], hw_out: tuple[int, int], 
     g = _to_grid(v, hw_in)
     g = resample_linear(resample_linear(g, hw_out[0], axis=2), hw_out[1], axis=3)
     return g.reshape(v.shape[:2] + (hw_out[0] * hw_out[1],) + v.shape[-1:])
+
+
+def _check_dwc_args(dwc_weight: Any, dwc_bias: Any, sz: Mapping[str, int]) -> None:
+    """dwc_weight (h e or e, 1, k, k) and dwc_bias (its channels,) or None, checked under the caller's names."""
+    w = numerics.as_float(dwc_weight, "dwc_weight")
+    numerics.check_shapes(dwc_weight=(w, "C 1 k k"))
+    if w.shape[0] not in (sz["h"] * sz["e"], sz["e"]):
+        raise ArgumentError(f"argument 'dwc_weight': expected shape ({sz['h'] * sz['e']}, 1, k, k) (one kernel per "
+                            f"channel h e of 'v') or ({sz['e']}, 1, k, k) (a bank shared by the heads), got {w.shape}")
+    if dwc_bias is not None:
+        b = numerics.as_float(dwc_bias, "dwc_bias")
+        numerics.check_shapes(dwc_bias=(b, "C"), sizes={"C": w.shape[0]})
 
 
 def _dwc(v, hw_v, hw_out, weight, bias, shared, resample):
@@ -735,6 +750,8 @@ def focused_linear_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     ----------
     FLatten §4.3, Eq. 5-6, 10-12; Appendix D (PVT layouts); PVT's spatial-reduction attention.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, FocusedConfig)
     x, big_h, big_w = _check_x(x, hw, cfg)
     _check_order(order)
     _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention")
@@ -798,6 +815,8 @@ def focused_window_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     ----------
     FLatten §4.3, Eq. 5-6, 10-12, Tables 6-7 (Swin); Swin Transformer (Liu et al. 2021) §3.2.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, FocusedConfig)
     x, big_h, big_w = _check_x(x, hw, cfg)
     _check_order(order)
     if cfg.sr_ratio != 1:
@@ -836,6 +855,7 @@ def focused_param_shapes(cfg: FocusedConfig, *, layout: str, n_kv: int) -> dict[
     layout : "global" (DeiT / PVT, :func:`focused_linear_attention`) or "window" (Swin).
     n_kv : number of key tokens the positional encoding covers (global: (H // sr)(W // sr); window: wh ww).
     """
+    validation.check_config(cfg, FocusedConfig)
     c, d, kk = cfg.dim, cfg.head_dim, cfg.kernel_size
     shapes: dict[str, tuple[int, ...]] = {}
     if layout == "global":
@@ -867,6 +887,7 @@ def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int
     """Random float64 parameters of the right keys and shapes (weights N(0, 1 / fan_in), biases and the
     positional encoding N(0, 0.1^2), LayerNorm weight 1 + N(0, 0.1^2), scale N(0, 0.5^2)): for tests, docs
     and benchmarks; not the released initialisation (which zeros the scale and the encoding)."""
+    validation.check_config(cfg, FocusedConfig)
     rng = np.random.default_rng(seed)
     out = {}
     for key, shape in focused_param_shapes(cfg, layout=layout, n_kv=n_kv).items():
@@ -1141,6 +1162,7 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
     if dwc_weight is None:
         return _bound(e_att, depth, "focused attention", dtype)
     hw = validation.check_grid(hw, sz["n"], tokens="v")
+    _check_dwc_args(dwc_weight, dwc_bias, sz)
     dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
     shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
     att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
@@ -1164,6 +1186,7 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     ----------
     FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, FocusedConfig)
     x, big_h, big_w = _check_x(x, hw, cfg)
     _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention_bound")
     c = cfg.dim
@@ -1202,6 +1225,7 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     ----------
     FLatten Eq. 4-6, 10-12; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, FocusedConfig)
     x, big_h, big_w = _check_x(x, hw, cfg)
     (wh, ww), (sh, sw) = _window_geometry((big_h, big_w), window_size, shift)
     _check_params(params, cfg, "window", (wh, ww), "focused_window_attention_bound")

@@ -156,6 +156,8 @@ def feature_map(x: Any, name: str = "relu", **opts: Any) -> np.ndarray:
     ----------
     L2ViT §4.1 and Table 1 (ReLU, LeakyReLU, L1 norm); FLatten Eq. 2-3; Katharopoulos et al. (2020) Eq. 7.
     """
+    if name not in FEATURE_MAPS:            # checked under this function's argument name
+        raise ArgumentError(f"argument 'name': expected one of {FEATURE_MAPS}, got {name!r}")
     x = numerics.as_float(x, "x")
     return _map_and_error(x, name, opts, want_error=False)[0]
 
@@ -186,6 +188,8 @@ def feature_map_error(x: Any, name: str = "relu", **opts: Any) -> np.ndarray:
     Higham, *Accuracy and Stability of Numerical Algorithms* (2nd ed.), §2.2, §3.1; docs/design.md "The
     verdict".
     """
+    if name not in FEATURE_MAPS:            # checked under this function's argument name
+        raise ArgumentError(f"argument 'name': expected one of {FEATURE_MAPS}, got {name!r}")
     x = numerics.as_float(x, "x")
     return _map_and_error(x, name, opts, want_error=True)[1]
 
@@ -295,6 +299,7 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
     ----------
     L2ViT Eq. 3-4 and Appendix 8; FLatten Eq. 3-4; Katharopoulos et al. (2020) Eq. 5-6.
     """
+    validation.check_max_elements(max_elements)
     phi_q = numerics.as_float(phi_q, "phi_q")
     phi_k = numerics.as_float(phi_k, "phi_k")
     v = numerics.as_float(v, "v")
@@ -428,6 +433,7 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     ----------
     L2ViT Eq. 2-4 (and Appendix 8 for ``clamp_min``); FLatten Eq. 1-4.
     """
+    validation.check_max_elements(max_elements)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")

@@ -50,7 +50,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from .. import backends, config, numerics, toeplitz as tz, validation
-from ..errors import ArgumentError, ParameterKeyError
+from ..errors import ArgumentError, ArgumentTypeError, ParameterKeyError
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, linear_bound, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
@@ -72,13 +72,17 @@ TRANSFORMS = ("rfft", "fft")
 # Configurations and parameter layout
 # ===================================================================================================
 
-def _check_grid(grid: Any) -> tuple[int, ...]:
+def _check_grid(grid: Any, name: str = "grid") -> tuple[int, ...]:
     if isinstance(grid, (int, np.integer)):
         grid = (int(grid),)
-    g = tuple(grid)
+    try:
+        g = tuple(grid)
+    except TypeError:
+        raise ArgumentTypeError(f"argument '{name}': expected a token grid ((N,), (H, W) or (T, H, W)), "
+                                f"got {validation.describe(grid)}") from None
     if len(g) not in (1, 2, 3):
-        raise ArgumentError(f"argument 'grid': expected 1, 2 or 3 axes ((N,), (H, W) or (T, H, W)), got {grid!r}")
-    return tuple(check_positive_int(n, "grid") for n in g)
+        raise ArgumentError(f"argument '{name}': expected 1, 2 or 3 axes ((N,), (H, W) or (T, H, W)), got {grid!r}")
+    return tuple(check_positive_int(n, name) for n in g)
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -242,6 +246,7 @@ def lisa_param_shapes(cfg: LiSAConfig) -> dict[str, tuple[int, ...]]:
     proj.weight (C, C), proj.bias (C,); P = N (circular, Eq. 10) or prod(2n - 1) (exact_toeplitz, Eq. 9).
     Heads share weight_a, weight_b, bias_a, bias_b (interpretation 2).  References: LiSA Eq. 9-10, Fig. 7.
     """
+    validation.check_config(cfg, LiSAConfig)
     c, d, p = cfg.head_dim, cfg.latent, cfg.kernel_tokens
     s = _proj_shapes(cfg.dim, cfg.qkv_bias)
     s.update({"weight_a": (p, c, d), "weight_b": (p, d), "bias_a": (c, d), "bias_b": (c, d)})
@@ -255,6 +260,7 @@ def sa_param_shapes(cfg: SAConfig) -> dict[str, tuple[int, ...]]:
     eq6: weight_a (P, c, D), weight_b (P, D), bias_b (c, D); eq7: eq6 + bias_a (c, D);
     plus the qkv / proj projections.  P = prod(2n - 1) (toeplitz) or N (circulant).
     """
+    validation.check_config(cfg, SAConfig)
     c, d, p = cfg.head_dim, cfg.latent, cfg.kernel_tokens
     s = _proj_shapes(cfg.dim, cfg.qkv_bias)
     if cfg.form == "eq4":
@@ -272,6 +278,7 @@ def lisa_block_param_shapes(cfg: LiSAConfig) -> dict[str, tuple[int, ...]]:
     """Keys and shapes of the LiSA block (LN -> LiSA -> LN -> MLP, §5.1, Fig. 3): norm1.{weight,bias} (C,),
     attn.* (:func:`lisa_param_shapes`), norm2.{weight,bias}, mlp.fc1.weight (C r, C), mlp.fc1.bias,
     mlp.fc2.weight (C, C r), mlp.fc2.bias (C,)."""
+    validation.check_config(cfg, LiSAConfig)
     dim, hid = cfg.dim, cfg.mlp_hidden
     s = {"norm1.weight": (dim,), "norm1.bias": (dim,)}
     s.update({f"attn.{k}": v for k, v in lisa_param_shapes(cfg).items()})
@@ -341,6 +348,7 @@ def rpe_matrix(params: Any, grid: Sequence[int], rpe: str, *, max_elements: int 
     rpe="toeplitz": P = prod(2n - 1), R = T(e) of Eq. 2 (BTTB on a 2-D grid); rpe="circulant": P = N,
     R[i, j] = w[(i - j) mod n] per axis (the circular embedding of Eq. 10).  References: LiSA Eq. 2, 5, 6, 10.
     """
+    validation.check_max_elements(max_elements)
     params = as_float(params, "params")
     g = _check_grid(grid)
     kg = tuple(2 * n - 1 for n in g) if rpe == "toeplitz" else g
@@ -464,6 +472,8 @@ def lisa_core(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a: Any,
     ----------
     LiSA Eq. 9, Eq. 10, Fig. 7, Appendix A (RFFT/IRFFT; 3-D variant for video).
     """
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     g = _grid_for(sz["N"], grid)
     wa, wb, ba, bb, sz = _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, g, exact_toeplitz)
@@ -554,6 +564,9 @@ def sa_eq4(q: Any, k: Any, v: Any, rpe: Any, *, eps: float = config.LISA_L2_EPS,
     ----------
     LiSA Eq. 4, Fig. 6 (structure_aware_attn_Eq4).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     r = as_float(rpe, "rpe")
     if r.ndim == 2:
@@ -593,6 +606,9 @@ def sa_eq5(q: Any, k: Any, v: Any, ra: Any, rb: Any, bias_b: Any, *, eps: float 
     ----------
     LiSA Eq. 5, Fig. 2, Fig. 6 (structure_aware_attn_Eq5).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     ra, rb, bb = as_float(ra, "ra"), as_float(rb, "rb"), as_float(bias_b, "bias_b")
     sz = check_shapes(sz, ra=(ra, "N N D"), rb=(rb, "N N D"), bias_b=(bb, "c D"))
@@ -609,6 +625,7 @@ def sa_eq5(q: Any, k: Any, v: Any, ra: Any, rb: Any, bias_b: Any, *, eps: float 
 
 
 def _sa_channelwise(q, k, v, ra_tilde, rb, bias_a, bias_b, eps, taps, max_elements, what):
+    validation.check_taps(taps)
     q, k, v, sz = _check_qkv(q, k, v)
     rat, rb, bb = as_float(ra_tilde, "ra_tilde"), as_float(rb, "rb"), as_float(bias_b, "bias_b")
     sz = check_shapes(sz, ra_tilde=(rat, "N N c D"), rb=(rb, "N N D"), bias_b=(bb, "c D"))
@@ -647,6 +664,8 @@ def sa_eq6(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_b: Any, *, eps: 
     ----------
     LiSA Eq. 6 (§4.2 "Capturing channel-wise structural patterns").
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     return _sa_channelwise(q, k, v, ra_tilde, rb, None, bias_b, eps, taps, max_elements, "sa_eq6")
 
 
@@ -672,6 +691,8 @@ def sa_eq7(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bias_b: 
     ----------
     LiSA Eq. 7, Eq. 9.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     return _sa_channelwise(q, k, v, ra_tilde, rb, bias_a, bias_b, eps, taps, max_elements, "sa_eq7")
 
 
@@ -687,6 +708,8 @@ def sa_eq8_terms(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bi
     Parameters: as :func:`sa_eq7`.  Returns a dict of four (B, h, N, c) arrays whose sum is Eq. 7.
     References: LiSA Eq. 8 and the paragraph after it.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_eps(eps)
     taps: dict = {}
     sa_eq7(q, k, v, ra_tilde, rb, np.zeros_like(as_float(bias_a, "bias_a")), bias_b, eps=eps, taps=taps,
            max_elements=max_elements)
@@ -751,6 +774,7 @@ def lisa_attention(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: 
     ----------
     LiSA Eq. 9-10, Fig. 3, Fig. 7, §5.1.
     """
+    validation.check_config(cfg, LiSAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, lisa_param_shapes(cfg), "lisa_attention")
@@ -787,6 +811,7 @@ def structure_aware_attention(x: Any, params: Mapping[str, Any], cfg: SAConfig, 
     ----------
     LiSA Eq. 4-7, Fig. 6.
     """
+    validation.check_config(cfg, SAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, sa_param_shapes(cfg), "structure_aware_attention")
@@ -841,6 +866,7 @@ def lisa_block(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, taps: dict
     ----------
     LiSA §5.1 ("LiSA block"), Fig. 3.
     """
+    validation.check_config(cfg, LiSAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, lisa_block_param_shapes(cfg), "lisa_block")
@@ -892,7 +918,7 @@ def resample_circular_kernel(w: Any, old_grid: Sequence[int], new_grid: Sequence
     LiSA Appendix B ("Fine-tuning on higher resolutions"), Table 9.
     """
     w = as_float(w, "w")
-    og, ng = _check_grid(old_grid), _check_grid(new_grid)
+    og, ng = _check_grid(old_grid, "old_grid"), _check_grid(new_grid, "new_grid")
     if len(og) != len(ng):
         raise ArgumentError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
     if w.shape[0] != int(np.prod(og)):
@@ -908,7 +934,7 @@ def resample_toeplitz_kernel(e: Any, old_grid: Sequence[int], new_grid: Sequence
     reach (|s| > n' - 1) are dropped (a Toeplitz matrix cannot hold them).  The exact_toeplitz counterpart
     of :func:`resample_circular_kernel`.  References: LiSA Eq. 2, Appendix B."""
     e = as_float(e, "e")
-    og, ng = _check_grid(old_grid), _check_grid(new_grid)
+    og, ng = _check_grid(old_grid, "old_grid"), _check_grid(new_grid, "new_grid")
     if len(og) != len(ng):
         raise ArgumentError(f"arguments 'old_grid', 'new_grid': same number of axes expected, got {og} and {ng}")
     okg = tuple(2 * n - 1 for n in og)
@@ -933,7 +959,8 @@ def resize_lisa_params(params: Mapping[str, Any], cfg: LiSAConfig, new_grid: Seq
 
     Returns (new params, cfg with the new grid).  References: LiSA Appendix B, Table 9.
     """
-    new_cfg = dataclasses.replace(cfg, grid=_check_grid(new_grid), fft_lengths=None)
+    validation.check_config(cfg, LiSAConfig)
+    new_cfg = dataclasses.replace(cfg, grid=_check_grid(new_grid, "new_grid"), fft_lengths=None)
     fn = resample_toeplitz_kernel if cfg.exact_toeplitz else resample_circular_kernel
     out = {}
     for k, v in params.items():
@@ -1159,6 +1186,7 @@ def lisa_core_bound(q: Any, k: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
     equals the tested one's).  Returns numerics.Bound with scale (B, h, N, c).
     References: LiSA Eq. 9-10; Higham (2002) ch. 3, Thm 24.2.
     """
+    validation.check_eps(eps)
     q, k, v, sz = _check_qkv(q, k, v)
     g = _grid_for(sz["N"], grid)
     wa, wb, ba, bb, _ = _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, g, exact_toeplitz)
@@ -1176,6 +1204,7 @@ def sa_core_bound(q: Any, k: Any, v: Any, form: str, *, rpe: Any = None, ra: Any
     Dense products: gamma_N |R| |x| plus |R| E_x; the rest as :func:`lisa_core_bound`.  Arguments as the
     corresponding core.  Returns numerics.Bound with scale (B, h, N, c).  References: LiSA Eq. 4-7.
     """
+    validation.check_eps(eps)
     q, k, v, sz = _check_qkv(q, k, v)
     if form not in SA_FORMS:
         raise ArgumentError(f"argument 'form': expected one of {SA_FORMS}, got {form!r}")
@@ -1236,6 +1265,7 @@ def lisa_attention_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, 
     :func:`lisa_core_bound`'s stages with the projection's error propagated, then the output projection
     (|Wp| E + gamma_{C+1} (|o||Wp|^T + |b|)).  Returns numerics.Bound with scale (B, N, C).
     References: LiSA Eq. 9-10, Fig. 7; Higham (2002) ch. 3."""
+    validation.check_config(cfg, LiSAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, lisa_param_shapes(cfg), "lisa_attention_bound")
@@ -1345,6 +1375,7 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
 def structure_aware_attention_bound(x: Any, params: Mapping[str, Any], cfg: SAConfig, *, dtype: Any = None) -> Bound:
     """Error bound of :func:`structure_aware_attention` in precision T (as :func:`lisa_attention_bound`
     with dense RPE products).  Returns numerics.Bound with scale (B, N, C).  References: LiSA Eq. 4-7."""
+    validation.check_config(cfg, SAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, sa_param_shapes(cfg), "structure_aware_attention_bound")
@@ -1376,6 +1407,7 @@ def lisa_block_bound(x: Any, params: Mapping[str, Any], cfg: LiSAConfig, *, dtyp
     constant config.GELU_LIPSCHITZ and refimpl.layers.gelu_bound, fc2) and the final residual sum.
     Not rigorous beyond the assumed libm accuracy of erf (config.ELEMENTARY_FUNCTION_ULPS) and the FFT
     depth heuristic.  Returns numerics.Bound with scale (B, N, C).  References: LiSA §5.1, Fig. 3."""
+    validation.check_config(cfg, LiSAConfig)
     x = as_float(x, "x")
     check_shapes(x=(x, "B N C"), sizes={"N": cfg.num_tokens, "C": cfg.dim})
     _check_params(params, lisa_block_param_shapes(cfg), "lisa_block_bound")

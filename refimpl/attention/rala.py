@@ -371,6 +371,7 @@ def reweighting_coefficients(q_global: Any, kappa_k: Any, scale: float = 1.0) ->
 
     References: RALA Eq. 3-4.
     """
+    validation.check_real(scale, "scale")
     q_global = numerics.as_float(q_global, "q_global")
     kappa_k = numerics.as_float(kappa_k, "kappa_k")
     sz = numerics.check_shapes(q_global=(q_global, "B h 1 d"), kappa_k=(kappa_k, "B h N d"))
@@ -428,6 +429,9 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     ----------
     RALA Eq. 2 (normaliser), Eq. 3 (B), Eq. 4 (Q_g, alpha), Eq. 6 (before the gate); options: released code.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, RALAConfig)
+    validation.check_taps(taps)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -656,6 +660,8 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
     RALA Eq. 2-4, 6, §3.2 (phi a linear projection), Table 9 (identity, tanh, "w/o out aug"); released
     code for the official options.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, RALAConfig)
     x = _check_grid(x, cfg.layout, cfg.dim)
     _check_params(params, rala_param_shapes(cfg), "rala_attention")
     validation.check_taps(taps)
@@ -732,6 +738,7 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
 
     References: RALA §3.2 ("classic Transformer block ... FFN"); released code for ffn_dwconv.
     """
+    validation.check_config(cfg, RAVLTBlockConfig)
     layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
     x = _check_grid(x, layout, c)
     _check_params(params, _ffn_shapes(cfg), "ravlt_ffn")
@@ -755,6 +762,7 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
 
 def ravlt_cpe(x: np.ndarray, params: Mapping[str, Any], cfg: RAVLTBlockConfig) -> np.ndarray:
     """x + DWConv_kxk(x) (CPE, Chu et al.; RALA §3.2) in the block's layout; the identity if cpe_kernel = 0."""
+    validation.check_config(cfg, RAVLTBlockConfig)
     if not cfg.cpe_kernel:
         return x
     cf = x if cfg.attn.layout == "channels_first" else np.moveaxis(x, -1, 1)
@@ -795,6 +803,8 @@ def ravlt_block(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, tap
     ----------
     RALA §3.2 "Design of the block" and Fig. 6; CPE: Chu et al. (2023).
     """
+    validation.check_max_elements(max_elements)
+    validation.check_config(cfg, RAVLTBlockConfig)
     x = _check_grid(x, cfg.attn.layout, cfg.attn.dim)
     _check_params(params, ravlt_block_param_shapes(cfg), "ravlt_block")
     validation.check_taps(taps)
@@ -824,6 +834,7 @@ def ravlt_block(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, tap
 
 def rala_param_shapes(cfg: RALAConfig) -> dict[str, tuple[int, ...]]:
     """{state_dict key: shape} of the RALA layer for ``cfg``."""
+    validation.check_config(cfg, RALAConfig)
     c = cfg.dim
     tail = () if cfg.layout == "tokens" else (1, 1)
     out: dict[str, tuple[int, ...]] = {}
@@ -850,6 +861,7 @@ def rala_param_shapes(cfg: RALAConfig) -> dict[str, tuple[int, ...]]:
 
 def ravlt_block_param_shapes(cfg: RAVLTBlockConfig) -> dict[str, tuple[int, ...]]:
     """{state_dict key: shape} of the RAVLT block for ``cfg``."""
+    validation.check_config(cfg, RAVLTBlockConfig)
     c, hd = cfg.attn.dim, cfg.hidden
     tail = () if cfg.attn.layout == "tokens" else (1, 1)
     out: dict[str, tuple[int, ...]] = {}
@@ -1159,6 +1171,7 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, RALAConfig)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -1177,6 +1190,7 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; docs/design.md "The verdict".
     """
+    validation.check_config(cfg, RALAConfig)
     x = _check_grid(x, cfg.layout, cfg.dim)
     _check_params(params, rala_param_shapes(cfg), "rala_attention_bound")
     pr = _Prec.of(dtype)
@@ -1444,6 +1458,7 @@ def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *,
 
     References: RALA §3.2; Higham (2002) eq. 3.12.
     """
+    validation.check_config(cfg, RAVLTBlockConfig)
     layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
     x = _check_grid(x, layout, c)
     _check_params(params, _ffn_shapes(cfg), "ravlt_ffn_bound")

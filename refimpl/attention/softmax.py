@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, numerics
+from .. import backends, config, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
 from .linear import _eta_times
 from ..layers import (linear, linear_bound, pad_to_multiple, relative_position_bias, relative_position_index,
@@ -97,6 +97,8 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
     ----------
     L2ViT Eq. 1; FLatten Eq. 1 and §3.1; Vaswani et al. (2017) Eq. 1.
     """
+    validation.check_max_elements(max_elements)
+    validation.check_taps(taps)
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -107,7 +109,7 @@ def softmax_attention(q: Any, k: Any, v: Any, *, scale: float | None = None, bia
         raise ArgumentError(f"softmax_attention: the attention matrix would have B*h*N*M = {int(np.prod(full))} "
                          f"elements, above max_elements = {limit}; use window_attention (local windows) or "
                          f"refimpl.attention.linear.linear_attention(order='linear')")
-    scale = sz["d"] ** -0.5 if scale is None else float(scale)
+    scale = sz["d"] ** -0.5 if scale is None else validation.check_real(scale, "scale")
     if bias is not None:
         bias = numerics.as_float(bias, "bias")
         _broadcastable(bias, full, "bias")
@@ -234,7 +236,7 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
     v = numerics.as_float(v, "v")
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     d, m_len = sz["d"], sz["M"]
-    scale = d ** -0.5 if scale is None else float(scale)
+    scale = d ** -0.5 if scale is None else validation.check_real(scale, "scale")
     eq = np.zeros_like(q) if err_q is None else numerics.as_float(err_q, "err_q")
     ek = np.zeros_like(k) if err_k is None else numerics.as_float(err_k, "err_k")
     ev = np.zeros_like(v) if err_v is None else numerics.as_float(err_v, "err_v")
@@ -397,6 +399,7 @@ def window_attention(x: Any, p: Mapping[str, Any], *, num_heads: int, window_siz
     Swin Transformer (Liu et al., 2021) §3.2, Eq. 4 and Fig. 4; L2ViT §4.3 and Fig. 3 (LWA blocks);
     FLatten §5 (Swin baseline).
     """
+    validation.check_taps(taps)
     x, dims, nh, ws, sh, table = _window_setup(x, p, num_heads, window_size, shift, pad, rel_pos_bias,
                                                mask_padding, mask_value)
     pcs = _window_pieces(x, p, nh, ws, sh, table, mask_padding, mask_value, scale)
