@@ -38,7 +38,7 @@ from ..attention import focused as _focused
 from ..attention import softmax as _softmax
 
 __all__ = [
-    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "patch_embed",
+    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "run_feature_units", "patch_embed",
     "stage_grids", "swin_window", "mlp_shapes", "ln_shapes", "window_attention_shapes", "linear2d", "mlp2d",
     "patch_merging2d",
     "Err", "e_exact", "e_linear", "e_layer_norm", "e_gelu", "e_mlp", "e_add", "e_conv2d", "e_mean",
@@ -140,6 +140,23 @@ def check_network_params(params: Any, cfg: Any, shapes_fn: Callable[[Any], Mappi
     except TypeError:                       # an unhashable config: no caching
         expected = dict(shapes_fn(cfg))
     return validation.check_params(params, expected, where=where)
+
+
+def run_feature_units(names: list[str], run_one: Callable[[str, Any], np.ndarray],
+                      feature_map: Callable[[str, np.ndarray], np.ndarray | None], images: Any,
+                      taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Run a network's units in order, ``x = run_one(name, x)`` from the images; returns the last output and
+    the feature maps ``feature_map(name, x)`` gives (None for a unit that closes no stage).  ``taps``: every
+    unit's output under its name.  The one forward loop of the FLatten, FLatten-PVT and Castling networks."""
+    x, feats = images, []
+    for name in names:
+        x = run_one(name, x)
+        f = feature_map(name, x)
+        if f is not None:
+            feats.append(f)
+        if taps is not None:
+            taps[name] = x
+    return x, feats
 
 
 def check_images(images: Any, in_chans: int, img_size: tuple[int, int]) -> np.ndarray:

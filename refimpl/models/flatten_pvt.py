@@ -471,15 +471,8 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig, *,
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
     validation.check_taps(taps)
-    x, feats = images, []
-    for name in unit_names(cfg):
-        x = run_unit(params, name, x, cfg)
-        f = _feature_map(name, x, cfg)
-        if f is not None:
-            feats.append(f)
-        if taps is not None:
-            taps[name] = x
-    return x, feats
+    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig) -> np.ndarray:
