@@ -1,27 +1,28 @@
 """Forward time of the full-size networks: refimpl (each available backend) vs the PyTorch twin on CPU.
 
 Each model at 224 x 224, batch 1, float64, random parameters (refimpl.models init) loaded into both sides;
-refimpl timed once per available backend (refimpl.backends.use: "numpy" is the definition, "numba"/"c" swap
-in the accelerated kernels where an operation has one), the twin with torch.no_grad() in eval mode, all in
-the same process and run.  Reported: the best wall time of ``--repeats`` runs after one warm-up run
-(Numba compiles on first use), and the ratio refimpl / PyTorch (the issue's goal for the accelerated
-backends: <= 1).
+refimpl timed once per available backend and under "auto" (refimpl.backends.use: "numpy" is the definition,
+"numba"/"c" swap in the accelerated kernels where an operation has one, "auto" picks per operation from the
+auto table), the twin with torch.no_grad() in eval mode, all in the same process and run.  Reported: the best
+wall time of ``--repeats`` runs after one warm-up run (Numba compiles on first use), every repeat's time (so
+that benchmarks/compare.py can tell a regression from run-to-run noise), and the ratio refimpl / PyTorch (the
+issue's goal for the accelerated backends: <= 1).
 
-Threads: BLAS/OpenMP and torch are pinned to ``--threads`` (default 1) before NumPy and torch load; on a
-shared 2-core machine multi-threaded OpenBLAS spins under contention (measured 20x slower for the reduced
-Swin test, models docs).
+Threads: each thread count of ``--threads`` (default "1,2") is run in turn, with BLAS/OpenMP pools limited by
+threadpoolctl (``threadpool_limits``: OpenBLAS, MKL, OpenMP, whichever NumPy and torch loaded), torch by
+``torch.set_num_threads`` and Numba by ``numba.set_num_threads``; rows are keyed by (model, threads).
 
 Run:  python benchmarks/models_forward.py                    (FLatten + Castling models; writes
                                                               benchmarks/results/models_forward.json)
       python benchmarks/models_forward.py --models all        (every registered model with a twin)
       python benchmarks/models_forward.py --quick             (reduced configs: a smoke run)
+      python benchmarks/compare.py OLD.json NEW.json          (what got slower, beyond the noise)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -32,8 +33,8 @@ def _parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="flatten,castling",
                     help="comma-separated model names or family names, or 'all' (default: flatten,castling)")
-    ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", default="1,2", help="comma-separated thread counts, each run in turn")
     ap.add_argument("--quick", action="store_true", help="reduced configs (family.reduced), for a smoke run")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                   "models_forward.json"))
@@ -41,11 +42,11 @@ def _parse() -> argparse.Namespace:
 
 
 ARGS = _parse()
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, str(ARGS.threads))
+THREADS = [int(t) for t in str(ARGS.threads).split(",") if t.strip()]
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -55,17 +56,26 @@ from equivalence.assertions import load_numpy_state  # noqa: E402
 from refimpl import backends, config  # noqa: E402
 from refimpl.models import counting  # noqa: E402
 
-torch.set_num_threads(ARGS.threads)
 
 
-def _best(fn, repeats: int) -> float:
-    fn()  # warm-up (Numba compilation, allocator, caches)
-    best = math.inf
+def _times(fn, repeats: int) -> list[float]:
+    """Wall times of ``repeats`` runs after one warm-up run (Numba compilation, allocator, caches)."""
+    fn()
+    out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _set_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    try:
+        import numba
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+    except ImportError:
+        pass
 
 
 def _selected() -> list[str]:
@@ -77,7 +87,16 @@ def _selected() -> list[str]:
 
 
 def main() -> None:
-    avail = [b for b, st in backends.available().items() if st]
+    avail = [b for b, st in backends.available().items() if st] + ["auto"]
+    rows = []
+    for threads in THREADS:
+        with threadpool_limits(limits=threads):
+            _set_threads(threads)
+            rows += _run(avail, threads)
+    _report(avail, rows)
+
+
+def _run(avail: list[str], threads: int) -> list[dict]:
     rows = []
     for name in _selected():
         fam = rm.family_of(name)
@@ -92,37 +111,47 @@ def main() -> None:
         twin = em.build(cfg).double()
         load_numpy_state(twin, params)
         x_t = torch.from_numpy(images)
-        row = {"model": name, "params": rm.param_count(cfg), "img_hw": list(hw)}
+        row = {"model": name, "threads": threads, "params": rm.param_count(cfg), "img_hw": list(hw)}
         try:
             row["gmacs"] = counting.total(fam.macs(cfg, hw)) / 1e9
         except (TypeError, ValueError):
             row["gmacs"] = None
         with torch.no_grad():
-            row["torch_s"] = _best(lambda: twin(x_t), ARGS.repeats)
+            row["torch_times"] = _times(lambda: twin(x_t), ARGS.repeats)
+            row["torch_s"] = min(row["torch_times"])
             ref_t = twin(x_t).numpy()
         for b in avail:
             with backends.use(b):
-                row[f"refimpl_{b}_s"] = _best(lambda: fam.forward(params, images, cfg), ARGS.repeats)
+                row[f"refimpl_{b}_times"] = _times(lambda: fam.forward(params, images, cfg), ARGS.repeats)
                 out = fam.forward(params, images, cfg)
+            row[f"refimpl_{b}_s"] = min(row[f"refimpl_{b}_times"])
             row[f"ratio_{b}"] = row[f"refimpl_{b}_s"] / row["torch_s"]
             row[f"max_abs_diff_{b}"] = float(np.max(np.abs(out - ref_t)))
+        best = min((b for b in avail if b != "auto"), key=lambda b: row[f"refimpl_{b}_s"])
+        row["best_backend"], row["auto_over_best"] = best, row["refimpl_auto_s"] / row[f"refimpl_{best}_s"]
         rows.append(row)
         cells = "  ".join(f"{b} {row[f'refimpl_{b}_s']:7.2f}s ({row[f'ratio_{b}']:.2f}x)" for b in avail)
-        print(f"{name:18s} {row['params'] / 1e6:7.2f}M {row['gmacs'] or float('nan'):6.2f} GMACs  "
+        print(f"{name:18s} {threads}t {row['params'] / 1e6:7.2f}M {row['gmacs'] or float('nan'):6.2f} GMACs  "
               f"torch {row['torch_s']:7.2f}s  {cells}", flush=True)
+    return rows
+
+
+def _report(avail: list[str], rows: list[dict]) -> None:
     meta = {"python": platform.python_version(), "numpy": np.__version__, "torch": torch.__version__,
             "machine": platform.machine(), "processor": platform.processor(), "cpus": os.cpu_count(),
-            "threads": ARGS.threads, "repeats": ARGS.repeats, "quick": ARGS.quick, "dtype": "float64",
+            "threads": THREADS, "repeats": ARGS.repeats, "quick": ARGS.quick, "dtype": "float64",
             "batch": 1, "backends": {b: str(st.reason) for b, st in backends.available().items()},
+            "threadpools": [{k: p.get(k) for k in ("internal_api", "num_threads", "version")}
+                            for p in threadpool_info()],
             "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
             "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
     heads = " | ".join(f"refimpl {b} (s, ratio)" for b in avail)
-    print(f"\n| model | params | GMACs | PyTorch CPU (s) | {heads} |")
-    print("|---|---|---|---|" + "---|" * len(avail))
+    print(f"\n| model | threads | params | GMACs | PyTorch CPU (s) | {heads} | auto / best |")
+    print("|---|---|---|---|---|" + "---|" * len(avail) + "---|")
     for r in rows:
         cells = " | ".join(f"{r[f'refimpl_{b}_s']:.2f} ({r[f'ratio_{b}']:.2f}x)" for b in avail)
-        print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['gmacs'] or float('nan'):.2f} | {r['torch_s']:.2f} | "
-              f"{cells} |")
+        print(f"| {r['model']} | {r['threads']} | {r['params'] / 1e6:.2f}M | {r['gmacs'] or float('nan'):.2f} | "
+              f"{r['torch_s']:.2f} | {cells} | {r['auto_over_best']:.2f} ({r['best_backend']}) |")
     os.makedirs(os.path.dirname(ARGS.out), exist_ok=True)
     with open(ARGS.out, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=2)

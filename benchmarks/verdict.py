@@ -9,6 +9,8 @@ Run (from the repository root; never part of the test suite's default run):
                                                  # minute); prints only, unless --out / --doc are given
     python benchmarks/verdict.py --modules flatten_pvt rala --dtypes float32     # a subset (prints only)
     python benchmarks/verdict.py --markdown benchmarks/results/verdict.json   # regenerate docs/verdict.md only
+    python benchmarks/verdict.py --modules lisa --merge benchmarks/results/verdict.json   # rerun some rows of a
+                                                 # full run and rewrite both files (refused if calibration moves)
 
 For every attention module (``MODULES`` below: the five papers' attention layers at their networks' stage-1
 sizes, Castling at its 14 x 14 DeiT grid) and every tested precision T in float32, float16, bfloat16:
@@ -108,14 +110,6 @@ MARGIN = 2.0
 LOG_T_MIN = -12.0
 BUGS = ("batch state", "eps dropped", "scale twice", "boundary off by one")
 
-# _ETA64_IN_U as in equivalence/test_focused.py and test_enhanced.py: float64's underflow eta restored in the
-# bound's scale (the Bound's own k eta_64 term rounds to 0).
-_ETA64_IN_U = 2.0 ** -1074 / numerics.unit_roundoff("float64")
-
-
-def _eta(b: numerics.Bound) -> numerics.Bound:
-    return numerics.Bound(np.asarray(b.scale) + _ETA64_IN_U, b.k, b.note + "; + float64 underflow eta",
-                          accumulation=b.accumulation)
 
 
 # ===================================================================================================
@@ -334,7 +328,7 @@ def setup_flatten_pvt(dt: str, quick: bool) -> Setup:
     return Setup(
         "flatten_pvt", f"FLatten-PVT stage 1 (official, C 64, 1 head, {side}x{side}, sr {sr})", run,
         lambda: r_foc.focused_linear_attention(x, params, cfg, hw),
-        lambda: _eta(r_foc.focused_linear_attention_bound(x, params, cfg, hw, dtype=dt)),
+        lambda: r_foc.focused_linear_attention_bound(x, params, cfg, hw, dtype=dt),
         _naive(r_foc.focused_linear_attention, x, params, cfg, hw, dt=dt),
         _flatten_bugs(m, run, cfg, windows=False),
         stagewise=_flatten_stagewise(m, r_foc.focused_linear_attention_stages(params, cfg, hw, fine=True), dt))
@@ -354,7 +348,7 @@ def setup_flatten_swin(dt: str, quick: bool) -> Setup:
     return Setup(
         "flatten_swin", f"FLatten-Swin window (official, C 96, 3 heads, {ws}x{ws} windows of {side}x{side})", run,
         lambda: r_foc.focused_window_attention(x, params, cfg, hw, **kw),
-        lambda: _eta(r_foc.focused_window_attention_bound(x, params, cfg, hw, dtype=dt, **kw)),
+        lambda: r_foc.focused_window_attention_bound(x, params, cfg, hw, dtype=dt, **kw),
         _naive(r_foc.focused_window_attention, x, params, cfg, hw, dt=dt, **kw),
         _flatten_bugs(m, run, cfg, windows=True),
         stagewise=_flatten_stagewise(m, r_foc.focused_window_attention_stages(params, cfg, hw, fine=True, **kw),
@@ -458,7 +452,7 @@ def setup_l2vit(dt: str, quick: bool) -> Setup:
     }
     return Setup("l2vit", f"L2ViT enhanced linear attention (paper, C 96, 3 heads, {side}x{side})", run,
                  lambda: r_enh.enhanced_attention(x, params, cfg),
-                 lambda: _eta(r_enh.enhanced_attention_bound(x, params, cfg, dtype=dt)),
+                 lambda: r_enh.enhanced_attention_bound(x, params, cfg, dtype=dt),
                  _naive(r_enh.enhanced_attention, x, params, cfg, dt=dt), bugs,
                  stagewise=_projections_stagewise(m, r_enh.enhanced_attention_stages(params, cfg), dt))
 
@@ -1160,6 +1154,13 @@ def run_all(args: argparse.Namespace) -> dict:
     sets = {"current": tuple(cur)}
     for key in ("all_members", "torch_members"):
         sets[key] = (calib["max"][key]["factor"] or cur[0], calib["rms"][key]["factor"] or cur[1])
+    if getattr(args, "merge", ""):
+        # the earlier rows were evaluated under the earlier run's factor sets: the new rows are too (_merge)
+        earlier = json.loads(Path(args.merge).read_text())["factor_sets"]
+        if tuple(earlier["current"]) != tuple(cur):
+            raise SystemExit(f"--merge: the earlier run used the factors {earlier['current']}, config has {cur}: "
+                             f"run every module")
+        sets = {k: tuple(v) for k, v in earlier.items()}
 
     # Second pass: verdicts, tightness and sensitivity under each factor set (equal sets computed once).
     kept = []
@@ -1182,6 +1183,9 @@ def run_all(args: argparse.Namespace) -> dict:
         print(f"# {rec['module']} {rec['dtype']}: sensitivity done ({rec['timing']['second_pass']:.0f} s)",
               flush=True)
 
+    if getattr(args, "merge", ""):
+        kept, failures, calib, sets = _merge(Path(args.merge), kept, failures, calib, sets)
+        args.modules, args.dtypes = list(MODULES), list(DTYPES)
     counts = {}
     for dt in args.dtypes:
         rs = [r for r in kept if r["dtype"] == dt]
@@ -1213,6 +1217,34 @@ def run_all(args: argparse.Namespace) -> dict:
     }
     result["checks"] = {key: checks(result, key) for key in SETS}
     return result
+
+
+def _merge(path: Path, kept: list, failures: list, calib: dict, sets: dict) -> tuple[list, list, dict, dict]:
+    """--merge: this run's rows replace the same (module, dtype) rows of an earlier full run's JSON, every row
+    evaluated under the earlier run's factor sets (the headline set is config's, the same in both); the
+    calibration is recomputed over the merged rows, and where its rule would now give other alternative factor
+    sets, the result says so (``calibration["merged_note"]``; a full run re-derives them)."""
+    old = json.loads(path.read_text())
+    new_keys = {(r["module"], r["dtype"]) for r in kept} | {(f["module"], f["dtype"]) for f in failures}
+    rows = [r for r in old["cases"] if (r["module"], r["dtype"]) not in new_keys] + kept
+    order = {(m, d): i for i, (m, d) in enumerate((m, d) for m in MODULES for d in DTYPES)}
+    rows.sort(key=lambda r: order[(r["module"], r["dtype"])])
+    fails = [f for f in old["failures"] if (f["module"], f["dtype"]) not in new_keys] + failures
+    merged = calibrate(rows)
+    cur = tuple(sets["current"])
+    merged_sets = {"current": cur}
+    for key in ("all_members", "torch_members"):
+        merged_sets[key] = (merged["max"][key]["factor"] or cur[0], merged["rms"][key]["factor"] or cur[1])
+    differ = [k for k in SETS if tuple(sets[k]) != tuple(merged_sets[k])]
+    if differ:
+        merged["merged_note"] = (
+            "rows merged into an earlier full run (benchmarks/verdict.py --merge): every row is evaluated under "
+            "the earlier run's factor sets (" + "; ".join(f"{k} {list(sets[k])}" for k in SETS) + "), while the "
+            "calibration rule over the merged rows would now give " + "; ".join(
+                f"{k} {list(merged_sets[k])}" for k in differ) + " (a full run re-derives the alternative sets; "
+            "the headline set is config's and the same either way)")
+    print(f"# merged {len(kept)} new row(s) into {len(rows) - len(kept)} row(s) of {path}", flush=True)
+    return rows, fails, merged, {k: tuple(v) for k, v in sets.items()}
 
 
 # ===================================================================================================
@@ -1584,7 +1616,7 @@ def _findings(result: dict) -> list[str]:
                    f"{g(max(ratios))} u_T, while the bounds' depths give k u_T = {g(min(kus))} - {g(max(kus))}: "
                    f"torch's CPU kernels accumulate float16/bfloat16 in float32 and round once (every torch variant "
                    f"agrees, to a few percent), so a worst-case gamma_k in u_T describes no real kernel.  The NumPy "
-                   f"naive run is the outlier: in float16 it accumulates in float16 (up to "
+                   f"naive run is the outlier: in float16 it rounds every elementwise intermediate to float16 (up to "
                    f"{g(max(_num(r['rel_err_over_u']['numpy naive']) for r in half if r['dtype'] == 'float16'))} "
                    f"u_T), in bfloat16 it runs in float32 on rounded inputs (far below u_T).")
     bad_half = [r for r in half if r["sets"][hl]["report"]["verdict"] == verdict.DIVERGES]
@@ -1711,8 +1743,9 @@ def markdown(result: dict) -> str:
         "(refimpl.models.flatten_pvt) do not reduce: FLatten's Tables 10-11 give each stage's focused attention "
         "the whole stage grid, the paper's parameter and FLOP counts are reproduced only that way, and the "
         "released configuration agrees (sr 1 at every stage).  So `flatten_pvt` here is harder than any "
-        "registered network's stage 1: its 4097-term reduction sums are what makes its whole-module float32 "
-        "bound void (below).",
+        "registered network's stage 1: its 4097-term reduction sums make the deterministic whole-module float32 "
+        "bound void (u E is 23 times the output), and the l2 coefficient (refimpl.verdict.Bound.sigma: sqrt(4097) "
+        "for those sums, the conv outputs and key tokens in quadrature) makes it conclusive (below).",
         "",
         "The PyTorch twin (`equivalence/modules`) is built in T with random parameters from the module's own init "
         "function, rounded to T and loaded with `load_numpy_state`; inputs are N(0, 1) rounded to T.  The twin "
@@ -1726,7 +1759,9 @@ def markdown(result: dict) -> str:
         "## The statistic",
         "",
         "Besides equal NaN/Inf patterns and every element inside its bound (err_i <= b_i, b_i = min(gamma_k, "
-        "gamma~_k(lam)) S_i for accumulation bounds, gamma_k S_i for composite ones; lam from a union bound with "
+        "gamma~_k(lam)) S_i for accumulation bounds, gamma_k S_i for composite ones, min(gamma_K S_i, lam u sigma_i) "
+        "for composite ones that carry the l2 coefficient sigma (the FLatten modules: refimpl.verdict.Bound); lam "
+        "from a union bound with "
         f"false-alarm probability {cur['VERDICT_FALSE_ALARM']:g}), the verdict compares the tested output with an "
         "ensemble of legitimate evaluations.  For an evaluation x, err_i = |x_i - ref_i| and z_i = err_i / w_i "
         f"(this run: z_i = {result.get('z_units', 'err_i / b_i')}; w_i = S_i + eta_T is the magnitude element "
@@ -1758,6 +1793,8 @@ def markdown(result: dict) -> str:
                      f"`{mm.get('member')}`), zrms **{g(rr['ratio'])}** ({rr.get('module')} / {rr.get('dtype')}, "
                      f"`{rr.get('member')}`) -> VERDICT_MAX_FACTOR = **{mm['factor']}**, VERDICT_RMS_FACTOR = "
                      f"**{rr['factor']}**;")
+    if c.get("merged_note"):
+        lines.append(f"- note: {c['merged_note']};")
     units_path = Path(__file__).resolve().parent / "results" / "verdict_units.json"
     if units_path.exists():
         un = json.loads(units_path.read_text())
@@ -1778,8 +1815,10 @@ def markdown(result: dict) -> str:
         f"VERDICT_RMS_FACTOR = {fs['torch_members'][1]:g}; the network units (smaller outputs, patch mergings and "
         "heads where the reversed order errs twice as much as the rest) need the larger factors in config.  The "
         "rule over all members is set by the float16 "
-        "NumPy run, the only member that accumulates in float16: against torch kernels that accumulate in float32 "
-        "its error is an order of magnitude larger, so leaving it out gives the large ratio - but it is never "
+        "NumPy run, the only member that rounds every intermediate of its elementwise chains to float16 (NumPy's "
+        "half-precision sums and dot products accumulate in float32, but each elementwise operation rounds, where "
+        "torch's fused kernels - LayerNorm, softmax, GELU, the normaliser - keep float32 inside): its error is an "
+        "order of magnitude larger, so leaving it out gives the large ratio - but it is never "
         "left out of a real comparison, and factors that large let a planted bug grow to tens of times the "
         "ensemble's error before it is caught (see (b)).  Every table below shows the three factor sets.",
         "",
@@ -1931,6 +1970,10 @@ def main(argv: list[str] | None = None) -> int:
                                                 "default place)")
     ap.add_argument("--markdown", default="", metavar="VERDICT_JSON",
                     help="regenerate the Markdown from a verdict.json and exit")
+    ap.add_argument("--merge", default="", metavar="VERDICT_JSON",
+                    help="replace the selected modules' rows of an earlier full run's JSON by this run's and write "
+                         "the merged JSON and Markdown to the default places (refused when the merged calibration "
+                         "changes a factor set)")
     args = ap.parse_args(argv)
     if args.markdown:
         result = json.loads(Path(args.markdown).read_text())
@@ -1943,7 +1986,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [m for m in args.modules if m not in MODULES] + [d for d in args.dtypes if d not in DTYPES]
     if bad:
         ap.error(f"unknown module(s) / dtype(s): {bad}; modules {list(MODULES)}, dtypes {list(DTYPES)}")
-    full = not args.quick and set(args.modules) == set(MODULES) and set(args.dtypes) == set(DTYPES)
+    full = not args.quick and (bool(args.merge) or (set(args.modules) == set(MODULES)
+                                                    and set(args.dtypes) == set(DTYPES)))
     out = Path(args.out) if args.out else (RESULTS / "verdict.json" if full else None)
     doc = Path(args.doc) if args.doc else (DOC if full and not args.out else None)
     torch.manual_seed(SEED)

@@ -72,7 +72,12 @@ def _verify(ns: argparse.Namespace) -> int:
     from . import verify as v
 
     if ns.list:
+        from . import models as rm
         refs = {name: {"summary": r.summary, "presets": list(r.presets)} for name, r in v.REFERENCES.items()}
+        for name in v.network_names():
+            cfg = rm.entry(name).config
+            refs[name] = {"summary": f"network ({rm.family_of(name).__name__}), verified unit by unit",
+                          "presets": list(v.networks.network_presets(cfg)) or ["registered"]}
         print(json.dumps(refs, indent=1) if ns.json == "-" else "\n".join(
             f"{name}: {d['summary']} (presets: {', '.join(d['presets'])})" for name, d in refs.items()))
         return 0
@@ -96,7 +101,8 @@ def _verify(ns: argparse.Namespace) -> int:
                 return _usage("--examples draws its own inputs; it takes no --input")
             report = v.verify_examples(ns.target, ns.reference, ns.examples, **kw)
         else:
-            report = v.verify(ns.target, ns.reference, input=inp, hw=_pair(ns.hw), batch=ns.batch, **kw)
+            report = v.verify(ns.target, ns.reference, input=inp, hw=_pair(ns.hw), batch=ns.batch,
+                              progress=ns.json != "-" and sys.stderr.isatty(), **kw)
     except v.VerifyError as exc:
         return _usage(str(exc))
     if ns.json:
@@ -122,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     vp = sub.add_parser("verify", help="verify a PyTorch module against a reference (docs/verify.md)")
     vp.add_argument("target", nargs="?", help="package.module:Name or path/to/file.py:Name")
-    vp.add_argument("--reference", help="the reference to compare with (--list shows them)")
+    vp.add_argument("--reference", help="the reference to compare with: an attention reference or a registered "
+                                        "network name (--list shows them)")
     vp.add_argument("--list", action="store_true", help="list the references")
     vp.add_argument("--preset", default=None, help="the reference preset (default: the reference's own, "
                     "'official', or 'paper' where no code is released)")
@@ -132,8 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--weights", help=".safetensors, .npz or .pt/.pth (weights_only) state_dict")
     vp.add_argument("--map", help='JSON {"rename": {foreign: reference}, "ignore": [foreign]}')
     vp.add_argument("--input", help=".npz or .safetensors holding the input array")
-    vp.add_argument("--hw", help="the token grid H,W")
-    vp.add_argument("--batch", type=int, default=2)
+    vp.add_argument("--hw", help="the token grid H,W (for a network: the image size, default 224,224)")
+    vp.add_argument("--batch", type=int, default=None, help="the batch (default 2; 1 for a network)")
     vp.add_argument("--dtype", default="float32", choices=("float64", "float32", "float16", "bfloat16"))
     vp.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     vp.add_argument("--seed", type=int, default=0)

@@ -38,10 +38,15 @@ def subparams(params: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.nda
     ``subparams(sd, "blocks.0.mlp")`` -> ``{"fc1.weight": ..., "fc1.bias": ..., ...}``.  Raises KeyError
     naming the prefix when nothing matches, so a typo in a key is never silently an empty layer.
     """
+    validation.check_mapping(params, "params", "a mapping of state_dict keys to float arrays")
+    if not isinstance(prefix, str):
+        raise ArgumentTypeError(f"argument 'prefix': expected a str (a state_dict key prefix), "
+                                f"got {validation.describe(prefix)}")
     head = prefix + "." if prefix else ""
-    out = {k[len(head):]: v for k, v in params.items() if k.startswith(head)}
+    out = {k[len(head):]: v for k, v in params.items() if isinstance(k, str) and k.startswith(head)}
     if not out:
-        raise ParameterKeyError(f"no parameters under prefix '{prefix}' (have e.g. {sorted(params)[:5]})")
+        raise ParameterKeyError(f"argument 'prefix': no parameters under prefix '{prefix}' "
+                                f"(have e.g. {sorted(map(str, params))[:5]})")
     return out
 
 
@@ -82,6 +87,8 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 def linear_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> Bound:
     """Higham (3.12): |fl(xW^T + b) - (xW^T + b)| <= gamma_{n+1} (|x||W|^T + |b|), n = in_features
     (n products and n-1 additions, plus one addition for the bias).  Rigorous for any summation order."""
+    weight = as_float(weight, "weight")
+    bias = None if bias is None else as_float(bias, "bias")
     n = np.shape(weight)[-1]
     s = linear(np.abs(as_float(x, "x")), np.abs(weight), None if bias is None else np.abs(bias))
     return Bound(s, n + (1 if bias is not None else 0), f"linear: gamma_(n+1), n = {n} (Higham 3.12)",
@@ -92,12 +99,13 @@ def linear_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = No
 # Norms and activations
 # ===================================================================================================
 
-def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
                eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
     """LayerNorm over the last dimension (Ba et al., 2016; torch.nn.LayerNorm):
     y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased (1/n) variance, computed in two passes.
-    x : (..., C); weight, bias : (C,) or None; eps finite and >= 0."""
-    x = as_float(x, "x")
+    x : (..., C); weight, bias : (C,) or None (no affine part, as in torch.nn.functional.layer_norm);
+    eps finite and >= 0."""
+    x = _ln_input(x)
     eps = validation.check_eps(eps)
     c = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
@@ -111,6 +119,14 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None
     return y
 
 
+def _ln_input(x: Any) -> np.ndarray:
+    """The input of a LayerNorm: a float array of shape (..., C), at least 1-d."""
+    x = as_float(x, "x")
+    if x.ndim == 0:
+        raise ArgumentError("argument 'x': expected an array of shape (..., C), got a 0-d scalar")
+    return x
+
+
 def check_vector(v: np.ndarray, name: str, size: int) -> np.ndarray:
     v = as_float(v, name)
     if v.shape != (size,):
@@ -118,7 +134,7 @@ def check_vector(v: np.ndarray, name: str, size: int) -> np.ndarray:
     return v
 
 
-def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
                      eps: float = config.LAYER_NORM_EPS, dtype: Any = None) -> Bound:
     """First-order running bound for LayerNorm over n channels.
 
@@ -132,8 +148,10 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
     (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
     stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8."""
     validation.check_eps(eps)
-    x = as_float(x, "x")
+    x = _ln_input(x)
     n = x.shape[-1]
+    weight = None if weight is None else check_vector(weight, "weight", n)
+    bias = None if bias is None else check_vector(bias, "bias", n)
     mu = np.mean(x, axis=-1, keepdims=True)
     d = x - mu
     s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
@@ -148,7 +166,7 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray 
     return Bound(scale, k, f"layer_norm over n = {n}: first-order, k = n + 8{how}", ref_depth=n + 8)
 
 
-def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
                   eps: float = config.LAYER_NORM_EPS) -> np.ndarray:
     """LayerNorm over the channel axis of a channels-first (B, C, H, W) tensor (ConvNeXt-style)."""
     x = as_float(x, "x")
@@ -156,9 +174,11 @@ def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | N
     return np.moveaxis(layer_norm(np.moveaxis(x, 1, -1), weight, bias, eps), -1, 1)
 
 
-def layer_norm_cf_bound(x: np.ndarray, weight, bias, eps: float = config.LAYER_NORM_EPS) -> Bound:
+def layer_norm_cf_bound(x: np.ndarray, weight=None, bias=None, eps: float = config.LAYER_NORM_EPS) -> Bound:
     validation.check_eps(eps)
-    b = layer_norm_bound(np.moveaxis(as_float(x, "x"), 1, -1), weight, bias, eps)
+    x = as_float(x, "x")
+    check_shapes(x=(x, "B C H W"))
+    b = layer_norm_bound(np.moveaxis(x, 1, -1), weight, bias, eps)
     return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)")
 
 
@@ -186,10 +206,11 @@ def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BA
     divide, multiply, add) on magnitudes bounded by (|x| + |rm|) / sqrt(rv + eps) |w| + |b|.  k = 6."""
     validation.check_eps(eps)
     x = as_float(x, "x")
+    c = check_shapes(x=(x, "B C H W"))["C"]
     col = (slice(None), None, None)
-    rm, rv = as_float(running_mean, "running_mean"), as_float(running_var, "running_var")
-    s = (np.abs(x) + np.abs(rm)[col]) / np.sqrt(rv[col] + eps) * np.abs(as_float(weight, "weight"))[col] \
-        + np.abs(as_float(bias, "bias"))[col]
+    rm, rv = check_vector(running_mean, "running_mean", c), check_vector(running_var, "running_var", c)
+    weight, bias = check_vector(weight, "weight", c), check_vector(bias, "bias", c)
+    s = (np.abs(x) + np.abs(rm)[col]) / np.sqrt(rv[col] + eps) * np.abs(weight)[col] + np.abs(bias)[col]
     return Bound(s, 6, "batch_norm2d eval: 6 roundings per element")
 
 
@@ -199,6 +220,7 @@ def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:
     terms by |x| (ELEMENTARY_FUNCTION_ULPS + 4) u: scale S = |x|, k = ulps + 4 (scale, add, two products).
     Not rigorous beyond the assumed libm accuracy (see config.ELEMENTARY_FUNCTION_ULPS)."""
     x = as_float(x, "x")
+    validation.check_option(approximate, "approximate", ("none", "tanh"))
     extra = 3 if approximate == "tanh" else 0  # the cubic polynomial inside tanh
     return Bound(np.abs(x), config.ELEMENTARY_FUNCTION_ULPS + 4 + extra, "gelu: libm ulps + 4 on |x|")
 
@@ -207,12 +229,15 @@ def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:
 # Convolutions (PyTorch semantics: cross-correlation, zero padding)
 # ===================================================================================================
 
-def _pair(v: int | Sequence[int], name: str) -> tuple[int, int]:
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
-        return int(v), int(v)
-    if isinstance(v, (tuple, list)) and len(v) == 2 and all(isinstance(i, (int, np.integer)) for i in v):
-        return int(v[0]), int(v[1])
-    raise ArgumentTypeError(f"argument '{name}': expected an int or a pair of ints, got {v!r}")
+def _pair(v: int | Sequence[int], name: str, minimum: int | None = None) -> tuple[int, int]:
+    """An int or a pair of ints (each >= ``minimum`` when given), as a pair."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
+        k = validation.check_int(v, name, minimum=minimum)
+        return k, k
+    if isinstance(v, (tuple, list)) and len(v) == 2:
+        a, b = validation.check_int_tuple(v, name, 2, minimum=minimum)
+        return a, b
+    raise ArgumentTypeError(f"argument '{name}': expected an int or a pair of ints, got {validation.describe(v)}")
 
 
 def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
@@ -222,7 +247,11 @@ def conv_padding(padding, kernel: tuple[int, int], stride: tuple[int, int],
     int p -> p on every side; (ph, pw) -> ph top/bottom, pw left/right; "valid" -> 0;
     "same" (stride 1 only, as in PyTorch) -> total = dilation * (k - 1) per axis, with total // 2 on the
     top/left and the rest on the bottom/right, so an even kernel pads one more at the bottom/right.
+    kernel, stride, dilation : pairs of ints >= 1.
     """
+    kernel = validation.check_int_tuple(kernel, "kernel", 2, minimum=1)
+    stride = validation.check_int_tuple(stride, "stride", 2, minimum=1)
+    dilation = validation.check_int_tuple(dilation, "dilation", 2, minimum=1)
     if isinstance(padding, str):
         if padding == "valid":
             return 0, 0, 0, 0
@@ -319,6 +348,15 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
     Computed by the backend selected with :func:`refimpl.backends.use`; the NumPy definition is
     :func:`_depthwise_conv2d_numpy`, which every accelerated kernel must match.
     """
+    x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
+    if dilation != (1, 1):  # kernels implement dilation 1 only; the definition covers every case
+        return _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation)
+    return backends.get("depthwise_conv2d")(x, weight, bias, stride, pads)
+
+
+def _validate_depthwise(x, weight, bias, stride, padding, dilation):
+    """The boundary checks of :func:`depthwise_conv2d` and its bound; returns (x, weight, bias, stride, pads,
+    dilation) validated."""
     x = as_float(x, "x")
     weight = as_float(weight, "weight")
     dims = check_shapes(x=(x, "B C H W"), weight=(weight, "C 1 KH KW"))
@@ -330,9 +368,7 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
     pads = conv_padding(padding, (dims["KH"], dims["KW"]), stride, dilation)
     _output_size(dims["H"], dims["KH"], stride[0], dilation[0], pads[0], pads[1], "height")
     _output_size(dims["W"], dims["KW"], stride[1], dilation[1], pads[2], pads[3], "width")
-    if dilation != (1, 1):  # kernels implement dilation 1 only; the definition covers every case
-        return _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation)
-    return backends.get("depthwise_conv2d")(x, weight, bias, stride, pads)
+    return x, weight, bias, stride, pads, dilation
 
 
 @backends.register("depthwise_conv2d", "numpy")
@@ -365,12 +401,9 @@ def _depthwise_conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray 
 
 def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1) -> Bound:
     """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12)."""
-    w = np.abs(as_float(weight, "weight"))
-    s = _depthwise_conv2d_numpy(np.abs(as_float(x, "x")), w,
-                                None if bias is None else np.abs(as_float(bias, "bias")),
-                                _pair(stride, "stride"),
-                                conv_padding(padding, w.shape[2:], _pair(stride, "stride"), _pair(dilation, "dilation")),
-                                _pair(dilation, "dilation"))
+    x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
+    w = np.abs(weight)
+    s = _depthwise_conv2d_numpy(np.abs(x), w, None if bias is None else np.abs(bias), stride, pads, dilation)
     n = w.shape[2] * w.shape[3]
     return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}",
                  accumulation=True)
@@ -380,9 +413,48 @@ def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1
 # MLP
 # ===================================================================================================
 
+def _check_layer_params(p: Any, expected: Mapping[str, tuple[int, ...]], where: str) -> None:
+    """The strict parameter check of a layer's ``p`` (:func:`refimpl.validation.check_params`)."""
+    validation.check_mapping(p, "p", "a mapping of the layer's state_dict keys to float arrays")
+    validation.check_params(p, expected, where=where)
+
+
+def _rows(p: Mapping[str, Any], key: str, ndim: int, default: int) -> int:
+    """The leading size of ``p[key]`` when it is present with ``ndim`` dimensions, else ``default`` (a
+    placeholder: the shape check then reports the key)."""
+    shape = np.shape(p[key]) if key in p else ()
+    return int(shape[0]) if len(shape) == ndim else default
+
+
+def _check_in_features(x: np.ndarray, p: Mapping[str, Any], key: str, size: int, where: str) -> None:
+    """x's last dimension against the input size of parameter ``key`` (either may be the wrong one)."""
+    shape = np.shape(p[key]) if key in p else ()
+    if shape and shape[-1] != size:
+        raise ArgumentError(f"{where}: argument 'x' of shape {x.shape} and parameter '{key}' of shape "
+                            f"{tuple(shape)} disagree on the input size ({size} from x, {shape[-1]} from '{key}')")
+
+
+def _mlp_params(x: Any, p: Any, where: str) -> np.ndarray:
+    """Check ``x`` and the MLP's ``p``: fc1/fc2 weights, and both biases or neither (timm's Mlp(bias=False));
+    returns x as a float array."""
+    x = _ln_input(x)
+    validation.check_mapping(p, "p", "a mapping of the layer's state_dict keys to float arrays")
+    c = x.shape[-1]
+    _check_in_features(x, p, "fc1.weight", c, where)
+    hd = _rows(p, "fc1.weight", 2, _rows(p, "fc1.bias", 1, 1))
+    co = _rows(p, "fc2.weight", 2, _rows(p, "fc2.bias", 1, 1))
+    expected = {"fc1.weight": (hd, c), "fc2.weight": (co, hd)}
+    if "fc1.bias" in p or "fc2.bias" in p:
+        expected.update({"fc1.bias": (hd,), "fc2.bias": (co,)})
+    _check_layer_params(p, expected, where)
+    return x
+
+
 def mlp(x: np.ndarray, p: Mapping[str, np.ndarray], approximate: str = "none") -> np.ndarray:
     """Transformer MLP: fc2(GELU(fc1(x))) (Vaswani et al., 2017; ViT).  x : (..., C);
-    p : {"fc1.weight": (Hd, C), "fc1.bias": (Hd,), "fc2.weight": (C_out, Hd), "fc2.bias": (C_out,)}."""
+    p : {"fc1.weight": (Hd, C), "fc1.bias": (Hd,), "fc2.weight": (C_out, Hd), "fc2.bias": (C_out,)}, the two
+    biases both present or both absent (checked strictly: missing, unexpected and misshapen keys refused)."""
+    x = _mlp_params(x, p, "mlp")
     h = linear(x, _param(p, "fc1.weight", "mlp"), p.get("fc1.bias"))
     return linear(gelu(h, approximate), _param(p, "fc2.weight", "mlp"), p.get("fc2.bias"))
 
@@ -390,6 +462,7 @@ def mlp(x: np.ndarray, p: Mapping[str, np.ndarray], approximate: str = "none") -
 def mlp_bound(x: np.ndarray, p: Mapping[str, np.ndarray], approximate: str = "none") -> Bound:
     """Propagates fc1's bound S1 through GELU (Lipschitz constant config.GELU_LIPSCHITZ) into fc2:
     S = |W2| (L S1 + |GELU(h)|) + |b2|, k = k_fc1 + k_gelu + k_fc2 (first-order)."""
+    x = _mlp_params(x, p, "mlp_bound")
     b1 = linear_bound(x, p["fc1.weight"], p.get("fc1.bias"))
     h = linear(x, p["fc1.weight"], p.get("fc1.bias"))
     g = gelu(h, approximate)
@@ -410,7 +483,7 @@ def pad_to_multiple(x: np.ndarray, ws: int | tuple[int, int]) -> tuple[np.ndarra
     Returns the padded map and (Hp, Wp)."""
     x = as_float(x, "x")
     check_shapes(x=(x, "B H W C"))
-    wh, ww = _pair(ws, "ws")
+    wh, ww = _pair(ws, "ws", minimum=1)
     h, w = x.shape[1], x.shape[2]
     ph, pw = (-h) % wh, (-w) % ww
     if ph or pw:
@@ -421,9 +494,9 @@ def pad_to_multiple(x: np.ndarray, ws: int | tuple[int, int]) -> tuple[np.ndarra
 def window_partition(x: np.ndarray, ws: int | tuple[int, int]) -> np.ndarray:
     """(B, H, W, C) with H, W multiples of the window -> (B * nW, wh * ww, C), windows in row-major order
     over the grid and tokens in row-major order inside each window."""
-    x = np.asarray(x)
+    x = validation.check_float_array(x, "x")
     check_shapes(x=(x, "B H W C"))
-    wh, ww = _pair(ws, "ws")
+    wh, ww = _pair(ws, "ws", minimum=1)
     b, h, w, c = x.shape
     if h % wh or w % ww:
         raise ArgumentError(f"argument 'x': grid {h}x{w} is not a multiple of the window {wh}x{ww}; "
@@ -434,8 +507,9 @@ def window_partition(x: np.ndarray, ws: int | tuple[int, int]) -> np.ndarray:
 
 def window_reverse(windows: np.ndarray, ws: int | tuple[int, int], h: int, w: int) -> np.ndarray:
     """Inverse of :func:`window_partition`: (B * nW, wh * ww, C) -> (B, H, W, C)."""
-    windows = np.asarray(windows)
-    wh, ww = _pair(ws, "ws")
+    windows = validation.check_float_array(windows, "windows")
+    wh, ww = _pair(ws, "ws", minimum=1)
+    h, w = validation.check_int(h, "h", minimum=1), validation.check_int(w, "w", minimum=1)
     if h % wh or w % ww:
         raise ArgumentError(f"arguments 'h', 'w': grid {h}x{w} is not a multiple of the window {wh}x{ww}")
     nw = (h // wh) * (w // ww)
@@ -456,7 +530,8 @@ def shifted_window_mask(h: int, w: int, ws: int | tuple[int, int], shift: int | 
     neighbours before the roll.  Returns bool (nW, wh*ww, wh*ww): True where both tokens lie in the same
     region (attention allowed).  With shift 0 everything is True.
     """
-    wh, ww = _pair(ws, "ws")
+    h, w = validation.check_int(h, "h", minimum=1), validation.check_int(w, "w", minimum=1)
+    wh, ww = _pair(ws, "ws", minimum=1)
     sh, sw = _pair(shift, "shift")
     if h % wh or w % ww:
         raise ArgumentError(f"arguments 'h', 'w': grid {h}x{w} must be a multiple of the window {wh}x{ww}")
@@ -507,16 +582,23 @@ def cpe(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> np
     """Conditional positional encoding (Chu et al., 2021): x + DWConv_kxk(x) with 'same' zero padding.
     x : (B, C, H, W); weight : (C, 1, k, k), k odd (3 in the papers); bias : (C,) or None."""
     x = as_float(x, "x")
-    weight = as_float(weight, "weight")
+    weight = _cpe_weight(weight)
     k = weight.shape[-1]
-    if weight.ndim != 4 or weight.shape[-2] != k or k % 2 == 0:
-        raise ArgumentError(f"argument 'weight': expected (C, 1, k, k) with odd k, got {weight.shape}")
     return x + depthwise_conv2d(x, weight, bias, padding=k // 2)
+
+
+def _cpe_weight(weight: Any) -> np.ndarray:
+    """The CPE kernel: a float array (C, 1, k, k) with odd k."""
+    weight = as_float(weight, "weight")
+    if weight.ndim != 4 or weight.shape[-2] != weight.shape[-1] or weight.shape[-1] % 2 == 0:
+        raise ArgumentError(f"argument 'weight': expected (C, 1, k, k) with odd k, got {weight.shape}")
+    return weight
 
 
 def cpe_bound(x, weight, bias=None) -> Bound:
     """The depthwise-conv bound on |x| plus one rounding for the residual addition on |x|."""
-    b = depthwise_conv2d_bound(x, weight, bias, padding=np.shape(weight)[-1] // 2)
+    weight = _cpe_weight(weight)
+    b = depthwise_conv2d_bound(x, weight, bias, padding=weight.shape[-1] // 2)
     return Bound(np.asarray(b.scale) + np.abs(as_float(x, "x")), b.k + 1, b.note + " + residual")
 
 
@@ -528,7 +610,12 @@ def patch_merging(x: np.ndarray, p: Mapping[str, np.ndarray], eps: float = confi
     p : {"norm.weight", "norm.bias", "reduction.weight"}.
     """
     x = as_float(x, "x")
-    check_shapes(x=(x, "B H W C"))
+    c4 = 4 * check_shapes(x=(x, "B H W C"))["C"]
+    validation.check_mapping(p, "p", "a mapping of the layer's state_dict keys to float arrays")
+    _check_in_features(x, p, "norm.weight", c4, "patch_merging")
+    _check_layer_params(p, {"norm.weight": (c4,), "norm.bias": (c4,),
+                            "reduction.weight": (_rows(p, "reduction.weight", 2, 2 * c4 // 4), c4)},
+                        "patch_merging")
     x, _ = pad_to_multiple(x, 2)
     x = np.concatenate([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], axis=-1)
     x = layer_norm(x, p.get("norm.weight"), p.get("norm.bias"), eps)

@@ -29,16 +29,17 @@ import scipy.special
 
 from . import config
 from .errors import ArgumentError, ArgumentTypeError
-from .validation import check_eps, check_real, describe
+from .validation import check_axis, check_eps, check_float_array, check_option, check_real, describe
 from .verdict import (Bound, ErrorReport, Stage, StageReport, accumulation_ratio, assert_close, compare,
-                      compare_stages, format_name, gamma, round_to, running_bound, sum_depth, ulp_distance,
+                      compare_stages, format_name, gamma, round_to, running_bound, sum_depth, sum_depth_l2,
+                      ulp_distance,
                       underflow_eta, unit_roundoff)
 
 __all__ = [
     "working_dtype", "precision", "as_float", "check_shapes", "check_positive_int",
     "softmax", "softmax_bound", "gelu", "elu", "softplus", "relu", "leaky_relu", "l2_normalize",
     "pow2_exponent", "softmax_shifted",
-    "unit_roundoff", "underflow_eta", "gamma", "sum_depth", "accumulation_ratio", "running_bound", "round_to", "Bound", "ErrorReport", "compare",
+    "unit_roundoff", "underflow_eta", "gamma", "sum_depth", "sum_depth_l2", "accumulation_ratio", "running_bound", "round_to", "Bound", "ErrorReport", "compare",
     "assert_close", "naive_same_precision", "ulp_distance", "Stage", "StageReport", "compare_stages",  # the error model's names: refimpl.verdict
 ]
 
@@ -158,6 +159,7 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
     NaN propagates.
     """
     x = as_float(x, "x")
+    axis = check_axis(axis, x.ndim)
     m = np.max(x, axis=axis, keepdims=True)
     # Where the max is -inf (fully masked row) x - m is NaN: we let it be, rather than invent a value.
     with np.errstate(invalid="ignore"):
@@ -180,6 +182,7 @@ def softmax_bound(x: np.ndarray, axis: int = -1) -> "Bound":
     only through the assumed libm accuracy of exp.
     """
     x = as_float(x, "x")
+    axis = check_axis(axis, x.ndim)
     p = softmax(x, axis)
     y = np.abs(x - np.max(x, axis=axis, keepdims=True))
     with np.errstate(invalid="ignore"):
@@ -212,12 +215,14 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 def leaky_relu(x: np.ndarray, negative_slope: float = 0.01) -> np.ndarray:
     """x for x >= 0, negative_slope * x otherwise (torch's default slope 0.01)."""
+    negative_slope = check_real(negative_slope, "negative_slope")
     x = as_float(x, "x")
     return np.where(x >= 0, x, negative_slope * x) + 0.0 * x  # + 0*x keeps NaN in the NaN slots
 
 
 def elu(x: np.ndarray, alpha: float = 1.0) -> np.ndarray:
     """ELU(x) = x for x > 0, alpha * (exp(x) - 1) otherwise; expm1 keeps relative accuracy near 0."""
+    alpha = check_real(alpha, "alpha")
     x = as_float(x, "x")
     with np.errstate(over="ignore"):
         neg = alpha * np.expm1(np.minimum(x, 0.0))
@@ -254,7 +259,9 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = config.L2_NORMALIZE
     for any finite input (LAPACK dnrm2's scaling idea).
     """
     check_eps(eps)
+    check_option(policy, "policy", ("clamp", "add", "none"))
     x = as_float(x, "x")
+    axis = check_axis(axis, x.ndim)
     m = np.max(np.abs(x), axis=axis, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         safe_m = np.where(m > 0, m, 1.0)
@@ -289,9 +296,42 @@ def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
     need a per-row check) and an additive softmax bias (which then overflows) are not ready for it; see
     issue 15's range-safety notes.
     """
+    x = check_float_array(x, "x")                       # no cast: the exponent is of the values as given
+    axis = _check_axes(axis, x.ndim)
     m = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)   # float64: the band's edge
     e = np.frexp(m)[1].astype(np.int64)
     return np.where(np.isfinite(m) & (m > 2.0 ** config.RANGE_RESCALE_EXPONENT), e, 0)
+
+
+def _check_axes(axis: Any, ndim: int) -> Any:
+    """``axis`` of :func:`pow2_exponent`: None (all axes), an axis or a tuple of distinct axes of a
+    ``ndim``-d array."""
+    if axis is None:
+        return None
+    if isinstance(axis, tuple):
+        axes = tuple(check_axis(a, ndim, f"axis[{i}]") for i, a in enumerate(axis))
+        if len(set(axes)) != len(axes):
+            raise ArgumentError(f"argument 'axis': expected distinct axes, got {describe(axis)}")
+        return axes
+    return check_axis(axis, ndim)
+
+
+def _check_shift(shift: Any, shape: tuple[int, ...], axis: int) -> np.ndarray:
+    """``shift`` of :func:`softmax_shifted`: an integer array (or int) broadcasting to the keepdims shape of
+    the reduction along ``axis`` (one exponent per softmax row)."""
+    arr = None if isinstance(shift, (str, bytes)) else np.asarray(shift)
+    if arr is None or arr.dtype.kind not in "iu":
+        raise ArgumentTypeError(f"argument 'shift': expected an integer array of exponents (pow2_exponent), "
+                                f"got {describe(shift)}")
+    rows = tuple(1 if a == axis else n for a, n in enumerate(shape))
+    try:
+        ok = np.broadcast_shapes(arr.shape, rows) == rows
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ArgumentError(f"argument 'shift': expected a shape broadcasting to {rows} (one exponent per row "
+                            f"of 's' of shape {tuple(shape)} along 'axis' = {axis}), got shape {arr.shape}")
+    return arr
 
 
 def softmax_shifted(s: np.ndarray, shift: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -302,6 +342,11 @@ def softmax_shifted(s: np.ndarray, shift: np.ndarray, axis: int = -1) -> np.ndar
     overflows is -inf, whose exp is the exact 0 that float64 would give anyway.  With shift = 0 this is
     :func:`softmax` (s) bit for bit (its own max is then exactly 0).  A row of -inf stays NaN.
     """
+    s = check_float_array(s, "s")                       # no cast: the difference is formed in s's dtype
+    if s.size == 0:
+        raise ArgumentError(f"argument 's': expected a non-empty array, got shape {s.shape}")
+    axis = check_axis(axis, s.ndim)
+    shift = _check_shift(shift, s.shape, axis)
     with np.errstate(invalid="ignore", over="ignore"):
         d = np.ldexp(s - np.max(s, axis=axis, keepdims=True), shift)
     return softmax(d, axis=axis)

@@ -49,7 +49,7 @@ import numpy as np
 import scipy.fft as sfft
 
 from . import config, validation
-from .errors import ArgumentError
+from .errors import ArgumentError, ArgumentTypeError
 from .numerics import Bound, as_float
 
 __all__ = [
@@ -74,19 +74,42 @@ def _check_ndim(ndim: Any) -> int:
 
 
 def _tuple(v: int | Sequence[int], ndim: int, name: str) -> tuple[int, ...]:
-    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+    """An int (the same on every grid axis) or ``ndim`` ints (a tuple, list or 1-d integer array); bool, float
+    and str entries refused."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)):
         return (int(v),) * ndim
-    t = tuple(int(i) for i in v)
-    if len(t) != ndim:
-        raise ArgumentError(f"argument '{name}': expected {ndim} values (one per grid axis), got {v!r}")
-    return t
+    if isinstance(v, np.ndarray) and v.ndim == 1:
+        v = v.tolist()
+    if not isinstance(v, (tuple, list)):
+        raise ArgumentTypeError(f"argument '{name}': expected an integer or {ndim} integers (one per grid axis), "
+                                f"got {validation.describe(v)}")
+    if len(v) != ndim:
+        raise ArgumentError(f"argument '{name}': expected {ndim} values (one per grid axis), "
+                            f"got {validation.describe(v)}")
+    return tuple(validation.check_int(i, f"{name}[{a}]") for a, i in enumerate(v))
+
+
+def _check_grid_arg(grid: Any, name: str = "grid") -> tuple[int, ...]:
+    """A grid or a tuple of FFT lengths: a tuple (or list) of integers >= 1."""
+    if isinstance(grid, np.ndarray) and grid.ndim == 1:
+        grid = grid.tolist()
+    return validation.check_int_tuple(grid, name, minimum=1)
+
+
+def _check_label(name: Any) -> str:
+    """The ``name`` argument of the grid readers: the label their messages use (any string)."""
+    if not isinstance(name, str):
+        raise ArgumentTypeError(f"argument 'name': expected a str (the argument name used in messages), "
+                                f"got {validation.describe(name)}")
+    return name
 
 
 def toeplitz_grid(e: np.ndarray, ndim: int, name: str = "e") -> tuple[int, ...]:
     """The grid (n_1..n_r) of Toeplitz parameters of shape (2n_1-1, ..., 2n_r-1, *ch); ValueError if a
     grid axis has even length."""
     ndim = _check_ndim(ndim)
-    shape = np.shape(e)
+    name = _check_label(name)
+    shape = validation.check_float_array(e, name).shape
     if len(shape) < ndim:
         raise ArgumentError(f"argument '{name}': expected at least {ndim} axes (2n-1 per grid axis), got shape "
                          f"{tuple(shape)}")
@@ -100,7 +123,8 @@ def toeplitz_grid(e: np.ndarray, ndim: int, name: str = "e") -> tuple[int, ...]:
 def circulant_grid(w: np.ndarray, ndim: int, name: str = "w") -> tuple[int, ...]:
     """The grid (n_1..n_r) of a circulant kernel of shape (n_1, ..., n_r, *ch)."""
     ndim = _check_ndim(ndim)
-    shape = np.shape(w)
+    name = _check_label(name)
+    shape = validation.check_float_array(w, name).shape
     if len(shape) < ndim:
         raise ArgumentError(f"argument '{name}': expected at least {ndim} axes (one per grid axis), got shape "
                          f"{tuple(shape)}")
@@ -109,11 +133,13 @@ def circulant_grid(w: np.ndarray, ndim: int, name: str = "w") -> tuple[int, ...]
 
 def num_toeplitz_params(grid: Sequence[int]) -> int:
     """prod(2 n_a - 1): parameters of a Toeplitz RPE on ``grid`` (Eq. 2; (2H-1)(2W-1) on an H x W grid)."""
+    grid = _check_grid_arg(grid)
     return int(np.prod([2 * int(n) - 1 for n in grid]))
 
 
 def num_circulant_params(grid: Sequence[int]) -> int:
     """prod(n_a) = N: parameters of a circulant kernel on ``grid`` (Eq. 10: "half size of parameters")."""
+    grid = _check_grid_arg(grid)
     return int(np.prod([int(n) for n in grid]))
 
 
@@ -470,6 +496,7 @@ def circulant_product(w: Any, x: Any, ndim: int = 1, method: str = "rfft", *, ta
     """
     validation.check_max_elements(max_elements)
     validation.check_taps(taps)
+    validation.check_option(method, "method", METHODS)
     w = as_float(w, "w")
     x = as_float(x, "x")
     grid = circulant_grid(w, ndim)
@@ -481,6 +508,7 @@ def circulant_product(w: Any, x: Any, ndim: int = 1, method: str = "rfft", *, ta
 
 def default_lengths(grid: Sequence[int]) -> tuple[int, ...]:
     """Smallest FFT-friendly (scipy.fft.next_fast_len) length >= 2 n - 1 per axis: exact for any Toeplitz."""
+    grid = _check_grid_arg(grid)
     return tuple(sfft.next_fast_len(2 * int(n) - 1, real=True) for n in grid)
 
 
@@ -511,6 +539,7 @@ def toeplitz_product(e: Any, x: Any, ndim: int = 1, method: str = "rfft",
     """
     validation.check_max_elements(max_elements)
     validation.check_taps(taps)
+    validation.check_option(method, "method", METHODS)
     e = as_float(e, "e")
     x = as_float(x, "x")
     grid = toeplitz_grid(e, ndim)
@@ -538,6 +567,7 @@ def fft_convolution_depth(lengths: Sequence[int]) -> int:
     FFT_SCALE_ROUNDINGS.  Rigorous for radix-2 (Higham Thm 24.2); heuristic for the mixed-radix, generic
     prime-factor and Bluestein passes of pocketfft / MKL / cuFFT (a direct p-point DFT pass costs about p
     roundings against the 7 ceil(log2 p) charged, which covers every p <= 37)."""
+    lengths = _check_grid_arg(lengths, "lengths")
     stages = sum(int(math.ceil(math.log2(int(n)))) if int(n) > 1 else 0 for n in lengths) \
         + config.FFT_REAL_SPLIT_STAGES
     return 3 * stages * config.FFT_STAGE_ROUNDINGS + config.FFT_PRODUCT_ROUNDINGS + config.FFT_SCALE_ROUNDINGS
@@ -553,25 +583,92 @@ def _grid_norm(a: np.ndarray, axes: tuple[int, ...], order: int) -> np.ndarray:
         return np.where(m > 0, m * np.sqrt(np.sum((aa / safe) ** 2, axis=axes, keepdims=True)), 0.0)
 
 
-def fft_convolution_bound(x: Any, k: Any, ndim: int, lengths: Sequence[int] | None = None) -> Bound:
-    """Bound of an FFT circular convolution y = F^-1(F x . F k) (zero-padded to ``lengths``).
+def _spectral_stats(a: np.ndarray, axes: tuple[int, ...], lens: tuple[int, ...],
+                    margin: float) -> tuple[np.ndarray, ...]:
+    """Per slice over the grid ``axes`` (keepdims): (m, n2, spec) with m = max|a| (1 where that is 0 or not
+    finite), and for the scaled s = a / m (entries in [-1, 1]; non-finite ones set to 0): n2 = ||s||_2 and
+    spec = min(max|F s| + margin ||s||_1, ||s||_1) >= max|F s|, F the float64 DFT of s zero-padded to
+    ``lens`` (rfftn: for real s the half spectrum holds every |F s| value).  The computed transform errs by
+    at most eps_64 ||s||_1 at every frequency (the running bound of a transform with |twiddle| = 1), so
+    margin = 2 k u_64 (k = :func:`fft_convolution_depth`, three transforms' worth) makes ``spec`` an upper
+    bound; the clip is the trivial |F s| <= ||s||_1.  Scaling keeps huge and subnormal inputs in range."""
+    a = np.asarray(a, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        m = np.max(np.abs(a), axis=axes, keepdims=True)
+        m = np.where((m > 0) & np.isfinite(m), m, 1.0)
+        s = a / m
+        s = np.where(np.isfinite(s), s, 0.0)
+        n1 = np.sum(np.abs(s), axis=axes, keepdims=True)
+        n2 = np.sqrt(np.sum(s * s, axis=axes, keepdims=True))
+        top = np.max(np.abs(sfft.rfftn(s, s=lens, axes=axes)), axis=axes, keepdims=True)
+        spec = np.minimum(top + margin * n1, n1)
+    return m, n2, spec
 
-    Derivation (u = unit roundoff, eps_F = normwise relative error of one FFT, s stages each < 7u):
-      X^ = F x + d1, ||d1||_2 <= eps_F ||F x||_2 = eps_F sqrt(L) ||x||_2;
-      K^ = F k + d2, |d2| <= eps_F ||k||_1 element-wise (the transform of |k| through butterflies with
-      |twiddle| = 1 is ||k||_1 at every frequency, so the running error bound is eps_F ||k||_1);
-      Z^ = X^ K^ (1 + th), |th| <= sqrt 2 gamma_2;  ||F k||_inf <= ||k||_1, ||F x||_2 = sqrt(L) ||x||_2;
-      y^ = F^-1 Z^ with ||F^-1||_2 = 1/sqrt(L), plus its own eps_F and the 1/L scaling.
-    Hence |y^_i - y_i| <= ||y^ - y||_2 <= (3 eps_F + sqrt 2 gamma_2 + 2u) ||x||_2 ||k||_1 to first order:
-    scale = ||x||_2 ||k||_1 (norms over the grid axes, per batch and channel slice, broadcast over the
-    grid), k = :func:`fft_convolution_depth`.  ||k||_1 ||x||_2 >= (|C||x|)_i, so the scale also covers
-    the dense product's own error (k_dense = N).  Heuristic k for non-radix-2 lengths (see
-    fft_convolution_depth).
+
+def _spectral_ratio(x: np.ndarray, k: np.ndarray, ndim: int, axes: tuple[int, ...], grid: tuple[int, ...],
+                    lens: tuple[int, ...], depth: int) -> np.ndarray | float:
+    """scale_new / scale_old of :func:`fft_convolution_bound` per slice (broadcast like the old scale), or 1.0
+    where the kernel actually transformed cannot be identified (then only the old scale is used).
+
+    scale_new = max(||x||_2 max|K|, max|X| ||k_p||_2), scale_old = ||x||_2 ||k||_1; written as
+    max(q spec_k, (spec_x / n2_x) q n2_k) with q = max|k_p| / ||k||_1 <= 1, so that nothing overflows or
+    underflows for huge or subnormal data (all other factors are O(1) to O(L))."""
+    if len(lens) != ndim or any(length < max(n, 1) for n, length in zip(grid, lens)):
+        return 1.0
+    kgrid = tuple(k.shape[:ndim])
+    if kgrid == tuple(lens):
+        kp = k                                           # circular kernel, or already on the FFT lengths
+    elif kgrid == tuple(2 * n - 1 for n in grid):
+        kp = periodize(k, ndim, lens)                    # Toeplitz parameters: the kernel toeplitz_product uses
+    else:
+        return 1.0
+    kaxes = tuple(range(ndim))
+    margin = 2.0 * depth * 2.0 ** -53                   # 2 k u_64, see _spectral_stats
+    _, n2x, spec_x = _spectral_stats(x, axes, lens, margin)
+    mk, n2k, spec_k = _spectral_stats(kp, kaxes, lens, margin)
+    with np.errstate(all="ignore"):
+        kl1 = _grid_norm(k, kaxes, 1)
+        q = mk / kl1
+        return np.maximum(q * spec_k, (spec_x / n2x) * (q * n2k))
+
+
+def fft_convolution_bound(x: Any, k: Any, ndim: int, lengths: Sequence[int] | None = None) -> Bound:
+    """Bound of an FFT circular convolution y = F^-1(F x . F k_p) (x zero-padded to ``lengths``).
+
+    k_p is the kernel actually transformed: ``k`` itself when its grid shape is ``lengths`` (a circular
+    kernel), or :func:`periodize` (k, lengths) when ``k`` holds Toeplitz parameters (2n_a - 1 per axis), as in
+    :func:`toeplitz_product`.  L = prod(lengths); X = F x, K = F k_p (exact DFTs over the grid axes).
+
+    Derivation (u = unit roundoff, eps_F = normwise relative error of one FFT, s stages each < 7u; first
+    order; Higham (2002) Thm 24.2 for the transforms, Hoelder's inequality for the spectral products):
+      X^ = X + d1, ||d1||_2 <= eps_F ||X||_2 = eps_F sqrt(L) ||x||_2;
+      K^ = K + d2, ||d2||_2 <= eps_F sqrt(L) ||k_p||_2, and also |d2| <= eps_F ||k||_1 element-wise (the
+      transform of |k_p| through butterflies with |twiddle| = 1 is ||k_p||_1 <= ||k||_1 at every frequency);
+      Z^ = X^ K^ (1 + th), |th| <= sqrt 2 gamma_2;  y^ = F^-1 Z^ with ||F^-1||_2 = 1/sqrt(L), plus its own
+      eps_F and the 1/L scaling.
+    By Hoelder, ||d1 K||_2 <= max|K| ||d1||_2, ||X d2||_2 <= max|X| ||d2||_2 and ||X K||_2 <= min(max|K|
+    ||X||_2, max|X| ||K||_2) (||K||_2 = sqrt(L) ||k_p||_2), so after F^-1 every term is at most
+      S_new = max(||x||_2 max|K|, max|X| ||k_p||_2)
+    times its eps_F, sqrt 2 gamma_2 or u; the previous argument (||d1 K||_2 <= ||k||_1 ||d1||_2, |d2| above,
+    ||X K||_2 <= ||k||_1 ||X||_2) gives the same with S_old = ||x||_2 ||k||_1 >= S_new's first entry.  Hence
+    |y^_i - y_i| <= ||y^ - y||_2 <= (3 eps_F + sqrt 2 gamma_2 + 2u) min(S_old, S_new):
+    scale = min(S_old, S_new) (norms and maxima over the grid axes, per batch and channel slice, broadcast
+    over the grid), k = :func:`fft_convolution_depth`.  max|X| and max|K| are computed with float64 FFTs of
+    the slices scaled by their max-norm and raised by that transform's own element-wise error bound
+    (:func:`_spectral_stats`), then clipped by max|K| <= ||k_p||_1, max|X| <= ||x||_1; float64 errors of the
+    norms themselves (relative O(u_64)) are neglected, as before.  Where S_old is not finite it is returned
+    unchanged (NaN/Inf inputs); where the kernel transformed cannot be identified, S_old alone is used.
+    Since max|X| >= ||X||_2 / sqrt(L) = ||x||_2 and likewise max|K| >= ||k_p||_2, both S_old and S_new are
+    >= ||x||_2 ||k_p||_2 >= (|C(k_p)| |x|)_i (Cauchy-Schwarz), so the scale still covers the dense product's
+    own error (k_dense = N) for the circulant actually convolved with (for Toeplitz parameters with
+    lengths >= 2n - 1, k_p is e rearranged and |T||x| <= |C(k_p)||x_padded| on the grid).  Heuristic k for
+    non-radix-2 lengths (see fft_convolution_depth).  For non-negative x and k (:func:`abs_convolution`)
+    max|K| = ||k||_1 and the scale is S_old.
 
     Parameters
     ----------
-    x : (*batch, n_1..n_r, *ch) float input; k : (L_1..L_r, *ch) float kernel (circular kernel, or the
-        padded Toeplitz kernel / Toeplitz parameters: only ||k||_1 matters).
+    x : (*batch, n_1..n_r, *ch) float input; k : (L_1..L_r, *ch) float circular kernel on the FFT lengths, or
+        (2n_1-1, .., *ch) Toeplitz parameters (periodised to ``lengths``, as toeplitz_product does).
     ndim : r.  lengths : FFT lengths (default: x's grid).
 
     Returns
@@ -580,20 +677,39 @@ def fft_convolution_bound(x: Any, k: Any, ndim: int, lengths: Sequence[int] | No
 
     References
     ----------
-    Higham (2002) §24.1, Thm 24.2; LiSA Eq. 10.
+    Higham (2002) §24.1, Thm 24.2; Hoelder's inequality; LiSA Eq. 10.
     """
     x = as_float(x, "x")
     k = as_float(k, "k")
     ndim = _check_ndim(ndim)
     nch = k.ndim - ndim
+    if nch < 0:
+        raise ArgumentError(f"argument 'k': expected at least {ndim} axes (the grid axes of the kernel, then its "
+                            f"channels), got shape {k.shape}")
+    if x.ndim < ndim + nch:
+        raise ArgumentError(f"argument 'x': expected shape (*batch, <{ndim} grid axes>, <{nch} channel axes>) "
+                            f"(the channel axes of argument 'k' of shape {k.shape}), got {x.shape}")
+    try:
+        np.broadcast_shapes(x.shape[x.ndim - nch:], k.shape[ndim:])
+    except ValueError:
+        raise ArgumentError(f"arguments 'x', 'k': the channel axes {x.shape[x.ndim - nch:]} of 'x' (shape "
+                            f"{x.shape}) and {k.shape[ndim:]} of 'k' (shape {k.shape}) do not broadcast") from None
+    if lengths is not None:
+        lengths = _tuple(lengths, ndim, "lengths")
+        if min(lengths) < 1:
+            raise ArgumentError(f"argument 'lengths': expected FFT lengths >= 1, got {lengths}")
     axes = tuple(range(x.ndim - nch - ndim, x.ndim - nch))
     grid = tuple(x.shape[a] for a in axes)
     lens = grid if lengths is None else tuple(int(v) for v in lengths)
-    scale = _grid_norm(x, axes, 2) * _grid_norm(k, tuple(range(ndim)), 1)
+    old = _grid_norm(x, axes, 2) * _grid_norm(k, tuple(range(ndim)), 1)
     out_shape = x.shape[:x.ndim - nch] + np.broadcast_shapes(x.shape[x.ndim - nch:], k.shape[ndim:])
     depth = fft_convolution_depth(lens)
+    ratio = _spectral_ratio(x, k, ndim, axes, grid, lens, depth)
+    with np.errstate(all="ignore"):
+        scale = np.where(np.isfinite(old), old * np.fmin(1.0, ratio), old)
     return Bound(np.broadcast_to(scale, out_shape), depth,
-                 f"FFT convolution, lengths {lens}: scale ||x||_2 ||kernel||_1, k = {depth} "
+                 f"FFT convolution, lengths {lens}: scale min(||x||_2 ||kernel||_1, max(||x||_2 max|F k|, "
+                 f"max|F x| ||k||_2)) (Hoelder), k = {depth} "
                  f"(3 transforms x {depth // (3 * config.FFT_STAGE_ROUNDINGS)} stages x "
                  f"{config.FFT_STAGE_ROUNDINGS}u + product + scaling; Higham Thm 24.2, heuristic beyond radix 2)")
 
@@ -611,6 +727,7 @@ def circulant_product_bound(w: Any, x: Any, ndim: int = 1, method: str = "rfft")
     """Error bound of :func:`circulant_product` computed in precision T (see :func:`fft_convolution_bound`
     for the FFT methods, :func:`dense_product_bound` for "dense").  Shapes as circulant_product.
     References: LiSA Eq. 10; Higham (2002) Thm 24.2, eq. 3.12."""
+    validation.check_option(method, "method", METHODS)
     wf, xf = as_float(w, "w"), as_float(x, "x")           # checked here, under the caller's names
     _split_x(xf, circulant_grid(wf, ndim), wf.ndim - ndim)
     if method == "dense":
@@ -620,9 +737,11 @@ def circulant_product_bound(w: Any, x: Any, ndim: int = 1, method: str = "rfft")
 
 def toeplitz_product_bound(e: Any, x: Any, ndim: int = 1, method: str = "rfft",
                            lengths: int | Sequence[int] | None = None) -> Bound:
-    """Error bound of :func:`toeplitz_product` (FFT: ||x||_2 ||e||_1 with the depth of the padded
-    lengths; dense: gamma_N |T||x|).  Shapes as toeplitz_product.  References: LiSA Eq. 2, 9;
+    """Error bound of :func:`toeplitz_product` (FFT: :func:`fft_convolution_bound` of x and periodize(e,
+    lengths), scale min(||x||_2 ||e||_1, spectral Hoelder scale), with the depth of the padded lengths;
+    dense: gamma_N |T||x|).  Shapes as toeplitz_product.  References: LiSA Eq. 2, 9;
     Higham (2002) Thm 24.2, eq. 3.12."""
+    validation.check_option(method, "method", METHODS)
     ef, xf = as_float(e, "e"), as_float(x, "x")           # checked here, under the caller's names
     _split_x(xf, toeplitz_grid(ef, ndim), ef.ndim - ndim)
     if method == "dense":
@@ -651,8 +770,10 @@ def abs_convolution(w: Any, x: Any, ndim: int = 1, *, toeplitz_params: bool = Fa
     -------
     (*batch, n.., *ch) float64 array >= 0.
     """
-    as_float(w, "w")                                       # refuse int/bool/object/complex/str before the abs
-    as_float(x, "x")
+    wf = as_float(w, "w")                                  # refuse int/bool/object/complex/str before the abs
+    xf = as_float(x, "x")
+    grid = toeplitz_grid(wf, ndim, "w") if toeplitz_params else circulant_grid(wf, ndim, "w")
+    _split_x(xf, grid, wf.ndim - ndim)                     # checked here, under the caller's names
     w = np.abs(np.asarray(w, dtype=np.float64))
     x = np.abs(np.asarray(x, dtype=np.float64))
     if toeplitz_params:

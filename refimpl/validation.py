@@ -13,6 +13,13 @@ One check per concept:
   NaN refused; eps finite and >= 0; ratios and bases finite and > 0);
 - :func:`check_int` and :func:`check_kernel`: integral fields (a float such as 2.5, or 5.0, is refused; kernel
   sizes odd, or 0 where "no kernel" is allowed);
+- :func:`check_option`: an option argument is one of its allowed strings;
+- :func:`check_seed`: a random seed is an integer >= 0 (or, where allowed, a ``numpy.random.Generator``);
+- :func:`check_int_tuple`: a tuple of integers of a given length (a kernel size, a stride, a grid);
+- :func:`check_mapping`: an argument is a mapping (a ``params`` table, a ``shapes`` table);
+- :func:`check_param_values`: every value of an open-keyed parameter mapping is a real floating array;
+- :func:`check_float_array`: a real floating array returned as is (layout functions that move values without
+  computing: no promotion, which :func:`refimpl.numerics.as_float` does);
 - :func:`check_taps`: the ``taps`` argument is None or a dict;
 - :func:`check_max_elements`: a memory guard ``max_elements`` is None (the default limit) or an integer >= 0;
 - :func:`check_config`: a configuration argument is an instance of its config class (not None, a str, a dict);
@@ -54,7 +61,8 @@ import numpy as np
 from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, ParameterShapeError, ParameterTypeError,
                      ParameterValueError)
 
-__all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_taps",
+__all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_option",
+           "check_seed", "check_int_tuple", "check_mapping", "check_param_values", "check_float_array", "check_taps",
            "check_config", "check_max_elements", "check_axis", "check_grid", "check_params",
            "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
 
@@ -141,6 +149,63 @@ def check_kernel(value: Any, name: str, *, allow_zero: bool = False) -> int:
         what = "0 (none) or an odd integer" if allow_zero else "an odd integer"
         raise ArgumentError(f"{_label(name)}: expected {what} ('same' padding k // 2), got {k}")
     return k
+
+
+def check_option(value: Any, name: str, allowed: Iterable[str]) -> str:
+    """An option argument: one of the strings ``allowed`` (an int, None or an unknown name refused)."""
+    allowed = tuple(allowed)
+    if not isinstance(value, str) or value not in allowed:
+        raise ArgumentError(f"{_label(name)}: expected one of {allowed}, got {describe(value)}")
+    return value
+
+
+def check_seed(value: Any, name: str = "seed", *, allow_generator: bool = False) -> Any:
+    """A random seed: an integer >= 0 (bool, float, str and None refused: None would draw fresh OS entropy,
+    and a reference initialiser is reproducible); with ``allow_generator`` also a ``numpy.random.Generator``,
+    returned as is."""
+    if allow_generator and isinstance(value, np.random.Generator):
+        return value
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        what = "an integer seed >= 0" + (" or a numpy.random.Generator" if allow_generator else "")
+        raise ArgumentTypeError(f"{_label(name)}: expected {what}, got {describe(value)}")
+    return check_int(value, name, minimum=0)
+
+
+def check_int_tuple(value: Any, name: str, length: int | None = None, *, minimum: int | None = None
+                    ) -> tuple[int, ...]:
+    """A tuple (or list) of integers, of ``length`` entries when given, each >= ``minimum``; returned as a
+    tuple of Python ints (bool and float entries such as 2.5 refused)."""
+    if not isinstance(value, (tuple, list)) or (length is not None and len(value) != length):
+        what = "a tuple of integers" if length is None else f"a tuple of {length} integers"
+        raise ArgumentTypeError(f"{_label(name)}: expected {what}, got {describe(value)}")
+    return tuple(check_int(v, f"{name}[{i}]", minimum=minimum) for i, v in enumerate(value))
+
+
+def check_float_array(value: Any, name: str) -> np.ndarray:
+    """A real floating array (float16/32/64), returned as ``np.asarray(value)`` without any cast (int, bool,
+    complex, object and str refused)."""
+    arr = np.asarray(value) if not isinstance(value, (str, bytes)) else None
+    if arr is None or arr.dtype.kind != "f":
+        raise ArgumentTypeError(f"{_label(name)}: expected a real floating array (float16/float32/float64), "
+                                f"got {describe(value)}")
+    return arr
+
+
+def check_param_values(params: Mapping[str, Any], *, where: str) -> Mapping[str, Any]:
+    """Every value of a parameter mapping whose key set is open (a resampler working on operator, block or
+    network mappings) is a real floating array; ``ParameterTypeError`` naming the key."""
+    for key, value in params.items():
+        if np.asarray(value).dtype.kind != "f":
+            raise ParameterTypeError(f"{where}: parameter '{key}': expected a real floating array "
+                                     f"(float16/float32/float64), got {describe(value)}")
+    return params
+
+
+def check_mapping(value: Any, name: str, what: str = "a mapping") -> Mapping[str, Any]:
+    """An argument that must be a mapping (``params``, ``shapes``); ``what`` describes the expected mapping."""
+    if not isinstance(value, Mapping):
+        raise ArgumentTypeError(f"{_label(name)}: expected {what}, got {describe(value)}")
+    return value
 
 
 # ===================================================================================================

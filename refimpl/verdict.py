@@ -1,7 +1,7 @@
 """The verdict: how a tested output is judged against the float64 reference.
 
-Layer: beside :mod:`refimpl.numerics` (imports only :mod:`refimpl.config`); numerics re-exports the names
-below, so ``numerics.compare`` and ``verdict.compare`` are the same function.
+Layer: beside :mod:`refimpl.numerics` (imports only :mod:`refimpl.config` and :mod:`refimpl.errors`);
+numerics re-exports the names below, so ``numerics.compare`` and ``verdict.compare`` are the same function.
 
 A comparison has three outcomes (``ErrorReport.verdict``):
 
@@ -35,6 +35,15 @@ computation is at most ``p`` (``config.VERDICT_FALSE_ALARM`` = 1e-6, split acros
     lam = sqrt(2 log(2 n_elements k / p)) / (1 - u).
 
 The float64 reference's own error is added with the deterministic ``gamma_k(u_64)`` (it is tiny).
+
+**Composite bounds** (a module's running first-order bound, :func:`running_bound`) chain many stages; the
+worst case there is ``u E`` with ``E >= sum_r |c_r|`` over every rounding r of the computation.  Where a module
+also computes the l2 coefficient ``sigma >= sqrt(sum_r c_r^2)`` (:attr:`Bound.sigma`: each n-term sum counts
+``sqrt(n)`` instead of ``n``, and stages or tokens whose roundings are disjoint add in quadrature), the same
+model gives ``|err_i| <= lam u sigma_i`` per element with probability at least ``1 - 2 exp(-lam^2 / 2)``
+(Azuma-Hoeffding, the tool of Higham-Mary's proofs), and the verdict uses ``min(gamma_K u E, lam u sigma)``,
+``lam`` from a union bound over the elements.  FLatten-PVT's 4097-term reduction convolution makes ``u E``
+23 times the output in float32 at 56 x 56; ``lam u sigma`` is 0.09 of it (docs/verdict.md).
 
 **Relative bound.**  Element i's bound ``b_i`` is compared with the size of the quantity,
 ``max(|ref_i|, rms(ref), eta_T / u_T)``: an element whose reference is near zero by cancellation is measured
@@ -74,8 +83,11 @@ accumulated error
 conditioning, |ref_i| would not) joins too, as it does when the ensemble holds fewer than
 ``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
 sample of another algorithm's error on a handful of elements is no measure of a third algorithm's.  The two
-factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate algorithm's statistic to the
-maximum of the others', measured over every module and precision, times a stated margin).
+factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate
+algorithm's statistic to the maximum of the others', measured over every module and precision, times a stated
+margin).  In float64 itself, where the reference is no more accurate than the tested code and every error is
+measured against it, the reference's own typical error ``sqrt(k) u_64 S_i`` is always a member (a float64 GEMM
+blocked otherwise than every re-run variant, MKL on an Intel CPU, was called "diverging").
 
 When no ensemble is given (kernel-agreement tests in float64, where the naive computation is the reference
 itself), the verdict rests on the bound alone and says so in the report.
@@ -90,9 +102,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from . import config
+from .errors import ArgumentTypeError
 
 __all__ = [
-    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
+    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "sum_depth_l2", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
     "ulp_distance", "ErrorReport", "compare", "assert_close", "assert_no_divergence", "MATCH", "DIVERGES",
     "INCONCLUSIVE", "Stage", "StageReport", "compare_stages",
 ]
@@ -115,10 +128,11 @@ def format_name(dtype: Any) -> str:
         return name
     try:
         name = np.dtype(dtype).name
-    except TypeError:
+    except (TypeError, ValueError):
         pass
     if name not in _FORMATS:
-        raise TypeError(f"argument 'dtype': expected float16, bfloat16, float32 or float64, got {dtype!r}")
+        raise ArgumentTypeError(f"argument 'dtype': expected float16, bfloat16, float32 or float64, got "
+                                f"{type(dtype).__name__} {str(dtype)[:60]!r}")
     return name
 
 
@@ -161,6 +175,17 @@ def sum_depth(n: float, dtype: Any = None) -> float:
     size u_T.  For float16 data (u_A / u_T = 2^-13) a 4096-term sum counts 1.5 instead of 4096."""
     r = accumulation_ratio(dtype)
     return float(n) if r >= 1.0 else float(n) * r + 1.0
+
+
+def sum_depth_l2(n: float, dtype: Any = None) -> float:
+    """The squared l2 rounding count of an n-term accumulation stored in T, in units of u_T^2: the bound on
+    sum_r (c_r / S)^2 over the sum's roundings r (c_r the coefficient of rounding r in the first-order error,
+    S the sum of the terms' magnitudes).  Every |c_r| <= S (a partial sum of magnitudes) and sum_r |c_r| <= n S
+    (:func:`sum_depth`), so sum_r c_r^2 <= max |c_r| sum_r |c_r| <= n S^2: the count is n.  Accumulated in A
+    (mixed precision) and rounded to T once: n (u_A / u_T)^2 + 1.  Its square root is what a probabilistic
+    running bound charges for the sum (Higham & Mary 2019: sqrt(n) u instead of n u)."""
+    r = accumulation_ratio(dtype)
+    return float(n) if r >= 1.0 else float(n) * r * r + 1.0
 
 
 def gamma(n: float, u: float) -> float:
@@ -233,6 +258,7 @@ class Bound:
     note: str = ""
     accumulation: bool = False
     ref_depth: float | None = None
+    sigma: Any = None
 
     def factor(self, dtype: Any, lam: float | None = None) -> float:
         """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,
@@ -259,13 +285,17 @@ class Bound:
         """The element-wise bound on |tested - reference|: the tested code's error in T plus the float64
         reference's own error (the reference is not exact either):
         (f_k(u_T) + gamma_k(u_64)) S + k (eta_T + eta_64), f_k = :meth:`factor` (deterministic when
-        ``lam`` is None, else the minimum of the deterministic and the probabilistic factor)."""
+        ``lam`` is None, else the minimum of the deterministic and the probabilistic factor).  With ``lam``
+        and an l2 coefficient (:attr:`sigma`), the tested part is min(f_k(u_T) S, lam u_T sigma)."""
         s = np.broadcast_to(np.asarray(self.scale, dtype=np.float64), shape)
-        g = self.factor(dtype, lam) + gamma(self.k if self.ref_depth is None else self.ref_depth,
-                                            unit_roundoff("float64"))
+        g_ref = gamma(self.k if self.ref_depth is None else self.ref_depth, unit_roundoff("float64"))
         eta = underflow_eta(dtype) + underflow_eta("float64")
         with np.errstate(over="ignore", invalid="ignore"):
-            return g * s + self.k * eta
+            if lam is not None and self.sigma is not None:
+                sig = np.broadcast_to(np.asarray(self.sigma, dtype=np.float64), shape)
+                tested = np.fmin(self.factor(dtype, lam) * s, lam * unit_roundoff(dtype) * sig)
+                return tested + g_ref * s + self.k * eta
+            return (self.factor(dtype, lam) + g_ref) * s + self.k * eta
 
     def chain(self, other: "Bound") -> "Bound":
         """Combine with a later stage that adds its own k on the same scale (depths add; the result is
@@ -274,16 +304,20 @@ class Bound:
         if self.ref_depth is not None or other.ref_depth is not None:
             ref = (self.k if self.ref_depth is None else self.ref_depth) + \
                 (other.k if other.ref_depth is None else other.ref_depth)
+        sig = None
+        if self.sigma is not None and other.sigma is not None:
+            sig = np.asarray(self.sigma, dtype=np.float64) + np.asarray(other.sigma, dtype=np.float64)
         return Bound(np.maximum(self.scale, other.scale), self.k + other.k,
-                     f"{self.note}; {other.note}".strip("; "), ref_depth=ref)
+                     f"{self.note}; {other.note}".strip("; "), ref_depth=ref, sigma=sig)
 
 
-def running_bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> Bound:
+def running_bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> Bound:
     """The :class:`Bound` of a running first-order error coefficient: |err| <= u_T E, written as scale E / K and
     k = K, so that gamma_K(u_T) E / K >= u_T E (Higham §3.1).  ``depth`` K is the summed rounding count of the
     stages, in units of u_T.  With a mixed-precision ``dtype`` (``config.ACCUMULATION_FORMAT``) those counts
     take each length-n sum as n u_A / u_T + 1 (:func:`sum_depth`); every count c is then at least c u_A / u_T, so
-    K u_T / u_A bounds the float64 reference's own rounding count (``ref_depth``)."""
+    K u_T / u_A bounds the float64 reference's own rounding count (``ref_depth``).  ``sigma``: the probabilistic
+    (l2) running coefficient of the same computation (:class:`Bound`), or None."""
     depth = max(float(depth), 1.0)
     with np.errstate(invalid="ignore", over="ignore"):
         scale = np.asarray(e, dtype=np.float64) / depth
@@ -293,7 +327,8 @@ def running_bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> 
     return Bound(scale, depth, f"{what}: running first-order bound (Jacobian propagation of every stage's "
                                f"rounding; O(u^2) neglected; elementary functions {config.ELEMENTARY_FUNCTION_ULPS}"
                                f" u{how}), K = summed stage depths = {depth:.4g}",
-                 ref_depth=depth / ratio if ratio < 1.0 else None)
+                 ref_depth=depth / ratio if ratio < 1.0 else None,
+                 sigma=None if sigma is None else np.asarray(sigma, dtype=np.float64))
 
 
 def ulp_distance(a: np.ndarray, b: np.ndarray, dtype: Any) -> np.ndarray:
@@ -489,7 +524,11 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.where(finite, np.abs(act - ref), 0.0)
 
-    lam = confidence_lambda(ref.size * max(bound.k, 1.0), p, u)
+    # The union bound counts the probabilistic statements the bound makes: one per rounding factor product
+    # (n_elements * k) for an accumulation bound, one per element (Azuma-Hoeffding on that element's whole
+    # first-order error) for a composite bound with an l2 coefficient (Bound.sigma).
+    events = ref.size if (bound.sigma is not None and not bound.accumulation) else ref.size * max(bound.k, 1.0)
+    lam = confidence_lambda(events, p, u)
     # A NaN bound (inf * 0 inside a bound's own arithmetic) is no bound: +inf, which makes the verdict
     # "inconclusive" there rather than failing every nonzero error.
     bnd = _nan_to_inf(bound.array(dname, ref.shape, lam))
@@ -554,6 +593,17 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         s_mag = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
         s_mag = np.where(np.isfinite(s_mag), np.abs(s_mag), np.abs(ref))
         stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * s_mag, w, finite)
+    if u <= unit_roundoff("float64"):
+        # T is the reference's own precision: the reference is not more accurate than the tested code, and every
+        # error above is measured against it, so each holds the reference's own rounding error too, of the same
+        # order as the tested one's.  Its typical size under the random-rounding model, sqrt(k) u_64 S_i (k the
+        # reference's own depth), joins as a member: a float64 GEMM whose blocking and FMA use differ from every
+        # re-run variant (MKL on one CPU, OpenBLAS on another) is not "diverging" from a reference that errs as
+        # much.  (A T coarser than float64 has a reference 2^29 or more times more accurate: no such member.)
+        s_ref = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
+        s_ref = np.where(np.isfinite(s_ref), np.abs(s_ref), np.abs(ref))
+        depth = bound.k if bound.ref_depth is None else bound.ref_depth
+        stats["reference's own error"] = _z_stats(math.sqrt(max(depth, 1.0)) * u * s_ref, w, finite)
     usable = [v for key, v in stats.items() if key not in outside]
     zmax_thr = config.VERDICT_MAX_FACTOR * max(s[0] for s in usable)
     zrms_thr = config.VERDICT_RMS_FACTOR * max(s[1] for s in usable)

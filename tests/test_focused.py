@@ -407,3 +407,21 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(KeyError, match="dwc.weight"):
         F.focused_linear_attention(np.ones((1, 16, 4)), {k: v for k, v in params.items() if k != "dwc.weight"},
                                    cfg, (4, 4))
+
+
+def test_window_geometry_seed_and_n_kv_are_validated_by_name():
+    from refimpl.errors import ArgumentError, ArgumentTypeError
+    cfg = F.FocusedConfig(dim=8, num_heads=2, kernel_size=3, eps=1e-6)
+    params = F.init_focused_params(cfg, layout="window", n_kv=4)
+    x = np.random.default_rng(0).standard_normal((1, 16, 8))
+    ref = F.focused_window_attention(x, params, cfg, (4, 4), window_size=2, shift=1)
+    np.testing.assert_array_equal(F.focused_window_attention(x, params, cfg, (4, 4), window_size=[2, 2],
+                                                             shift=(1, 1)), ref)
+    for name, bad in (("window_size", 2.5), ("window_size", "2"), ("shift", None), ("shift", True)):
+        kw = {"window_size": 2, "shift": 1, name: bad}
+        with pytest.raises(ArgumentTypeError, match=f"argument '{name}"):
+            F.focused_window_attention(x, params, cfg, (4, 4), **kw)
+    with pytest.raises(ArgumentError, match="argument 'seed'"):
+        F.init_focused_params(cfg, layout="window", n_kv=4, seed=-1)
+    with pytest.raises(ArgumentTypeError, match="argument 'n_kv'"):
+        F.focused_param_shapes(cfg, layout="window", n_kv=True)

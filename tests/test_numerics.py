@@ -265,3 +265,25 @@ def test_nonfinite_slots_are_excused_only_where_the_naive_T_computation_is_nonfi
     report = numerics.compare(act, ref, b, "float32", naive=np.array([1.0, np.nan, 3.0]))
     assert report.verdict == INCONCLUSIVE and "excused" in report.pattern_msg, str(report)
     assert any("beyond float32's range" in r for r in report.reasons), str(report)
+
+
+def test_range_rescaling_helpers_validate_their_arguments():
+    """pow2_exponent / softmax_shifted refuse bad axes, non-float values and mis-shaped shifts by name, and
+    accept what the attention cores pass (a tuple of axes, a keepdims integer shift)."""
+    from refimpl.errors import ArgumentError, ArgumentTypeError
+    x = np.array([[1.0, 2e300], [3.0, -4.0]])
+    assert numerics.pow2_exponent(x, axis=(-2, -1)).shape == (1, 1)
+    with pytest.raises(ArgumentError, match=r"argument 'axis'.*distinct"):
+        numerics.pow2_exponent(x, axis=(1, -1))
+    with pytest.raises(ArgumentTypeError, match=r"argument 'axis\[0\]'"):
+        numerics.pow2_exponent(x, axis=(True, 0))
+    with pytest.raises(ArgumentTypeError, match=r"argument 'x'"):
+        numerics.pow2_exponent(np.array([1, 2]))
+    s, shift = np.array([[0.5, -0.25], [0.0, 1.0]]), np.array([[0], [3]])
+    np.testing.assert_array_equal(numerics.softmax_shifted(s, shift), numerics.softmax(np.ldexp(s, shift)))
+    with pytest.raises(ArgumentTypeError, match=r"argument 'shift'.*integer"):
+        numerics.softmax_shifted(s, shift > 0)
+    with pytest.raises(ArgumentError, match=r"argument 'shift'.*broadcasting to \(2, 1\)"):
+        numerics.softmax_shifted(s, np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(ArgumentTypeError, match=r"argument 'axis'"):
+        numerics.softmax(s, axis=None)

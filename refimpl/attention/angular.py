@@ -1098,7 +1098,7 @@ class CastlingConfig:
 def init_castling_params(cfg: CastlingConfig, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
     """Random float64 parameters keyed like the twin's state_dict: weights N(0, 1/fan_in), biases N(0, 0.01^2)."""
     validation.check_config(cfg, CastlingConfig)
-    rng = np.random.default_rng(rng)
+    rng = np.random.default_rng(validation.check_seed(rng, "rng", allow_generator=True))
     out = {}
     for key, shape in cfg.param_shapes().items():
         if key.endswith("bias"):

@@ -284,6 +284,9 @@ def _check_lcm_params(params: Any, c: int, where: str) -> None:
     read from "conv1.weight" (odd; both convs share it)."""
     w1 = params.get("conv1.weight") if isinstance(params, Mapping) else None
     k = np.shape(w1)[-1] if w1 is not None and np.ndim(w1) == 4 else 1
+    if w1 is not None and np.ndim(w1) == 4 and np.shape(w1)[0] != c:     # either may be the wrong one
+        raise ArgumentError(f"{where}: argument 'x' has C = {c} channels, parameter 'conv1.weight' has shape "
+                            f"{tuple(np.shape(w1))} (expected (C, 1, k, k))")
     validation.check_kernel(int(k), "conv1.weight (its kernel size)")
     shapes = {"conv1.weight": (c, 1, k, k), "conv1.bias": (c,), "bn.weight": (c,), "bn.bias": (c,),
               "bn.running_mean": (c,), "bn.running_var": (c,), "conv2.weight": (c, 1, k, k), "conv2.bias": (c,)}
@@ -558,7 +561,7 @@ def init_l2vit_params(cfg: L2ViTConfig, block: str, *, seed: int = 0) -> dict[st
     1 + N(0, 0.1^2), BN running variance U(0.5, 2); the scale at the paper's init sqrt(C) and the temperature
     at the released init d^-1/2 (Appendix 7; the released code).  For tests, docs and benchmarks."""
     validation.check_config(cfg, L2ViTConfig)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(validation.check_seed(seed))
     out: dict[str, np.ndarray] = {}
     for key, shape in l2vit_param_shapes(cfg, block).items():
         if key == "attn.scale":
@@ -611,6 +614,7 @@ def enhanced_linear_attention_bound(q: Any, k: Any, v: Any, *, c_min: float = co
     L2ViT Eq. 4, Appendix 8; docs/design.md "The verdict".
     """
     validation.check_real(c_min, "c_min", minimum=0.0)
+    validation.check_option(scale_target, "scale_target", ("numerator", "similarity"))
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
@@ -836,6 +840,8 @@ def lwa_block_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig, hw: tup
     L2ViT §4.3, Fig. 3; Swin §3.2; docs/design.md "The verdict".
     """
     validation.check_config(cfg, L2ViTConfig)
+    if dtype is not None:
+        numerics.format_name(dtype)         # the check of argument 'dtype' (a float format or its name)
     x, hw = _check_hw(x, hw, cfg.dim)
     _check_params(params, cfg, "lwa", "lwa_block_bound")
     x, ex, depth = _err_cpe(x, np.zeros_like(x), params, "cpe.0", hw)

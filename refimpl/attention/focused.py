@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -255,14 +255,13 @@ def _eta_in_u(dtype: Any) -> float:
     for float16); 0 for dtype None.  (numerics.underflow_eta("float64") itself evaluates to 0.0.)"""
     if dtype is None:
         return 0.0
-    name = str(dtype).replace("torch.", "")    # torch dtypes (and "bfloat16", which NumPy has not)
-    if name not in ("float64", "float32", "float16", "bfloat16"):
-        name = np.dtype(dtype).name            # np.float64, np.dtype("float32"), "f8", ...
+    name = numerics.format_name(dtype)         # torch or NumPy dtypes, or their names; else a named error
     tiny = {"float64": 2.0 ** -1074, "float32": 2.0 ** -149, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}[name]
     return tiny / numerics.unit_roundoff(name) / 2.0
 
 
-def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -1, dtype: Any = None) -> np.ndarray:
+def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -1, dtype: Any = None,
+                           l2: bool = False) -> np.ndarray:
     """Error coefficient E of f_p: |fl_T(f_p(x~)) - f_p(x)| <= u_T E to first order in u_T, where x~ is x
     with absolute errors <= u_T err_x (err_x None: x exact).
 
@@ -282,6 +281,12 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
     ||x|| / ||t|| <= ||x|| (||t|| >= 1, its largest entry is 1): (p + c + 4) ||x|| eta_T / u_T.  First
     order: not rigorous when p u err_x / m is not small (a token whose features are all at rounding level).
 
+    ``l2``: the probabilistic coefficient (numerics.Bound's sigma) instead: the input coefficients propagate
+    through the same Jacobian bound, and the evaluation's own roundings count sqrt(M K) f_i instead of K f_i,
+    K = 2 p + 2 c + 2 d + 8 their l1 count (the norms' sums by numerics.sum_depth_l2) and M = max(p, c, 1) the
+    largest single coefficient (r's rounding is raised to the power p; pow errs by c ulps at once), since
+    sum_r c_r^2 <= max |c_r| sum_r |c_r|; the underflow term is kept at its l1 size.
+
     Parameters
     ----------
     x : float array (..., d) >= 0, the exact (reference) input.  p : float >= 1.
@@ -298,6 +303,7 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
     """
     x = numerics.as_float(x, "x")
     p = _check_p(p)
+    validation.check_axis(axis, x.ndim)
     ex = np.zeros_like(x) if err_x is None else numerics.as_float(err_x, "err_x")
     d = x.shape[axis]
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
@@ -318,10 +324,16 @@ def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -
         prop = g * np.sum(r * ex, axis=axis, keepdims=True) / safe_nr \
             + p * nr / safe_nt * (a * ex + g * np.sum(a * g * ex, axis=axis, keepdims=True))
         # the two length-d norms count numerics.sum_depth(d) each (d, or d u_A / u_T + 1 in mixed precision)
-        rounding = (2.0 * p + 2.0 * c + 2.0 * numerics.sum_depth(d, dtype) + 8.0) * f + \
-            (p + c + 4.0) * nx * _eta_in_u(dtype)
+        under = (p + c + 4.0) * nx * _eta_in_u(dtype)
+        if l2:
+            count = 2.0 * p + 2.0 * c + 2.0 * numerics.sum_depth_l2(d, dtype) + 8.0
+            rounding = np.hypot(math.sqrt(max(p, c, 1.0)) * math.sqrt(count) * f, under)
+            total = np.hypot(prop, rounding)
+        else:
+            rounding = (2.0 * p + 2.0 * c + 2.0 * numerics.sum_depth(d, dtype) + 8.0) * f + under
+            total = prop + rounding
         zero = np.sqrt(np.sum(ex * ex, axis=axis, keepdims=True)) + 0.0 * x
-    return np.where(m == 0, zero, prop + rounding)
+    return np.where(m == 0, zero, total)
 
 
 def focused_function_bound(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
@@ -335,6 +347,7 @@ def focused_function_bound(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *,
     FLatten Eq. 6; docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
+    validation.check_axis(axis, x.ndim)
     e = focused_function_error(x, p, axis=axis, dtype=dtype)
     kk = int(math.ceil(2 * _check_p(p) + 2 * config.ELEMENTARY_FUNCTION_ULPS + 2 * x.shape[axis] + 8))
     return numerics.Bound(e / kk, kk, f"focused function f_p (p = {p:g}, d = {x.shape[axis]}): "
@@ -566,6 +579,7 @@ def resample_linear_bound(x: Any, size: int, axis: int = -1) -> numerics.Bound:
     FLatten Eq. 10-12 (V for the DWC with sr > 1); docs/design.md "The verdict".
     """
     x = numerics.as_float(x, "x")
+    validation.check_axis(axis, x.ndim)
     _, e = _err_resample(x, np.zeros_like(x), numerics.check_positive_int(size, "size"), axis)
     kk = config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3
     return numerics.Bound(e / kk, kk, f"linear resampling: {config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS} roundings "
@@ -773,10 +787,21 @@ def focused_linear_attention(x: Any, params: Mapping[str, Any], cfg: FocusedConf
     return _heads_and_dwc(q, k, v, params, cfg, hw_kv, (big_h, big_w), None, order, taps, max_elements)
 
 
+def _int_pair(value: Any, name: str, minimum: int) -> tuple[int, int]:
+    """An int (the same on both grid axes) or a pair of ints, each >= ``minimum`` (bool, float, str refused)."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        v = validation.check_int(value, name, minimum=minimum)
+        return v, v
+    if not isinstance(value, (tuple, list)):
+        raise ArgumentTypeError(f"argument '{name}': expected an integer >= {minimum} or a pair of them, "
+                                f"got {validation.describe(value)}")
+    a, b = validation.check_int_tuple(value, name, 2, minimum=minimum)
+    return a, b
+
+
 def _window_geometry(hw, window_size, shift):
-    wh, ww = (window_size, window_size) if isinstance(window_size, (int, np.integer)) else tuple(window_size)
-    sh, sw = (shift, shift) if isinstance(shift, (int, np.integer)) else tuple(shift)
-    wh, ww = numerics.check_positive_int(wh, "window_size"), numerics.check_positive_int(ww, "window_size")
+    wh, ww = _int_pair(window_size, "window_size", 1)
+    sh, sw = _int_pair(shift, "shift", 0)
     if hw[0] % wh or hw[1] % ww:
         raise ArgumentError(f"argument 'window_size': grid {hw[0]}x{hw[1]} is not a multiple of the window "
                          f"{wh}x{ww} (the Swin layout of FLatten does not pad)")
@@ -856,6 +881,7 @@ def focused_param_shapes(cfg: FocusedConfig, *, layout: str, n_kv: int) -> dict[
     n_kv : number of key tokens the positional encoding covers (global: (H // sr)(W // sr); window: wh ww).
     """
     validation.check_config(cfg, FocusedConfig)
+    n_kv = validation.check_int(n_kv, "n_kv", minimum=1)
     c, d, kk = cfg.dim, cfg.head_dim, cfg.kernel_size
     shapes: dict[str, tuple[int, ...]] = {}
     if layout == "global":
@@ -888,7 +914,8 @@ def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int
     positional encoding N(0, 0.1^2), LayerNorm weight 1 + N(0, 0.1^2), scale N(0, 0.5^2)): for tests, docs
     and benchmarks; not the released initialisation (which zeros the scale and the encoding)."""
     validation.check_config(cfg, FocusedConfig)
-    rng = np.random.default_rng(seed)
+    validation.check_int(n_kv, "n_kv", minimum=1)
+    rng = np.random.default_rng(validation.check_seed(seed))
     out = {}
     for key, shape in focused_param_shapes(cfg, layout=layout, n_kv=n_kv).items():
         if key.endswith("weight") and len(shape) > 1:
@@ -913,19 +940,42 @@ def init_focused_params(cfg: FocusedConfig, *, layout: str, n_kv: int, seed: int
 # The final Bound has k = K, the summed depth of the stages, and scale E_out / K, so that
 # gamma_K(u) scale >= u E_out.  Products of two error terms (O(u^2)) are neglected; elementary functions
 # are assumed accurate to config.ELEMENTARY_FUNCTION_ULPS.  The helpers are shared with enhanced.py.
+#
+# With ``l2=True`` the same helpers compute the probabilistic (l2) coefficient sigma of numerics.Bound instead
+# of E: a stage's own roundings count sqrt(numerics.sum_depth_l2(n)) S for an n-term sum instead of k S (every
+# rounding coefficient of a sum is at most S, so sum_r c_r^2 <= n S^2; elementwise terms are kept at their l1
+# size, which bounds their l2 size), input coefficients propagate through the same absolute Jacobians
+# (Minkowski: ||sum_j a_j c_j||_2 <= sum_j |a_j| ||c_j||_2, valid whatever roundings the inputs share), and a
+# stage's own roundings, disjoint from its inputs', join the propagated part in quadrature (_join).
 
-def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None):
+
+def _join(prop: np.ndarray, own: np.ndarray, l2: bool) -> np.ndarray:
+    """Propagated plus own rounding terms: summed (E, l1) or in quadrature (sigma, l2: disjoint roundings)."""
+    return np.hypot(prop, own) if l2 else prop + own
+
+
+def _own(count: float, count_l2: float, s: np.ndarray, l2: bool) -> np.ndarray:
+    """A stage's own rounding term on the magnitude s: count s (E) or sqrt(count_l2) s (sigma)."""
+    return (math.sqrt(count_l2) if l2 else count) * s
+
+
+def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None,
+               l2: bool = False):
     """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12);
-    with a mixed-precision ``dtype`` the in-term sum counts numerics.sum_depth(in) (the bias add one more)."""
+    with a mixed-precision ``dtype`` the in-term sum counts numerics.sum_depth(in) (the bias add one more).
+    ``l2``: sigma_y = hypot(|W| sigma_x, sqrt(sum_depth_l2(in) + 1) (|x||W|^T + |b|))."""
     y = linear(x, weight, bias)
-    k = numerics.sum_depth(weight.shape[-1], dtype) + (1 if bias is not None else 0)
+    extra = 1 if bias is not None else 0
+    k = numerics.sum_depth(weight.shape[-1], dtype) + extra
     s = linear(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
-    return y, e_x @ np.abs(weight).T + k * s, k
+    own = _own(k, numerics.sum_depth_l2(weight.shape[-1], dtype) + extra, s, l2)
+    return y, _join(e_x @ np.abs(weight).T, own, l2), k
 
 
-def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dtype: Any = None):
+def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dtype: Any = None, l2: bool = False):
     """LayerNorm over the last axis: input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n),
-    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus layers.layer_norm_bound's rounding."""
+    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus layers.layer_norm_bound's rounding
+    (``l2``: its k roundings, each of coefficient at most its scale, as sqrt(k - n + sum_depth_l2(n)) scale)."""
     y = layer_norm(x, weight, bias, eps)
     mu = np.mean(x, axis=-1, keepdims=True)
     s = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
@@ -936,21 +986,62 @@ def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dty
     if x.shape[-1] == 1:  # over one channel the output is the bias whatever x is: the Jacobian is 0
         prop = np.zeros_like(prop)
     b = layer_norm_bound(x, weight, bias, eps, dtype=dtype)
-    return y, prop + b.k * np.asarray(b.scale), b.k
+    n = x.shape[-1]
+    count_l2 = b.k - numerics.sum_depth(n, dtype) + numerics.sum_depth_l2(n, dtype)
+    return y, _join(prop, _own(b.k, count_l2, np.asarray(b.scale), l2), l2), b.k
 
 
-def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None):
+def err_norm_linear_l2(x: np.ndarray, sigma_x: np.ndarray, norm_weight, norm_bias, eps: float, weight: np.ndarray,
+                       bias: np.ndarray | None, dtype: Any = None):
+    """LayerNorm over the last axis, then y = LN(x) W^T + b, in l2 mode, for an input whose entries' errors
+    come from disjoint roundings (PVT's reduction conv: each output is its own inner product).
+
+    The input part goes through the composite Jacobian M = W J exactly, in quadrature over the independent
+    input entries: sigma_i^2 = sum_j M_ij^2 sigma_x_j^2 with J_cj = (w_c / s)(delta_cj - 1/n - xh_c xh_j / n), so
+    M_ij = (G_ij - alpha_i / n - beta_i xh_j / n) / s, G = W diag(w), alpha = G 1, beta = G xh (the square
+    expanded into matrix products; its float64 evaluation error, 4 u_64 times the sum of the expansion's
+    magnitudes, is added so that the result stays an upper bound).  The LayerNorm's own roundings (shared by
+    a token's channels through the mean and variance) go through |W| (Minkowski), the projection's own
+    roundings count sqrt(sum_depth_l2(in) + 1) S; the three sets of roundings are disjoint (quadrature).
+    Returns (y, sigma_y, k) with k the two stages' summed depth (as :func:`err_layer_norm` + :func:`err_linear`).
+    """
+    n = x.shape[-1]
+    ln, s_own, k_ln = err_layer_norm(x, np.zeros_like(x), norm_weight, norm_bias, eps, dtype, l2=True)
+    y, s_lin, k_lin = err_linear(ln, s_own, weight, bias, dtype, l2=True)
+    if n == 1:                      # over one channel the LayerNorm's output is its bias: no input term
+        return y, s_lin, k_ln + k_lin
+    mu = np.mean(x, axis=-1, keepdims=True)
+    sd = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+    xh = (x - mu) / sd
+    g = weight * (1.0 if norm_weight is None else norm_weight)          # G = W diag(w), (out, n)
+    alpha = np.sum(g, axis=-1) / n                                      # alpha_i / n
+    beta = (xh @ g.T) / n                                               # beta_i / n, per token
+    v2 = sigma_x * sigma_x
+    terms = [v2 @ (g * g).T, alpha ** 2 * np.sum(v2, axis=-1, keepdims=True),
+             beta ** 2 * np.sum(xh * xh * v2, axis=-1, keepdims=True), -2.0 * alpha * (v2 @ g.T),
+             -2.0 * beta * ((xh * v2) @ g.T), 2.0 * alpha * beta * np.sum(xh * v2, axis=-1, keepdims=True)]
+    total = sum(terms)
+    slack = 4.0 * numerics.unit_roundoff("float64") * sum(np.abs(t) for t in terms)
+    prop = np.sqrt(np.maximum(total, 0.0) + slack) / sd
+    return y, np.hypot(prop, s_lin), k_ln + k_lin
+
+
+def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None,
+               l2: bool = False):
     """Depthwise 'same' conv (B, C, H, W): E = conv(e_x, |W|) + k (conv(|x|, |W|) + |b|), k = KH KW + 1
-    (the KH KW-term sum counted by numerics.sum_depth for a mixed-precision ``dtype``)."""
+    (the KH KW-term sum counted by numerics.sum_depth for a mixed-precision ``dtype``; ``l2``: as
+    :func:`err_linear`)."""
     pad = weight.shape[-1] // 2
     y = depthwise_conv2d(x, weight, bias, padding=pad)
-    k = numerics.sum_depth(weight.shape[-1] * weight.shape[-2], dtype) + (1 if bias is not None else 0)
+    taps, extra = weight.shape[-1] * weight.shape[-2], (1 if bias is not None else 0)
+    k = numerics.sum_depth(taps, dtype) + extra
     s = depthwise_conv2d(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias), padding=pad)
-    return y, depthwise_conv2d(e_x, np.abs(weight), None, padding=pad) + k * s, k
+    own = _own(k, numerics.sum_depth_l2(taps, dtype) + extra, s, l2)
+    return y, _join(depthwise_conv2d(e_x, np.abs(weight), None, padding=pad), own, l2), k
 
 
 def err_attention(phi_q, phi_k, v, e_q, e_k, e_v, *, eps: float, clamp_min: float | None = None,
-                  extra_roundings: int = 0, dtype: Any = None):
+                  extra_roundings: int = 0, dtype: Any = None, l2: bool = False):
     """Error coefficient of the normalised kernelized attention (either order) with input errors e_q, e_k
     (features) and e_v (values), all >= 0 in units of u.  Returns (E, k).
 
@@ -959,7 +1050,17 @@ def err_attention(phi_q, phi_k, v, e_q, e_k, e_v, *, eps: float, clamp_min: floa
     input errors through num / den, with F_num = e_q (|phi_k|^T |v|) + |phi_q| (e_k^T |v|) + |phi_q| (|phi_k|^T
     e_v) and F_den = e_q . sum |phi_k| + |phi_q| . sum e_k; max(., C_min) is 1-Lipschitz) + extra_roundings
     relative roundings of numerator or normaliser (each <= u S_num / |den_eff|).  The input errors are
-    propagated once, not multiplied by the attention's depth k."""
+    propagated once, not multiplied by the attention's depth k.
+
+    ``l2`` (numerics.Bound's sigma; the caller's inputs must make the queries' errors and each key token's
+    errors depend on disjoint sets of roundings, as they do when the module input is exact: every projected
+    entry is its own inner product, and a token's LayerNorm and reduction conv are its own): the queries'
+    part e_q (|phi_k|^T |v| + |O| sum_j |phi_k_j|) / den is propagated as above (it is correlated across
+    the d features); each key token j contributes t_j = [(|phi_q| . e_k_j) (|v_j| + |O|) + (|phi_q| .
+    |phi_k_j|) e_v_j] / den (Minkowski within the token), and the tokens, whose roundings are disjoint, join in
+    quadrature: sqrt(sum_j t_j^2) (:func:`_token_quadrature`); the queries' and the keys' parts join in
+    quadrature, and so do the attention's own roundings, hypot(sqrt(k) S, sqrt(extra_roundings) |O|) (each
+    rounding's coefficient is at most S, resp. |O|)."""
     b = kernelized_attention_bound(phi_q, phi_k, v, eps=eps, eps_policy="add", clamp_min=clamp_min, dtype=dtype)
     aq, ak, av = np.abs(phi_q), np.abs(phi_k), np.abs(v)
     den = np.abs(apply_normaliser(np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2)), eps=eps,
@@ -971,8 +1072,33 @@ def err_attention(phi_q, phi_k, v, e_q, e_k, e_v, *, eps: float, clamp_min: floa
         f_den = (np.einsum("bhnd,bhd->bhn", e_q, np.sum(ak, axis=-2))
                  + np.einsum("bhnd,bhd->bhn", aq, np.sum(e_k, axis=-2)))[..., None]
         o_abs = s_num / den
-        e = b.k * np.asarray(b.scale) + (f_num + o_abs * f_den) / den + extra_roundings * o_abs
+        if l2:
+            q_part = (e_q @ kv_abs + o_abs * np.einsum("bhnd,bhd->bhn", e_q, np.sum(ak, axis=-2))[..., None]) / den
+            prop = np.hypot(q_part, _token_quadrature(aq, ak, av, e_k, e_v, o_abs) / den)
+            e = np.hypot(prop, np.hypot(math.sqrt(b.k) * np.asarray(b.scale), math.sqrt(extra_roundings) * o_abs))
+        else:
+            prop = (f_num + o_abs * f_den) / den
+            e = b.k * np.asarray(b.scale) + prop + extra_roundings * o_abs
     return e, b.k + extra_roundings
+
+
+def _token_quadrature(aq, ak, av, e_k, e_v, o_abs, block: int = 1024) -> np.ndarray:
+    """sqrt(sum_j t_ije^2), t_ije = a_ij (|v_je| + |O_ie|) + A_ij e_v_je with a = |phi_q| e_k^T and
+    A = |phi_q| |phi_k|^T (both (B, h, N, M)): the square expanded into matrix products, query rows in blocks of
+    ``block`` so that memory stays O(block M) per head.  Every term is >= 0 (no cancellation)."""
+    out = np.empty(o_abs.shape)
+    ekt, akt = e_k.swapaxes(-1, -2), ak.swapaxes(-1, -2)
+    av2, ev2, avev = av * av, e_v * e_v, av * e_v
+    for i0 in range(0, aq.shape[-2], block):
+        rows = slice(i0, i0 + block)
+        a = aq[..., rows, :] @ ekt
+        big_a = aq[..., rows, :] @ akt
+        o = o_abs[..., rows, :]
+        aa, a_big = a * a, a * big_a
+        t = aa @ av2 + (big_a * big_a) @ ev2 + 2.0 * (a_big @ avev) \
+            + o * (2.0 * (aa @ av + a_big @ e_v) + o * np.sum(aa, axis=-1, keepdims=True))
+        out[..., rows, :] = np.sqrt(t)
+    return out
 
 
 def relu_error(t: np.ndarray, e_t: np.ndarray, dtype: Any = None) -> np.ndarray:
@@ -1007,7 +1133,7 @@ def _err_resample(x, e_x, size, axis, dtype=None):
     return y, e
 
 
-def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample, dtype=None):
+def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample, dtype=None, l2=False):
     """E of the DWC branch (B, h, N, e) (resampling + depthwise conv); returns (dwc, E, k)."""
     b, h, _, e = vh.shape
     k_res = 0
@@ -1028,7 +1154,7 @@ def _err_dwc(vh, e_v, hw_v, hw_out, weight, bias, shared, resample, dtype=None):
         g = _to_grid(t, hw_out).transpose(0, 1, 4, 2, 3)
         return g.reshape(b * h, e, big_h, big_w) if shared else g.reshape(b, h * e, big_h, big_w)
 
-    y, ey, k = err_dwconv(grid(vh), grid(e_v), weight, bias, dtype)
+    y, ey, k = err_dwconv(grid(vh), grid(e_v), weight, bias, dtype, l2)
 
     def back(t):
         return t.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
@@ -1052,16 +1178,16 @@ def _err_pre_features(t, e_t, params, cfg, dtype=None):
     return a, e
 
 
-def _err_features(t, e_t, params, cfg, dtype=None):
+def _err_features(t, e_t, params, cfg, dtype=None, l2=False):
     a, e = _err_pre_features(t, e_t, params, cfg, dtype)
     h = cfg.num_heads
     if cfg.norm_scope == "token":
         phi = _focused_function_numpy(a, cfg.p, power_scaling=cfg.power_scaling)
-        ephi = focused_function_error(a, cfg.p, e, dtype=dtype)
+        ephi = focused_function_error(a, cfg.p, e, dtype=dtype, l2=l2)
         return _split_heads(phi, h), _split_heads(ephi, h), a.shape[-1]
     ah, eh = _split_heads(a, h), _split_heads(e, h)
     return _focused_function_numpy(ah, cfg.p, power_scaling=cfg.power_scaling), \
-        focused_function_error(ah, cfg.p, eh, dtype=dtype), \
+        focused_function_error(ah, cfg.p, eh, dtype=dtype, l2=l2), \
         ah.shape[-1]
 
 
@@ -1072,13 +1198,13 @@ def _feature_depth(p: float, d: int, dtype: Any = None) -> float:
         2 * config.ELEMENTARY_FUNCTION_ULPS + 4
 
 
-def _err_attend(phi_q, phi_k, vh, eq, ek, ev, cfg, mask, dtype):
+def _err_attend(phi_q, phi_k, vh, eq, ek, ev, cfg, mask, dtype, l2=False):
     """E of the attention term, honouring the normaliser variant and the mask (grouped like _attend)."""
     extra = 6 if cfg.normaliser == "mean_scaled" else 0  # n^-1/2 (x2 scalings), the mean, 1/den, the product
 
     def one(pq, pk, v, e_q, e_k, e_v):
         eps = cfg.eps * pk.shape[-2] if cfg.normaliser == "mean_scaled" else cfg.eps
-        return err_attention(pq, pk, v, e_q, e_k, e_v, eps=eps, extra_roundings=extra, dtype=dtype)
+        return err_attention(pq, pk, v, e_q, e_k, e_v, eps=eps, extra_roundings=extra, dtype=dtype, l2=l2)
 
     if mask is None:
         return one(phi_q, phi_k, vh, eq, ek, ev)
@@ -1094,36 +1220,49 @@ def _err_attend(phi_q, phi_k, vh, eq, ek, ev, cfg, mask, dtype):
     return out, k_max
 
 
-def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype):
-    y, ey, depth = _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype)
+def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=False):
+    y, ey, depth = _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2)
     bias = params.get("proj.bias")
     out, eo, k_proj = err_linear(y, ey, _p(params, "proj.weight"), None if bias is None else _p(params, "proj.bias"),
-                                 dtype)
+                                 dtype, l2)
     return out, eo, depth + k_proj
 
 
-def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype):
-    """(y, E_y, depth) of :func:`_core`."""
+def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=False):
+    """(y, E_y, depth) of :func:`_core` (``l2``: sigma instead of E)."""
     if cfg.positional_encoding:
         pe = _p(params, "positional_encoding")
         k = k + pe
-        ek = ek + np.abs(k)
-    phi_q, e_phi_q, dq = _err_features(q, eq, params, cfg, dtype)
-    phi_k, e_phi_k, _ = _err_features(k, ek, params, cfg, dtype)
+        ek = _join(ek, np.abs(k), l2)
+    phi_q, e_phi_q, dq = _err_features(q, eq, params, cfg, dtype, l2)
+    phi_k, e_phi_k, _ = _err_features(k, ek, params, cfg, dtype, l2)
     vh, evh = _split_heads(v, cfg.num_heads), _split_heads(ev, cfg.num_heads)
-    e_att, k_att = _err_attend(phi_q, phi_k, vh, e_phi_q, e_phi_k, evh, cfg, mask, dtype)
+    e_att, k_att = _err_attend(phi_q, phi_k, vh, e_phi_q, e_phi_k, evh, cfg, mask, dtype, l2)
     att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order="linear", mask=mask, taps=None,
                   max_elements=None)
     dwc, e_dwc, k_dwc = _err_dwc(vh, evh, hw_kv, hw_q, _p(params, "dwc.weight"),
                                  None if params.get("dwc.bias") is None else _p(params, "dwc.bias"),
-                                 cfg.dwc_shared, cfg.dwc_resample, dtype)
+                                 cfg.dwc_shared, cfg.dwc_resample, dtype, l2)
     y = _merge_heads(att + dwc)
-    ey = _merge_heads(e_att + e_dwc + np.abs(att) + np.abs(dwc))
+    # e_att and e_dwc share V's roundings: summed (Minkowski) in either mode; the addition's own rounding joins
+    ey = _merge_heads(_join(e_att + e_dwc, np.abs(att) + np.abs(dwc), l2))
     return y, ey, _feature_depth(cfg.p, dq, dtype) + k_att + k_dwc + 1
 
 
-def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None) -> numerics.Bound:
-    return numerics.running_bound(e, depth, what, dtype)
+def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> numerics.Bound:
+    return numerics.running_bound(e, depth, what, dtype, sigma=sigma)
+
+
+def _both(err: Callable[[bool], tuple[np.ndarray, float]], what: str, dtype: Any) -> numerics.Bound:
+    """The running bound of a computation whose coefficient ``err(l2)`` returns (E or sigma, depth): the
+    deterministic E and the probabilistic sigma (numerics.Bound) from the same propagation.  E >= sum_r |c_r|
+    also bounds the l2 norm sqrt(sum_r c_r^2), so sigma is capped at E, and E stands in where sigma's own
+    arithmetic overflowed (a square of a huge coefficient) while E's did not."""
+    e, depth = err(False)
+    sigma, _ = err(True)
+    with np.errstate(invalid="ignore"):
+        sigma = np.where(np.isfinite(sigma), np.fmin(sigma, e), e)
+    return _bound(e, depth, what, dtype, sigma=sigma)
 
 
 def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
@@ -1155,22 +1294,27 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
     cfg = FocusedConfig(dim=sz["h"] * sz["d"], num_heads=sz["h"], p=p, normaliser=normaliser, eps=eps)
     phi_q = _focused_function_numpy(numerics.relu(q), p)
     phi_k = _focused_function_numpy(numerics.relu(k), p)
-    e_q = focused_function_error(numerics.relu(q), p, dtype=dtype)
-    e_k = focused_function_error(numerics.relu(k), p, dtype=dtype)
-    e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype)
-    depth = _feature_depth(p, sz["d"], dtype) + k_att
-    if dwc_weight is None:
-        return _bound(e_att, depth, "focused attention", dtype)
-    hw = validation.check_grid(hw, sz["n"], tokens="v")
-    _check_dwc_args(dwc_weight, dwc_bias, sz)
-    dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
-    shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
-    att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
-                  max_elements=None)
-    dwc, e_dwc, k_dwc = _err_dwc(v, np.zeros_like(v), tuple(hw), tuple(hw), dwc_weight,
-                                 None if dwc_bias is None else numerics.as_float(dwc_bias, "dwc_bias"), shared,
-                                 "bilinear", dtype)
-    return _bound(e_att + e_dwc + np.abs(att) + np.abs(dwc), depth + k_dwc + 1, "focused attention + DWC", dtype)
+    if dwc_weight is not None:
+        hw = validation.check_grid(hw, sz["n"], tokens="v")
+        _check_dwc_args(dwc_weight, dwc_bias, sz)
+        dwc_weight = numerics.as_float(dwc_weight, "dwc_weight")
+        dwc_bias = None if dwc_bias is None else numerics.as_float(dwc_bias, "dwc_bias")
+
+    def err(l2):
+        e_q = focused_function_error(numerics.relu(q), p, dtype=dtype, l2=l2)
+        e_k = focused_function_error(numerics.relu(k), p, dtype=dtype, l2=l2)
+        e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype, l2)
+        depth = _feature_depth(p, sz["d"], dtype) + k_att
+        if dwc_weight is None:
+            return e_att, depth
+        shared = dwc_weight.shape[0] == sz["e"] and sz["h"] > 1
+        att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order="linear", mask=None, taps=None,
+                      max_elements=None)
+        dwc, e_dwc, k_dwc = _err_dwc(v, np.zeros_like(v), tuple(hw), tuple(hw), dwc_weight, dwc_bias, shared,
+                                     "bilinear", dtype, l2)
+        return _join(e_att + e_dwc, np.abs(att) + np.abs(dwc), l2), depth + k_dwc + 1
+
+    return _both(err, "focused attention" if dwc_weight is None else "focused attention + DWC", dtype)
 
 
 def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
@@ -1191,27 +1335,41 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     _check_params(params, cfg, "global", (big_h, big_w), "focused_linear_attention_bound")
     c = cfg.dim
     zero = np.zeros_like(x)
-    q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias), dtype)
-    depth = kq
-    if cfg.sr_ratio > 1:
-        grid = x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
-        w_sr, b_sr = _p(params, "sr.weight"), _p(params, "sr.bias")
-        red = conv2d(grid, w_sr, b_sr, stride=cfg.sr_ratio)
-        s_red = conv2d(np.abs(grid), np.abs(w_sr), np.abs(b_sr), stride=cfg.sr_ratio)
-        k_sr = numerics.sum_depth(int(np.prod(w_sr.shape[1:])), dtype) + 1
-        hw_kv = red.shape[2], red.shape[3]
-        tok = red.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
-        e_tok = (k_sr * s_red).reshape(red.shape[0], c, -1).transpose(0, 2, 1)
-        src, e_src, k_ln = err_layer_norm(tok, e_tok, _p(params, "norm.weight"), _p(params, "norm.bias"),
-                                          cfg.layer_norm_eps, dtype)
-        depth_kv = k_sr + k_ln
-    else:
-        hw_kv, src, e_src, depth_kv = (big_h, big_w), x, zero, 0
-    kv, ekv, k_kv = err_linear(src, e_src, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias), dtype)
-    depth = max(depth, depth_kv + k_kv)
-    _, eo, d2 = _err_heads_and_dwc(q, eq, kv[..., :c], ekv[..., :c], kv[..., c:], ekv[..., c:], params, cfg, hw_kv,
-                                   (big_h, big_w), None, dtype)
-    return _bound(eo, depth + d2, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})", dtype)
+
+    def err(l2):
+        q, eq, kq = err_linear(x, zero, _p(params, "q.weight"), _opt(params, "q.bias", cfg.qkv_bias), dtype, l2)
+        depth = kq
+        if cfg.sr_ratio > 1:
+            grid = x.reshape(x.shape[0], big_h, big_w, c).transpose(0, 3, 1, 2)
+            w_sr, b_sr = _p(params, "sr.weight"), _p(params, "sr.bias")
+            red = conv2d(grid, w_sr, b_sr, stride=cfg.sr_ratio)
+            s_red = conv2d(np.abs(grid), np.abs(w_sr), np.abs(b_sr), stride=cfg.sr_ratio)
+            taps = int(np.prod(w_sr.shape[1:]))
+            k_sr = numerics.sum_depth(taps, dtype) + 1
+            hw_kv = red.shape[2], red.shape[3]
+            tok = red.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
+            e_tok = _own(k_sr, numerics.sum_depth_l2(taps, dtype) + 1, s_red, l2)
+            e_tok = e_tok.reshape(red.shape[0], c, -1).transpose(0, 2, 1)
+            w_kv, b_kv = _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias)
+            if l2:      # the conv's outputs err independently: through LayerNorm and kv in quadrature
+                kv, ekv, k_nkv = err_norm_linear_l2(tok, e_tok, _p(params, "norm.weight"), _p(params, "norm.bias"),
+                                                    cfg.layer_norm_eps, w_kv, b_kv, dtype)
+            else:
+                src, e_src, k_ln = err_layer_norm(tok, e_tok, _p(params, "norm.weight"), _p(params, "norm.bias"),
+                                                  cfg.layer_norm_eps, dtype)
+                kv, ekv, k_kv = err_linear(src, e_src, w_kv, b_kv, dtype)
+                k_nkv = k_ln + k_kv
+            depth = max(depth, k_sr + k_nkv)
+        else:
+            hw_kv = (big_h, big_w)
+            kv, ekv, k_kv = err_linear(x, zero, _p(params, "kv.weight"), _opt(params, "kv.bias", cfg.qkv_bias),
+                                       dtype, l2)
+            depth = max(depth, k_kv)
+        _, eo, d2 = _err_heads_and_dwc(q, eq, kv[..., :c], ekv[..., :c], kv[..., c:], ekv[..., c:], params, cfg,
+                                       hw_kv, (big_h, big_w), None, dtype, l2)
+        return eo, depth + d2
+
+    return _both(err, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})", dtype)
 
 
 def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
@@ -1234,17 +1392,22 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     if sh or sw:
         grid = np.roll(grid, (-sh, -sw), axis=(1, 2))
     win = window_partition(grid, (wh, ww))
-    qkv, e, k_lin = err_linear(win, np.zeros_like(win), _p(params, "qkv.weight"),
-                               _opt(params, "qkv.bias", cfg.qkv_bias), dtype)
     mask = None
     if (sh or sw) and cfg.shift_mask == "apply":
         mask = shifted_window_mask(big_h, big_w, (wh, ww), (sh, sw))
-    _, eo, d2 = _err_heads_and_dwc(qkv[..., :c], e[..., :c], qkv[..., c:2 * c], e[..., c:2 * c], qkv[..., 2 * c:],
-                                   e[..., 2 * c:], params, cfg, (wh, ww), (wh, ww), mask, dtype)
-    eg = window_reverse(eo, (wh, ww), big_h, big_w)
-    if sh or sw:
-        eg = np.roll(eg, (sh, sw), axis=(1, 2))
-    return _bound(eg.reshape(b, big_h * big_w, c), k_lin + d2, "focused_window_attention", dtype)
+
+    def err(l2):
+        qkv, e, k_lin = err_linear(win, np.zeros_like(win), _p(params, "qkv.weight"),
+                                   _opt(params, "qkv.bias", cfg.qkv_bias), dtype, l2)
+        _, eo, d2 = _err_heads_and_dwc(qkv[..., :c], e[..., :c], qkv[..., c:2 * c], e[..., c:2 * c],
+                                       qkv[..., 2 * c:], e[..., 2 * c:], params, cfg, (wh, ww), (wh, ww), mask,
+                                       dtype, l2)
+        eg = window_reverse(eo, (wh, ww), big_h, big_w)
+        if sh or sw:
+            eg = np.roll(eg, (sh, sw), axis=(1, 2))
+        return eg.reshape(b, big_h * big_w, c), k_lin + d2
+
+    return _both(err, "focused_window_attention", dtype)
 
 
 # ===================================================================================================

@@ -291,7 +291,9 @@ def init_params(shapes: Mapping[str, tuple[int, ...]], seed: int = 0,
                 std: float = config.LISA_INIT_STD) -> dict[str, np.ndarray]:
     """Random float64 parameters for ``shapes`` (tests, benchmarks): N(0, std^2), except LayerNorm
     weights 1 + N(0, std^2).  Not the paper's training initialisation (it gives none)."""
-    rng = np.random.default_rng(seed)
+    validation.check_mapping(shapes, "shapes", "a mapping of state_dict keys to shapes")
+    std = validation.check_real(std, "std", minimum=0.0)
+    rng = np.random.default_rng(validation.check_seed(seed))
     out = {}
     for k, shp in shapes.items():
         v = rng.standard_normal(shp) * std
@@ -355,8 +357,8 @@ def rpe_matrix(params: Any, grid: Sequence[int], rpe: str, *, max_elements: int 
     if rpe not in RPE_KINDS:
         raise ArgumentError(f"argument 'rpe': expected one of {RPE_KINDS}, got {rpe!r}")
     if params.shape[0] != int(np.prod(kg)):
-        raise ArgumentError(f"argument 'params': expected leading axis {int(np.prod(kg))} ({rpe} parameters of grid "
-                         f"{g}), got shape {params.shape}")
+        raise ArgumentError(f"argument 'params': expected leading axis {int(np.prod(kg))} ({rpe} parameters of "
+                            f"argument 'grid' {g}), got shape {params.shape}")
     e = params.reshape(kg + params.shape[1:])
     fn = tz.toeplitz if rpe == "toeplitz" else tz.circulant
     return fn(e, len(g), max_elements=max_elements)
@@ -693,6 +695,9 @@ def sa_eq7(q: Any, k: Any, v: Any, ra_tilde: Any, rb: Any, bias_a: Any, bias_b: 
     """
     validation.check_max_elements(max_elements)
     validation.check_eps(eps)
+    if bias_a is None:
+        raise ArgumentTypeError("argument 'bias_a': expected a (c, D) float array (sa_eq6 is the form without Ba), "
+                                "got None")
     return _sa_channelwise(q, k, v, ra_tilde, rb, bias_a, bias_b, eps, taps, max_elements, "sa_eq7")
 
 
@@ -960,6 +965,8 @@ def resize_lisa_params(params: Mapping[str, Any], cfg: LiSAConfig, new_grid: Seq
     Returns (new params, cfg with the new grid).  References: LiSA Appendix B, Table 9.
     """
     validation.check_config(cfg, LiSAConfig)
+    validation.check_mapping(params, "params", "a mapping of state_dict keys to float arrays")
+    validation.check_param_values(params, where="resize_lisa_params")
     new_cfg = dataclasses.replace(cfg, grid=_check_grid(new_grid, "new_grid"), fft_lengths=None)
     fn = resample_toeplitz_kernel if cfg.exact_toeplitz else resample_circular_kernel
     out = {}
@@ -1003,7 +1010,15 @@ def lisanet_isotropic_param_count(*, img_size: int | Sequence[int] = 224, patch_
     """
     if layout not in LAYOUTS:
         raise ArgumentError(f"argument 'layout': expected one of {LAYOUTS}, got {layout!r}")
-    size = (img_size, img_size) if isinstance(img_size, (int, np.integer)) else tuple(img_size)
+    patch_size = validation.check_int(patch_size, "patch_size", minimum=1)
+    for name, val, least in (("in_chans", in_chans, 1), ("depth", depth, 0), ("num_classes", num_classes, 0)):
+        validation.check_int(val, name, minimum=least)
+    if isinstance(img_size, (tuple, list)):
+        size = validation.check_int_tuple(img_size, "img_size", 2, minimum=1)
+    else:
+        size = (validation.check_int(img_size, "img_size", minimum=1),) * 2
+    if min(size) < patch_size:
+        raise ArgumentError(f"argument 'img_size': expected at least patch_size = {patch_size} per axis, got {size}")
     grid = (size[0] // patch_size, size[1] // patch_size)
     cfg = LiSAConfig(dim=dim, num_heads=num_heads, grid=grid, latent=latent, exact_toeplitz=exact_toeplitz,
                      qkv_bias=qkv_bias, mlp_ratio=mlp_ratio)
@@ -1040,7 +1055,8 @@ def lisanet_isotropic_param_count(*, img_size: int | Sequence[int] = 224, patch_
 # Rules (Higham ch. 3):  a contraction of m factors summed over index sets of sizes n_1..n_q, in any
 # order or blocking, has error <= gamma_{max(prod n, sum n) + m - 2} (sum of |factors|) plus, for each
 # factor i, the sum with factor i replaced by E_i; a sum a + b adds u(|a| + |b|); a linear map adds
-# |W| E_x; an FFT convolution adds k_fft ||x||_2 ||w||_1 (refimpl.toeplitz.fft_convolution_bound) and
+# |W| E_x; an FFT convolution adds k_fft times its norm-wise scale (refimpl.toeplitz.fft_convolution_bound:
+# min(||x||_2 ||w||_1, max(||x||_2 max|F w|, max|F x| ||w||_2))) and
 # propagates |W| (*) E_x (refimpl.toeplitz.abs_convolution); L2 normalisation is analysed in _tr_l2.
 # The final Bound has scale E / K and depth K (so gamma_K(u) E / K >= u E), K = the summed depths along
 # the longest path, and E includes the float64 reference's own error (factor 1 + u_64 / u_T).
@@ -1213,6 +1229,9 @@ def sa_core_bound(q: Any, k: Any, v: Any, form: str, *, rpe: Any = None, ra: Any
                       ("bias_b", bias_b)):
         if val is not None:
             w[name] = as_float(val, name)
+    specs = {"rpe": "h N N" if np.ndim(w.get("rpe")) == 3 else "N N", "ra": "N N D", "ra_tilde": "N N c D",
+             "rb": "N N D", "bias_a": "c D", "bias_b": "c D"}
+    check_shapes(sz, **{name: (val, specs[name]) for name, val in w.items()})
     if form == "eq6":
         w.pop("bias_a", None)
     out, err, depth = _tr_core(q, None, k, None, v, None, None, kind=form, eps=eps, weights=w)
@@ -1281,8 +1300,8 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
     with heads merged (the output projection's input); "proj" (B, N, C).  ``fine``: the core cut into "qn", "kn"
     (B, h, N, c), the L2-normalised Q and K; "ga" (B, h, N, c, D), Kn convolved with Wa plus Ba; "gb"
     (B, h, N, c, D), V convolved with Wb plus Bb; and "core", the contraction of Eq. 10 with heads merged.  The
-    whole core's bound carries the FFTs' norm-wise bound (||x||_2 ||kernel||_1, the same for every output)
-    through the contraction; cut there, each stage is judged against its own bound.
+    whole core's bound carries the FFTs' norm-wise bound (refimpl.toeplitz.fft_convolution_bound's scale, the
+    same for every output) through the contraction; cut there, each stage is judged against its own bound.
 
     References
     ----------

@@ -259,6 +259,7 @@ def rope_2d_angles(h: int, w: int, head_dim: int, base: float = config.RALA_ROPE
     h = numerics.check_positive_int(h, "h")
     w = numerics.check_positive_int(w, "w")
     head_dim = numerics.check_positive_int(head_dim, "head_dim")
+    validation.check_positive(base, "base")
     if head_dim % 4:
         raise ArgumentError(f"argument 'head_dim': 2-D RoPE needs a multiple of 4, got {head_dim}")
     n = head_dim // 4
@@ -437,6 +438,8 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     v = numerics.as_float(v, "v")
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
     n, d = sz["N"], sz["d"]
+    if hw is not None:
+        hw = validation.check_grid(hw, n, tokens="q")
     t = taps if taps is not None else {}
     if (taps is None and cfg.order == "linear" and not cfg.rope and backends.current() != "numpy"
             and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)):
@@ -763,6 +766,11 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
 def ravlt_cpe(x: np.ndarray, params: Mapping[str, Any], cfg: RAVLTBlockConfig) -> np.ndarray:
     """x + DWConv_kxk(x) (CPE, Chu et al.; RALA §3.2) in the block's layout; the identity if cpe_kernel = 0."""
     validation.check_config(cfg, RAVLTBlockConfig)
+    x = _check_grid(x, cfg.attn.layout, cfg.attn.dim)
+    validation.check_mapping(params, "params", "a mapping of the block's state_dict keys to float arrays")
+    pos = {k: s for k, s in ravlt_block_param_shapes(cfg).items() if k.startswith("pos.")}
+    _check_params({k: v for k, v in params.items() if isinstance(k, str) and k.startswith("pos.")}, pos,
+                  "ravlt_cpe (the 'pos.' entries of argument 'params')")
     if not cfg.cpe_kernel:
         return x
     cf = x if cfg.attn.layout == "channels_first" else np.moveaxis(x, -1, 1)
@@ -1175,7 +1183,9 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
-    numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
+    sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h N d"), v=(v, "B h N d"))
+    if hw is not None:
+        hw = validation.check_grid(hw, sz["N"], tokens="q")
     pr = _Prec.of(dtype)
     z = np.zeros_like(q)
     e, depth = _core_error(q, z, k, z, v, z, cfg, hw, pr)
@@ -1488,10 +1498,22 @@ def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *,
                      f"depth K = {depth}; GELU's Lipschitz constant config.GELU_LIPSCHITZ")
 
 
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    try:
+        return np.broadcast_shapes(shape, target) == target
+    except ValueError:
+        return False
+
+
 def residual_bound(a: Any, b: Any, gamma: Any = None) -> numerics.Bound:
     """a + b, or a + gamma (.) b (layerscale), of exact operands: one or two roundings on |a| + |gamma||b|
     (|fl(a + fl(g b)) - (a + g b)| <= gamma_2 (|a| + |g b|))."""
     a, b = numerics.as_float(a, "a"), numerics.as_float(b, "b")
+    if a.shape != b.shape:
+        raise ArgumentError(f"arguments 'a', 'b': expected the same shape, got {a.shape} and {b.shape}")
+    if gamma is not None and not _broadcasts_to(numerics.as_float(gamma, "gamma").shape, b.shape):
+        raise ArgumentError(f"argument 'gamma': expected a shape that broadcasts against b {b.shape} (per-channel "
+                            f"layerscale), got {np.shape(gamma)}")
     if gamma is None:
         return numerics.Bound(np.abs(a) + np.abs(b), 1, "residual addition: one rounding")
     return numerics.Bound(np.abs(a) + np.abs(numerics.as_float(gamma, "gamma") * b), 2,

@@ -237,6 +237,14 @@ def softmax_attention_error(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scal
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     d, m_len = sz["d"], sz["M"]
     scale = d ** -0.5 if scale is None else validation.check_real(scale, "scale")
+    full = (sz["B"], sz["h"], sz["N"], sz["M"])
+    if bias is not None:
+        _broadcastable(numerics.as_float(bias, "bias"), full, "bias")
+    if mask is not None:
+        if np.asarray(mask).dtype != bool:
+            raise ArgumentTypeError(f"argument 'mask': expected a bool array (True = may attend), got "
+                                    f"{validation.describe(mask)}")
+        _broadcastable(np.asarray(mask), full, "mask")
     eq = np.zeros_like(q) if err_q is None else numerics.as_float(err_q, "err_q")
     ek = np.zeros_like(k) if err_k is None else numerics.as_float(err_k, "err_k")
     ev = np.zeros_like(v) if err_v is None else numerics.as_float(err_v, "err_v")
@@ -308,9 +316,13 @@ def _window_setup(x, p, num_heads, window_size, shift, pad, rel_pos_bias, mask_p
     if mask_value is not None and not np.isfinite(mask_value):
         raise ArgumentError(f"argument 'mask_value': expected a finite number or None (exact exclusion), "
                          f"got {mask_value!r}")
-    for key in ("qkv.weight", "proj.weight"):
-        if key not in p:
-            raise KeyError(f"params: missing {key!r} (keys like a Swin WindowAttention state_dict)")
+    validation.check_mapping(p, "p", "a mapping keyed like a Swin WindowAttention state_dict")
+    # Strict keys and shapes: the weights always, each bias when present (optional), the table with rel_pos_bias.
+    expected = {"qkv.weight": (3 * c, c), "proj.weight": (c, c)}
+    expected.update({k: s for k, s in (("qkv.bias", (3 * c,)), ("proj.bias", (c,))) if k in p})
+    if rel_pos_bias or "relative_position_bias_table" in p:
+        expected["relative_position_bias_table"] = ((2 * wh - 1) * (2 * ww - 1), nh)
+    validation.check_params(p, expected, where="window attention (argument 'p')")
     wqkv = numerics.as_float(p["qkv.weight"], "qkv.weight")
     wproj = numerics.as_float(p["proj.weight"], "proj.weight")
     numerics.check_shapes(**{"qkv.weight": (wqkv, "C3 C"), "proj.weight": (wproj, "C C")},

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import config
+from .. import config, validation
 from . import _validate, register
 from . import twins as _twins  # noqa: F401  (registers the NumPy twins of the ops below)
 
@@ -539,8 +539,7 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     x = _float_array(x, "x")
     if x.ndim < 1 or x.size < 1:
         raise ValueError(f"argument 'x': expected a non-empty array, got shape {x.shape}")
-    if power_scaling not in ("max", "none"):
-        raise ValueError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
+    validation.check_option(power_scaling, "power_scaling", ("max", "none"))
     if np.any(x < 0):
         raise ValueError("argument 'x': f_p is defined on non-negative features (apply ReLU first); got "
                          "negative entries")

@@ -324,13 +324,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConf
     params (rigorous to first order, loose through depth; see flatten.forward_bounds)."""
     _check_cfg(cfg)
     _check_params(params, cfg)
-    t, fb = common.e_exact(images), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        if _feature_map(name, t.value, cfg) is not None:
-            fb.append(common.to_bound(Err(_feature_map(name, t.value, cfg), _feature_map(name, t.err, cfg), t.depth),
-                                      f"features after {name}"))
-    return fb, common.to_bound(t, "logits")
+    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                               lambda name, a: _feature_map(name, a, cfg), images)
 
 
 # ===================================================================================================
@@ -343,9 +338,7 @@ def macs(cfg: CastlingDeiTConfig, image_hw: Any = None) -> dict[str, int]:
     order-K tensor-power features ((d + d^3 + ...) per token) in place of d; the (k, 1) token conv h T d k;
     the auxiliary branch only if the config keeps it at inference."""
     _check_cfg(cfg)
-    hw = cfg.img_size if image_hw is None else common.normalize_img_size(image_hw, "image_hw")
-    if tuple(hw) != tuple(cfg.img_size):
-        raise ValueError(f"argument 'image_hw': the model is built for img_size={cfg.img_size}, got {hw}")
+    common.check_image_hw(cfg.img_size, image_hw)
     acfg = cfg.attention_config()
     c, t, h, d = cfg.embed_dim, cfg.tokens, cfg.num_heads, acfg.head_dim
     feat = sum(d ** (2 * kk + 1) for kk in range(acfg.order + 1))

@@ -33,12 +33,13 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .. import config, layers, numerics, validation
+from ..errors import ArgumentError
 from ..attention import angular as _angular
 from ..attention import focused as _focused
 from ..attention import softmax as _softmax
 
 __all__ = [
-    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "run_feature_units", "patch_embed",
+    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "run_feature_units", "chain_bounds", "check_image_hw", "patch_embed",
     "stage_grids", "swin_window", "mlp_shapes", "ln_shapes", "window_attention_shapes", "linear2d", "mlp2d",
     "patch_merging2d",
     "Err", "e_exact", "e_linear", "e_layer_norm", "e_gelu", "e_mlp", "e_add", "e_conv2d", "e_mean",
@@ -441,6 +442,32 @@ def e_castling(t: Err, p: Mapping[str, Any], ccfg: Any, *, dtype: Any, training:
 
     core = Err(merge(val), merge(e_core), qkv.depth + int(math.ceil(bnd.k)))
     return e_linear(core, p["proj.weight"], p.get("proj.bias"))
+
+
+def chain_bounds(names: list[str], e_unit: Callable[[str, Err], Err],
+                 feature_map: Callable[[str, np.ndarray], np.ndarray | None], images: Any
+                 ) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """The running bounds of a whole network from exact images: ``t = e_unit(name, t)`` through its units in
+    order; returns the bounds of the feature maps ``feature_map`` picks (applied to the value and to its error
+    coefficient alike) and of the last output.  The one bound loop of the FLatten, FLatten-PVT, FLatten-CSwin
+    and Castling networks (their ``forward_bounds``), beside :func:`run_feature_units`."""
+    t, fb = e_exact(images), []
+    for name in names:
+        t = e_unit(name, t)
+        fm = feature_map(name, t.value)
+        if fm is not None:
+            fb.append(to_bound(Err(fm, feature_map(name, t.err), t.depth), f"features after {name}"))
+    return fb, to_bound(t, "logits")
+
+
+def check_image_hw(img_size: tuple[int, int], image_hw: Any) -> tuple[int, int]:
+    """The image size a MAC count is asked for: the model's own ``img_size`` (None), or an equal one; another
+    size needs a model built for it (its positional tables and windows are sized at construction)."""
+    hw = img_size if image_hw is None else normalize_img_size(image_hw, "image_hw")
+    if tuple(hw) != tuple(img_size):
+        raise ArgumentError(f"argument 'image_hw': the model is built for img_size={img_size}, got {hw}; "
+                            f"count a model built with img_size={hw} instead")
+    return hw
 
 
 def to_bound(t: Err, what: str) -> numerics.Bound:

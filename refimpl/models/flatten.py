@@ -556,13 +556,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
     sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature bounds, logits bound)."""
     _check_cfg(cfg)
     _check_params(params, cfg)
-    t, fb = common.e_exact(images), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        if _feature_map(name, t.value, cfg) is not None:
-            fm = Err(_feature_map(name, t.value, cfg), _feature_map(name, t.err, cfg), t.depth)
-            fb.append(common.to_bound(fm, f"features after {name}"))
-    return fb, common.to_bound(t, "logits")
+    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                               lambda name, a: _feature_map(name, a, cfg), images)
 
 
 # ===================================================================================================
@@ -570,11 +565,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
 # ===================================================================================================
 
 def _check_hw(cfg: Any, image_hw: Any) -> tuple[int, int]:
-    hw = cfg.img_size if image_hw is None else common.normalize_img_size(image_hw, "image_hw")
-    if tuple(hw) != tuple(cfg.img_size):
-        raise ValueError(f"argument 'image_hw': the model is built for img_size={cfg.img_size}, got {hw}; "
-                         f"count a model built with img_size={hw} instead")
-    return hw
+    return common.check_image_hw(cfg.img_size, image_hw)
 
 
 def macs(cfg: FlattenDeiTConfig | FlattenSwinConfig, image_hw: Any = None) -> dict[str, int]:

@@ -620,13 +620,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig
     bounds, logits bound)."""
     _check_cfg(cfg)
     _check_params(params, cfg)
-    t, fb = common.e_exact(images), []
-    for name in unit_names(cfg):
-        t = _e_unit(params, name, t, cfg, dtype)
-        fm = _feature_map(name, t.value, cfg)
-        if fm is not None:
-            fb.append(common.to_bound(Err(fm, _feature_map(name, t.err, cfg), t.depth), f"features after {name}"))
-    return fb, common.to_bound(t, "logits")
+    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
+                               lambda name, a: _feature_map(name, a, cfg), images)
 
 
 # ===================================================================================================
@@ -635,11 +630,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig
 
 def _check_hw(cfg: FlattenPVTConfig, image_hw: Any) -> tuple[int, int]:
     _check_cfg(cfg)
-    hw = cfg.img_size if image_hw is None else common.normalize_img_size(image_hw, "image_hw")
-    if tuple(hw) != tuple(cfg.img_size):
-        raise ArgumentError(f"argument 'image_hw': the model is built for img_size={cfg.img_size}, got {hw}; "
-                            f"count a model built with img_size={hw} instead")
-    return hw
+    return common.check_image_hw(cfg.img_size, image_hw)
 
 
 def macs(cfg: FlattenPVTConfig, image_hw: Any = None) -> dict[str, int]:

@@ -19,7 +19,7 @@ What happens::
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
-masked shifted windows, RALA's token layout and the networks; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
+masked shifted windows, RALA's token layout; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -31,10 +31,12 @@ from .loading import VerifyError, instantiate, load_target, load_weights
 from .mapping import WeightMapping, map_weights
 from .references import REFERENCES, get_reference
 from .report import SCHEMA_VERSION, Report, StageResult
+from .networks import is_network, network_names, verify_network
 from .run import verify
 
 __all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult", "VerifyError", "REFERENCES",
-           "SCHEMA_VERSION", "load_target", "instantiate", "load_weights", "map_weights", "WeightMapping"]
+           "SCHEMA_VERSION", "load_target", "instantiate", "load_weights", "map_weights", "WeightMapping",
+           "verify_network", "network_names", "is_network"]
 
 
 def verify_examples(module: Any, reference: str, examples: int, *, max_side: int = 12, seed: int = 0,
@@ -48,6 +50,10 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     from hypothesis import HealthCheck, given, settings, strategies as st
     from hypothesis.errors import HypothesisException
 
+    from .networks import is_network
+    if is_network(reference):
+        raise VerifyError("argument 'examples': not built for networks yet (it draws attention inputs); verify a "
+                          "network with verify()")
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
     import torch

@@ -81,9 +81,9 @@ def instantiate(obj: Any, init: Mapping[str, Any] | None) -> Any:
     return mod
 
 
-def load_weights(path: str) -> dict[str, np.ndarray]:
-    """name -> array (floating entries widened to float64, exactly; integer buffers as stored) from a weights
-    file.  Arbitrary unpickling is refused: .npz is read with
+def load_weights(path: str, widen: bool = True) -> dict[str, np.ndarray]:
+    """name -> array (floating entries widened to float64, exactly, unless ``widen`` is False: then kept in their
+    stored format, bfloat16 as float32; integer buffers as stored) from a weights file.  Arbitrary unpickling is refused: .npz is read with
     allow_pickle=False, .pt/.pth with torch.load(weights_only=True) (a checkpoint that needs more is an error,
     never executed).  A checkpoint dict holding its weights under "state_dict" or "model" is unwrapped."""
     if not os.path.isfile(path):
@@ -127,9 +127,11 @@ def load_weights(path: str) -> dict[str, np.ndarray]:
     for k, v in raw.items():
         if hasattr(v, "detach"):
             v = v.detach().cpu()
-            v = v.double().numpy() if v.is_floating_point() else v.numpy()
+            if v.is_floating_point():
+                v = v.double() if widen else v.float() if str(v.dtype) == "torch.bfloat16" else v
+            v = v.numpy()
         arr = np.asarray(v)
         if arr.dtype == object:
             raise VerifyError(f"argument 'weights': entry {k!r} of {path!r} is not a numeric array")
-        out[str(k)] = arr.astype(np.float64) if arr.dtype.kind == "f" else arr   # exact: every float widens
+        out[str(k)] = arr.astype(np.float64) if arr.dtype.kind == "f" and widen else arr   # exact: every float widens
     return out

@@ -664,6 +664,7 @@ REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2Vi
 
 def get_reference(name: str) -> Reference:
     if name not in REFERENCES:
-        raise VerifyError(f"argument 'reference': expected one of {sorted(REFERENCES)}, got {name!r}")
+        raise VerifyError(f"argument 'reference': expected one of {sorted(REFERENCES)} or a registered network "
+                          f"(refimpl verify --list), got {name!r}")
     return REFERENCES[name]
 

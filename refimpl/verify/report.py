@@ -70,6 +70,8 @@ class Report:
     first_divergence: dict[str, Any] | None
     findings: list[dict[str, str]]
     whole_module_text: str = ""
+    #: a whole network's verification (refimpl.verify.networks): family, units, image size, namings, renames
+    network: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -83,7 +85,7 @@ class Report:
                 "ignored_foreign_keys": self.ignored_foreign_keys, "missing_reference_keys": [],
                 "derived_buffers": self.derived_buffers, "whole_module": self.whole_module,
                 "stages": [s.as_dict() for s in self.stages], "first_divergence": self.first_divergence,
-                "findings": self.findings}
+                "findings": self.findings} | ({"network": self.network} if self.network is not None else {})
 
     def to_json(self) -> str:
         return json.dumps(self.as_dict(), indent=1)

@@ -295,10 +295,14 @@ def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.
 
 def verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
-           input: Any = None, hw: tuple[int, int] | None = None, batch: int = 2, dtype: str = "float32",
-           device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None) -> Report:
+           input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
+           device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
+           progress: bool = False) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
-    ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``).
+    ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``), or against a
+    registered network (a ``refimpl.models`` name such as ``"ravlt_t"``: unit by unit, see
+    :func:`refimpl.verify.networks.verify_network`; ``hw`` is then the image size, ``batch`` defaults to 1,
+    ``progress`` shows a progress bar over the units).
 
     preset : the reference preset the configuration starts from ("paper", "official"); None: the reference's
         default (``official`` where the paper's code is released, ``paper`` for LiSA, which has none).
@@ -313,6 +317,12 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         default call (``forward(x, H, W)`` for FLatten).
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
+    from .networks import is_network, verify_network
+    if is_network(reference):
+        return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
+                              input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
+                              progress=progress)
+    batch = 2 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     ref = get_reference(reference)
     preset = ref.default_preset if preset is None else preset

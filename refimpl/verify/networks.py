@@ -1,0 +1,549 @@
+"""Verifying a whole registered network (refimpl.models: ``flatten_swin_t``, ``ravlt_t``, ``l2vit_tiny``...)
+against a foreign PyTorch network, unit by unit.
+
+Layer: the verify tool (torch).  :func:`verify_network` is what :func:`refimpl.verify.verify` runs when the
+reference is a registered network name.  What happens::
+
+    configuration: the registered config in ``preset`` (default "official"), ``config`` fields over it
+        (``{"reduced": true}``: the family's reduced config, the equivalence suite's small one on the same code
+        path); the image size from ``hw`` (a model built for one resolution is rebuilt for it) or 224 x 224
+    naming: the foreign state_dict keys (the module's, and the weights file's) are read as the reference's
+        keys, or as the released code's (refimpl.models.convert: renames and derived buffers), strictly
+    weights: the file's values (or the reference's init_params drawn from ``seed``) loaded into the module
+        through its naming, the module cast to ``dtype``, its parameters read back as the reference's
+    units: the family's ``unit_names`` (stem, every block, downsampling, head), each observed at the foreign
+        submodule of that name (or the one holding the unit's parameters, through the naming) with forward
+        hooks: its input and output; the stem's output is the first block's input, the head's the logits
+    judged teacher-forced: ``run_unit`` on the foreign network's own input to the unit, against
+        ``unit_bound`` in ``dtype``; where a unit's bound is void and the family has ``unit_parts`` (a block's
+        attention and MLP residual branches), each part is judged, the intermediate located by value among
+        the tensors the unit's forward computed
+    whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import difflib
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import config as _config
+from .. import verdict as _verdict
+from ..errors import RefimplError
+from ..numerics import naive_same_precision, round_to
+from .loading import VerifyError, instantiate, load_target, load_weights
+from .locate import layouts, locate
+from .report import Report, StageResult, _f
+
+__all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network"]
+
+
+def network_names() -> list[str]:
+    """The registered network names (refimpl.models)."""
+    from .. import models as rm
+    return rm.names()
+
+
+def is_network(name: Any) -> bool:
+    return isinstance(name, str) and "." not in name and name in network_names()
+
+
+def network_presets(cfg: Any) -> tuple[str, ...]:
+    """The presets a network config accepts ("official" first where its attention has released code)."""
+    if not any(f.name == "preset" for f in dataclasses.fields(cfg)):
+        return ()
+    out = []
+    for p in ("official", "paper"):
+        try:
+            dataclasses.replace(cfg, preset=p)
+            out.append(p)
+        except (ValueError, TypeError):
+            pass
+    return tuple(out)
+
+
+def _tuples(v: Any) -> Any:
+    """JSON lists as the tuples the configs hold."""
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def network_config(name: str, preset: str | None, config: Mapping[str, Any] | None, hw: Any
+                   ) -> tuple[Any, dict[str, str], str, tuple[int, int]]:
+    """(config, field -> where it came from, preset, image (H, W)) of a registered network."""
+    from .. import models as rm
+    e = rm.entry(name)
+    fam, cfg = e.module, e.config
+    presets = network_presets(cfg)
+    if preset is None:
+        preset = presets[0] if presets else "registered"
+    if (presets and preset not in presets) or (not presets and preset != "registered"):
+        raise VerifyError(f"argument 'preset': expected one of {presets or ('registered',)} for {name}, got "
+                          f"{preset!r}")
+    over = dict(config or {})
+    reduced = over.pop("reduced", False)
+    known = {f.name for f in dataclasses.fields(cfg)}
+    if "preset" in over:
+        raise VerifyError("argument 'config': give the preset with --preset, not as a config field")
+    if set(over) - known:
+        raise VerifyError(f"argument 'config': unknown field(s) {sorted(set(over) - known)} of {type(cfg).__name__} "
+                          f"(it has {sorted(known)}, and 'reduced')")
+    fields = {f: f"registered config {name!r}" for f in known}
+    try:
+        if presets:
+            cfg = dataclasses.replace(cfg, preset=preset)
+            fields["preset"] = "--preset" if preset != presets[0] else f"default preset {preset!r}"
+        if reduced:
+            if not hasattr(fam, "reduced"):
+                raise VerifyError(f"argument 'config': {name} has no reduced configuration")
+            small = fam.reduced(cfg)
+            for f in known:
+                if getattr(small, f) != getattr(cfg, f):
+                    fields[f] = f"reduced({name}) (the equivalence suite's small config)"
+            cfg = small
+        if over:
+            cfg = dataclasses.replace(cfg, **{k: _tuples(v) for k, v in over.items()})
+            fields.update({k: "--config" for k in over})
+        if hw is not None and hasattr(cfg, "img_size") and tuple(cfg.img_size) != tuple(hw):
+            cfg = dataclasses.replace(cfg, img_size=tuple(int(v) for v in hw))
+            fields["img_size"] = "--hw (the model is built for one resolution)"
+    except (ValueError, TypeError) as exc:
+        raise VerifyError(f"config: {exc}") from exc
+    if hasattr(cfg, "img_size"):
+        image = tuple(int(v) for v in cfg.img_size)
+        fields["hw"] = fields.get("img_size", "") if hw is None else "--hw"
+    elif hw is not None:
+        image, fields["hw"] = (int(hw[0]), int(hw[1])), "--hw"
+    elif reduced and hasattr(fam, "test_image_hw"):
+        image, fields["hw"] = tuple(fam.test_image_hw(cfg)), f"{fam.__name__}.test_image_hw (reduced config)"
+    else:
+        image, fields["hw"] = tuple(_config.NET_PAPER_RESOLUTION), "default (the papers' 224 x 224)"
+    return cfg, fields, preset, image
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Naming: foreign state_dict keys -> the reference's
+# ---------------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class _Naming:
+    values: dict[str, np.ndarray]        # reference key -> float64
+    source: dict[str, str]               # reference key -> foreign key
+    decisions: list[str]
+    derived: list[str]                   # foreign keys that are derived buffers (checked, not mapped)
+    naming: str                          # "reference" or "released"
+    renames: dict[str, str]              # foreign (released) key -> reference key, where they differ
+
+
+def _np(v: Any) -> np.ndarray:
+    if hasattr(v, "detach"):
+        t = v.detach().cpu()
+        return t.double().numpy() if t.is_floating_point() else t.numpy()
+    return np.asarray(v)
+
+
+def _user_map(state: dict[str, Any], user_map: Mapping[str, Any] | None, decisions: list[str]) -> dict[str, Any]:
+    user_map = dict(user_map or {})
+    if set(user_map) - {"rename", "ignore"}:
+        raise VerifyError(f"argument 'map': unknown entries {sorted(set(user_map) - {'rename', 'ignore'})} "
+                          f"(expected 'rename' and 'ignore')")
+    rename, ignore = dict(user_map.get("rename", {})), list(user_map.get("ignore", []))
+    for k in list(rename) + ignore:
+        if k not in state:
+            raise VerifyError(f"argument 'map': foreign key {k!r} is not in the state_dict (it has "
+                              f"{sorted(state)[:12]}...)")
+    out = {}
+    for k, v in state.items():
+        if k in ignore:
+            decisions.append(f"{k}: ignored (--map)")
+        elif k in rename:
+            out[rename[k]] = v
+            decisions.append(f"{k} -> {rename[k]}: the user's rename (--map)")
+        else:
+            out[k] = v
+    return out
+
+
+def _to_reference(state: Mapping[str, Any], fam: Any, cfg: Any, what: str) -> _Naming:
+    """Read a foreign state_dict (key -> tensor or array) as the reference's parameters: in the reference's own
+    key names (with BatchNorm batch counters), or in the released code's (refimpl.models.convert: renames and
+    derived buffers, checked against the configuration), whichever the keys are; strictly (an unused or missing
+    key is a :class:`VerifyError` naming it)."""
+    from ..models.convert import convert_state_dict, released_layout
+    shapes = fam.param_shapes(cfg)
+    keys = set(state)
+    counters = {k for k in keys if k.endswith(".num_batches_tracked") and
+                k[: -len(".num_batches_tracked")] + ".running_var" in shapes}
+    ours = set(shapes) | counters
+    try:
+        layout = released_layout(cfg)
+    except RefimplError:
+        layout = None
+    released = set(layout.renames) | set(layout.derived) if layout is not None else set()
+    use_released = layout is not None and not keys <= ours and (
+        keys <= released or len(keys & released) > len(keys & ours))
+    decisions: list[str] = []
+    if use_released:
+        try:
+            values = convert_state_dict(cfg, dict(state), "official", require_buffers=False)
+        except RefimplError as exc:
+            raise VerifyError(f"weights: {what}: {exc}") from exc
+        source = {o: r for r, o in layout.renames.items()}
+        renames = {r: o for r, o in layout.renames.items() if r != o}
+        derived = sorted(k for k in keys if k in layout.derived)
+        decisions += [f"{o} <- {r}: the released name ({layout.file})" for r, o in renames.items()]
+        decisions.append(f"{what}: {len(layout.renames) - len(renames)} key(s) by exact name; the released layout "
+                         f"of {layout.file} (refimpl.models.convert)")
+        decisions += [f"{k}: derived buffer ({layout.derived[k].what}), checked against the value recomputed from "
+                      f"the configuration" for k in derived]
+        return _Naming(values, source, decisions, derived, "released", renames)
+    unknown = sorted(keys - ours)
+    missing = sorted(set(shapes) - keys)
+    if unknown or missing:
+        cands = sorted(ours - keys) + sorted(released - keys)
+        desc = []
+        for k in unknown[:8]:
+            hint = difflib.get_close_matches(k, cands, n=1, cutoff=0.8)
+            desc.append(f"'{k}'" + (f" (did you mean '{hint[0]}'?)" if hint else ""))
+        parts = ([f"unknown {', '.join(desc)}" + (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")]
+                 if unknown else []) + ([f"missing {', '.join(missing[:8])}" +
+                                         (f" and {len(missing) - 8} more" if len(missing) > 8 else "")]
+                                        if missing else [])
+        raise VerifyError(f"weights: {what}: the keys are neither the reference's ({len(shapes)} keys of "
+                          f"{fam.__name__}.param_shapes) nor the released code's (strict): " + "; ".join(parts))
+    values = {}
+    for k, s in shapes.items():
+        v = _np(state[k])
+        if v.dtype.kind != "f" or tuple(v.shape) != tuple(s):
+            raise VerifyError(f"weights: {what}: {k!r} is {v.dtype} {tuple(v.shape)}, expected a floating array of "
+                              f"shape {tuple(s)}")
+        values[k] = v.astype(np.float64)
+    decisions.append(f"{what}: all {len(shapes)} key(s) by exact name (the reference's naming)")
+    return _Naming(values, {k: k for k in shapes}, decisions, sorted(counters), "reference", {})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Observation
+# ---------------------------------------------------------------------------------------------------------
+
+def _unit_modules(units: list[str], subs: Mapping[str, Any], source: Mapping[str, str]) -> dict[str, str]:
+    """unit -> the foreign submodule computing it: the submodule of the unit's name, or the one holding exactly
+    the unit's parameters (through the naming).  The stem and the head have none (the stem's output is observed
+    as the next unit's input, the head's as the network's output)."""
+    out = {}
+    for u in units:
+        if u in ("stem", "head"):
+            continue
+        fk = [source[k] for k in source if k.startswith(u + ".")]
+        if not fk:
+            continue
+        if u in subs and all(f.startswith(u + ".") for f in fk):
+            out[u] = u
+            continue
+        paths = [f.split(".")[:-1] for f in fk]
+        common = []
+        for comp in zip(*paths):
+            if len(set(comp)) != 1:
+                break
+            common.append(comp[0])
+        prefix = ".".join(common)
+        others = [r for r, f in source.items() if f.startswith(prefix + ".") and not r.startswith(u + ".")]
+        if prefix and prefix in subs and not others:
+            out[u] = prefix
+    return out
+
+
+@dataclasses.dataclass
+class _NetRun:
+    out: Any
+    inputs: dict[str, Any]
+    outputs: dict[str, Any]
+    recorded: list[tuple[str, str | None, Any]]      # (label, unit it was computed in, tensor)
+    other_dtypes: dict[Any, list[str]]
+
+
+def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set[int], dtype: str, device: str,
+                 call: Mapping[str, Any] | None) -> _NetRun:
+    import torch
+
+    from .run import _torch_dtype
+    asked = _torch_dtype(dtype)
+    subs = dict(module.named_modules())
+    run = _NetRun(None, {}, {}, [], {})
+    stack: list[str] = []
+    handles = []
+    for u, path in mods.items():
+        def pre(_m, inp, u=u):
+            stack.append(u)
+            if u not in run.inputs and inp and isinstance(inp[0], torch.Tensor):
+                run.inputs[u] = inp[0].detach()
+
+        def post(_m, inp, out, u=u):
+            if stack and stack[-1] == u:
+                stack.pop()
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if u not in run.outputs and isinstance(t, torch.Tensor):
+                run.outputs[u] = t.detach()
+        handles.append(subs[path].register_forward_pre_hook(pre))
+        handles.append(subs[path].register_forward_hook(post))
+
+    class _Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args_=(), kwargs_=None):
+            res = func(*args_, **(kwargs_ or {}))
+            fname = getattr(func, "__name__", str(func))
+            for t in (res if isinstance(res, (tuple, list)) else (res,)):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    if t.dtype != asked:
+                        run.other_dtypes.setdefault(t.dtype, []).append(fname)
+                    if t.numel() in sizes:
+                        run.recorded.append((f"#{len(run.recorded)} {fname}", stack[-1] if stack else None,
+                                             t.detach()))
+            return res
+
+    xt = torch.from_numpy(x).to(device=device, dtype=asked)
+    try:
+        with torch.no_grad(), _Recorder():
+            out = module(xt, **dict(call or {}))
+    except Exception as exc:
+        raise VerifyError(f"the network's forward raised {type(exc).__name__}: {exc} (called as forward(images, "
+                          f"**{dict(call or {})}))") from exc
+    finally:
+        for h in handles:
+            h.remove()
+    run.out = out[0] if isinstance(out, (tuple, list)) else out
+    return run
+
+
+def _as_layout(t: Any, like: np.ndarray) -> tuple[np.ndarray | None, str]:
+    """The foreign tensor ``t`` read in the layout of ``like`` (the reference's value), the closest reading."""
+    from .run import _to64
+    f = _to64(t)
+    if f.shape == like.shape:
+        return f, ""
+    nr = float(np.sqrt(np.sum(like ** 2))) or 1.0
+    best = None
+    for arr, how in layouts(f, like.shape):
+        d = float(np.sqrt(np.sum((arr - like) ** 2))) / nr
+        if best is None or d < best[2]:
+            best = (arr, how, d)
+        if d == 0:
+            break
+    return (None, f"shape {f.shape}, the reference's {like.shape}") if best is None else (best[0], f" ({best[1]})")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Judgement
+# ---------------------------------------------------------------------------------------------------------
+
+def _compare(got: np.ndarray, ref: np.ndarray, bound: Any, fn: Any, args: tuple, dtype: str, name: str,
+             p: float) -> Any:
+    return _verdict.compare(got, ref, bound, dtype, naive=naive_same_precision(fn, *args, dtype=dtype), name=name,
+                            p_false_alarm=p)
+
+
+def _result(name: str, where: str | None, got: np.ndarray, ref: np.ndarray, bound: Any, rep: Any, dtype: str,
+            detail: str = "") -> StageResult:
+    return StageResult(name, where, rep.verdict, max_abs_err=float(np.max(np.abs(got - ref), initial=0.0)),
+                       max_rel_err=rep.rel_err,
+                       bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, ref.shape)), initial=0.0)),
+                       err_over_bound=rep.max_err_over_bound,
+                       detail=detail or ("" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)))
+
+
+def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, xin: np.ndarray, got: np.ndarray,
+                 where: str, run: _NetRun, dtype: str, p: float, unit_rep: Any) -> StageResult | None:
+    """A unit whose own bound is void, judged part by part (``unit_parts``): each part teacher-forced on the
+    foreign intermediate (located by value among the tensors the unit's forward computed).  None when the family
+    has no parts for the unit."""
+    parts = tuple(fam.unit_parts(cfg, u)) if hasattr(fam, "unit_parts") else ()
+    if not parts:
+        return None
+    pool = [(label, t) for label, tag, t in run.recorded if tag == u and t.numel() == got.size]
+    xp, after, notes, worst = xin, 0, [], 0.0
+    for i, part in enumerate(parts):
+        fn = (lambda prm, v, q=part: fam.run_unit_part(prm, u, q, v, cfg))
+        rp = fn(params, xp)
+        if i < len(parts) - 1:
+            from .run import _to64
+            found = locate([(lbl, _to64(t)) for lbl, t in pool[after:]], rp,
+                           tie=16 * _verdict.unit_roundoff(dtype))
+            if found is None or found[2] > _config.VERIFY_LOCATE_GATE:
+                return StageResult(u, where, _verdict.DIVERGES, detail=(
+                    f"the unit's own bound is void in {dtype} (max relative bound "
+                    f"{unit_rep.max_relative_bound:.3g}); stage-wise, part {part!r}: no tensor of the unit's forward "
+                    f"is within {_config.VERIFY_LOCATE_GATE:g} (relative) of the reference on the unit's own input"
+                    + ("" if found is None else f" (closest: {found[1]}, {found[2]:.3g})")))
+            gp, after = found[0], after + found[3] + 1
+        else:
+            gp = got
+        bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
+        rep = _compare(gp, rp, bp, fn, (params, xp), dtype, f"{u}/{part}", p / len(parts))
+        worst = max(worst, rep.max_err_over_bound)
+        notes.append(f"{part} {rep.verdict} (err/bound {rep.max_err_over_bound:.3g})")
+        if rep.verdict != _verdict.MATCH:
+            res = _result(u, where, gp, rp, bp, rep, dtype, detail=(
+                f"stage-wise (the unit's own bound is void in {dtype}): part {part!r}: " + "; ".join(rep.reasons)))
+            return res
+        xp = gp
+    r = fam.run_unit(params, u, xin, cfg)
+    return StageResult(u, where, _verdict.MATCH, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
+                       max_rel_err=unit_rep.rel_err, bound=None, err_over_bound=worst,
+                       detail=f"stage-wise: the unit's own bound is void in {dtype} (max relative bound "
+                              f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes))
+
+
+def _progress(enabled: bool):
+    if not enabled:
+        return contextlib.nullcontext(None)
+    try:
+        from rich.console import Console
+        from rich.progress import Progress
+    except ImportError:  # pragma: no cover - rich is a dependency of the verify extra
+        return contextlib.nullcontext(None)
+    return Progress(console=Console(stderr=True), transient=True)
+
+
+def verify_network(module: Any, reference: str, *, preset: str | None = None,
+                   config: Mapping[str, Any] | None = None, init: Mapping[str, Any] | None = None,
+                   weights: Any = None, map: Mapping[str, Any] | None = None, input: Any = None,
+                   hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
+                   device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
+                   progress: bool = False) -> Report:
+    """Verify the foreign network ``module`` against the registered network ``reference`` unit by unit (see the
+    module docstring); arguments as :func:`refimpl.verify.verify` (``hw``: the image size; ``input``: images
+    (B, C, H, W); ``batch`` default 1; ``config`` may hold ``"reduced": true``).  ``progress``: a rich progress
+    bar over the units on stderr."""
+    import torch
+
+    from .run import _check_arguments, _conclude, _precision_findings, _to64, _torch_dtype
+    batch = 1 if batch is None else batch
+    _check_arguments(dtype, batch, seed, hw, device)
+    if input is not None:
+        input = np.asarray(input, dtype=np.float64)
+        if input.ndim != 4:
+            raise VerifyError(f"argument 'input': expected images (B, C, H, W), got shape {input.shape}")
+        if hw is None:
+            hw = (int(input.shape[2]), int(input.shape[3]))
+    cfg, fields, preset, image = network_config(reference, preset, config, hw)
+    from .. import models as rm
+    fam = rm.family_of(reference)
+    module = instantiate(load_target(module) if isinstance(module, str) else module, init)
+    rng = np.random.default_rng(seed)
+    decisions: list[str] = []
+
+    # naming: the module's keys, then the file's (or the reference's own random weights)
+    mstate = module.state_dict()
+    mnaming = _to_reference(_user_map(dict(mstate), map if weights is None else None, decisions), fam, cfg,
+                            "the module's state_dict")
+    if weights is None:
+        values = fam.init_params(cfg, rng)
+        naming = mnaming
+        decisions.append(f"weights: the reference's init_params drawn from seed {seed}")
+    else:
+        raw = load_weights(weights, widen=False) if isinstance(weights, str) else dict(weights)
+        naming = _to_reference(_user_map(raw, map, decisions), fam, cfg,
+                               f"--weights {weights!r}" if isinstance(weights, str) else "the weights")
+        values = naming.values
+    decisions += naming.decisions + ([d for d in mnaming.decisions] if naming is not mnaming else [])
+    # the values into the module (in dtype first: loading float64 values into float32 tensors would round twice)
+    module = module.to(device=device, dtype=_torch_dtype(dtype)).eval()
+    sd = module.state_dict()
+    with torch.no_grad():
+        for rk, mk in mnaming.source.items():
+            v = np.asarray(values[rk], dtype=np.float64)
+            if tuple(v.shape) != tuple(sd[mk].shape):
+                raise VerifyError(f"weights: {rk!r} {tuple(v.shape)} does not fit the module's {mk!r} "
+                                  f"{tuple(sd[mk].shape)}")
+            sd[mk].copy_(torch.from_numpy(v).to(dtype=sd[mk].dtype, device=sd[mk].device))
+    params = {rk: _to64(sd[mk]) for rk, mk in mnaming.source.items()}
+
+    x = round_to(rng.standard_normal((batch, getattr(cfg, "in_chans", 3), *image)) if input is None else input, dtype)
+    units = list(fam.unit_names(cfg))
+    mods = _unit_modules(units, dict(module.named_modules()), mnaming.source)
+    # the reference's own run: the unit values' sizes (for the intermediates located by value)
+    taps: dict[str, np.ndarray] = {}
+    try:
+        want = fam.run(params, x, cfg, taps=taps)[0]
+    except (ValueError, TypeError) as exc:
+        raise VerifyError(f"the reference {reference} does not accept images {x.shape}: {exc}") from exc
+    sizes = {int(taps[u].size) for u in units if u in taps and u != "head"}
+    run = _run_network(module, x, mods, sizes, dtype, device, call)
+    findings = _precision_findings(run, dtype)
+    got_logits = _to64(run.out)
+    if got_logits.size != want.size:
+        raise VerifyError(f"the network's output has shape {tuple(got_logits.shape)}; the reference's is "
+                          f"{want.shape}")
+    got_logits = got_logits.reshape(want.shape)
+    if not np.all(np.isfinite(got_logits)):
+        findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got_logits)))} non-finite "
+                                                          f"logit(s) on finite images"})
+
+    p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1)
+    results: list[StageResult] = []
+    prev = x
+    with _progress(progress) as prog:
+        task = prog.add_task(f"{reference}: units", total=len(units)) if prog is not None else None
+        for k, u in enumerate(units):
+            if prog is not None:
+                prog.update(task, description=f"{reference}: {u}")
+            xin = prev
+            if u in run.inputs and k > 0:
+                xin, _how = _as_layout(run.inputs[u], prev)
+                xin = prev if xin is None else xin
+            fn = (lambda prm, v, u=u: fam.run_unit(prm, u, v, cfg))
+            r = fn(params, xin)
+            # the unit's output: the next unit's input (whatever the network computes between the two submodules
+            # belongs to this unit), else its submodule's output, the network's output, or located by value
+            nxt = units[k + 1] if k + 1 < len(units) else None
+            if nxt in run.inputs:
+                raw_out, where = run.inputs[nxt], f"{mods[nxt]}:input"
+            elif u in run.outputs:
+                raw_out, where = run.outputs[u], f"{mods[u]}:output"
+            elif nxt is None:
+                raw_out, where = run.out, "the network's output"
+            else:
+                raw_out, where = None, None
+            got, how = (None, "") if raw_out is None else _as_layout(raw_out, r)
+            if got is None and raw_out is None:
+                pool = [(lbl, _to64(t)) for lbl, _tag, t in run.recorded if t.numel() == r.size]
+                found = locate(pool, r, tie=16 * _verdict.unit_roundoff(dtype))
+                if found is not None and found[2] <= _config.VERIFY_LOCATE_GATE:
+                    got, where = found[0], f"{found[1].split(':')[0]} (by value)"
+            if got is None:
+                results.append(StageResult(u, where, _verdict.DIVERGES, detail=(
+                    f"observed at {where} with {how}" if raw_out is not None else
+                    f"no submodule computes it and no tensor of the forward is within "
+                    f"{_config.VERIFY_LOCATE_GATE:g} (relative) of the reference on the unit's own input")))
+            else:
+                where = (where or "") + (how or "")
+                bound = fam.unit_bound(params, u, xin, cfg, dtype=dtype)
+                rep = _compare(got, r, bound, fn, (params, xin), dtype, u, p_unit)
+                res = None
+                if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
+                    res = _judge_parts(fam, params, cfg, u, xin, got, where, run, dtype, p_unit, rep)
+                results.append(res or _result(u, where, got, r, bound, rep, dtype))
+            prev = got if got is not None else r
+            if prog is not None:
+                prog.advance(task)
+
+    _, lbound = fam.forward_bounds(params, x, cfg, dtype=dtype)
+    whole = _verdict.compare(got_logits, want, lbound, dtype,
+                             naive=naive_same_precision(lambda prm, v: fam.forward(prm, v, cfg), params, x,
+                                                        dtype=dtype), name="logits")
+    verdict, first = _conclude(results, whole, got_logits, want)
+    cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
+    return Report(
+        verdict=verdict, reference=reference, preset=preset, dtype=dtype, config={**cfg_dict, "hw": list(image)},
+        config_sources=fields, mapping=dict(naming.source), mapping_decisions=decisions, ignored_foreign_keys=list(
+            (map or {}).get("ignore", [])), derived_buffers=sorted(set(naming.derived) | set(mnaming.derived)),
+        whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
+                      "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
+                      "reasons": list(whole.reasons)},
+        stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole),
+        network={"family": fam.__name__, "units": units, "image_hw": list(image), "batch": int(batch),
+                 "weights_naming": "random (init_params)" if weights is None else naming.naming,
+                 "module_naming": mnaming.naming, "renames": dict(naming.renames),
+                 "module_renames": dict(mnaming.renames), "observed_at": dict(mods)})
+
