@@ -427,6 +427,27 @@ PVT_MERGE_PATCH = 2
 #: convolution (zero padding 1, with bias) between the MLP's first linear layer and its GELU.
 PVT_V2_MLP_DWCONV_KERNEL = 3
 
+# --- networks: FLatten-CSwin (models/flatten_cswin.py) ---------------------------------------------
+
+#: CSwin's convolutional token embedding (Dong et al. 2022, §3.1: "a 7 x 7 convolution layer with stride 4",
+#: after CvT); released flatten_cswin.py ``nn.Conv2d(in_chans, embed_dim, 7, 4, 2)`` (zero padding 2), then
+#: LayerNorm.
+CSWIN_STEM_KERNEL = 7
+CSWIN_STEM_STRIDE = 4
+CSWIN_STEM_PADDING = 2
+
+#: CSwin's merging between stages (§3.1: "a convolution layer (3 x 3, stride 2)"); released ``Merge_Block``
+#: ``nn.Conv2d(dim, dim_out, 3, 2, 1)`` then LayerNorm.
+CSWIN_MERGE_KERNEL = 3
+
+#: LePE (CSwin §3.3): a depthwise 3 x 3 convolution of V added to the attention output; released
+#: ``get_v = nn.Conv2d(dim, dim, kernel_size=3, stride=1, padding=1, groups=dim)`` (with bias).
+CSWIN_LEPE_KERNEL = 3
+
+#: CSwin's stripe widths sw per stage at 224 x 224 (CSwin §3.2 / Table 1: 1, 2, 7, 7; the last stage attends
+#: globally); released factories ``split_size=[1, 2, 7, 7]``.
+CSWIN_SPLIT_SIZE = (1, 2, 7, 7)
+
 # --- kernels and backends (backends/, ckernels/) ---------------------------------------------------
 
 #: Alignment in bytes of output and workspace buffers handed to C and Numba kernels (one cache line;

@@ -164,6 +164,17 @@ TABLE: dict[str, tuple[object, str]] = {
     "PVT_MERGE_PATCH": (2, "released code: flatten_pvt.py PatchEmbed patch_size=2 for stages 2-4"),
     "PVT_V2_MLP_DWCONV_KERNEL": (3, "PVT v2 (Wang et al. 2022) §3.3 convolutional feed-forward: a 3 x 3 depthwise "
                                     "conv between fc1 and GELU; released flatten_pvt_v2.py DWConv kernel 3"),
+    # --- networks: FLatten-CSwin -------------------------------------------------------------------
+    "CSWIN_STEM_KERNEL": (7, "CSwin §3.1 '7 x 7 convolution layer with stride 4'; FLatten Table 15 'Conv7x7, "
+                             "stride=4'; released flatten_cswin.py nn.Conv2d(in_chans, embed_dim, 7, 4, 2)"),
+    "CSWIN_STEM_STRIDE": (4, "CSwin §3.1; FLatten Table 15 'stride=4'; released nn.Conv2d(..., 7, 4, 2)"),
+    "CSWIN_STEM_PADDING": (2, "released code: flatten_cswin.py stage1_conv_embed nn.Conv2d(..., 7, 4, 2)"),
+    "CSWIN_MERGE_KERNEL": (3, "CSwin §3.1 'convolution layer (3 x 3, stride 2)'; released Merge_Block "
+                              "nn.Conv2d(dim, dim_out, 3, 2, 1)"),
+    "CSWIN_LEPE_KERNEL": (3, "CSwin §3.3 LePE depthwise conv on V; released get_v nn.Conv2d(dim, dim, 3, 1, 1, "
+                             "groups=dim)"),
+    "CSWIN_SPLIT_SIZE": ((1, 2, 7, 7), "CSwin §3.2 stripe widths 1, 2, 7, 7; released flatten_cswin.py "
+                                       "split_size=[1, 2, 7, 7]"),
     # --- kernels and backends ----------------------------------------------------------------------
     "KERNEL_BUFFER_ALIGNMENT": (64, "refimpl: one cache line / AVX-512 vector width"),
     "DEFAULT_BACKEND": ("numpy", "refimpl: docs/backends.md (the NumPy definition unless selected)"),

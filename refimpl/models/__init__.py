@@ -28,7 +28,7 @@ __all__ = ["register", "create", "names", "family_of", "param_count", "param_sha
            "convert_state_dict"]
 
 #: The model modules of this package; each registers its configs when imported.
-FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt")
+FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt", "flatten_cswin")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -42,6 +42,8 @@ FLatten-PVT v1            models/flatten_pvt.py                            none;
 (flatten_pvt_t/s/m/l)
 FLatten-PVTv2             models/flatten_pvt_v2.py                         none; none
 (flatten_pvt_v2_b0..b4)
+FLatten-CSwin             models/flatten_cswin.py                          none; none
+(flatten_cswin_t/s/b)
 L2ViT (l2vit_tiny/        ChuanyangZheng/L2ViT                             none; BatchNorm
 small/base)               classification/models/l2vit.py                   ``num_batches_tracked``
 RAVLT (ravlt_t/s/b/l)     qhfan/RALA classfication/RALA.py                 ``layers.i.blocks.j.norm{1,2}.norm.
@@ -52,8 +54,7 @@ RAVLT (ravlt_t/s/b/l)     qhfan/RALA classfication/RALA.py                 ``lay
 ========================  ===============================================  ===================================
 
 No released code: FLatten-DeiT (the repository has no DeiT file), LiSANet, Castling-ViT (source="official"
-raises :class:`~refimpl.errors.ArgumentError`).  FLatten-CSwin has released code
-(models/flatten_cswin.py) but is not registered yet, so it has no converter.
+raises :class:`~refimpl.errors.ArgumentError`).
 
 The released model is the reference's ``preset="official"``: with a registry name, ``convert_state_dict``
 builds the config with ``preset="official"`` (and any ``overrides``); a config object must have that preset.
@@ -184,6 +185,8 @@ RELEASED: dict[str, tuple[tuple[str, str, Callable[..., Any]], ...]] = {
     "flatten": (("FlattenSwinConfig", "LeapLabTHU/FLatten-Transformer models/flatten_swin.py", _swin_layout),),
     "flatten_pvt": (("FlattenPVTConfig", "LeapLabTHU/FLatten-Transformer models/flatten_pvt.py (version 1), "
                      "models/flatten_pvt_v2.py (version 2)", _pvt_layout),),
+    "flatten_cswin": (("FlattenCSwinConfig", "LeapLabTHU/FLatten-Transformer models/flatten_cswin.py",
+                       _pvt_layout),),
     "l2vit": (("L2ViTNetConfig", "ChuanyangZheng/L2ViT classification/models/l2vit.py", _l2vit_layout),),
     "ravlt": (("RAVLTNetConfig", "qhfan/RALA classfication/RALA.py", _ravlt_layout),),
 }
