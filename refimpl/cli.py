@@ -53,17 +53,23 @@ def _render(report: Any) -> None:
     colour = {"match": "green", "diverges": "red", "inconclusive": "yellow"}.get(report.verdict, "white")
     con.print(f"[bold {colour}]{report.verdict.upper()}[/] against {report.reference} ({report.preset} preset, "
               f"{report.dtype})")
-    t = Table("stage", "observed at", "verdict", "max |err|", "bound", "err/bound", "detail")
-    for s in report.stages:
+    sh = report.shadow is not None
+    t = Table("stage", "observed at", "verdict", "max |err|", "bound", "err/bound",
+              *(("shadow", "shadow err/bound") if sh else ()), "detail")
+    for i, s in enumerate(report.stages):
         g = (lambda v: "-" if v is None else f"{v:.3g}")
         t.add_row(s.name, s.foreign or "-", s.verdict, g(s.max_abs_err), g(s.bound), g(s.err_over_bound),
-                  s.detail[:80])
+                  *((report.shadow[i].verdict, g(report.shadow[i].err_over_bound)) if sh else ()),
+                  (s.detail or (report.shadow[i].detail if sh and report.shadow[i].verdict == "diverges" else ""))[:80])
     con.print(t)
     wm = report.whole_module
     con.print(f"whole module: {wm['verdict']} (max relative bound {wm['max_relative_bound']:.3g}, "
               f"err/bound {wm['err_over_bound']:.3g})")
     if report.first_divergence:
         con.print(f"[red]first divergence[/]: {report.first_divergence['stage']}: {report.first_divergence['why']}")
+    if report.shadow_first_divergence:
+        con.print(f"[red]shadow mode, first divergence[/]: {report.shadow_first_divergence['stage']}: "
+                  f"{report.shadow_first_divergence['why']}")
     for f in report.findings:
         con.print(f"finding ({f['kind']}): {f['message']}")
 
@@ -94,7 +100,7 @@ def _verify(ns: argparse.Namespace) -> int:
         inp = next(iter(w.values()))
     kw = dict(preset=ns.preset, config=_json_arg("config", ns.config), init=_json_arg("init", ns.init),
               weights=ns.weights, map=_json_arg("map", ns.map), dtype=ns.dtype, device=ns.device, seed=ns.seed,
-              call=_json_arg("call", ns.call))
+              call=_json_arg("call", ns.call), shadow=ns.shadow)
     try:
         if ns.examples:
             if inp is not None:
@@ -145,7 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     vp.add_argument("--seed", type=int, default=0)
     vp.add_argument("--examples", type=int, default=0,
-                    help="verify N Hypothesis-drawn inputs (batch, grid, seed); report the shrunk failing one")
+                    help="verify N Hypothesis-drawn inputs (batch, grid, seed; for a network, image sizes); report "
+                         "the shrunk failing one")
+    vp.add_argument("--shadow", action="store_true",
+                    help="also run each of your submodules on the reference's own input to its stage (rounded to "
+                         "--dtype): a shadow column per stage, an error located without propagation")
     vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
                                      "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")

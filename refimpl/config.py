@@ -365,6 +365,10 @@ NET_INIT_RUNNING_VAR_HIGH = 2.0
 #: up.  Carries an input error through the activation in the running error bound.
 SWISH_LIPSCHITZ = 1.1
 
+#: Lipschitz constant of Hardswish x min(max(x + 3, 0), 6) / 6 (LeViT's activation, Castling-LeViT): the
+#: derivative is 0 (x < -3), (2x + 3) / 6 (-3 < x < 3), 1 (x > 3), so sup |d/dx| = 9 / 6 = 1.5 (x -> 3).
+HARDSWISH_LIPSCHITZ = 1.5
+
 #: Width of the 1x1 projection before RAVLT's classifier (released code: ``projection=1024`` for every
 #: model; the paper describes no head).
 RAVLT_HEAD_PROJ_DIM = 1024

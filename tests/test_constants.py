@@ -142,6 +142,8 @@ TABLE: dict[str, tuple[object, str]] = {
     "NET_INIT_RUNNING_VAR_LOW": (0.5, "refimpl: test init, models/_netparts.init_params_from_shapes"),
     "NET_INIT_RUNNING_VAR_HIGH": (2.0, "refimpl: test init, models/_netparts.init_params_from_shapes"),
     "SWISH_LIPSCHITZ": (1.1, "derived: sup |d/dx x sigmoid(x)| = 1.0998, rounded up (test_lipschitz_constants)"),
+    "HARDSWISH_LIPSCHITZ": (1.5, "derived: sup |d/dx hardswish| = (2*3 + 3)/6 at x -> 3 "
+                            "(tests/test_castling_levit.py checks it numerically)"),
     "RAVLT_HEAD_PROJ_DIM": (1024, "released code: RALA.py RAVLT_T/S/B/L projection=1024"),
     "RAVLT_NET_MLP_RATIO": (3.5, "released code: RALA.py RAVLT_T/S/B/L mlp_ratios=[3.5] * 4"),
     "LISANET_LN_EPS": (1e-6, "timm DeiT/ViT and PVTv2: LayerNorm eps=1e-6 (LiSA gives none)"),

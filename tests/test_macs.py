@@ -6,7 +6,8 @@ that preset too.  A registered model without a row fails.  Independently of the 
 counts written out from the papers' architecture tables and the released code reproduce the totals of
 L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT and FLatten-DeiT, so a
 counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's and
-FLatten-PVTv2's closed forms (the v2 feed-forward's depthwise conv included) are tests/test_flatten_pvt.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
+FLatten-PVTv2's closed forms (the v2 feed-forward's depthwise conv included) are tests/test_flatten_pvt.py's,
+Castling-LeViT's tests/test_castling_levit.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
 
 The papers' printed figures (GFLOPs = GMACs in this convention, Castling-ViT: GMACs) are recorded next to the
 counts with whether ours rounds to them at the printed precision; the gaps are those of
@@ -26,6 +27,10 @@ HW = (224, 224)
 MACS = {
     "castling_deit_b": 17_097_231_360,
     "castling_deit_t": 1_137_033_984,
+    "castling_levit_128": 468_441_088,
+    "castling_levit_192": 796_774_144,
+    "castling_levit_256": 1_368_649_216,
+    "castling_levit_384": 2_855_912_704,
     "flatten_deit_t": 1_139_086_848,
     "flatten_cswin_b": 14_913_275_904,
     "flatten_cswin_s": 6_783_052_800,
@@ -63,6 +68,10 @@ MACS = {
 MACS_OFFICIAL = {
     "castling_deit_b": 17_097_231_360,
     "castling_deit_t": 1_137_033_984,
+    "castling_levit_128": 468_441_088,   # the official preset's "own" constant and output l2 are elementwise
+    "castling_levit_192": 796_774_144,
+    "castling_levit_256": 1_368_649_216,
+    "castling_levit_384": 2_855_912_704,
     "flatten_deit_t": 1_139_086_848,
     "flatten_cswin_b": 14_913_275_904,
     "flatten_cswin_s": 6_783_052_800,
@@ -93,6 +102,10 @@ MACS_OFFICIAL = {
 PAPER = {
     "castling_deit_b": (17.28, 2, "Castling-ViT Table 2 (MACs)"),
     "castling_deit_t": (1.18, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_levit_128": (0.49, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_levit_192": (0.82, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_levit_256": (1.40, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_levit_384": (2.90, 2, "Castling-ViT Table 2 (MACs)"),
     "flatten_deit_t": (1.1, 1, "FLatten Table 8"),
     "flatten_cswin_b": (15.0, 1, "FLatten Table 8"),
     "flatten_cswin_s": (6.9, 1, "FLatten Table 8"),
@@ -130,6 +143,11 @@ PAPER = {
 GAPS = {
     "castling_deit_t": "1.137G vs 1.18G: 1-4% below Castling-ViT's MACs (docs/models_flatten_castling.md)",
     "castling_deit_b": "17.097G vs 17.28G (docs/models_flatten_castling.md)",
+    "castling_levit_128": "0.468G vs 0.49G: 2-4% below for every Castling-LeViT (docs/models_flatten_castling.md, "
+                          "'Castling-LeViT'; closed forms in tests/test_castling_levit.py)",
+    "castling_levit_192": "0.797G vs 0.82G",
+    "castling_levit_256": "1.369G vs 1.40G",
+    "castling_levit_384": "2.856G vs 2.90G",
     "flatten_cswin_s": "6.783G vs 6.9G: CSwin-S's own 6.9G is 6.801G in this convention "
                        "(docs/models_flatten_castling.md)",
     "flatten_cswin_b": "14.913G vs 15.0G: FLatten-CSwin-B repeats CSwin-B's 15.0G (14.955G here), other depths",

@@ -270,6 +270,14 @@ def test_mac_totals_against_the_papers():
     assert round(deit_softmax / 1e9, 2) == 1.25   # Castling Table 2's DeiT-T
 
 
+def test_castling_attention_overrides_replace_the_networks_own_fields():
+    """An ``attn_overrides`` entry for a field the network itself sets (the token conv's kernel) replaces it
+    (it used to collide with the network's keyword and raise a TypeError)."""
+    cfg = rm.create("castling_deit_t", attn_overrides={"conv_kernel": 5})[0]
+    assert cfg.attention_config().conv_kernel == 5
+    assert rm.create("castling_deit_t")[0].attention_config().conv_kernel != 5
+
+
 # ===================================================================================================
 # Validation
 # ===================================================================================================

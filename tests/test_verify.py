@@ -338,3 +338,64 @@ def test_lisa_reference_is_listed_defaults_to_the_paper_preset_and_names_bad_arg
         V.verify(PortLiSA(8, 2), "lisa.attention", hw=(5, 5))
     r = V.verify(PortLiSA(8, 2, (3, 3), 2), "lisa.attention", config={"transform": "fft"}, dtype="float32")
     assert r.verdict == "match" and r.config_sources["transform"] == "--config", str(r)
+
+
+def test_shadow_mode_locates_a_bug_inside_a_submodule_without_propagation():
+    """shadow=True: every submodule computing a stage is also run on the reference's own input to it (rounded to
+    the dtype) and judged against that stage.  A port whose reduction LayerNorm has TensorFlow's epsilon (a bug
+    inside the submodule of stage 'norm'): the propagating run and the shadow run both diverge first at 'norm';
+    in the shadow run the later stages computed by submodules (kv, dwc, proj) match.  A wiring bug (the
+    LayerNorm's output not used) is a divergence of the propagating run only: its submodules compute correctly."""
+    r = V.verify(_port("norm_eps"), "flatten.attention", hw=(8, 8), dtype="float32", shadow=True)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "norm", str(r)
+    assert r.shadow_first_divergence["stage"] == "norm", str(r)
+    names = [s.name for s in r.stages]
+    shadow = {s.name: s.verdict for s in r.shadow}
+    assert [s.name for s in r.shadow] == names
+    i = names.index("norm")
+    assert {shadow[n] for n in names[:i]} == {"match"}, str(r)
+    assert [n for n in names[i + 1:] if shadow[n] != "not shadowed"] == ["kv", "dwc", "proj"], str(r)
+    assert all(shadow[n] == "match" for n in ("kv", "dwc", "proj")), str(r)
+    assert shadow["phi_q"] == "not shadowed" and "located by value" in r.shadow[names.index("phi_q")].detail
+    d = r.as_dict()
+    assert d["schema_version"] == V.SCHEMA_VERSION == 2 and d["shadow"] is True
+    assert d["shadow_first_divergence"]["stage"] == "norm" and d["stages"][i]["shadow"]["verdict"] == "diverges"
+    rw = V.verify(_port("skip_norm"), "flatten.attention", hw=(8, 8), dtype="float32", shadow=True)
+    assert rw.first_divergence["stage"] == "kv" and rw.shadow_first_divergence is None, str(rw)
+    assert {s.name: s.verdict for s in rw.shadow}["kv"] == "match"
+    plain = V.verify(_port("norm_eps"), "flatten.attention", hw=(8, 8), dtype="float32")
+    assert plain.shadow is None and plain.as_dict()["shadow"] is False and plain.as_dict()["stages"][0]["shadow"] is None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_shadow_mode_matches_correct_ports(dtype):
+    """Correct ports match in shadow mode, fused and joined projections included (the fused qkv's rows, the
+    split q / k / v projections concatenated)."""
+    from tests.verify_gallery.l2vit_port import PortL2ViTSplit
+    for module, ref, kw, shadowed in (
+            (_port(), "flatten.attention", {"hw": (8, 8)}, {"q", "sr", "norm", "kv", "dwc", "proj"}),
+            (PortFusedDeiT(16, 2, n_kv=36), "flatten.attention", {}, {"q", "kv", "dwc", "proj"}),
+            (PortL2ViTSplit(32, 4), "l2vit.attention", {"hw": (6, 6)}, {"qkv", "proj"})):
+        r = V.verify(module, ref, dtype=dtype, shadow=True, **kw)
+        assert r.verdict == "match" and r.shadow_first_divergence is None, str(r)
+        assert {s.name for s in r.shadow if s.verdict != "not shadowed"} == shadowed, str(r)
+        assert all(s.verdict == "match" for s in r.shadow if s.name in shadowed), str(r)
+
+
+def test_cli_shadow_flag(tmp_path, capsys):
+    init = {"dim": 16, "heads": 2, "sr_ratio": 2, "n_kv": 16}
+    base = ["verify", f"{GALLERY}:PortFocusedAttention", "--reference", "flatten.attention", "--hw", "8,8", "--shadow"]
+    out = tmp_path / "r.json"
+    assert cli.main(base + ["--init", json.dumps(init), "--json", str(out)]) == 0
+    assert "shadow" in capsys.readouterr().out             # the table has the shadow column
+    rep = json.loads(out.read_text())
+    assert rep["shadow"] is True and rep["shadow_first_divergence"] is None
+    assert {s["name"]: s["shadow"]["verdict"] for s in rep["stages"]}["norm"] == "match"
+    md = tmp_path / "r.md"
+    code = cli.main(base + ["--init", json.dumps({**init, "bug": "norm_eps"}), "--json", "-", "--report", str(md)])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 1 and rep["first_divergence"]["stage"] == "norm" and rep["shadow_first_divergence"]["stage"] == "norm"
+    text = md.read_text()
+    assert "Shadow mode: first divergence: stage `norm`" in text and "| shadow | shadow err / bound |" in text
+    assert cli.main(base + ["--init", json.dumps({**init, "bug": "norm_eps"})]) == 1
+    assert "shadow mode, first divergence" in capsys.readouterr().out

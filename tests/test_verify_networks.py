@@ -109,8 +109,8 @@ def test_random_weights_list_and_usage_errors(capsys):
         V.verify(twin("ravlt_t"), "ravlt_t", config={"depthz": 1})
     with pytest.raises(V.VerifyError, match=r"'preset': expected one of \('paper',\)"):
         V.verify(twin("lisanet_i_t"), "lisanet_i_t", preset="official", config={"reduced": True})
-    with pytest.raises(V.VerifyError, match="not built for networks"):
-        V.verify_examples(twin, "ravlt_t", 2, init={"name": "ravlt_t"})
+    with pytest.raises(V.VerifyError, match="built for one resolution"):
+        V.verify_examples(twin, "flatten_swin_t", 2, init={"name": "flatten_swin_t"}, config={"reduced": True})
 
 
 def test_a_checkpoint_in_the_reference_naming_and_map_renames(tmp_path):
@@ -129,3 +129,49 @@ def test_a_checkpoint_in_the_reference_naming_and_map_renames(tmp_path):
                  map={"rename": {"layers.0.blocks.0.norm1.weigth": "layers.0.blocks.0.norm1.weight"}})
     assert r.verdict == "match" and r.as_dict()["network"]["weights_naming"] == "reference", str(r)
     assert any("the user's rename" in d for d in r.mapping_decisions)
+
+
+@pytest.mark.parametrize("name,unit", CASES)
+def test_shadow_mode_names_the_buggy_unit_and_later_units_match(name, unit):
+    """shadow=True: each unit's submodule is also run on the reference's own input to the unit.  A block whose
+    output is off by 1e-6 relative diverges at that unit in both runs; in the shadow run every later block and
+    downsampling (fed the reference's values) matches; the stem and the head have no submodule of their own."""
+    module = twin(name, bug_unit=unit, bug_rel=1e-6)
+    units = rm.family_of(name).unit_names(network_config(name, None, {"reduced": True}, None)[0])
+    fed = []                                    # what the unit after the buggy one receives, in each run
+    dict(module.named_modules())[units[units.index(unit) + 1]].register_forward_pre_hook(
+        lambda _m, inp: fed.append(inp[0].detach().clone()))
+    r = V.verify(module, name, config={"reduced": True}, dtype="float64", shadow=True)
+    assert len(fed) == 2                        # propagating: the buggy block's output; shadow: the reference's
+    rel = float((fed[0] - fed[1]).abs().max() / fed[1].abs().max())
+    assert 1e-7 < rel < 2e-6, rel
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+    assert r.shadow_first_divergence["stage"] == unit, str(r)
+    names = [s.name for s in r.stages]
+    assert [s.name for s in r.shadow] == names
+    i = names.index(unit)
+    sh = [s.verdict for s in r.shadow]
+    assert sh[0] == sh[-1] == "not shadowed" and set(sh[1:i]) == set(sh[i + 1:-1]) == {"match"}, str(r)
+    assert r.as_dict()["stages"][i]["shadow"]["verdict"] == "diverges"
+    good = V.verify(twin("ravlt_t"), "ravlt_t", config={"reduced": True}, dtype="float64", shadow=True)
+    assert good.verdict == "match" and good.shadow_first_divergence is None, str(good)
+
+
+def test_examples_draw_image_sizes_and_find_a_bug_that_only_shows_on_non_square_grids(capsys):
+    """--examples for a network: image sizes drawn by Hypothesis from the seed (multiples of the network's step).
+    A block that computes each token's grid row as index // H instead of // W is right on every square grid: a
+    16 x 16 image matches, and the drawn sizes diverge at that block, shrunk to a non-square image; a correct
+    network matches on every drawn size."""
+    init = {"name": "ravlt_t", "bug_unit": "layers.0.blocks.0", "bug_rel": 1e-6, "bug": "row_index"}
+    kw = dict(config={"reduced": True}, dtype="float64")
+    assert V.verify(twin, "ravlt_t", init=init, hw=(16, 16), **kw).verdict == "match"
+    r = V.verify_examples(twin, "ravlt_t", 6, init=init, max_side=8, **kw)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "layers.0.blocks.0", str(r)
+    h, w = r.network["image_hw"]
+    assert h != w and "smallest failing example" in r.findings[-1]["message"], (r.network["image_hw"], r.findings)
+    good = V.verify_examples(twin, "ravlt_t", 3, init={"name": "ravlt_t"}, max_side=8, **kw)
+    assert good.verdict == "match" and "all 3 example(s) match" in good.findings[-1]["message"]
+    code = cli.main(["verify", TARGET, "--reference", "ravlt_t", "--init", '{"name": "ravlt_t"}', "--config",
+                     '{"reduced": true}', "--dtype", "float64", "--examples", "2", "--json", "-"])
+    rep = json.loads(capsys.readouterr().out)
+    assert code == 0 and "all 2 example(s) match" in rep["findings"][-1]["message"], rep["findings"]

@@ -43,12 +43,14 @@ from . import castling, flatten
 from . import l2vit, lisanet, ravlt
 from . import flatten_pvt
 from . import flatten_cswin
+from . import castling_levit
 
 #: refimpl family module name (refimpl.models.<name>) -> twin module.
 TWINS: dict[str, ModuleType] = {"flatten": flatten, "castling": castling}
 TWINS.update({"l2vit": l2vit, "ravlt": ravlt, "lisanet": lisanet})
 TWINS["flatten_pvt"] = flatten_pvt
 TWINS["flatten_cswin"] = flatten_cswin
+TWINS["castling_levit"] = castling_levit
 
 __all__ = ["TWINS", "twin_of", "build", "names"]
 

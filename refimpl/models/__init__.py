@@ -28,7 +28,8 @@ __all__ = ["register", "create", "names", "family_of", "param_count", "param_sha
            "convert_state_dict"]
 
 #: The model modules of this package; each registers its configs when imported.
-FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt", "flatten_cswin")
+FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt", "flatten_cswin",
+                  "castling_levit")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -107,9 +107,10 @@ class CastlingDeiTConfig:
         return int(self.embed_dim * self.mlp_ratio)
 
     def attention_config(self) -> CastlingConfig:
-        return CastlingConfig.preset(self.preset, dim=self.embed_dim, num_heads=self.num_heads,
-                                     qkv_bias=self.qkv_bias, conv_kernel=self.conv_kernel,
-                                     **dict(self.attn_overrides))
+        fields = dict(dim=self.embed_dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
+                      conv_kernel=self.conv_kernel)
+        fields.update(self.attn_overrides)  # an override replaces the network's own field, never collides
+        return CastlingConfig.preset(self.preset, **fields)
 
 
 def _check_cfg(cfg: Any) -> None:

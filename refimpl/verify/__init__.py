@@ -16,10 +16,12 @@ What happens::
     whole module: refimpl.verdict.compare against the reference's bound in ``dtype``
     stage by stage (teacher-forced): each observed stage against the reference stage on the module's own
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
+    shadow mode (``shadow=True``): each submodule computing a stage also run on the reference's own input to it
+        (rounded to ``dtype``) and judged against that stage: an error located without propagation
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
-masked shifted windows, RALA's token layout; ``--shadow``, ``--grad``; configurations drawn by ``examples``; the torch ensemble
+masked shifted windows, RALA's token layout; ``--grad``; configurations drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -39,23 +41,25 @@ __all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult
            "verify_network", "network_names", "is_network"]
 
 
-def verify_examples(module: Any, reference: str, examples: int, *, max_side: int = 12, seed: int = 0,
+def verify_examples(module: Any, reference: str, examples: int, *, max_side: int | None = None, seed: int = 0,
                     **kwargs: Any) -> Report:
     """:func:`verify` on ``examples`` inputs drawn by Hypothesis: the batch (1 to 3), the grid (H and W each a
     multiple of the module's step up to ``max_side``, unless the module fixes its grid) and the seed of the
     weights and input.  Returns the report of the failing example Hypothesis shrinks to (the smallest batch and
     grid, square before non-square), or, when every example matches, of the one closest to its bound.  The
     report's ``findings`` say which example it is.  ``module`` must be a class or factory (``init``): each
-    example builds a fresh module."""
+    example builds a fresh module.  ``max_side`` defaults to 12.  For a registered network: image sizes drawn
+    from ``seed`` (:func:`refimpl.verify.networks.verify_network_examples`; ``max_side``: the largest image
+    side)."""
     from hypothesis import HealthCheck, given, settings, strategies as st
     from hypothesis.errors import HypothesisException
 
-    from .networks import is_network
-    if is_network(reference):
-        raise VerifyError("argument 'examples': not built for networks yet (it draws attention inputs); verify a "
-                          "network with verify()")
+    from .networks import is_network, verify_network_examples
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
+    if is_network(reference):
+        return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
+    max_side = 12 if max_side is None else max_side
     import torch
     if isinstance(module, str):
         module = load_target(module)
@@ -78,7 +82,8 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     def run(batch, hw, ex_seed):
         r = verify(module, reference, hw=hw, batch=batch, seed=ex_seed, **other)
         ex = {"batch": batch, "hw": list(hw), "seed": ex_seed}
-        score = max([st_.err_over_bound or 0.0 for st_ in r.stages] + [r.whole_module["err_over_bound"]])
+        score = max([st_.err_over_bound or 0.0 for st_ in r.stages + (r.shadow or [])] +
+                    [r.whole_module["err_over_bound"]])
         if r.verdict != "match":
             failing.append((r, ex))
             raise AssertionError(r.verdict)

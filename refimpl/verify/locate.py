@@ -1,6 +1,7 @@
 """Locating a reference stage's tensor among the tensors a foreign forward computed, whatever their layout.
 
-Layer: the verify tool (NumPy only).  A port splits heads as it likes: (B, h, N, d), (B, N, h, d), (B h, N, d),
+Layer: the verify tool (NumPy; torch only inside :func:`recorder`, the op recorder both verifiers use).  A port
+splits heads as it likes: (B, h, N, d), (B, N, h, d), (B h, N, d),
 (B, N, C) with the heads merged, transposed for a contraction...  :func:`locate` tries each recorded tensor of
 the right size in every axis order, read either as the reference's layout or as merged heads, and keeps the
 layout closest to the teacher-forced reference value (relative Frobenius distance).  It only finds the tensor;
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Iterator, Sequence
+from typing import Any, Callable, Collection, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["layouts", "locate"]
+__all__ = ["layouts", "locate", "recorder", "to_foreign"]
 
 #: tensors with more axes are not permuted (5! = 120 orders at most)
 _MAX_PERMUTED_AXES = 5
@@ -76,3 +77,48 @@ def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray, tie: float =
     close = [c for c in found if c[3] <= 2 * best + tie]
     pos, arr, label, d = max(close, key=lambda c: c[0])
     return arr, label, d, min(c[0] for c in close)
+
+
+def to_foreign(value: np.ndarray, foreign: np.ndarray, ref: np.ndarray) -> np.ndarray | None:
+    """``value``, in the reference's layout (the shape of ``ref``), in the layout of the foreign tensor
+    ``foreign``: the inverse of the reading of ``foreign`` (:func:`layouts`: an axis order and a reshape, a
+    permutation of the elements) closest to ``ref``; the identity when the shapes agree; None when the sizes
+    differ.  Used to feed a foreign submodule the reference's own value of its input (shadow mode)."""
+    if foreign.shape == value.shape:
+        return value
+    nr = float(np.sqrt(np.sum(ref ** 2)))
+    idx = np.arange(foreign.size).reshape(foreign.shape)
+    best = None
+    for (arr, _how), (where, _) in zip(layouts(foreign, ref.shape), layouts(idx, ref.shape)):
+        d = _rel(arr, ref, nr)
+        if best is None or d < best[0]:
+            best = (d, where)
+    if best is None:
+        return None
+    out = np.empty(foreign.size, dtype=value.dtype)
+    out[best[1].ravel()] = np.asarray(value).ravel()
+    return out.reshape(foreign.shape)
+
+
+def recorder(asked: Any, sizes: Collection[int], recorded: list, other_dtypes: dict[Any, list[str]],
+             tag: Callable[[], Any] | None = None) -> Any:
+    """A ``torch.overrides.TorchFunctionMode`` that records, for :func:`locate`, every floating tensor an op of
+    the forward computes whose size is in ``sizes`` (appended to ``recorded`` as ``("#i op", tensor)``, or
+    ``("#i op", tag(), tensor)`` with ``tag``: the unit it was computed in), and every op that computes in another
+    dtype than ``asked`` (``other_dtypes``: dtype -> op names).  Torch is imported here only."""
+    import torch
+
+    class _Recorder(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args_=(), kwargs_=None):
+            res = func(*args_, **(kwargs_ or {}))
+            fname = getattr(func, "__name__", str(func))
+            for t in (res if isinstance(res, (tuple, list)) else (res,)):
+                if isinstance(t, torch.Tensor) and t.is_floating_point():
+                    if t.dtype != asked:
+                        other_dtypes.setdefault(t.dtype, []).append(fname)
+                    if t.numel() in sizes:
+                        label = f"#{len(recorded)} {fname}"
+                        recorded.append((label, t.detach()) if tag is None else (label, tag(), t.detach()))
+            return res
+
+    return _Recorder()

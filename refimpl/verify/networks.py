@@ -19,6 +19,8 @@ reference is a registered network name.  What happens::
         attention and MLP residual branches), each part is judged, the intermediate located by value among
         the tensors the unit's forward computed
     whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
+    shadow mode (``shadow=True``): each unit's submodule also run on the reference's own input to the unit
+    examples (:func:`verify_network_examples`): image sizes drawn by Hypothesis, the worst reported
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from .. import verdict as _verdict
 from ..errors import RefimplError
 from ..numerics import naive_same_precision, round_to
 from .loading import VerifyError, instantiate, load_target, load_weights
-from .locate import layouts, locate
+from .locate import layouts, locate, recorder, to_foreign
 from .report import Report, StageResult, _f
 
-__all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network"]
+__all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network",
+           "verify_network_examples", "image_step"]
 
 
 def network_names() -> list[str]:
@@ -262,6 +265,8 @@ class _NetRun:
     outputs: dict[str, Any]
     recorded: list[tuple[str, str | None, Any]]      # (label, unit it was computed in, tensor)
     other_dtypes: dict[Any, list[str]]
+    #: unit -> (its submodule's positional arguments after the first, its keyword arguments) at the first call
+    calls: dict[str, tuple[tuple, dict]] = dataclasses.field(default_factory=dict)
 
 
 def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set[int], dtype: str, device: str,
@@ -275,10 +280,11 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
     stack: list[str] = []
     handles = []
     for u, path in mods.items():
-        def pre(_m, inp, u=u):
+        def pre(_m, inp, kw, u=u):
             stack.append(u)
             if u not in run.inputs and inp and isinstance(inp[0], torch.Tensor):
                 run.inputs[u] = inp[0].detach()
+                run.calls[u] = (tuple(inp[1:]), dict(kw or {}))
 
         def post(_m, inp, out, u=u):
             if stack and stack[-1] == u:
@@ -286,25 +292,13 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
             t = out[0] if isinstance(out, (tuple, list)) else out
             if u not in run.outputs and isinstance(t, torch.Tensor):
                 run.outputs[u] = t.detach()
-        handles.append(subs[path].register_forward_pre_hook(pre))
+        handles.append(subs[path].register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(subs[path].register_forward_hook(post))
-
-    class _Recorder(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func, types, args_=(), kwargs_=None):
-            res = func(*args_, **(kwargs_ or {}))
-            fname = getattr(func, "__name__", str(func))
-            for t in (res if isinstance(res, (tuple, list)) else (res,)):
-                if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    if t.dtype != asked:
-                        run.other_dtypes.setdefault(t.dtype, []).append(fname)
-                    if t.numel() in sizes:
-                        run.recorded.append((f"#{len(run.recorded)} {fname}", stack[-1] if stack else None,
-                                             t.detach()))
-            return res
 
     xt = torch.from_numpy(x).to(device=device, dtype=asked)
     try:
-        with torch.no_grad(), _Recorder():
+        with torch.no_grad(), recorder(asked, sizes, run.recorded, run.other_dtypes,
+                                       tag=lambda: stack[-1] if stack else None):
             out = module(xt, **dict(call or {}))
     except Exception as exc:
         raise VerifyError(f"the network's forward raised {type(exc).__name__}: {exc} (called as forward(images, "
@@ -394,6 +388,150 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
                               f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes))
 
 
+def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[str],
+                  mods: Mapping[str, str], run: _NetRun, x: np.ndarray, taps: Mapping[str, np.ndarray],
+                  sizes: set[int], dtype: str, device: str, p: float) -> list[StageResult]:
+    """Shadow mode for a network: each unit's foreign submodule called on the reference's own input to the unit
+    (the previous unit's output in the float64 reference, rounded to ``dtype``, in the layout the submodule
+    received in the tested run), its output judged against ``run_unit`` on that input and ``unit_bound``
+    (part by part, as in the propagating run, where the unit's own bound is void).  A unit is shadowed only where
+    its submodule's output is the unit's output (nothing of the network is computed between it and the next unit)."""
+    import torch
+
+    from .run import NOT_SHADOWED, _to64, _torch_dtype
+    asked = _torch_dtype(dtype)
+    subs = dict(module.named_modules())
+    results: list[StageResult] = []
+    for k, u in enumerate(units):
+        nxt = units[k + 1] if k + 1 < len(units) else None
+        why = ("no submodule computes it" if u not in mods else
+               f"{mods[u]} was not called in the tested run" if u not in run.inputs or u not in run.outputs else "")
+        if not why and nxt in run.inputs:
+            nin = _to64(run.inputs[nxt])
+            sub_out, _how = _as_layout(run.outputs[u], nin)
+            if sub_out is None or not np.array_equal(sub_out, nin):
+                why = (f"the network computes between the output of {mods[u]} and the input of the next unit "
+                       f"{nxt!r}: the unit's output is not its submodule's")
+        own_in = round_to(x if k == 0 else taps[units[k - 1]], dtype)
+        fin = None if why else _to64(run.inputs[u])
+        fed = None if why else to_foreign(own_in, fin, own_in)
+        if not why and fed is None:
+            why = f"{mods[u]} received shape {fin.shape}; the reference's input to the unit has {own_in.shape}"
+        if why:
+            results.append(StageResult(u, None, NOT_SHADOWED, detail=why))
+            continue
+        rec: list = []
+        rest, kw = run.calls.get(u, ((), {}))
+        t_in = torch.from_numpy(np.ascontiguousarray(fed)).to(device=device, dtype=asked)
+        try:
+            with torch.no_grad(), recorder(asked, sizes, rec, {}, tag=lambda u=u: u):
+                out = subs[mods[u]](t_in, *rest, **kw)
+        except Exception as exc:
+            raise VerifyError(f"shadow: {mods[u]} raised {type(exc).__name__} on the reference's input to unit "
+                              f"{u!r}: {exc}") from exc
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        fn = (lambda prm, v, u=u: fam.run_unit(prm, u, v, cfg))
+        r = fn(params, own_in)
+        got, how = _as_layout(out, r)
+        where = f"{mods[u]}(the reference's input)" + (how or "")
+        if got is None:
+            results.append(StageResult(u, where, _verdict.DIVERGES, detail=f"shadow output of {how}"))
+            continue
+        bound = fam.unit_bound(params, u, own_in, cfg, dtype=dtype)
+        rep = _compare(got, r, bound, fn, (params, own_in), dtype, u, p)
+        res = None
+        if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
+            res = _judge_parts(fam, params, cfg, u, own_in, got, where, _NetRun(out, {}, {}, rec, {}), dtype, p, rep)
+        results.append(res or _result(u, where, got, r, bound, rep, dtype))
+    return results
+
+
+def image_step(fam: Any, cfg: Any) -> int | None:
+    """The step of the image sizes a network accepts, for ``examples``: the smallest power of two s <= 64 for which
+    the reference runs a (3 s, 2 s) image (non-square, one side an odd multiple); None when none is accepted."""
+    rng = np.random.default_rng(0)
+    params = fam.init_params(cfg, rng)
+    for s in (1, 2, 4, 8, 16, 32, 64):
+        try:
+            fam.run(params, rng.standard_normal((1, getattr(cfg, "in_chans", 3), 3 * s, 2 * s)), cfg)
+        except (ValueError, TypeError):
+            continue
+        return s
+    return None
+
+
+def verify_network_examples(module: Any, reference: str, examples: int, *, max_side: int | None = None,
+                            seed: int = 0, **kwargs: Any) -> Report:
+    """:func:`verify_network` on ``examples`` image sizes drawn by Hypothesis from ``seed`` (H and W each a
+    multiple of the network's :func:`image_step` up to ``max_side``, by default the largest side of the image
+    :func:`verify_network` uses without ``hw``; sizes the reference refuses are rejected, not counted); the
+    weights and images are drawn from ``seed``.  Returns the report of the failing example Hypothesis shrinks to,
+    or, when every example matches, of the one closest to its bound; ``findings`` say which example it is.  A
+    network built for one resolution (a config with ``img_size`` / ``image_size``) has no size to draw (a
+    :class:`VerifyError`).  ``module`` must be a class or factory (each example builds a fresh network)."""
+    import torch
+    from hypothesis import HealthCheck, given, reject, settings, strategies as st
+    from hypothesis import seed as h_seed
+    from hypothesis.errors import HypothesisException
+
+    if isinstance(module, str):
+        module = load_target(module)
+    if isinstance(module, torch.nn.Module):
+        raise VerifyError("argument 'examples': needs the module's class or factory (each example builds a fresh "
+                          "module), got an instance")
+    other = {k: v for k, v in kwargs.items() if k not in ("hw", "input")}
+    cfg = network_config(reference, other.get("preset"), other.get("config"), None)[0]
+    fixed = [f for f in ("img_size", "image_size") if hasattr(cfg, f)]
+    if fixed:
+        raise VerifyError(f"argument 'examples': {reference} is built for one resolution (its config's {fixed[0]} "
+                          f"= {tuple(getattr(cfg, fixed[0]))}); there is no image size to draw: verify it at its "
+                          f"resolution without --examples")
+    first = verify_network(module, reference, seed=seed, **other)   # the configuration, and usage errors, once
+    from .. import models as rm
+    step = image_step(rm.family_of(reference), cfg)
+    if step is None:
+        raise VerifyError(f"argument 'examples': the reference {reference} accepts no (3 s, 2 s) image for s <= 64")
+    top = max(first.network["image_hw"]) if max_side is None else int(max_side)
+    sides = st.integers(1, max(1, top // step)).map(lambda m: m * step)
+    worst: dict[str, Any] = {"report": first, "score": -1.0, "example": None}
+    failing: list[tuple[Report, dict]] = []
+
+    @h_seed(seed)
+    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(h=sides, w=sides)
+    def run(h, w):
+        try:
+            r = verify_network(module, reference, hw=(h, w), seed=seed, **other)
+        except VerifyError as exc:
+            if "does not accept images" in str(exc):
+                reject()
+            raise
+        ex = {"hw": [h, w]}
+        score = max([s_.err_over_bound or 0.0 for s_ in r.stages + (r.shadow or [])] +
+                    [r.whole_module["err_over_bound"]])
+        if r.verdict != _verdict.MATCH:
+            failing.append((r, ex))
+            raise AssertionError(r.verdict)
+        if score > worst["score"]:
+            worst.update(report=r, score=score, example=ex)
+
+    try:
+        run()
+    except AssertionError:
+        pass
+    except HypothesisException as exc:  # pragma: no cover - a Hypothesis usage problem, reported as such
+        raise VerifyError(f"argument 'examples': Hypothesis could not run the examples ({exc})") from exc
+    if failing:
+        report, ex = failing[-1]            # the last failure raised is the shrunk one Hypothesis reports
+        report.findings.append({"kind": "example", "message": f"the smallest failing example of {examples}: "
+                                                              f"image {ex['hw'][0]} x {ex['hw'][1]}"})
+        return report
+    report = worst["report"]
+    report.findings.append({"kind": "example", "message": f"all {examples} example(s) match; shown: the closest to "
+                                                          f"its bound, image {worst['example']['hw']}"})
+    return report
+
+
 def _progress(enabled: bool):
     if not enabled:
         return contextlib.nullcontext(None)
@@ -410,14 +548,15 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                    weights: Any = None, map: Mapping[str, Any] | None = None, input: Any = None,
                    hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
                    device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-                   progress: bool = False) -> Report:
+                   progress: bool = False, shadow: bool = False) -> Report:
     """Verify the foreign network ``module`` against the registered network ``reference`` unit by unit (see the
     module docstring); arguments as :func:`refimpl.verify.verify` (``hw``: the image size; ``input``: images
     (B, C, H, W); ``batch`` default 1; ``config`` may hold ``"reduced": true``).  ``progress``: a rich progress
-    bar over the units on stderr."""
+    bar over the units on stderr.  ``shadow``: also each unit's submodule on the reference's own input to the unit
+    (:func:`_shadow_units`)."""
     import torch
 
-    from .run import _check_arguments, _conclude, _precision_findings, _to64, _torch_dtype
+    from .run import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
     batch = 1 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     if input is not None:
@@ -480,7 +619,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
         findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got_logits)))} non-finite "
                                                           f"logit(s) on finite images"})
 
-    p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1)
+    p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1) / (2 if shadow else 1)
     results: list[StageResult] = []
     prev = x
     with _progress(progress) as prog:
@@ -533,6 +672,9 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                              naive=naive_same_precision(lambda prm, v: fam.forward(prm, v, cfg), params, x,
                                                         dtype=dtype), name="logits")
     verdict, first = _conclude(results, whole, got_logits, want)
+    shadowed = (_shadow_units(module, fam, params, cfg, units, mods, run, x, taps, sizes, dtype, device, p_unit)
+                if shadow else None)
+    verdict = _with_shadow(verdict, shadowed)
     cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
     return Report(
         verdict=verdict, reference=reference, preset=preset, dtype=dtype, config={**cfg_dict, "hw": list(image)},
@@ -545,5 +687,6 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
         network={"family": fam.__name__, "units": units, "image_hw": list(image), "batch": int(batch),
                  "weights_naming": "random (init_params)" if weights is None else naming.naming,
                  "module_naming": mnaming.naming, "renames": dict(naming.renames),
-                 "module_renames": dict(mnaming.renames), "observed_at": dict(mods)})
+                 "module_renames": dict(mnaming.renames), "observed_at": dict(mods)},
+        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed))
 

@@ -17,7 +17,7 @@ from .. import verdict as _verdict
 __all__ = ["SCHEMA_VERSION", "StageResult", "Report"]
 
 #: Version of the JSON report's schema (docs/verify.md).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 def _f(x: Any) -> Any:
@@ -72,6 +72,9 @@ class Report:
     whole_module_text: str = ""
     #: a whole network's verification (refimpl.verify.networks): family, units, image size, namings, renames
     network: dict[str, Any] | None = None
+    #: shadow mode (``--shadow``): one result per stage, in the order of ``stages`` (None: not run)
+    shadow: list[StageResult] | None = None
+    shadow_first_divergence: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -84,7 +87,10 @@ class Report:
                 "mapping_decisions": self.mapping_decisions, "unused_foreign_keys": [],
                 "ignored_foreign_keys": self.ignored_foreign_keys, "missing_reference_keys": [],
                 "derived_buffers": self.derived_buffers, "whole_module": self.whole_module,
-                "stages": [s.as_dict() for s in self.stages], "first_divergence": self.first_divergence,
+                "stages": [s.as_dict() | {"shadow": None if self.shadow is None else self.shadow[i].as_dict()}
+                           for i, s in enumerate(self.stages)],
+                "first_divergence": self.first_divergence, "shadow": self.shadow is not None,
+                "shadow_first_divergence": self.shadow_first_divergence,
                 "findings": self.findings} | ({"network": self.network} if self.network is not None else {})
 
     def to_json(self) -> str:
@@ -100,11 +106,20 @@ class Report:
         if self.first_divergence:
             lines += [f"**First divergence: stage `{self.first_divergence['stage']}`**: "
                       f"{self.first_divergence['why']}", ""]
-        lines += ["| stage | observed at | verdict | max abs err | bound | err / bound | detail |",
-                  "|---|---|---|---|---|---|---|"]
-        for st in self.stages:
+        if self.shadow is not None:
+            sf = self.shadow_first_divergence
+            lines += [f"**Shadow mode: first divergence: stage `{sf['stage']}`**: {sf['why']}" if sf else
+                      "Shadow mode: no shadowed stage diverges.", ""]
+        sh = self.shadow is not None
+        lines += ["| stage | observed at | verdict | max abs err | bound | err / bound |" +
+                  (" shadow | shadow err / bound |" if sh else "") + " detail |",
+                  "|---|---|---|---|---|---|" + ("---|---|" if sh else "") + "---|"]
+        for i, st in enumerate(self.stages):
+            shc = (f" {self.shadow[i].verdict} | {_g(self.shadow[i].err_over_bound)} |" if sh else "")
+            detail = st.detail + (f" (shadow: {self.shadow[i].detail})" if sh and self.shadow[i].detail and
+                                  self.shadow[i].verdict != "not shadowed" else "")
             lines.append(f"| {st.name} | {st.foreign or '-'} | {st.verdict} | {_g(st.max_abs_err)} | "
-                         f"{_g(st.bound)} | {_g(st.err_over_bound)} | {st.detail.replace('|', '/')} |")
+                         f"{_g(st.bound)} | {_g(st.err_over_bound)} |{shc} {detail.replace('|', '/')} |")
         if plot:
             lines += ["", f"![error over bound per stage]({plot})"]
         lines += ["", "## Configuration", ""] + [f"- `{k}` = `{v!r}` ({self.config_sources.get(k, '')})"
@@ -152,14 +167,21 @@ class Report:
         if self.first_divergence:
             fd = self.first_divergence
             lines.append(f"first divergence: stage {fd['stage']!r}: {fd['why']}")
+        if self.shadow_first_divergence:
+            fd = self.shadow_first_divergence
+            lines.append(f"shadow mode, first divergence: stage {fd['stage']!r}: {fd['why']}")
         lines.append(f"whole module: {self.whole_module['verdict']} (max relative bound "
                      f"{self.whole_module['max_relative_bound']:.3g}, err/bound "
                      f"{self.whole_module['err_over_bound']:.3g})")
+        sh = self.shadow is not None
         lines.append(f"{'stage':<8} {'observed at':<22} {'verdict':<13} {'max |err|':>10} {'bound':>10} "
-                     f"{'err/bound':>9}")
-        for s in self.stages:
+                     f"{'err/bound':>9}" + (f"  {'shadow':<13} {'err/bound':>9}" if sh else ""))
+        for i, s in enumerate(self.stages):
+            shc = f"  {self.shadow[i].verdict:<13} {_g(self.shadow[i].err_over_bound):>9}" if sh else ""
             lines.append(f"{s.name:<8} {s.foreign or '-':<22} {s.verdict:<13} {_g(s.max_abs_err):>10} "
-                         f"{_g(s.bound):>10} {_g(s.err_over_bound):>9}" + (f"  {s.detail}" if s.detail else ""))
+                         f"{_g(s.bound):>10} {_g(s.err_over_bound):>9}{shc}" + (f"  {s.detail}" if s.detail else "")
+                         + (f"  (shadow: {self.shadow[i].detail})" if sh and self.shadow[i].detail and
+                            self.shadow[i].verdict != "not shadowed" else ""))
         for f in self.findings:
             lines.append(f"finding ({f['kind']}): {f['message']}")
         return "\n".join(lines)

@@ -16,7 +16,7 @@ import numpy as np
 from .. import verdict as _verdict
 from ..numerics import naive_same_precision, round_to
 from .loading import VerifyError, instantiate, load_target, load_weights
-from .locate import locate
+from .locate import locate, recorder, to_foreign
 from .mapping import map_weights
 from .references import get_reference
 from .report import Report, StageResult, _f
@@ -100,6 +100,8 @@ class _Run:
     captured: dict[tuple[str, str, int], Any]       # (reference submodule, input/output, part) -> tensor
     recorded: list[tuple[str, Any]]                 # ("#i op", tensor) of the sizes a located stage can have
     other_dtypes: dict[Any, list[str]]              # dtype -> the ops that computed in it (not the one asked)
+    #: foreign submodule -> (its positional arguments after the first, its keyword arguments) at its first call
+    calls: dict[str, tuple[tuple, dict]] = dataclasses.field(default_factory=dict)
 
 
 def _run(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, dtype: str, device: str,
@@ -122,27 +124,16 @@ def _run(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, dtype: str, devi
             continue
         for i, fmod in enumerate(fmods if where == "output" else fmods[:1]):
 
-            def hook(_m, inp, out, key=(ref_mod, where, i)):
+            def hook(_m, inp, kw, out, key=(ref_mod, where, i), fmod=fmod):
                 t = (inp[0] if inp else None) if key[1] == "input" else (out[0] if isinstance(out, tuple) else out)
                 if isinstance(t, torch.Tensor) and key not in run.captured:
                     run.captured[key] = t.detach()
-            handles.append(subs[fmod].register_forward_hook(hook))
+                run.calls.setdefault(fmod, (tuple(inp[1:]), dict(kw or {})))
+            handles.append(subs[fmod].register_forward_hook(hook, with_kwargs=True))
     sizes = {int(np.prod(v)) for v in ref.value_shapes(s, x)}
 
-    class _Recorder(torch.overrides.TorchFunctionMode):
-        def __torch_function__(self, func, types, args_=(), kwargs_=None):
-            res = func(*args_, **(kwargs_ or {}))
-            fname = getattr(func, "__name__", str(func))
-            for t in (res if isinstance(res, (tuple, list)) else (res,)):
-                if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    if t.dtype != asked:
-                        run.other_dtypes.setdefault(t.dtype, []).append(fname)
-                    if t.numel() in sizes:
-                        run.recorded.append((f"#{len(run.recorded)} {fname}", t.detach()))
-            return res
-
     try:
-        with torch.no_grad(), _Recorder():
+        with torch.no_grad(), recorder(asked, sizes, run.recorded, run.other_dtypes):
             out = module(xt, *args, **kwargs)
     except Exception as exc:
         raise VerifyError(f"the module's forward raised {type(exc).__name__}: {exc} (called as forward(x, *{args},"
@@ -235,11 +226,23 @@ def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: di
     return unlocated, refs
 
 
+def _judged(st: Any, where: str | None, got: np.ndarray, r: np.ndarray, a: list[np.ndarray], dtype: str,
+            p_stage: float) -> StageResult:
+    """The stage ``st`` computed as ``got`` from the inputs ``a`` against its reference ``r`` on them and its bound
+    in ``dtype``."""
+    bound = st.bound(*a, dtype=dtype)
+    rep = _verdict.compare(got, r, bound, dtype, naive=naive_same_precision(st.reference, *a, dtype=dtype),
+                           name=st.name, p_false_alarm=p_stage)
+    return StageResult(
+        st.name, where, rep.verdict, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
+        max_rel_err=rep.rel_err, bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0)),
+        err_over_bound=rep.max_err_over_bound, detail="" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons))
+
+
 def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unlocated: dict,
-                  refs: dict[str, np.ndarray], dtype: str) -> list[StageResult]:
+                  refs: dict[str, np.ndarray], dtype: str, p_stage: float) -> list[StageResult]:
     """Each stage teacher-forced: its reference on the module's own inputs to it, against its bound in
-    ``dtype``, the false-alarm budget split evenly between the stages."""
-    p_stage = _verdict.config.VERDICT_FALSE_ALARM / max(len(stage_list), 1)
+    ``dtype``, with the false-alarm probability ``p_stage`` each."""
     results: list[StageResult] = []
     for st in stage_list:
         where = seen.get(st.name)
@@ -256,24 +259,108 @@ def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unl
             continue
         a = [tensors[k] for k in st.inputs]
         r = refs[st.name] if st.name in refs else st.reference(*a)
-        bound = st.bound(*a, dtype=dtype)
-        rep = _verdict.compare(tensors[st.name], r, bound, dtype,
-                               naive=naive_same_precision(st.reference, *a, dtype=dtype), name=st.name,
-                               p_false_alarm=p_stage)
-        results.append(StageResult(
-            st.name, where, rep.verdict, max_abs_err=float(np.max(np.abs(tensors[st.name] - r), initial=0.0)),
-            max_rel_err=rep.rel_err,
-            bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0)),
-            err_over_bound=rep.max_err_over_bound,
-            detail="" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)))
+        results.append(_judged(st, where, tensors[st.name], r, a, dtype, p_stage))
     return results
+
+
+NOT_SHADOWED = "not shadowed"
+
+
+def _shadow_stages(module: Any, run: _Run, stage_list: list, x: np.ndarray, s: Any, wm: Any, refs: dict,
+                   dtype: str, device: str, p_stage: float) -> list[StageResult]:
+    """Shadow mode: each foreign submodule the mapping pairs with a reference submodule whose input is a stage
+    tensor (a point at its input, or the producer of a wire into it) and whose output is a stage reading exactly
+    that tensor, called on the reference's own value of that tensor (the reference chained from ``x`` in float64,
+    rounded to ``dtype``, in the layout the submodule received in the tested run), its output judged against the
+    stage's reference on the same rounded value and the stage's bound: an error is located without propagation
+    (torch.ao.ns's shadow mode).  One :class:`StageResult` per stage (``"not shadowed"`` with the reason where the
+    stage has no such submodule)."""
+    import torch
+
+    asked = _torch_dtype(dtype)
+    subs = dict(module.named_modules())
+    own: dict[str, np.ndarray] = {"x": x}                    # the reference's own value of every stage
+    for st in stage_list:
+        if all(k in own for k in st.inputs):
+            own[st.name] = st.reference(*[own[k] for k in st.inputs])
+    feeds: dict[str, tuple[str, Any]] = {}                   # reference submodule -> (its input's stage, transform)
+    for name, p in s.points.items():
+        if p.where == "input":
+            feeds.setdefault(p.ref_module, (name, None))
+    for w in s.wires:
+        feeds.setdefault(w.point.ref_module, (w.producer, w.transform))
+    outs: dict[str, np.ndarray] = {}
+    results: list[StageResult] = []
+    for st in stage_list:
+        p = s.points.get(st.name)
+        fmods = (wm.modules.get(p.ref_module) or "").split("+") if p is not None else []
+        why = ("located by value: no submodule computes it" if p is None else
+               f"observed at the input of {wm.modules.get(p.ref_module)}: no submodule computes it"
+               if p.where != "output" else
+               f"no submodule of the module is mapped to the reference's {p.ref_module!r}" if not fmods[0] else
+               f"the input of {wm.modules[p.ref_module]} is not a stage of the reference"
+               if p.ref_module not in feeds else
+               f"{wm.modules[p.ref_module]} was not called in the tested run"
+               if (p.ref_module, "input", 0) not in run.captured or not all(f in subs for f in fmods) else
+               f"the stage reads {list(st.inputs)}, its submodule one tensor ({feeds[p.ref_module][0]!r})"
+               if tuple(st.inputs) != (feeds[p.ref_module][0],) or st.inputs[0] not in own else "")
+        if why:
+            results.append(StageResult(st.name, None, NOT_SHADOWED, detail=why))
+            continue
+        producer, transform = feeds[p.ref_module]
+        a = [round_to(own[producer], dtype)]
+        where = f"{wm.modules[p.ref_module]}(reference's {producer!r})"
+        if p.ref_module not in outs:
+            value = a[0] if transform is None else transform(a[0])
+            fin = _to64(run.captured[(p.ref_module, "input", 0)])
+            fed = to_foreign(value, fin, refs.get(producer, value) if transform is None else value)
+            if fed is None:
+                results.append(StageResult(st.name, None, NOT_SHADOWED, detail=(
+                    f"{wm.modules[p.ref_module]} received shape {fin.shape}; the reference's {producer!r} has "
+                    f"{value.shape}")))
+                continue
+            t_in = torch.from_numpy(np.ascontiguousarray(fed)).to(device=device, dtype=asked)
+            parts = []
+            try:
+                with torch.no_grad():
+                    for f in fmods:
+                        rest, kw = run.calls.get(f, ((), {}))
+                        o = subs[f](t_in, *rest, **kw)
+                        parts.append(_to64(o[0] if isinstance(o, (tuple, list)) else o))
+            except Exception as exc:
+                raise VerifyError(f"shadow: {'+'.join(fmods)} raised {type(exc).__name__} on the reference's "
+                                  f"{producer!r}: {exc}") from exc
+            outs[p.ref_module] = np.concatenate(parts, axis=-1)
+        got = outs[p.ref_module]
+        if p.rows is not None:
+            got = got[..., p.rows[0]:p.rows[1]]
+        r = st.reference(*a)
+        if got.shape != r.shape:
+            found = locate([(where, got)], r)
+            if found is None:
+                results.append(StageResult(st.name, where, _verdict.DIVERGES, detail=(
+                    f"shadow output of shape {got.shape}; the reference's {r.shape}")))
+                continue
+            got = found[0]
+        results.append(_judged(st, where, got, r, a, dtype, p_stage))
+    return results
+
+
+def _first(results: list[StageResult]) -> dict[str, Any] | None:
+    """The first diverging stage of ``results`` (a first_divergence), or None."""
+    first = next((r for r in results if r.verdict == _verdict.DIVERGES), None)
+    if first is None:
+        return None
+    return {"stage": first.name,
+            "why": first.detail or f"error {first.max_abs_err:.3g} against a bound of {first.bound:.3g}",
+            "max_abs_err": _f(first.max_abs_err), "err_over_bound": _f(first.err_over_bound)}
 
 
 def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.ndarray
               ) -> tuple[str, dict[str, Any] | None]:
     """The verdict and the first divergence.  "diverges" when a stage or the whole module does; "match" when
     the whole module matches, or every stage was observed and matches; otherwise "inconclusive"."""
-    first = next((r for r in results if r.verdict == _verdict.DIVERGES), None)
+    first = _first(results)
     observed_all = all(r.verdict != "not observed" for r in results)
     if first is not None or whole.verdict == _verdict.DIVERGES:
         verdict = _verdict.DIVERGES
@@ -282,9 +369,7 @@ def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.
     else:
         verdict = _verdict.INCONCLUSIVE
     if first is not None:
-        return verdict, {"stage": first.name,
-                         "why": first.detail or f"error {first.max_abs_err:.3g} against a bound of {first.bound:.3g}",
-                         "max_abs_err": _f(first.max_abs_err), "err_over_bound": _f(first.err_over_bound)}
+        return verdict, first
     if whole.verdict == _verdict.DIVERGES:
         return verdict, {"stage": "output",
                          "why": "the whole module diverges while every observed stage matches: the defect lies "
@@ -293,11 +378,18 @@ def _conclude(results: list[StageResult], whole: Any, got: np.ndarray, want: np.
     return verdict, None
 
 
+def _with_shadow(verdict: str, shadowed: list[StageResult] | None) -> str:
+    """The verdict with the shadow run's: "diverges" when a shadowed stage diverges."""
+    if shadowed is not None and any(r.verdict == _verdict.DIVERGES for r in shadowed):
+        return _verdict.DIVERGES
+    return verdict
+
+
 def verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
            device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-           progress: bool = False) -> Report:
+           progress: bool = False, shadow: bool = False) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
     ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``), or against a
     registered network (a ``refimpl.models`` name such as ``"ravlt_t"``: unit by unit, see
@@ -315,13 +407,18 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     dtype : the precision the module is run in ("float64", "float32", "float16", "bfloat16").
     call : keyword arguments of the foreign forward ("$H", "$W", "$HW" are substituted); None: the reference's
         default call (``forward(x, H, W)`` for FLatten).
+    shadow : also run each foreign submodule that computes a stage on the reference's own input to it (rounded
+        to ``dtype``) and judge its output against the stage (:func:`_shadow_stages`; for a network, each unit's
+        submodule on the reference's input to the unit): the report's ``shadow`` column and
+        ``shadow_first_divergence``; a shadow divergence makes the verdict "diverges".  The false-alarm budget is
+        then split between the two runs.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     from .networks import is_network, verify_network
     if is_network(reference):
         return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                               input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
-                              progress=progress)
+                              progress=progress, shadow=shadow)
     batch = 2 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     ref = get_reference(reference)
@@ -359,8 +456,11 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     stage_list = ref.stages(params, s)
     tensors, seen, wiring = _observe(run, x, s, wm)
     unlocated, refs = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
-    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype)
+    p_stage = _verdict.config.VERDICT_FALSE_ALARM / max(len(stage_list), 1) / (2 if shadow else 1)
+    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype, p_stage)
     verdict, first = _conclude(results, whole, got, want)
+    shadowed = _shadow_stages(module, run, stage_list, x, s, wm, refs, dtype, device, p_stage) if shadow else None
+    verdict = _with_shadow(verdict, shadowed)
 
     preset_cfg = dataclasses.asdict(ref.preset_config(preset, s))
     diffs = {k: v for k, v in dataclasses.asdict(s.cfg).items() if preset_cfg.get(k) != v and k not in ref.structural}
@@ -374,4 +474,5 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
                       "reasons": list(whole.reasons)},
-        stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole))
+        stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole),
+        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed))

@@ -21,7 +21,8 @@ class PortFocusedAttention(nn.Module):
         self.to_kv = nn.Linear(dim, 2 * dim)
         if sr_ratio > 1:
             self.reduce = nn.Conv2d(dim, dim, sr_ratio, stride=sr_ratio)
-            self.reduce_norm = nn.LayerNorm(dim)
+            # "norm_eps": TensorFlow's LayerNorm epsilon (1e-3) carried over: a bug inside a submodule
+            self.reduce_norm = nn.LayerNorm(dim, eps=1e-3 if bug == "norm_eps" else 1e-5)
         self.dw = nn.Conv2d(hd, hd, kernel, padding=kernel // 2, groups=hd)
         self.to_out = nn.Linear(dim, dim)
         self.feature_scale = nn.Parameter(torch.zeros(1, 1, dim))
