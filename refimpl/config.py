@@ -220,6 +220,9 @@ L2VIT_CPE_KERNEL = 3
 
 #: Window size of the local window attention (Table 13: "win. sz. 7x7"; 12 when fine-tuning at 384).
 L2VIT_WINDOW = 7
+#: LWA window of L2ViT-B fine-tuned at 384 x 384 (Appendix 9: "we also apply 12 x 12 window size in LWA when
+#: fine-tuning on ImageNet-1k with 384 x 384 input"; l2vit.BASE_384).
+L2VIT_WINDOW_384 = 12
 
 #: MLP expansion ratio of LGA and LWA blocks (Appendix 12: "MLP (expansion ratio of 4)").
 L2VIT_MLP_RATIO = 4.0
@@ -327,6 +330,20 @@ FFT_SCALE_ROUNDINGS = 2
 #: compute a length-n real FFT through a half-length complex FFT plus one twiddle pass).
 FFT_REAL_SPLIT_STAGES = 1
 
+#: FFT counting convention (models/counting.py ``fft_macs``; the MAC tables state FFTs with it).  A
+#: length-n complex FFT costs n/2 log2 n complex multiply-accumulates (radix-2 Cooley-Tukey: n/2 butterflies
+#: per stage, one twiddle multiplication each, log2 n stages; Cooley & Tukey 1965; a multi-axis transform
+#: by rows and columns gives the same n/2 log2 n with n the product of the lengths), the paper's
+#: O(N log2 N) of LiSA Table 1 with this constant:
+FFT_COMPLEX_MACS_PER_POINT_STAGE = 0.5
+#: Real MACs of one complex multiply-accumulate z += x y: 4 real multiplications, each paired with an
+#: addition (the convention of LiSANet's spectral products, models/lisanet.py ``macs``).
+COMPLEX_MAC_REAL_MACS = 4
+#: A real-input transform (rfft / irfft) counts this fraction of the complex one of the same length: a
+#: length-n real FFT is a length-n/2 complex FFT plus one O(n) split pass (LiSA §4.2: "we can additionally
+#: reduce the complexity by half via RFFT and inverse RFFT").  So a real transform = n log2 n real MACs.
+FFT_REAL_INPUT_FACTOR = 0.5
+
 #: Eps of the L2 normalisation of LiSA's queries and keys (Eq. 4 "L2-normalized"; x / max(||x||, eps),
 #: torch.nn.functional.normalize's default).  The paper gives no value.
 LISA_L2_EPS = 1e-12
@@ -405,6 +422,11 @@ SWIN_WINDOW = 7
 #: Window of FLatten's focused stages of Swin (Table 14 "win 56 x 56"; the released cfgs' WINDOW_SIZE: 56,
 #: clamped per stage to the grid by Swin's rule, so 28 x 28 in stage 2 at 224 x 224).
 FLATTEN_SWIN_FOCUSED_WINDOW = 56
+#: FLatten-Swin-B at 384 x 384 (FLatten Table 8's 384^2 row; flatten.SWIN_B_384): the released
+#: cfgs/flatten_swin_b_384.yaml sets WINDOW_SIZE: 96 (the focused stages' window, = the stage-1 grid), and the
+#: released flatten_swin.py gives the softmax stages window 12 when WINDOW_SIZE > 56 (Swin-B 384's window).
+FLATTEN_SWIN_FOCUSED_WINDOW_384 = 96
+SWIN_WINDOW_384 = 12
 
 #: Random test/benchmark initialisation of these networks (models.common.init_from_shapes): every entry with
 #: two or more axes (matrices, kernels, and also positional embeddings, the class token and relative-position
@@ -451,6 +473,22 @@ CSWIN_LEPE_KERNEL = 3
 #: CSwin's stripe widths sw per stage at 224 x 224 (CSwin §3.2 / Table 1: 1, 2, 7, 7; the last stage attends
 #: globally); released factories ``split_size=[1, 2, 7, 7]``.
 CSWIN_SPLIT_SIZE = (1, 2, 7, 7)
+
+# --- networks: Castling-MViTv2 (models/castling_mvitv2.py) -----------------------------------------
+
+#: MViTv2's patch embedding (Li et al. 2022, MViTv2; released mvit ``PatchEmbed``, configs/MVITv2_*.yaml
+#: ``PATCH_KERNEL: [7, 7]``, ``PATCH_STRIDE: [4, 4]``, ``PATCH_PADDING: [3, 3]``): a 7 x 7 stride-4 conv with bias.
+MVITV2_PATCH_KERNEL = 7
+MVITV2_PATCH_STRIDE = 4
+MVITV2_PATCH_PADDING = 3
+
+#: MViTv2's pooling kernel (configs ``POOL_KVQ_KERNEL: [3, 3]``): the depthwise query-pooling conv (padding 1) and
+#: the skip path's max pooling (kernel stride + 1 = 3, padding 1) at the stride-2 blocks.
+MVITV2_POOL_KERNEL = 3
+
+#: LayerNorm eps of MViTv2 (released mvit_model.py ``norm_layer = partial(nn.LayerNorm, eps=1e-6)``), used by
+#: the blocks, the query pooling's norm and the final norm.
+MVITV2_LN_EPS = 1e-6
 
 # --- kernels and backends (backends/, ckernels/) ---------------------------------------------------
 

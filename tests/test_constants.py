@@ -93,6 +93,7 @@ TABLE: dict[str, tuple[object, str]] = {
                             "LCM(kernel_size=7)"),
     "L2VIT_CPE_KERNEL": (3, "L2ViT Appendix 12 'CPE (kernel size 3x3)'; released code: l2vit.py CPE(k=3)"),
     "L2VIT_WINDOW": (7, "L2ViT Table 13 'win. sz. 7x7'; released code: l2vit.py window_size=7"),
+    "L2VIT_WINDOW_384": (12, "L2ViT Appendix 9 '12 x 12 window size in LWA when fine-tuning ... 384 x 384'"),
     "L2VIT_MLP_RATIO": (4.0, "L2ViT Appendix 12 'MLP (expansion ratio of 4)'; released code: mlp_ratio=4."),
     # --- FLatten -----------------------------------------------------------------------------------
     "FLATTEN_FOCUSING_FACTOR": (3.0, "FLatten §5.6 'we choose p=3 for all models'; released code: "
@@ -131,6 +132,12 @@ TABLE: dict[str, tuple[object, str]] = {
     "FFT_PRODUCT_ROUNDINGS": (3, "Higham 2002 Lemma 3.5: complex product sqrt(2) gamma_2 < 3u"),
     "FFT_SCALE_ROUNDINGS": (2, "refimpl: 1/n scaling and the final store (config comment)"),
     "FFT_REAL_SPLIT_STAGES": (1, "refimpl: the rfft/irfft split/merge pass (pocketfft, cuFFT, MKL)"),
+    "FFT_COMPLEX_MACS_PER_POINT_STAGE": (0.5, "Cooley & Tukey 1965: radix-2 FFT, n/2 butterflies (one twiddle "
+                                                "multiply each) per stage, log2 n stages (counting convention)"),
+    "COMPLEX_MAC_REAL_MACS": (4, "z += x y: 4 real multiplications each paired with an addition (counting "
+                                 "convention)"),
+    "FFT_REAL_INPUT_FACTOR": (0.5, "LiSA §4.2 'reduce the complexity by half via RFFT' (a real FFT = a half-length "
+                                   "complex FFT + an O(n) pass; counting convention)"),
     "LISA_L2_EPS": (1e-12, "PyTorch: torch.nn.functional.normalize eps default (LiSA Eq. 4 gives none)"),
     "LISA_LN_EPS": (1e-6, "timm VisionTransformer/DeiT: partial(nn.LayerNorm, eps=1e-6) (LiSA gives none)"),
     "LISA_LATENT_DEFAULT": (16, "LiSA §5.1 'The latent channel size D is set to 16 as default'"),
@@ -158,6 +165,8 @@ TABLE: dict[str, tuple[object, str]] = {
     "SWIN_WINDOW": (7, "FLatten Table 14 'win 7 x 7' (stages 3-4)"),
     "FLATTEN_SWIN_FOCUSED_WINDOW": (56, "FLatten Table 14 'win 56 x 56'; released cfgs/flatten_swin_t.yaml "
                                         "WINDOW_SIZE: 56"),
+    "FLATTEN_SWIN_FOCUSED_WINDOW_384": (96, "released cfgs/flatten_swin_b_384.yaml WINDOW_SIZE: 96"),
+    "SWIN_WINDOW_384": (12, "released flatten_swin.py BasicLayer: 7 if window_size <= 56 else 12"),
     "NET_INIT_STD_FC": (0.1, "refimpl: test init, models/common.init_from_shapes"),
     "FLATTEN_NET_SCALE_INIT_STD": (0.5, "refimpl: test init of FLatten's learnable scale (models/flatten.py)"),
     # --- networks: FLatten-PVT ---------------------------------------------------------------------
@@ -177,6 +186,12 @@ TABLE: dict[str, tuple[object, str]] = {
                              "groups=dim)"),
     "CSWIN_SPLIT_SIZE": ((1, 2, 7, 7), "CSwin §3.2 stripe widths 1, 2, 7, 7; released flatten_cswin.py "
                                        "split_size=[1, 2, 7, 7]"),
+    # --- networks: Castling-MViTv2 -----------------------------------------------------------------
+    "MVITV2_PATCH_KERNEL": (7, "MViTv2 (Li et al. 2022) released configs/MVITv2_T.yaml PATCH_KERNEL: [7, 7]"),
+    "MVITV2_PATCH_STRIDE": (4, "MViTv2 released configs PATCH_STRIDE: [4, 4] (224 -> 56 x 56 tokens)"),
+    "MVITV2_PATCH_PADDING": (3, "MViTv2 released configs PATCH_PADDING: [3, 3]"),
+    "MVITV2_POOL_KERNEL": (3, "MViTv2 released configs POOL_KVQ_KERNEL: [3, 3]; skip max pool kernel stride + 1"),
+    "MVITV2_LN_EPS": (1e-6, "MViTv2 released mvit_model.py norm_layer = partial(nn.LayerNorm, eps=1e-6)"),
     # --- kernels and backends ----------------------------------------------------------------------
     "KERNEL_BUFFER_ALIGNMENT": (64, "refimpl: one cache line / AVX-512 vector width"),
     "DEFAULT_BACKEND": ("numpy", "refimpl: docs/backends.md (the NumPy definition unless selected)"),
@@ -334,12 +349,14 @@ QUOTES = [
     ("000", r"CPE \(kernel size\s+\$3 \\times 3\$", "L2VIT_CPE_KERNEL"),
     ("000", r"MLP \(expansion ratio of 4\)", "L2VIT_MLP_RATIO"),
     ("000", r"win\. sz\. \$7 \\times 7\$", "L2VIT_WINDOW"),
+    ("000", r"12 \\times 12\$\s+window size in LWA when fine-tuning", "L2VIT_WINDOW_384"),
     ("001", r"we choose p=3 for all models", "FLATTEN_FOCUSING_FACTOR"),
     ("001", r"(?:win|\\sin)\s*\}?\s*56 \\times 56", "FLATTEN_SWIN_FOCUSED_WINDOW"),  # Table 14 ('win' OCR'd as \sin)
     ("002", r"CPE is a simple 3×3 depth-wise convolution", "RALA_CPE_KERNEL"),
     ("002", r"\| RAVLT-T \| \[2,2,6,2\] \| \[64,128,256,512\] \| \[1,2,4,8\] \| 15 \| 2\.4 \|", "RAVLT-T row"),
     ("003", r"ϵ = 0\.02 in image classification", "CASTLING_SPARSE_EPS"),
     ("004", r"tent channel size D is set to 16 as default", "LISA_LATENT_DEFAULT"),
+    ("004", r"reduce the complexity by half via RFFT", "FFT_REAL_INPUT_FACTOR"),
 ]
 
 

@@ -7,7 +7,8 @@ counts written out from the papers' architecture tables and the released code re
 L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT and FLatten-DeiT, so a
 counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's and
 FLatten-PVTv2's closed forms (the v2 feed-forward's depthwise conv included) are tests/test_flatten_pvt.py's,
-Castling-LeViT's tests/test_castling_levit.py's; FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
+Castling-LeViT's tests/test_castling_levit.py's, Castling-MViTv2's tests/test_castling_mvitv2.py's;
+FLatten-Swin's layer counts are cross-checked in tests/test_models.py.
 
 The papers' printed figures (GFLOPs = GMACs in this convention, Castling-ViT: GMACs) are recorded next to the
 counts with whether ours rounds to them at the printed precision; the gaps are those of
@@ -31,6 +32,9 @@ MACS = {
     "castling_levit_192": 796_774_144,
     "castling_levit_256": 1_368_649_216,
     "castling_levit_384": 2_855_912_704,
+    "castling_mvitv2_b": 9_375_877_632,
+    "castling_mvitv2_s": 6_419_582_976,
+    "castling_mvitv2_t": 4_243_851_264,
     "flatten_deit_t": 1_139_086_848,
     "flatten_cswin_b": 14_913_275_904,
     "flatten_cswin_s": 6_783_052_800,
@@ -72,6 +76,9 @@ MACS_OFFICIAL = {
     "castling_levit_192": 796_774_144,
     "castling_levit_256": 1_368_649_216,
     "castling_levit_384": 2_855_912_704,
+    "castling_mvitv2_b": 9_375_877_632,    # the official preset's "own" constant and output l2 are elementwise
+    "castling_mvitv2_s": 6_419_582_976,
+    "castling_mvitv2_t": 4_243_851_264,
     "flatten_deit_t": 1_139_086_848,
     "flatten_cswin_b": 14_913_275_904,
     "flatten_cswin_s": 6_783_052_800,
@@ -98,7 +105,7 @@ MACS_OFFICIAL = {
 }
 
 #: name -> (the paper's printed G(FL)OPs / GMACs, decimals printed, where).  LiSA prints FLOPs including its FFTs,
-#: which are not MACs (docs/models_l2vit_ravlt_lisanet.md: MACs + the FFT proxy land within 2-6%).
+#: which are not MACs (with them, lisanet.macs(cfg, fft=True): -2.1% .. +5.9%; tests/test_paper_counts.py).
 PAPER = {
     "castling_deit_b": (17.28, 2, "Castling-ViT Table 2 (MACs)"),
     "castling_deit_t": (1.18, 2, "Castling-ViT Table 2 (MACs)"),
@@ -106,6 +113,9 @@ PAPER = {
     "castling_levit_192": (0.82, 2, "Castling-ViT Table 2 (MACs)"),
     "castling_levit_256": (1.40, 2, "Castling-ViT Table 2 (MACs)"),
     "castling_levit_384": (2.90, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_mvitv2_b": (9.82, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_mvitv2_s": (6.95, 2, "Castling-ViT Table 2 (MACs)"),
+    "castling_mvitv2_t": (4.50, 2, "Castling-ViT Table 2 (MACs)"),
     "flatten_deit_t": (1.1, 1, "FLatten Table 8"),
     "flatten_cswin_b": (15.0, 1, "FLatten Table 8"),
     "flatten_cswin_s": (6.9, 1, "FLatten Table 8"),
@@ -148,6 +158,10 @@ GAPS = {
     "castling_levit_192": "0.797G vs 0.82G",
     "castling_levit_256": "1.369G vs 1.40G",
     "castling_levit_384": "2.856G vs 2.90G",
+    "castling_mvitv2_t": "4.244G vs 4.50G: 4.5-7.6% below for every Castling-MViTv2 (docs/models_flatten_castling.md, "
+                         "'Castling-MViTv2'; closed forms in tests/test_castling_mvitv2.py)",
+    "castling_mvitv2_s": "6.420G vs 6.95G",
+    "castling_mvitv2_b": "9.376G vs 9.82G",
     "flatten_cswin_s": "6.783G vs 6.9G: CSwin-S's own 6.9G is 6.801G in this convention "
                        "(docs/models_flatten_castling.md)",
     "flatten_cswin_b": "14.913G vs 15.0G: FLatten-CSwin-B repeats CSwin-B's 15.0G (14.955G here), other depths",
@@ -156,7 +170,7 @@ GAPS = {
     "ravlt_s": "paper preset 4.31G, official 4.88G vs 4.6G",
     "ravlt_b": "paper preset 9.46G, official 10.58G vs 9.9G",
     "ravlt_l": "paper preset 15.32G, official 17.21G vs 16.0G",
-    "lisanet_i_t": "1.117G MACs without the FFTs vs 1.21G FLOPs (FFT proxy 0.117G)",
+    "lisanet_i_t": "1.117G MACs without the FFTs vs 1.21G FLOPs (FFTs 0.117G, counting.fft_macs)",
     "lisanet_i_t_d1": "1.073G vs 1.11G",
     "lisanet_i_t_d4": "1.081G vs 1.13G",
     "lisanet_i_t_d8": "1.093G vs 1.17G",

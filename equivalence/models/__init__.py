@@ -44,6 +44,7 @@ from . import l2vit, lisanet, ravlt
 from . import flatten_pvt
 from . import flatten_cswin
 from . import castling_levit
+from . import castling_mvitv2
 
 #: refimpl family module name (refimpl.models.<name>) -> twin module.
 TWINS: dict[str, ModuleType] = {"flatten": flatten, "castling": castling}
@@ -51,6 +52,7 @@ TWINS.update({"l2vit": l2vit, "ravlt": ravlt, "lisanet": lisanet})
 TWINS["flatten_pvt"] = flatten_pvt
 TWINS["flatten_cswin"] = flatten_cswin
 TWINS["castling_levit"] = castling_levit
+TWINS["castling_mvitv2"] = castling_mvitv2
 
 __all__ = ["TWINS", "twin_of", "build", "names"]
 

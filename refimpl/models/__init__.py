@@ -29,7 +29,7 @@ __all__ = ["register", "create", "names", "family_of", "param_count", "param_sha
 
 #: The model modules of this package; each registers its configs when imported.
 FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt", "flatten_cswin",
-                  "castling_levit")
+                  "castling_levit", "castling_mvitv2")
 
 
 @dataclasses.dataclass(frozen=True)

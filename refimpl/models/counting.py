@@ -13,6 +13,10 @@ Counting convention (the one the papers' "FLOPs"/"MACs" columns use, Castling-Vi
   "element op" per output element of each non-MAC stage (LayerNorm, GELU, softmax's exp, feature maps,
   residual additions, pooling, the sum over keys, shifting/padding is free).  It is a size, not a FLOP
   count: an element op may hide several arithmetic operations (LayerNorm: ~5, GELU: erf + 3).
+* **FFTs** (LiSA's) are stated separately too, in MACs by :func:`fft_macs`'s convention: a length-n complex
+  FFT is n/2 log2 n complex MACs of 4 real MACs each, a real-input one (rfft/irfft) half of that, n log2 n
+  (refimpl/config.py ``FFT_COMPLEX_MACS_PER_POINT_STAGE``, ``COMPLEX_MAC_REAL_MACS``,
+  ``FFT_REAL_INPUT_FACTOR``); a complex elementwise product counts 4 real MACs.
 
 Every helper below returns an ``int``.  Families assemble them into ``macs(cfg, image_hw) -> dict[str,
 int]`` keyed by layer group ("patch_embed", "blocks.3.attn.qkv", ...); :func:`total` sums a dict.
@@ -25,10 +29,16 @@ References: FLatten Tables 3-8 (FLOPs), Castling-ViT Table 2 (MACs); fvcore's co
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Iterable, Mapping
 
+import numpy as np
+
+from .. import config
+
 __all__ = ["linear_macs", "conv2d_macs", "depthwise_conv2d_macs", "matmul_macs", "softmax_attention_macs",
-           "linear_attention_macs", "mlp_macs", "total", "CountGap", "count_table", "format_count_table"]
+           "linear_attention_macs", "mlp_macs", "fft_macs", "total", "CountGap", "count_table",
+           "format_count_table"]
 
 
 def _nonneg(*vals: int) -> None:
@@ -84,6 +94,25 @@ def linear_attention_macs(heads: int, n_q: int, n_k: int, d: int, e: int | None 
 def mlp_macs(tokens: int, dim: int, hidden: int, out: int | None = None) -> int:
     """fc1 and fc2 of a Transformer MLP."""
     return linear_macs(tokens, dim, hidden) + linear_macs(tokens, hidden, dim if out is None else out)
+
+
+def fft_macs(lengths: int | Iterable[int], *, real: bool = True, transforms: int = 1) -> int:
+    """Real MACs of ``transforms`` FFTs over a grid of ``lengths`` (one axis or several), by the convention of
+    refimpl/config.py: a length-n complex transform is n/2 log2 n complex MACs
+    (``FFT_COMPLEX_MACS_PER_POINT_STAGE``; n = the product of the lengths, the same by rows and columns),
+    each ``COMPLEX_MAC_REAL_MACS`` = 4 real MACs, so 2 n log2 n; a real-input transform (rfft / irfft, forward
+    or inverse alike) ``FFT_REAL_INPUT_FACTOR`` = 1/2 of that, n log2 n.  log2 is taken for any n (the usual
+    proxy for mixed-radix lengths); the count is rounded to an integer once, over all ``transforms``.  FFTs
+    are not in the families' default ``macs`` (LiSANet: ``macs(cfg, fft=True)`` adds them)."""
+    lens = (lengths,) if isinstance(lengths, (int, np.integer)) else tuple(lengths)
+    _nonneg(*lens, transforms)
+    if not lens or any(int(n) < 1 for n in lens):
+        raise ValueError(f"argument 'lengths': expected positive FFT lengths, got {lengths!r}")
+    n = math.prod(int(t) for t in lens)
+    per = config.COMPLEX_MAC_REAL_MACS * config.FFT_COMPLEX_MACS_PER_POINT_STAGE * n * math.log2(n)
+    if real:
+        per *= config.FFT_REAL_INPUT_FACTOR
+    return int(round(int(transforms) * per))
 
 
 def total(counts: Mapping[str, int]) -> int:

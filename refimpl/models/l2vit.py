@@ -610,6 +610,12 @@ NAMED = {
                    89.0, "L2ViT Table 2, Table 3 (L2ViT-B)"),
 }
 
+#: L2ViT-B fine-tuned at 384 x 384 (Table 3: 89M, 47.5G), not registered (the MAC table is taken at 224^2):
+#: ``create("l2vit_base", **BASE_384)`` with ``macs(cfg, (384, 384))`` (LWA window 12, Appendix 9; the
+#: parameters do not depend on the resolution).  47,280,578,560 MACs (official 47,321,718,784): 47.3G
+#: (tests/test_paper_counts.py).
+BASE_384 = {"window_size": config.L2VIT_WINDOW_384}
+
 #: Both presets reproduce Table 2's counts (they differ by the second CPE of the official LWA blocks and
 #: one scale vs h temperatures per LGA block: 22,143 parameters for L2ViT-T); the registered default
 #: (paper) is the setting compared.

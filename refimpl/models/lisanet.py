@@ -428,7 +428,7 @@ def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Seq
 # Multiply-accumulate count
 # ===================================================================================================
 
-def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> dict[str, int]:
+def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None, *, fft: bool = False) -> dict[str, int]:
     """Multiply-accumulates per layer group (counting.py's convention).
 
     LiSA per block (N tokens, C channels, D latents, F = H (W // 2 + 1) rfft frequencies): the qkv and
@@ -436,7 +436,9 @@ def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> dict[str,
     spectral products F(Kb) F(Wa) and F(V) F(Wb), F C D complex multiplications each, counted as 4 real
     MACs per complex product.  FFTs are not MACs: :func:`elementwise` reports them ("fft", N log2 N per
     real transform: 2 C forward and 2 C D inverse per block; the kernels' own transforms depend on the
-    weights only and are not counted).  ``image_hw`` must give the grids of cfg.image_size (default)."""
+    weights only and are not counted).  With ``fft=True`` each block also has "attn.fft": those 2 C + 2 C D
+    real transforms of the grid in MACs by :func:`refimpl.models.counting.fft_macs` (N log2 N each; the same
+    work as ``elementwise(cfg)["fft"]``).  ``image_hw`` must give the grids of cfg.image_size (default)."""
     hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
     if stage_grids(cfg, hw) != stage_grids(cfg, cfg.image_size):
         raise ValueError(f"argument 'image_hw': {hw} does not give the stage grids of image_size={cfg.image_size}")
@@ -455,6 +457,8 @@ def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> dict[str,
             out[f"{pre}.attn.contraction"] = 2 * counting.matmul_macs(n * cfg.num_heads[i], 1, bc.head_dim, d)
             out[f"{pre}.attn.proj"] = counting.linear_macs(n, c, c)
             out[f"{pre}.mlp"] = counting.mlp_macs(n, c, bc.mlp_hidden)
+            if fft:
+                out[f"{pre}.attn.fft"] = counting.fft_macs((gh, gw), real=True, transforms=2 * c + 2 * c * d)
     out["head"] = counting.linear_macs(1, cfg.dims[-1], cfg.num_classes)
     return out
 
