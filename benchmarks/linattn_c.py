@@ -24,7 +24,7 @@ import torch
 
 from refimpl import backends
 from refimpl.attention import linear, rala
-from refimpl.backends import _c, twins
+from refimpl.backends import _c
 
 _OB = None
 for lib in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "libscipy_openblas*.so")):
@@ -147,7 +147,7 @@ def main():
                             ft = lambda: torch_rala(tq, tk, tv, ta)
                         else:
                             fc = lambda: _c.linear_angular_attention(q, k, v, out=out, workspace=ws, threads=nt)
-                            fn = lambda: twins.linear_angular_attention(q, k, v)
+                            fn = lambda: backends.definition("linear_angular_attention")(q, k, v)
                             ft = lambda: torch_castling(tq, tk, tv)
                         with torch.no_grad(), np.errstate(all="ignore"):
                             tc = med(fc, reps)

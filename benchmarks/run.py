@@ -841,8 +841,7 @@ def workloads_ops(np, torch, quick):
     """The Numba operations on their own (refimpl/backends/_numba.py): the NumPy twin (the "numpy"
     column), the registered Numba kernel with a reused out= buffer, and the PyTorch eager expression."""
     from refimpl import backends
-    from refimpl.attention import lisa
-    from refimpl.backends import twins
+    from refimpl.attention import lisa_cores
     out = []
     reg = backends._REGISTRY
     n = 3136 if quick else 16384
@@ -867,7 +866,7 @@ def workloads_ops(np, torch, quick):
             tfn = (lambda tq=tq, ta=ta, tb=tb: torch.einsum("bhnd,bhnvd->bhnv",
                                                             torch.einsum("bhnc,bhncd->bhnd", tq, ta), tb))
         out.append(Workload("op lisa_contraction 56x56 c=32 D=16 h=2", dt, 2 * 4 * m * c * dd, "4 N c D per head",
-                            lambda qb=qb, a=a, bv=bv: lisa._lisa_contraction_numpy(qb, a, bv)[1], tfn,
+                            lambda qb=qb, a=a, bv=bv: lisa_cores._lisa_contraction_numpy(qb, a, bv)[1], tfn,
                             direct=direct("lisa_contraction", (qb, a, bv), ((1, 2, m, c), dt))))
         # spectral product of Ga at 56x56 (rfft bins 56 x 29), c = 32, D = 16, 2 heads
         cdt = "complex128" if dt == "float64" else "complex64"
@@ -880,7 +879,7 @@ def workloads_ops(np, torch, quick):
             tfn = (lambda tx=tx, tk=tk: tx[..., None] * tk[None])
         out.append(Workload("op lisa_spectral_product 56x56 c=32 D=16 h=2", dt, 6 * 2 * nf * c * dd,
                             "6 real flops per complex product",
-                            lambda xf=xf, kf=kf: twins.lisa_spectral_product(xf, kf), tfn,
+                            lambda xf=xf, kf=kf: backends.definition("lisa_spectral_product")(xf, kf), tfn,
                             direct=direct("lisa_spectral_product", (xf, kf), ((2, nf, c, dd), cdt))))
         # focused function f_p, p = 3, on (1, 3, N, 32)
         x = np.abs(rng.standard_normal((1, 3, n, 32))).astype(dt)
@@ -892,7 +891,7 @@ def workloads_ops(np, torch, quick):
                 t = tx ** 3.0
                 return tx.norm(dim=-1, keepdim=True) / t.norm(dim=-1, keepdim=True) * t
         out.append(Workload(f"op focused_function p=3 N={n} d=32 h=3", dt, None, "elementwise (no FLOP count)",
-                            lambda x=x: twins.focused_function(x, 3.0), tfn,
+                            lambda x=x: backends.definition("focused_function")(x, 3.0), tfn,
                             direct=direct("focused_function", (x, 3.0), (x.shape, dt))))
         # angular series features, order 1 (d + d^3 + 1 features), Castling d = 8 heads-like rows
         xa = rng.standard_normal((1, 3, n // 4, 8)).astype(dt)
@@ -910,7 +909,7 @@ def workloads_ops(np, torch, quick):
                 return torch.cat([const, c0 * xh, c1 * p3], dim=-1)
         out.append(Workload(f"op angular_series_features K=1 N={n // 4} d=8 h=3", dt, None,
                             "elementwise (no FLOP count)",
-                            lambda xa=xa: twins.angular_series_features(xa, 1), tfn,
+                            lambda xa=xa: backends.definition("angular_series_features")(xa, 1), tfn,
                             direct=direct("angular_series_features", (xa, 1), ((1, 3, n // 4, dim), dt))))
     return out
 

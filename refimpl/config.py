@@ -288,7 +288,7 @@ RALA_OFFICIAL_MLP_RATIO = 3.5
 #: round it once to the tested dtype).  Not rigorous beyond the libm accuracy assumption.
 RALA_ROPE_TABLE_ULPS = 2 * ELEMENTARY_FUNCTION_ULPS + 13
 
-# --- Castling-ViT (attention/angular.py) -----------------------------------------------------------
+# --- Castling-ViT (attention/angular*.py) ----------------------------------------------------------
 
 #: Threshold eps of the auxiliary masked softmax branch, Mask_eps(x) = x if x > eps else 0 (Castling-ViT
 #: Eq. 10; Sec. 3.2.2 "e.g. eps = 0.02 in image classification experiments"; the released code's value).
@@ -314,7 +314,7 @@ CASTLING_MPMATH_DPS = 50
 #: realise the implicit angular feature map of Eq. 6-7: the separated fraction is within 1/M of theta/pi.
 CASTLING_HYPERPLANE_DIRECTIONS = 4096
 
-# --- LiSA (toeplitz.py, attention/lisa.py) ---------------------------------------------------------
+# --- LiSA (toeplitz.py, attention/lisa*.py) --------------------------------------------------------
 
 #: FFT error model (toeplitz.py).  Higham (2002) Thm 24.2: a radix-2 Cooley-Tukey FFT of length n has
 #: normwise relative error <= log2(n) eta / (1 - log2(n) eta), eta = mu + gamma_4 (sqrt 2 + mu), mu the

@@ -345,13 +345,12 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None 
     x : (B, C, H, W); weight : (C, 1, KH, KW), odd or even KH, KW; bias : (C,) or None; padding as in
     :func:`conv_padding` (PyTorch semantics, "same" pads an even kernel one more at the bottom/right).
     Used by LCM (L2ViT), DWC (FLatten), CPE, LePE (RALA) and the Castling conv branch.
-    Computed by the backend selected with :func:`refimpl.backends.use`; the NumPy definition is
-    :func:`_depthwise_conv2d_numpy`, which every accelerated kernel must match.
+    Computed by the backend selected with :func:`refimpl.backends.use` (operation "depthwise_conv2d"; the
+    kernels' predicates take dilation (1, 1) only); the NumPy definition is :func:`_depthwise_conv2d_numpy`,
+    which every accelerated kernel must match.
     """
     x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
-    if dilation != (1, 1):  # kernels implement dilation 1 only; the definition covers every case
-        return _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation)
-    return backends.get("depthwise_conv2d")(x, weight, bias, stride, pads)
+    return backends.call("depthwise_conv2d", x, weight, bias, stride, pads, dilation)
 
 
 def _validate_depthwise(x, weight, bias, stride, padding, dilation):

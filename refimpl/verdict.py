@@ -43,7 +43,9 @@ also computes the l2 coefficient ``sigma >= sqrt(sum_r c_r^2)`` (:attr:`Bound.si
 model gives ``|err_i| <= lam u sigma_i`` per element with probability at least ``1 - 2 exp(-lam^2 / 2)``
 (Azuma-Hoeffding, the tool of Higham-Mary's proofs), and the verdict uses ``min(gamma_K u E, lam u sigma)``,
 ``lam`` from a union bound over the elements.  FLatten-PVT's 4097-term reduction convolution makes ``u E``
-23 times the output in float32 at 56 x 56; ``lam u sigma`` is 0.09 of it (docs/verdict.md).
+23 times the output in float32 at 56 x 56; ``lam u sigma`` is 0.09 of it (docs/verdict.md).  RALA's whole layer
+(official, 56 x 56): ``u E`` is 5 times the output in float16 and infinite in bfloat16, ``lam u sigma`` a fraction
+of it (docs/verdict.md; :func:`sum_rounding_l2` charges a sum's rounding into T at |s|).
 
 **Relative bound.**  Element i's bound ``b_i`` is compared with the size of the quantity,
 ``max(|ref_i|, rms(ref), eta_T / u_T)``: an element whose reference is near zero by cancellation is measured
@@ -105,7 +107,7 @@ from . import config
 from .errors import ArgumentTypeError
 
 __all__ = [
-    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "sum_depth_l2", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
+    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "sum_depth_l2", "sum_rounding_l2", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
     "ulp_distance", "ErrorReport", "compare", "assert_close", "assert_no_divergence", "MATCH", "DIVERGES",
     "INCONCLUSIVE", "Stage", "StageReport", "compare_stages",
 ]
@@ -188,6 +190,25 @@ def sum_depth_l2(n: float, dtype: Any = None) -> float:
     return float(n) if r >= 1.0 else float(n) * r * r + 1.0
 
 
+def sum_rounding_l2(n: float, magnitude: Any, value: Any, dtype: Any = None) -> np.ndarray:
+    """sqrt(sum_r c_r^2), in units of u_T, over the roundings of an n-term sum (inner product) s stored in T,
+    to first order: :func:`sum_depth_l2` with its one rounding into T charged at its own coefficient |s| instead
+    of S (the rounding of the computed s, eta_T / u_T added for gradual underflow), which in half precision is
+    most of the count and |s| << S where the terms cancel.  The n products and n - 1 additions (in A when
+    mixed, r = u_A / u_T, else in T: r = 1) have coefficients at most r S each (S = ``magnitude``, the sum of the
+    terms' magnitudes; each |term| <= S), so their squares sum to at most n r^2 S^2 (plus n (eta_A / u_T)^2 for
+    the products' underflow); in T accumulation the last addition is itself the rounding into T, counted twice
+    (safe).  Returns sqrt(n r^2 S^2 + n (eta_A / u_T)^2 + (|s| + eta_T / u_T)^2)."""
+    r = accumulation_ratio(dtype)
+    eu = ea = 0.0                                  # dtype None: no underflow term
+    if dtype is not None:
+        u = unit_roundoff(dtype)
+        eu, ea = underflow_eta(dtype) / u, underflow_eta(accumulation_format(dtype)) / u
+    s, v = np.asarray(magnitude, dtype=np.float64), np.asarray(value, dtype=np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return np.sqrt(float(n) * (r * r * s * s + ea * ea) + (np.abs(v) + eu) ** 2)
+
+
 def gamma(n: float, u: float) -> float:
     """gamma_n = n u / (1 - n u) (Higham Lemma 3.1); inf when n u >= 1 (no bound exists)."""
     nu = n * u
@@ -251,6 +272,10 @@ class Bound:
             (a running coefficient E written as scale = E / K with k = K, where E already sums every stage's
             rounding terms) is not of that form: a single rounding can carry the whole of E (the final
             rounding of an output does), so it keeps the deterministic factor.
+    sigma : the l2 coefficient of a composite bound (module docstring), in units of u_T, or None.
+    ref_scale : the scale of the float64 reference's own error gamma_{ref_depth}(u_64) ref_scale, when it differs
+            from ``scale``: where a rigorous composite bound is infinite in T (RALA's quotient and softmax rules in
+            bfloat16) while the same analysis in float64 is finite, the reference's own error is that finite one.
     """
 
     scale: np.ndarray
@@ -259,6 +284,7 @@ class Bound:
     accumulation: bool = False
     ref_depth: float | None = None
     sigma: Any = None
+    ref_scale: Any = None
 
     def factor(self, dtype: Any, lam: float | None = None) -> float:
         """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,
@@ -289,13 +315,16 @@ class Bound:
         and an l2 coefficient (:attr:`sigma`), the tested part is min(f_k(u_T) S, lam u_T sigma)."""
         s = np.broadcast_to(np.asarray(self.scale, dtype=np.float64), shape)
         g_ref = gamma(self.k if self.ref_depth is None else self.ref_depth, unit_roundoff("float64"))
+        s_ref = s if self.ref_scale is None else np.broadcast_to(np.asarray(self.ref_scale, dtype=np.float64), shape)
         eta = underflow_eta(dtype) + underflow_eta("float64")
         with np.errstate(over="ignore", invalid="ignore"):
             if lam is not None and self.sigma is not None:
                 sig = np.broadcast_to(np.asarray(self.sigma, dtype=np.float64), shape)
                 tested = np.fmin(self.factor(dtype, lam) * s, lam * unit_roundoff(dtype) * sig)
-                return tested + g_ref * s + self.k * eta
-            return (self.factor(dtype, lam) + g_ref) * s + self.k * eta
+                return tested + g_ref * s_ref + self.k * eta
+            if self.ref_scale is None:
+                return (self.factor(dtype, lam) + g_ref) * s + self.k * eta
+            return self.factor(dtype, lam) * s + g_ref * s_ref + self.k * eta
 
     def chain(self, other: "Bound") -> "Bound":
         """Combine with a later stage that adds its own k on the same scale (depths add; the result is
@@ -307,8 +336,12 @@ class Bound:
         sig = None
         if self.sigma is not None and other.sigma is not None:
             sig = np.asarray(self.sigma, dtype=np.float64) + np.asarray(other.sigma, dtype=np.float64)
+        rs = None
+        if self.ref_scale is not None or other.ref_scale is not None:
+            rs = np.maximum(self.scale if self.ref_scale is None else self.ref_scale,
+                            other.scale if other.ref_scale is None else other.ref_scale)
         return Bound(np.maximum(self.scale, other.scale), self.k + other.k,
-                     f"{self.note}; {other.note}".strip("; "), ref_depth=ref, sigma=sig)
+                     f"{self.note}; {other.note}".strip("; "), ref_depth=ref, sigma=sig, ref_scale=rs)
 
 
 def running_bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> Bound:

@@ -649,3 +649,55 @@ def test_the_auto_table_is_package_data():
     assert isinstance(table.get("ops", table), dict) and table.get("ops", table)
     pyproject = tomllib.loads((Path(refimpl.__file__).resolve().parents[1] / "pyproject.toml").read_text())
     assert default.name in pyproject["tool"]["setuptools"]["package-data"]["refimpl.backends"]
+
+
+def test_call_runs_a_kernel_only_where_its_predicate_holds(monkeypatch):
+    """backends.call (architecture issue 12): the caller names the operation; the registry runs the selected
+    backend's kernel where its ``supports`` predicate holds, and elsewhere the NumPy computation (the caller's
+    ``otherwise`` if given, else the definition), silently; "auto" skips a kernel that refuses the call; a
+    backend without a kernel falls back to the definition with the warning, as get() does."""
+    op = "_test_call_predicates"
+    seen: list[str] = []
+    fake = {name: backends.Status(True, "simulated") for name in backends.BACKENDS}
+    monkeypatch.setattr(backends, "available", lambda refresh=False: fake)
+    try:
+        backends.register(op, "numpy", lambda a, *, flag=False: (seen.append("numpy"), a)[1])
+        backends.register(op, "c", lambda a, *, flag=False: (seen.append("c"), a)[1],
+                          supports=lambda a, *, flag=False: a.dtype == np.float64 and not flag)
+        x64, x32 = np.ones(3), np.ones(3, np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert backends.call(op, x64) is x64 and seen == ["numpy"]                  # default: NumPy
+            with backends.use("c"):
+                backends.call(op, x64)
+                backends.call(op, x32)                                                  # refused: definition
+                backends.call(op, x64, flag=True)                                       # keywords reach it
+                assert backends.call(op, x32, otherwise=lambda: "mine") == "mine"      # the caller's path
+            assert seen == ["numpy", "c", "numpy", "numpy"]
+            with backends.use("numpy"):
+                assert backends.call(op, x64, otherwise=lambda: "mine") == "mine"
+            with backends.use("auto"):
+                seen.clear()
+                backends.call(op, x64)
+                backends.call(op, x32)
+                assert seen == ["c", "numpy"]
+                assert backends.call(op, x32, otherwise=lambda: "mine") == "mine"      # refused: caller's path
+            # "auto" whose table puts NumPy first keeps the caller's own NumPy path too
+            monkeypatch.setattr(backends, "auto_order", lambda o, dtype=None: ("numpy", "c"))
+            with backends.use("auto"):
+                seen.clear()
+                assert backends.call(op, x64, otherwise=lambda: "mine") == "mine" and seen == []
+        backends._WARNED.discard((op, "numba"))
+        with backends.use("numba"), pytest.warns(RuntimeWarning, match="no 'numba' kernel"):
+            seen.clear()
+            backends.call(op, x64, otherwise=lambda: "mine")       # a kernel exists (c) but not on numba
+            assert seen == ["numpy"]
+        assert backends.definition(op) is backends._REGISTRY[op]["numpy"]
+        with pytest.raises(ValueError, match="'supports'"):
+            backends.register(op, "numpy", lambda a: a, supports=lambda a: True)
+        with pytest.raises(KeyError, match="no NumPy definition"):
+            backends.call("_no_such_op", x64)
+    finally:
+        backends._REGISTRY.pop(op, None)
+        backends._SUPPORTS.pop(op, None)
+        backends._WARNED.discard((op, "numba"))

@@ -71,6 +71,11 @@ MODULE_PATHS = {"layers": "refimpl.layers", "numerics": "refimpl.numerics", "toe
                 "lisa": "refimpl.attention.lisa", "rala": "refimpl.attention.rala",
                 "softmax": "refimpl.attention.softmax"}
 
+#: Modules split into parts (architecture issue 12): the public functions defined in a part and re-exported by the
+#: module (its ``__all__``) are swept under the module's key, their documented home.
+MODULE_PARTS = {"angular": ("refimpl.attention.angular_series", "refimpl.attention.angular_linear"),
+                "lisa": ("refimpl.attention.lisa_cores",)}
+
 # Corruptions after which only an error is acceptable (a finite result would be a silent acceptance).
 REFUSED = {"dtype_int", "dtype_bool", "dtype_object", "dtype_complex", "str", "none", "not_mapping", "key_missing",
            "key_int", "float_str", "float_bool", "int_float", "int_bool", "int_str", "opt_bogus", "opt_int",
@@ -149,7 +154,7 @@ def public_functions() -> list[str]:
         mod = importlib.import_module(path)
         for n in getattr(mod, "__all__"):
             obj = getattr(mod, n)
-            if inspect.isfunction(obj) and obj.__module__ == mod.__name__:
+            if inspect.isfunction(obj) and obj.__module__ in (mod.__name__, *MODULE_PARTS.get(key, ())):
                 names.append(f"{key}.{n}")
     return names
 

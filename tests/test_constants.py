@@ -62,7 +62,7 @@ TABLE: dict[str, tuple[object, str]] = {
     "QUADRATIC_MAX_ELEMENTS": (134217728, "refimpl: 2^27 float64 elements = 1 GiB (quadratic paths)"),
     "RANGE_RESCALE_EXPONENT": (256, "refimpl: numerics.pow2_exponent derivation (2^768 products, < 2^255 "
                                     "terms stay below 2^1023)"),
-    "ARCSIN_SERIES_MAX_TERMS": (2048, "refimpl: attention/angular.py work bound (arcsin_series)"),
+    "ARCSIN_SERIES_MAX_TERMS": (2048, "refimpl: attention/angular_series.py work bound (arcsin_series)"),
     # --- analyses ----------------------------------------------------------------------------------
     "RANK_RTOL_FACTOR": (1.0, "numpy.linalg.matrix_rank default tol = S.max() * max(M, N) * eps"),
     "FORMAT_MAX_FINITE": ({"float16": 65504.0, "bfloat16": 3.3895313892515355e38,

@@ -30,7 +30,7 @@ from hypothesis import example, given, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, numerics
-from refimpl.attention import angular, enhanced, focused, linear
+from refimpl.attention import angular, angular_linear, angular_series, enhanced, focused, linear
 from tests.kernel_helpers import STATUS, backend_available
 
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
@@ -254,13 +254,13 @@ def test_linear_angular_attention_on_c_agrees_with_numpy(dtype, c):
 
 
 def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch):
-    """Default backend: exactly the bits of the NumPy body (angular._linear_angular_attention_numpy).  Under
+    """Default backend: exactly the bits of the NumPy body (angular_linear._linear_angular_attention_numpy).  Under
     use("c"): one kernel call for the paper configuration; none with taps, policy "none", arithmetic
     "naive" or normaliser "output_l2" (the official options), which return the NumPy body's bits.  Under a
     backend without a kernel for the operation (Numba), the NumPy twin runs and does not dispatch again."""
     q, k, v = _qkv(_case((2, 2, 45, 45, 12, 10), seed=21, q="mixed_scale"))
     assert backends.current() == "numpy"
-    body = angular._linear_angular_attention_numpy
+    body = angular_linear._linear_angular_attention_numpy
     for kw in (dict(), dict(constant="own", normalizer="similarity_sum")):
         np.testing.assert_array_equal(angular.linear_angular_attention(q, k, v, **kw), body(q, k, v, **kw))
     official = dict(constant="own", normalizer="output_l2", eps=0.0, policy="none", arithmetic="naive")
@@ -314,15 +314,14 @@ def test_angular_series_features_dispatch(monkeypatch, dtype, order, d, policy):
     under use("numba") runs the Numba kernel once per call and agrees with the NumPy backend within
     tests.test_kernels_numba.angular_bound (float32 runs in float32 with the naive float32 check); the
     default backend returns exactly the NumPy body's bits; the NumPy twin does not dispatch again."""
-    from refimpl.backends import twins
     from tests.test_kernels_numba import angular_bound
 
     x = numerics.round_to(generate(5 + order, "mixed_scale", (2, 3, 17, d)), dtype)
     kw = dict(constant=True, eps=EPS, policy=policy)
-    body = angular._angular_series_features_numpy
+    body = angular_series._angular_series_features_numpy
     assert backends.current() == "numpy"
     np.testing.assert_array_equal(angular.angular_series_features(x, order, **kw), body(x, order, **kw))
-    np.testing.assert_array_equal(twins.angular_series_features(x, order, **kw), body(x, order, **kw))
+    np.testing.assert_array_equal(backends.definition("angular_series_features")(x, order, **kw), body(x, order, **kw))
     calls = _count_calls(monkeypatch, "angular_series_features", "numba")
     with backends.use("numba"), numerics.precision(dtype):
         got = angular.angular_series_features(x.astype(dtype), order, **kw)

@@ -38,7 +38,7 @@ from hypothesis import example, given, settings, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics, verdict
 from refimpl.attention import focused, linear
-from refimpl.backends import _c, twins
+from refimpl.backends import _c
 from tests.kernel_helpers import STATUS, backend_available, c_kernel_that_writes_nothing, registered_kernel
 
 DEFINITION = linear._linear_attention_numpy
@@ -517,7 +517,7 @@ def test_focused_function_dispatches_and_its_twin_does_not_recurse():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)   # no Numba: the fallback says so once
             got = focused.focused_function(x, 3.0)
-            twin = twins.focused_function(x, 3.0)
+            twin = backends.definition("focused_function")(x, 3.0)
     np.testing.assert_array_equal(twin, ref)
     numerics.assert_close(got, ref, focused.focused_function_bound(x, 3.0, dtype="float64"), np.float64,
                           name="focused_function[numba]")

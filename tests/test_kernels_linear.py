@@ -512,21 +512,21 @@ def angular_cases(draw):
 def test_linear_angular_kernel_agrees_with_angular_py(dtype, c):
     """The C linear-angular kernel against its specification angular.linear_angular_attention (Castling-ViT
     Eq. 9; paper-mode unit rows) in float64 on the dtype-rounded inputs, within linear_angular_bound, with
-    (float32) the naive same-precision check; the twin in refimpl.backends.twins is that function."""
+    (float32) the naive same-precision check; the operation's NumPy definition (backends.definition) is that
+    function."""
     from refimpl.attention import angular
-    from refimpl.backends import twins
     q, k, v = make(c, dtype)
     eps = 1e-12
-    got = (backends._REGISTRY["linear_angular_attention"]["c"] if needs_c() else twins.linear_angular_attention)(
+    got = (backends._REGISTRY["linear_angular_attention"]["c"] if needs_c() else backends.definition("linear_angular_attention"))(
         q, k, v, c["constant"], c["normalizer"], eps)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
     with np.errstate(all="ignore"):
         ref = angular.linear_angular_attention(q64, k64, v64, constant=c["constant"], normalizer=c["normalizer"],
                                                eps=eps, policy="clamp", arithmetic="scaled")
-        np.testing.assert_array_equal(ref, twins.linear_angular_attention(q64, k64, v64, c["constant"],
+        np.testing.assert_array_equal(ref, backends.definition("linear_angular_attention")(q64, k64, v64, c["constant"],
                                                                          c["normalizer"], eps))
         naive = None if dtype == np.float64 else numerics.naive_same_precision(
-            twins.linear_angular_attention, q64, k64, v64, c["constant"], c["normalizer"], eps, dtype=np.float32)
+            backends.definition("linear_angular_attention"), q64, k64, v64, c["constant"], c["normalizer"], eps, dtype=np.float32)
     numerics.assert_close(got, ref, linear_angular_bound(q64, k64, v64, c["constant"], c["normalizer"], eps),
                           dtype, naive=naive, name=f"linear_angular[c, {c['constant']}, {c['normalizer']}]")
     if needs_c():

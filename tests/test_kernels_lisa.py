@@ -3,7 +3,7 @@
 Operation ``lisa_fft_core`` (registered in refimpl.backends on "numpy" and "numba"): after the L2
 normalisation, Ga = Kb (*) Wa and Gb = V (*) Wb by FFT (LiSA Eq. 10; zero-padded linear convolutions with
 exact_toeplitz, Eq. 9), then S = sum_c Qb (Ga + Ba) and Y = sum_d S (Gb + Bb).  The definition is
-refimpl.attention.lisa._lisa_fft_core_numpy (the very calls lisa_core makes); the Numba twin
+refimpl.attention.lisa_cores._lisa_fft_core_numpy (the very calls lisa_core makes); the Numba twin
 refimpl.backends._numba.lisa_fft_core computes the same by packed complex FFTs (a real transform of even
 length 2K as a complex one of length K plus a twiddle pass), fused spectral products and a blocked
 contraction.  lisa_core takes it under any non-NumPy backend when no taps are requested; with taps it
@@ -13,7 +13,7 @@ What is checked, float32 and float64 (inputs rounded to the tested dtype, the re
 same inputs; float32 also against NumPy's own float32 run): lisa_core[numba] within lisa_core_bound on
 1-, 2- and 3-axis grids, odd / even / non-square, one token, c = 1, D = 1, D > c, circular and
 exact_toeplitz with odd and even padded lengths; the kernel's S and Y against the twin's (S through the
-same running-error rules, lisa._tr_conv / _tr_einsum); NaN-poisoned outputs (a kernel that writes
+same running-error rules, lisa_cores._tr_conv / _tr_einsum); NaN-poisoned outputs (a kernel that writes
 nothing returns all NaN, also into a caller's out=, also on 2 threads); out= / s_out= written in place;
 repeated runs bitwise identical; 1, 2, 3 and 4 threads bitwise identical (every Hypothesis draw on 1 and 3
 threads, plus fixed cases), worker exceptions reaching the caller, the thread rule; bad arguments refused by name; dispatch (which operation runs under which backend);
@@ -35,7 +35,7 @@ from hypothesis import example, given, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics, toeplitz as tz
-from refimpl.attention import lisa
+from refimpl.attention import lisa, lisa_cores
 from refimpl.backends import _numba
 from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
@@ -113,21 +113,21 @@ def _kernel_args(case, dtype):
     (q, k, v, wa, wb, ba, bb), lens = core_inputs(case, dtype)
     grid = case["grid"]
     with numerics.precision(dtype):
-        qb, kb = lisa._l2(q, config.LISA_L2_EPS), lisa._l2(k, config.LISA_L2_EPS)
-    fl = lisa._fft_lengths(grid, case["exact"], lens)
-    wal = lisa._kernel_on_lengths(wa.astype(np.float64), grid, case["exact"], fl)
-    wbl = lisa._kernel_on_lengths(wb.astype(np.float64), grid, case["exact"], fl)
+        qb, kb = lisa_cores._l2(q, config.LISA_L2_EPS), lisa_cores._l2(k, config.LISA_L2_EPS)
+    fl = lisa_cores._fft_lengths(grid, case["exact"], lens)
+    wal = lisa_cores._kernel_on_lengths(wa.astype(np.float64), grid, case["exact"], fl)
+    wbl = lisa_cores._kernel_on_lengths(wb.astype(np.float64), grid, case["exact"], fl)
     args = (qb, kb, v, wal.astype(dtype), wbl.astype(dtype), ba, bb, grid, None if fl == grid else fl)
     return args, (q, k, v, wa, wb, ba, bb), lens
 
 
 def _s_bound(qb, kb, wa, ba, grid, exact, lens, dtype) -> numerics.Bound:
-    """Bound of S = sum_c Qb (Ga + Ba) by the running-error rules of lisa_core_bound (lisa._tr_conv for the
-    FFT convolution, lisa._tr_add for the bias, lisa._tr_einsum for the sum over c); scale (B, h, N, D)."""
-    ga, ega, d1 = lisa._tr_conv(kb[..., None], None, wa, grid, exact_toeplitz=exact, fft_lengths=lens)
-    a, ea = lisa._tr_add(ga, ega, ba, None)
-    s, es, d2 = lisa._tr_einsum("bhnc,bhncd->bhnd", (qb, None), (a, ea))
-    return lisa._finish(s, es, d1 + 1 + d2, dtype, "lisa_fft_core S")
+    """Bound of S = sum_c Qb (Ga + Ba) by the running-error rules of lisa_core_bound (lisa_cores._tr_conv for the
+    FFT convolution, lisa_cores._tr_add for the bias, lisa_cores._tr_einsum for the sum over c); scale (B, h, N, D)."""
+    ga, ega, d1 = lisa_cores._tr_conv(kb[..., None], None, wa, grid, exact_toeplitz=exact, fft_lengths=lens)
+    a, ea = lisa_cores._tr_add(ga, ega, ba, None)
+    s, es, d2 = lisa_cores._tr_einsum("bhnc,bhncd->bhnd", (qb, None), (a, ea))
+    return lisa_cores._finish(s, es, d1 + 1 + d2, dtype, "lisa_fft_core S")
 
 
 @DTYPES
@@ -149,7 +149,7 @@ def test_lisa_fft_core_kernel_agrees_with_its_twin(dtype, case):
         s, y = numba_kernel()(*args)
     assert s.dtype == dtype and y.dtype == dtype
     a64 = [x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args]
-    s_ref, y_ref = lisa._lisa_fft_core_numpy(*a64)
+    s_ref, y_ref = lisa_cores._lisa_fft_core_numpy(*a64)
     grid, exact = case["grid"], case["exact"]
     qb64, kb64 = a64[0], a64[1]
     b_s = _s_bound(qb64, kb64, wa.astype(np.float64), ba.astype(np.float64), grid, exact, lens, dtype)
@@ -178,7 +178,7 @@ def test_default_backend_is_the_definition_bitwise(exact):
     grid = (3, 4)
     assert backends.current() == "numpy"
     y = lisa.lisa_core(q, k, v, wa, wb, ba, bb, grid, exact_toeplitz=exact, fft_lengths=lens)
-    qb, kb = lisa._l2(q, config.LISA_L2_EPS), lisa._l2(k, config.LISA_L2_EPS)
+    qb, kb = lisa_cores._l2(q, config.LISA_L2_EPS), lisa_cores._l2(k, config.LISA_L2_EPS)
     kg = tuple(2 * n - 1 for n in grid) if exact else grid
     ka, kbw = wa.reshape(kg + wa.shape[1:]), wb.reshape(kg + (1, wb.shape[1]))
     xk, xv = kb.reshape((1, 2) + grid + (3, 1)), v.reshape((1, 2) + grid + (3, 1))
@@ -189,10 +189,10 @@ def test_default_backend_is_the_definition_bitwise(exact):
     a, bv = ga.reshape(1, 2, 12, 3, 2) + ba, gb.reshape(1, 2, 12, 3, 2) + bb
     expected = np.einsum("bhnd,bhnvd->bhnv", np.einsum("bhnc,bhncd->bhnd", qb, a), bv)
     np.testing.assert_array_equal(y, expected)
-    fl = lisa._fft_lengths(grid, exact, lens)
-    _, y_twin = lisa._lisa_fft_core_numpy(qb, kb, v, lisa._kernel_on_lengths(wa, grid, exact, fl),
-                                          lisa._kernel_on_lengths(wb, grid, exact, fl), ba, bb, grid,
-                                          None if fl == grid else fl)
+    fl = lisa_cores._fft_lengths(grid, exact, lens)
+    _, y_twin = lisa_cores._lisa_fft_core_numpy(qb, kb, v, lisa_cores._kernel_on_lengths(wa, grid, exact, fl),
+                                                lisa_cores._kernel_on_lengths(wb, grid, exact, fl), ba, bb, grid,
+                                                None if fl == grid else fl)
     np.testing.assert_array_equal(y_twin, y)
 
 
@@ -376,7 +376,7 @@ def test_thread_counts_give_the_same_bits(dtype, case, monkeypatch):
             np.testing.assert_array_equal(yt, y1)
             np.testing.assert_array_equal(st_, s1)
     a64 = [x.astype(np.float64) if isinstance(x, np.ndarray) else x for x in args]
-    s_ref, y_ref = lisa._lisa_fft_core_numpy(*a64)
+    s_ref, y_ref = lisa_cores._lisa_fft_core_numpy(*a64)
     grid, exact = case["grid"], case["exact"]
     w64 = [x.astype(np.float64) for x in (wa, wb, ba, bb)]
     b_s = _s_bound(a64[0], a64[1], w64[0], w64[2], grid, exact, lens, dtype)

@@ -3,10 +3,11 @@
 Operations (each registered in refimpl.backends under the same name on "numpy" and "numba"):
 
 - ``lisa_contraction``: S = sum_c Qb A, Y = sum_d S Bv (LiSA Eq. 9); the NumPy definition is
-  refimpl.attention.lisa._lisa_contraction_numpy, which lisa_core dispatches through backends.get.
-- ``angular_series_features``: Phi_K of Castling-ViT Eq. 8; the twin refimpl.backends.twins calls the
-  specification refimpl.attention.angular.angular_series_features.
-- ``focused_function``: f_p of FLatten Eq. 6; the twin calls refimpl.attention.focused.focused_function.
+  refimpl.attention.lisa_cores._lisa_contraction_numpy, which lisa_core dispatches through backends.call.
+- ``angular_series_features``: Phi_K of Castling-ViT Eq. 8; the NumPy definition (backends.definition) is
+  the body of the specification refimpl.attention.angular.angular_series_features.
+- ``focused_function``: f_p of FLatten Eq. 6; the NumPy definition is refimpl.feature_maps.focused_function,
+  the body of refimpl.attention.focused.focused_function.
 
 What is checked, for float32 and float64: agreement within the error model on every Hypothesis draw
 (inputs rounded to the tested dtype first; float32 also against NumPy's own float32 computation), on the
@@ -30,8 +31,8 @@ from hypothesis import example, given, settings, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
-from refimpl.attention import focused, lisa
-from refimpl.backends import _numba, twins
+from refimpl.attention import focused, lisa, lisa_cores
+from refimpl.backends import _numba
 from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
 HAVE_NUMBA = STATUS["numba"].ok
@@ -61,7 +62,7 @@ def lisa_bounds(qb, a, bv) -> tuple[numerics.Bound, numerics.Bound]:
     the longest path).  The underflow term k eta_T covers products that fall into the subnormal range
     only in one stage, so the drawn values exclude the 'subnormal' kind here (a subnormal product error
     in S is multiplied by |Bv| in the second stage, which k eta_T does not cover)."""
-    s_abs, y_abs = lisa._lisa_contraction_numpy(np.abs(qb), np.abs(a), np.abs(bv))
+    s_abs, y_abs = lisa_cores._lisa_contraction_numpy(np.abs(qb), np.abs(a), np.abs(bv))
     c, d = a.shape[-2], a.shape[-1]
     return (numerics.Bound(s_abs, c, f"S: dot product of length c = {c}"),
             numerics.Bound(y_abs, c + d, f"Y: two chained dot products, c + D = {c} + {d}"))
@@ -105,11 +106,11 @@ def test_lisa_contraction_agrees_through_error_model(dtype, case):
     s, y = numba_kernel("lisa_contraction")(qb, a, bv)
     assert s.dtype == dtype and y.dtype == dtype and y.shape == qb.shape and s.shape == qb.shape[:-1] + a.shape[-1:]
     q64, a64, b64 = (t.astype(np.float64) for t in (qb, a, bv))
-    s_ref, y_ref = lisa._lisa_contraction_numpy(q64, a64, b64)
+    s_ref, y_ref = lisa_cores._lisa_contraction_numpy(q64, a64, b64)
     bs, by = lisa_bounds(q64, a64, b64)
     naive = (None, None)
     if dtype == np.float32:
-        naive = numerics.naive_same_precision(lisa._lisa_contraction_numpy, q64, a64, b64, dtype=np.float32)
+        naive = numerics.naive_same_precision(lisa_cores._lisa_contraction_numpy, q64, a64, b64, dtype=np.float32)
     numerics.assert_close(s, s_ref, bs, dtype, naive=naive[0], name="lisa_contraction S")
     numerics.assert_close(y, y_ref, by, dtype, naive=naive[1], name="lisa_contraction Y")
 
@@ -172,8 +173,8 @@ def test_lisa_spectral_product_agrees_through_error_model(dtype, case):
     got = numba_kernel("lisa_spectral_product")(xf, kf)
     assert got.dtype == dtype and got.shape == (m, f, c, d)
     x64, k64 = xf.astype(np.complex128), kf.astype(np.complex128)
-    ref = twins.lisa_spectral_product(x64, k64)
-    naive = twins.lisa_spectral_product(xf, kf) if dtype == np.complex64 else None
+    ref = backends.definition("lisa_spectral_product")(x64, k64)
+    naive = backends.definition("lisa_spectral_product")(xf, kf) if dtype == np.complex64 else None
     xr, xi = np.abs(x64.real)[..., None], np.abs(x64.imag)[..., None]
     kr, ki = np.abs(k64.real)[None], np.abs(k64.imag)[None]
     for part, scale, name in ((np.real, xr * kr + xi * ki, "Re"), (np.imag, xr * ki + xi * kr, "Im")):
@@ -193,7 +194,7 @@ def angular_bound(x64, order, constant, eps, policy) -> numerics.Bound:
     them adds 2K roundings, sqrt(c_k/pi) three (c_k, / pi, sqrt) and the final multiplication one:
     k = (2K + 1)(d + 5) + 2K + 4.  First order in u (rigorous while k u << 1)."""
     d = x64.shape[-1]
-    ref = twins.angular_series_features(x64, order, constant=constant, eps=eps, policy=policy)
+    ref = backends.definition("angular_series_features")(x64, order, constant=constant, eps=eps, policy=policy)
     k = (2 * order + 1) * (d + 5) + 2 * order + 4
     return numerics.Bound(np.abs(ref), k, f"angular features: (2K+1)(d+5) + 2K + 4 = {k} (K = {order}, d = {d})")
 
@@ -222,10 +223,10 @@ def test_angular_series_features_agree_through_error_model(dtype, case):
     got = numba_kernel("angular_series_features")(x, case["order"], **kw)
     assert got.dtype == dtype
     x64 = x.astype(np.float64)
-    ref = twins.angular_series_features(x64, case["order"], **kw)
+    ref = backends.definition("angular_series_features")(x64, case["order"], **kw)
     naive = None
     if dtype == np.float32:
-        naive = numerics.naive_same_precision(twins.angular_series_features, x64, case["order"], dtype=np.float32,
+        naive = numerics.naive_same_precision(backends.definition("angular_series_features"), x64, case["order"], dtype=np.float32,
                                               **kw)
     numerics.assert_close(got, ref, angular_bound(x64, case["order"], **kw), dtype, naive=naive,
                           name="angular_series_features")
@@ -238,7 +239,7 @@ def test_angular_zero_nan_and_inf_rows(dtype, policy):
     an Inf give the twin's NaN/Inf pattern and values."""
     x = np.array([[0.0, 0.0, 0.0], [1.0, np.nan, 2.0], [np.inf, 1.0, 0.0], [3.0, -4.0, 0.5]], dtype=dtype)
     with np.errstate(all="ignore"):
-        want = twins.angular_series_features(x.astype(np.float64), 1, policy=policy)
+        want = backends.definition("angular_series_features")(x.astype(np.float64), 1, policy=policy)
     got = numba_kernel("angular_series_features")(x, 1, policy=policy)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
@@ -285,11 +286,11 @@ def test_focused_function_agrees_through_error_model(dtype, case):
     assert got.dtype == dtype and got.shape == x.shape
     x64 = x.astype(np.float64)
     with np.errstate(all="ignore"):
-        ref = twins.focused_function(x64, case["p"], **kw)
+        ref = backends.definition("focused_function")(x64, case["p"], **kw)
     naive = None
     if dtype == np.float32:
         with np.errstate(all="ignore"):
-            naive = numerics.naive_same_precision(twins.focused_function, x64, case["p"], dtype=np.float32, **kw)
+            naive = numerics.naive_same_precision(backends.definition("focused_function"), x64, case["p"], dtype=np.float32, **kw)
     bound = focused.focused_function_bound(x64, case["p"], axis=case["axis"], dtype=np.dtype(dtype).name)
     if case["scaling"] == "none" and case["zero_row"]:
         # 0/0 = NaN in that row (both sides); elsewhere the bound applies.
@@ -302,7 +303,7 @@ def test_focused_function_nan_propagates_and_negative_is_refused():
     x = np.abs(np.random.default_rng(0).standard_normal((3, 6)))
     x[1, 2] = np.nan
     with np.errstate(all="ignore"):
-        want = twins.focused_function(x, 3.0)
+        want = backends.definition("focused_function")(x, 3.0)
     got = numba_kernel("focused_function")(x, 3.0)
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     assert np.isnan(got[1]).all() and np.isfinite(got[[0, 2]]).all()

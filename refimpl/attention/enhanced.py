@@ -200,7 +200,8 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
 
     Backends: with scale_target="numerator" (both presets, scalar s or per-head temperature), order="linear",
     no taps, one float32/float64 working dtype and a selected backend other than NumPy
-    (:func:`refimpl.backends.use`), the core runs as operation "linear_attention" (the fused C kernel) on
+    (:func:`refimpl.backends.use`; ``backends.call``, the kernel's predicate decides), the core runs as
+    operation "linear_attention" (the fused C kernel) on
     (q, k, t V) with ReLU, eps = 0 and clamp_min = C_min: the same function of the same rounded operands,
     within :func:`enhanced_linear_attention_bound`.  The C kernel applies s itself (``v_scale=``: V / s or
     V * s rounded once per element as it loads the V rows), so t V is never stored.  scale_target="similarity" always runs on NumPy (t sits
@@ -232,23 +233,23 @@ def enhanced_linear_attention(q: Any, k: Any, v: Any, *, c_min: float = config.L
     v = numerics.as_float(v, "v")
     sz = numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     _check_order(order)
-    if (scale_target == "numerator" and order == "linear" and taps is None
-            and backends.current() != "numpy"):
+    if scale_target == "numerator" and order == "linear" and taps is None:
         # Exactly the fused kernel's computation (operation "linear_attention"): ReLU feature maps, the gain t
-        # folded into V (the same rounded v_eff = V / s or V * s as below), eps 0, den -> max(den, C_min).  The
-        # default backend is NumPy, which never takes this branch: its results are unchanged.
-        impl = backends.get("linear_attention", dtype=q.dtype)
+        # folded into V (the same rounded v_eff = V / s or V * s as below), eps 0, den -> max(den, C_min).
+        # First with the gain as ``v_scale=`` (the C kernel divides (multiplies) each V element by its head's
+        # s as it stages the V rows: one rounded operation on the same operands as v_eff, without the
+        # (B, h, M, e) temporary), which the C kernel's predicate takes for one float32/float64 dtype and 1 or
+        # h gains; otherwise on the prescaled v_eff; otherwise (and on the default NumPy backend) the NumPy
+        # path below, whose results are unchanged.
         args = ("relu", config.LINEAR_DEFAULT_EPS, "add", c_min)
-        s = numerics.as_float(scale, "scale")
-        if (getattr(impl, "SUPPORTS_V_SCALE", False) and q.dtype == k.dtype == v.dtype == s.dtype
-                and q.dtype in (np.float32, np.float64) and s.size in (1, sz["h"])
-                and scale_mode in ("divide", "multiply")):
-            # The C kernel divides (multiplies) each V element by its head's s as it stages the V rows: one
-            # rounded operation on the same operands as v_eff, without the (B, h, M, e) temporary.
-            return impl(q, k, v, *args, v_scale=s, v_scale_mode=scale_mode)
-        v_eff, _ = _scaled(v, scale, scale_mode, sz["h"])
-        if q.dtype == k.dtype == v_eff.dtype and q.dtype in (np.float32, np.float64):
-            return impl(q, k, v_eff, *args)
+
+        def prescaled() -> np.ndarray:
+            v_eff, _ = _scaled(v, scale, scale_mode, sz["h"])
+            return backends.call("linear_attention", q, k, v_eff, *args, otherwise=lambda: kernelized_attention(
+                numerics.relu(q), numerics.relu(k), v_eff, order=order, clamp_min=c_min, max_elements=max_elements))
+
+        return backends.call("linear_attention", q, k, v, *args, v_scale=numerics.as_float(scale, "scale"),
+                             v_scale_mode=scale_mode, otherwise=prescaled)
     phi_q, phi_k = numerics.relu(q), numerics.relu(k)
     if scale_target == "numerator":
         v_eff, t = _scaled(v, scale, scale_mode, sz["h"])

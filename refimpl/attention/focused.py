@@ -55,6 +55,9 @@ import numpy as np
 
 from .. import backends, config, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError, ParameterKeyError
+from ..feature_maps import check_focusing_factor as _check_p
+from ..feature_maps import focused_function as _focused_function_numpy
+from ..feature_maps import norm_scaled as _norm_scaled
 from ..layers import conv2d, conv2d_bound, depthwise_conv2d, depthwise_conv2d_bound, layer_norm, layer_norm_bound, linear, linear_bound, \
     shifted_window_mask, window_partition, window_reverse
 from .linear import apply_normaliser, kernelized_attention, kernelized_attention_bound
@@ -152,13 +155,6 @@ class FocusedConfig:
         return cls(**fields)
 
 
-def _check_p(p: Any) -> float:
-    if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)) or not math.isfinite(p) \
-            or p < 1:
-        raise ArgumentError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
-    return float(p)
-
-
 def _check_order(order: str) -> None:
     if order not in _ORDERS:
         raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
@@ -167,15 +163,6 @@ def _check_order(order: str) -> None:
 # ===================================================================================================
 # The focused function (Eq. 6) and its error coefficient
 # ===================================================================================================
-
-def _norm_scaled(x: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """(max, ||x||) along ``axis`` for x >= 0, ||x|| = m ||x / m|| (no overflow or underflow)."""
-    m = np.max(x, axis=axis, keepdims=True)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        safe = np.where(m > 0, m, 1.0)
-        nrm = m * np.sqrt(np.sum((x / safe) ** 2, axis=axis, keepdims=True))
-    return m, nrm
-
 
 def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
                      power_scaling: str = "max") -> np.ndarray:
@@ -195,9 +182,9 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     ndarray of x's shape, working precision.  f_p(0) = 0 (the limit; ||f_p(x)|| = ||x|| -> 0) with "max";
     0/0 = NaN with "none", as IEEE arithmetic says.
 
-    Under a non-NumPy backend (``refimpl.backends.use``) this is operation "focused_function" (the Numba
-    kernel; float32/float64 inputs), within :func:`focused_function_bound` of this definition; the
-    default NumPy backend computes the definition below.
+    This is operation "focused_function" of refimpl.backends: under a non-NumPy backend the Numba kernel
+    (float32/float64 inputs), within :func:`focused_function_bound` of this definition; the default NumPy
+    backend computes the definition, refimpl.feature_maps.focused_function.
 
     References
     ----------
@@ -205,34 +192,12 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     """
     x = numerics.as_float(x, "x")
     validation.check_axis(axis, x.ndim)          # before dispatch: every backend refuses the same axes
-    if backends.current() != "numpy" and x.dtype in (np.float32, np.float64):
-        return backends.get("focused_function", dtype=x.dtype)(x, p, axis=axis, power_scaling=power_scaling)
-    return _focused_function_numpy(x, p, axis=axis, power_scaling=power_scaling)
+    return backends.call("focused_function", x, p, axis=axis, power_scaling=power_scaling)
 
 
-def _focused_function_numpy(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
-                            power_scaling: str = "max") -> np.ndarray:
-    """The NumPy body of :func:`focused_function` (the definition; the NumPy twin of operation
-    "focused_function" and the feature map of operation "linear_attention" with ``feature_map="focused"``
-    call this, never the dispatching public function)."""
-    x = numerics.as_float(x, "x")
-    p = _check_p(p)
-    if np.any(x < 0):
-        raise ArgumentError("argument 'x': f_p is defined on non-negative features (apply ReLU first, i.e. use "
-                         "focused_feature_map); got negative entries")
-    if power_scaling == "none":
-        with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
-            t = x ** p
-            return np.sqrt(np.sum(x * x, axis=axis, keepdims=True)) / \
-                np.sqrt(np.sum(t * t, axis=axis, keepdims=True)) * t
-    if power_scaling != "max":
-        raise ArgumentError(f"argument 'power_scaling': expected 'max' or 'none', got {power_scaling!r}")
-    m, nx = _norm_scaled(x, axis)
-    with np.errstate(invalid="ignore", divide="ignore", under="ignore"):
-        t = (x / np.where(m > 0, m, 1.0)) ** p          # in [0, 1], max entry exactly 1 -> ||t|| >= 1
-        f = nx * (t / np.sqrt(np.sum(t * t, axis=axis, keepdims=True)))
-    # A zero vector (m == 0) maps to 0; NaN in x makes m NaN, so "m == 0" is False and NaN propagates.
-    return np.where(m == 0, 0.0 * x, f)
+#: The NumPy definition of f_p lives in refimpl.feature_maps (shared with operation "linear_attention"'s
+#: "focused" map and the kernels); registered here as the NumPy kernel of operation "focused_function".
+backends.register("focused_function", "numpy", _focused_function_numpy)
 
 
 def focused_feature_map(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
@@ -446,15 +411,13 @@ def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements
     return out
 
 
-def _fused_kernel_applies(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, order: str, normaliser: str,
-                          power_scaling: str, mask: Any, taps: dict | None) -> bool:
+def _fused_kernel_applies(*, order: str, normaliser: str, power_scaling: str, mask: Any, taps: dict | None) -> bool:
     """Whether the attention term is exactly what operation "linear_attention" with the "focused" map
     computes (FLatten Eq. 4-6: f_p per head row in the max-scaled form, linear order, normaliser "sum"
-    + eps, no mask), and a non-NumPy backend is selected: then it dispatches there (the default NumPy
-    backend never does, so its results stay the definition's bits).  Taps need the NumPy intermediates."""
-    return (backends.current() != "numpy" and order == "linear" and normaliser == "sum"
-            and power_scaling == "max" and mask is None and taps is None
-            and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64))
+    + eps, no mask): then it goes through ``backends.call`` with the NumPy path as ``otherwise`` (the
+    default NumPy backend, and every call the kernels' predicates refuse, keep the NumPy path's bits).
+    Taps need the NumPy intermediates."""
+    return order == "linear" and normaliser == "sum" and power_scaling == "max" and mask is None and taps is None
 
 
 def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
@@ -506,14 +469,17 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     _check_order(order)
     if normaliser not in ("sum", "mean_scaled"):
         raise ArgumentError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
-    if _fused_kernel_applies(q, k, v, order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None,
-                             taps=taps):
-        att = backends.get("linear_attention", dtype=q.dtype)(q, k, v, "focused", eps, "add", None, _check_p(p))
-    else:
+    def numpy_path() -> np.ndarray:
         phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
         phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
-        att = _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
-                      max_elements=max_elements)
+        return _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
+                       max_elements=max_elements)
+
+    if _fused_kernel_applies(order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None, taps=taps):
+        att = backends.call("linear_attention", q, k, v, "focused", eps, "add", None, _check_p(p),
+                            otherwise=numpy_path)
+    else:
+        att = numpy_path()
     if taps is not None:
         taps["attention"] = att
     if dwc_weight is None:
@@ -699,7 +665,15 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
         if pe.shape != (1,) + k.shape[1:]:
             raise ArgumentError(f"argument 'positional_encoding': expected shape {(1,) + k.shape[1:]}, got {pe.shape}")
         k = k + pe
-    if cfg.norm_scope == "head" and _fused_kernel_applies(q, k, v, order=order, normaliser=cfg.normaliser,
+    vh = _split_heads(v, cfg.num_heads)
+
+    def numpy_path() -> np.ndarray:
+        phi_q = _features(q, params, cfg)
+        phi_k = _features(k, params, cfg)
+        return _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
+                       taps=taps, max_elements=max_elements)
+
+    if cfg.norm_scope == "head" and _fused_kernel_applies(order=order, normaliser=cfg.normaliser,
                                                           power_scaling=cfg.power_scaling, mask=mask, taps=taps):
         # The fused kernel applies ReLU then f_p per head row: the pre-features (ReLU (+ relu_eps)
         # (/ softplus(scale))) are >= 0 or NaN, on which its ReLU is the identity, so phi_p of the kernel
@@ -707,14 +681,10 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
         h = cfg.num_heads
         aq = _split_heads(_pre_features(q, params, cfg), h)
         ak = _split_heads(_pre_features(k, params, cfg), h)
-        vh = _split_heads(v, h)
-        att = backends.get("linear_attention", dtype=aq.dtype)(aq, ak, vh, "focused", cfg.eps, "add", None, cfg.p)
+        att = backends.call("linear_attention", aq, ak, vh, "focused", cfg.eps, "add", None, cfg.p,
+                            otherwise=numpy_path)
     else:
-        phi_q = _features(q, params, cfg)
-        phi_k = _features(k, params, cfg)
-        vh = _split_heads(v, cfg.num_heads)
-        att = _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
-                      taps=taps, max_elements=max_elements)
+        att = numpy_path()
     dwc = _dwc(vh, hw_kv, hw_q, _p(params, "dwc.weight"), params.get("dwc.bias"), cfg.dwc_shared,
                cfg.dwc_resample)
     y = _merge_heads(att + dwc)

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import backends, config, numerics, validation
+from .. import backends, config, feature_maps, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
@@ -440,17 +440,21 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"))
     _check_policy(order, eps, eps_policy, clamp_min)
     opts = dict(feature_map_options or {})
+
+    def numpy_path() -> np.ndarray:
+        phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
+        phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
+        return kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
+                                    eps_policy=eps_policy, clamp_min=clamp_min, taps=taps,
+                                    max_elements=max_elements)
+
     if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
-            and feature_map in FEATURE_MAPS and q.dtype == k.dtype == v.dtype and q.dtype in (np.float32, np.float64)
-            and backends.current() != "numpy"):
-        # The configurations the fused kernels implement go through the backend switch (the default
-        # backend is NumPy, which lands in _linear_attention_numpy below: the same computation).
-        return backends.get("linear_attention", dtype=q.dtype)(q, k, v, feature_map, eps, eps_policy, clamp_min)
-    phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
-    phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
-    return kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
-                                eps_policy=eps_policy, clamp_min=clamp_min, taps=taps,
-                                max_elements=max_elements)
+            and feature_map in FEATURE_MAPS):
+        # The configurations the fused kernels implement are operation "linear_attention" (the kernels'
+        # predicates pick the calls they take; the NumPy backend runs the path below, unchanged).
+        return backends.call("linear_attention", q, k, v, feature_map, eps, eps_policy, clamp_min,
+                             otherwise=numpy_path)
+    return numpy_path()
 
 
 #: Feature maps of the fused linear-attention kernels (operation "linear_attention" of refimpl.backends).
@@ -464,7 +468,7 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
                             eps: float = config.LINEAR_DEFAULT_EPS, eps_policy: str = "add",
                             clamp_min: float | None = None, p: float = config.FLATTEN_FOCUSING_FACTOR, *,
                             out: np.ndarray | None = None, workspace: Any = None,
-                            threads: Any = None) -> np.ndarray:
+                            threads: Any = None, v_scale: Any = None, v_scale_mode: str = "divide") -> np.ndarray:
     """The NumPy definition of operation "linear_attention" of :mod:`refimpl.backends` (the twin of the
     fused C and Numba kernels): :func:`linear_attention` in linear order, normalised, without taps,
     for ``feature_map`` in :data:`FUSED_MAPS`.
@@ -475,11 +479,14 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
     ----------
     q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : float arrays (computed in their working precision).
     feature_map : "relu", "elu1" or "focused" (FLatten Eq. 6: phi_p(x) = f_p(ReLU(x)) per row, computed by
-        ``refimpl.attention.focused``'s NumPy body of focused_feature_map(x, p, power_scaling="max")).
+        the NumPy definition :func:`refimpl.feature_maps.focused_function` (power_scaling="max")).
     eps, eps_policy, clamp_min : the normaliser policy (:func:`apply_normaliser`).
     p : the focusing factor of "focused" (real, finite, >= 1; validated for every map, used only there).
     out : optional (B, h, N, e) array the result is copied into (and returned), for signature parity with
         the kernels.  workspace, threads : accepted and ignored (the kernels' buffers and thread count).
+    v_scale, v_scale_mode : None, or 1 or h values s (any shape of that size, e.g. L2ViT's (1, h, 1, 1)
+        gain) by which V is divided ("divide") or multiplied ("multiply") per head first: v_eff = v / s
+        (v * s), s reshaped to (1, h, 1, 1), the operands the C kernel's ``v_scale=`` rounds to.
 
     Returns
     -------
@@ -492,20 +499,49 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
     if feature_map not in FUSED_MAPS:
         raise ArgumentError(f"argument 'feature_map': operation 'linear_attention' takes {FUSED_MAPS}, got "
                          f"{feature_map!r}; use linear_attention() for the other maps")
-    from . import focused  # at call time: focused imports this module
-    p = focused._check_p(p)
+    p = feature_maps.check_focusing_factor(p)
+    if v_scale is not None:
+        if v_scale_mode not in ("divide", "multiply"):
+            raise ArgumentError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
+        s = np.asarray(v_scale).reshape(1, -1, 1, 1)
+        v = v / s if v_scale_mode == "divide" else v * s
     q = numerics.as_float(q, "q")
     k = numerics.as_float(k, "k")
     v = numerics.as_float(v, "v")
     if feature_map == "focused":
-        # The NumPy body, not the public (dispatching) focused_function: this is the definition.
-        phi_q = focused._focused_function_numpy(numerics.relu(q), p, axis=-1, power_scaling="max")
-        phi_k = focused._focused_function_numpy(numerics.relu(k), p, axis=-1, power_scaling="max")
+        # The NumPy definition of f_p, not the public (dispatching) focused.focused_function.
+        phi_q = feature_maps.focused_function(numerics.relu(q), p, axis=-1, power_scaling="max")
+        phi_k = feature_maps.focused_function(numerics.relu(k), p, axis=-1, power_scaling="max")
     else:
         phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
         phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
     res = kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps, eps_policy=eps_policy,
                                clamp_min=clamp_min)
+    if out is not None:
+        out[...] = res
+        return out
+    return res
+
+
+@backends.register("elu1_feature_map", "numpy")
+def _elu1_feature_map_numpy(x: Any, *, out: np.ndarray | None = None) -> np.ndarray:
+    """The NumPy definition of operation "elu1_feature_map" of refimpl.backends (the twin of the C kernel):
+    ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise, element-wise (exp form, relative accuracy kept as
+    x -> -inf): exactly ``feature_map(x, "elu1")``.
+
+    Parameters
+    ----------
+    x : float array, any shape.  out : optional array of x's shape the result is copied into and returned.
+
+    Returns
+    -------
+    ndarray of x's shape (working precision, as :func:`feature_map`).
+
+    References
+    ----------
+    Katharopoulos et al. (2020) Eq. 7; RALA (Fan et al., CVPR 2025) Sec. 3.2 (kappa).
+    """
+    res = feature_map(x, "elu1")
     if out is not None:
         out[...] = res
         return out

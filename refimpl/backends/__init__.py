@@ -1,28 +1,38 @@
 """The backend switch: NumPy (the definition) | Numba | C, one operation at a time.
 
 Every accelerated kernel implements an operation that a NumPy function in refimpl already defines, with
-the same signature (plus an optional ``out=`` buffer), and is registered under the same operation name:
+the same signature (plus optional keyword-only ``out=``-style buffers), and is registered under the same
+operation name, with a ``supports`` predicate that says which calls it takes (dtype, shape, layout):
 
     @backends.register("depthwise_conv2d", "numpy")     # in refimpl/layers.py: the definition
-    def _depthwise_conv2d_numpy(x, weight, bias, stride, pads): ...
+    def _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation=(1, 1)): ...
 
-    @backends.register("depthwise_conv2d", "c")         # in refimpl/backends/_c.py
-    def depthwise_conv2d(x, weight, bias, stride, pads, *, out=None): ...
+    @register("depthwise_conv2d", "c", supports=_depthwise_supported)   # in refimpl/backends/_c.py
+    def depthwise_conv2d(x, weight, bias, stride, pads, dilation=(1, 1), *, out=None): ...
 
-A reference function then calls ``backends.get("depthwise_conv2d")(x, weight, bias, stride, pads)``, which
-resolves the backend selected now:
+A reference function then calls ``backends.call("depthwise_conv2d", x, weight, bias, stride, pads,
+dilation)``: the registry picks the kernel of the backend selected now if that kernel ``supports`` the
+arguments, and the NumPy definition (or the caller's own NumPy computation, ``otherwise=``) if not.  The
+caller never looks at the backend, the dtype or the layout.
 
-- ``use("numpy" | "numba" | "c" | "auto")`` selects it, either as a setting (``backends.use("c")``) or
-  for a block (``with backends.use("numba"): ...``, which restores the previous choice on exit).  The
-  choice lives in a :class:`contextvars.ContextVar`: it is per thread and per asyncio task, and a block
-  restores exactly what was there before it.
+- ``use("numpy" | "numba" | "c" | "auto")`` selects the backend, either as a setting
+  (``backends.use("c")``) or for a block (``with backends.use("numba"): ...``, which restores the previous
+  choice on exit).  The choice lives in a :class:`contextvars.ContextVar`: it is per thread and per asyncio
+  task, and a block restores exactly what was there before it.
 - Without a choice the backend is ``config.DEFAULT_BACKEND`` ("numpy"), or the environment variable
   ``REFIMPL_BACKEND`` if set when refimpl is imported.
-- ``"auto"`` picks, per operation, the first backend that is available and has a kernel for it, in the
-  order of ``refimpl/backends/auto_table.json`` (package data, written by benchmarks/run.py; fastest first) or, where the
-  table is absent or has no entry, ``config.AUTO_FALLBACK_ORDER`` (c > numba > numpy).
+- ``"auto"`` picks, per operation, the first backend that is available and has a kernel that supports the
+  call, in the order of ``auto_table.json`` (package data of refimpl.backends, read through
+  importlib.resources; written by benchmarks/run.py; fastest first) or, where the table is absent or has
+  no entry, ``config.AUTO_FALLBACK_ORDER`` (c > numba > numpy).
 - An explicitly selected backend that is not available, or that has no kernel for the operation, falls
   back to the NumPy definition and says so once per (operation, backend) with a ``RuntimeWarning``.
+
+The kernels live with their backend (``_c.py``, ``_numba.py``) and import nothing from refimpl.attention,
+refimpl.layers or refimpl.models: what they share with the definitions (feature maps, argument checks)
+is in :mod:`refimpl.feature_maps`, and where a kernel answers with the NumPy definition (the C kernels'
+range fallback) it takes it from the registry (``_registry.definition(op)``).  The NumPy definitions are
+registered by the modules that own them, all imported by ``import refimpl``.
 
 ``available()`` says which backends can be used and, for the others, why not.  Numba and the compiled
 module ``refimpl._native._kernels`` are optional: importing refimpl never imports either (the C module is
@@ -32,9 +42,8 @@ loaded, and Numba imported, on first use or by ``available()``), and torch is ne
 from __future__ import annotations
 
 import contextvars
-import importlib
+import importlib.resources
 import json
-import math
 import os
 import threading
 import warnings
@@ -44,18 +53,13 @@ from typing import Any, Callable, Mapping, NamedTuple
 import numpy as np
 
 from .. import config
+from ._registry import _REGISTRY, _SUPPORTS, BACKENDS, definition, register, supported  # noqa: F401 (re-exported)
+from ._validate import empty_aligned, is_aligned
 
-__all__ = ["BACKENDS", "Status", "available", "use", "current", "register", "get", "kernels", "auto_order",
-           "empty_aligned", "is_aligned"]
+__all__ = ["BACKENDS", "Status", "available", "use", "current", "register", "call", "get", "definition",
+           "kernels", "auto_order", "empty_aligned", "is_aligned"]
 
-#: The backends, the definition first.
-BACKENDS = ("numpy", "numba", "c")
 _CHOICES = BACKENDS + ("auto",)
-
-#: Modules that register NumPy definitions; imported on demand if ``get`` finds no definition yet.
-_DEFINITION_MODULES = ("refimpl.layers", "refimpl.attention.linear", "refimpl.attention.rala",
-                       "refimpl.attention.softmax", "refimpl.attention.lisa",
-                       "refimpl.backends.twins")
 
 
 class Status(NamedTuple):
@@ -69,39 +73,13 @@ class Status(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Registry
+# Registry (refimpl/backends/_registry.py: register, definition, _REGISTRY, _SUPPORTS)
 # ---------------------------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
-
-
-def register(op: str, backend: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Decorator: register ``fn`` as the ``backend`` implementation of operation ``op``.
-
-    The NumPy implementation is the definition; the others must take the same arguments (and may add
-    keyword-only ones such as ``out=``).  Returns ``fn`` unchanged.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"argument 'backend': expected one of {BACKENDS}, got {backend!r}")
-    if not isinstance(op, str) or not op:
-        raise ValueError(f"argument 'op': expected a non-empty operation name, got {op!r}")
-
-    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
-        _REGISTRY.setdefault(op, {})[backend] = fn
-        return fn
-
-    return deco
-
-
 def kernels() -> dict[str, tuple[str, ...]]:
-    """{operation: backends that have a registered implementation of it}."""
-    _load_definitions()
+    """{operation: backends that have a registered implementation of it} (every definition is registered
+    by ``import refimpl``)."""
     return {op: tuple(b for b in BACKENDS if b in impls) for op, impls in sorted(_REGISTRY.items())}
-
-
-def _load_definitions() -> None:
-    for mod in _DEFINITION_MODULES:
-        importlib.import_module(mod)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -175,14 +153,18 @@ def current() -> str:
 # The "auto" table
 # ---------------------------------------------------------------------------------------------------
 
-#: The packaged table (package data, so a regular install has it as an editable one does); benchmarks/run.py
+#: The packaged table, read as a resource of this package (importlib.resources), so a regular install reads
+#: the copy installed as package data exactly as an editable one reads the source tree's; benchmarks/run.py
 #: writes it.  REFIMPL_AUTO_TABLE names another file.
-_AUTO_TABLE_DEFAULT = Path(__file__).resolve().parent / "auto_table.json"
+_AUTO_TABLE_DEFAULT = importlib.resources.files(__name__) / "auto_table.json"
 _AUTO_CACHE: dict[str, Any] = {}
 
 
-def _auto_table_path() -> Path:
-    return Path(os.environ.get("REFIMPL_AUTO_TABLE", "") or _AUTO_TABLE_DEFAULT)
+def _auto_table_path() -> Any:
+    """The table's location: a pathlib.Path (REFIMPL_AUTO_TABLE) or the package resource (a Traversable,
+    a Path for an installed or source-tree package)."""
+    env = os.environ.get("REFIMPL_AUTO_TABLE", "")
+    return Path(env) if env else _AUTO_TABLE_DEFAULT
 
 
 def _load_auto_table() -> Mapping[str, Any]:
@@ -240,8 +222,17 @@ def _warn_once(op: str, backend: str, why: str) -> None:
                   stacklevel=4)
 
 
+def _impls(op: str) -> dict[str, Callable[..., Any]]:
+    impls = _REGISTRY.get(op)
+    if impls is None or "numpy" not in impls:
+        definition(op)          # raises the KeyError naming the registered operations
+    return impls  # type: ignore[return-value]
+
+
 def get(op: str, backend: str | None = None, *, dtype: Any = None) -> Callable[..., Any]:
-    """The implementation of ``op`` on ``backend`` (default: the one selected now, see :func:`use`).
+    """The implementation of ``op`` on ``backend`` (default: the one selected now, see :func:`use`), without
+    looking at any arguments (so without the kernels' ``supports`` predicates: reference code calls
+    :func:`call`; this is for tests and benchmarks that want one kernel).
 
     "auto" takes the first backend in :func:`auto_order` (``dtype`` picks a per-dtype entry of the table)
     that is available and has a kernel for ``op``.  An explicitly named backend that is unavailable or
@@ -249,13 +240,7 @@ def get(op: str, backend: str | None = None, *, dtype: Any = None) -> Callable[.
     the operation, the backend and the reason.  Raises ``KeyError`` if ``op`` has no NumPy definition.
     """
     name = _check_choice(backend if backend is not None else current(), "argument 'backend'")
-    impls = _REGISTRY.get(op)
-    if impls is None or "numpy" not in impls:
-        _load_definitions()
-        impls = _REGISTRY.get(op)
-        if impls is None or "numpy" not in impls:
-            raise KeyError(f"refimpl.backends: no NumPy definition is registered for operation {op!r}; "
-                           f"registered operations: {sorted(_REGISTRY)}")
+    impls = _impls(op)
     if name == "numpy":
         return impls["numpy"]
     status = available()
@@ -274,36 +259,52 @@ def get(op: str, backend: str | None = None, *, dtype: Any = None) -> Callable[.
     return impls[name]
 
 
-# ---------------------------------------------------------------------------------------------------
-# Aligned buffers for out= / workspace=
-# ---------------------------------------------------------------------------------------------------
+def _dtype_of(args: tuple) -> Any:
+    """The working precision of a call, for the auto table's per-dtype entries: the dtype of the first
+    positional array argument (its real counterpart for a complex one: complex128 -> float64)."""
+    for a in args:
+        dt = getattr(a, "dtype", None)
+        if isinstance(dt, np.dtype):
+            return np.finfo(dt).dtype if dt.kind == "c" else dt
+    return None
 
-def empty_aligned(shape: int | tuple[int, ...], dtype: Any = np.float64,
-                  alignment: int = config.KERNEL_BUFFER_ALIGNMENT) -> np.ndarray:
-    """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary.
 
-    For ``out=`` and ``workspace=`` buffers that kernels write into and callers reuse across calls
-    (allocate once, outside the loop).  ``alignment`` must be a power of two and a multiple of the
-    itemsize.  Made by over-allocating a byte buffer and viewing it from the first aligned byte.
+def call(op: str, /, *args: Any, otherwise: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+    """Run operation ``op`` on ``args``, ``kwargs`` with the backend selected now (:func:`use`).
+
+    - On the NumPy backend, and for a call that no registered accelerated kernel ``supports`` (dtype,
+      shape, layout: the predicates registered with the kernels), the NumPy computation runs:
+      ``otherwise()`` if given (the caller's own NumPy path, where it is not literally the operation's
+      definition, so that its bits stay the caller's), else the NumPy definition.  Silently.
+    - "auto": the first backend in :func:`auto_order` (per the dtype of the first array argument) that is
+      available and whose kernel supports the call; the NumPy definition if that comes first or none does.
+    - An explicitly selected backend: its kernel if it supports the call; the NumPy computation (as above)
+      if its kernel does not; the NumPy definition with a one-time ``RuntimeWarning`` (see :func:`get`) if
+      the backend is unavailable or has no kernel for ``op``.
+
+    Callers state only which operation their computation is; they never decide which kernel may take it.
+    Raises ``KeyError`` if ``op`` has no NumPy definition.
     """
-    dt = np.dtype(dtype)
-    shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
-    if any(s < 0 for s in shape_t):
-        raise ValueError(f"argument 'shape': expected non-negative sizes, got {shape_t}")
-    if not isinstance(alignment, (int, np.integer)) or alignment < 1 or alignment & (alignment - 1) \
-            or alignment % dt.itemsize:
-        raise ValueError(f"argument 'alignment': expected a power of two that is a multiple of the itemsize "
-                         f"{dt.itemsize} of {dt}, got {alignment!r}")
-    nbytes = math.prod(shape_t) * dt.itemsize
-    raw = np.empty(nbytes + alignment, dtype=np.uint8)
-    offset = (-raw.ctypes.data) % alignment
-    return raw[offset:offset + nbytes].view(dt).reshape(shape_t)
+    impls = _impls(op)
 
+    def numpy_path() -> Any:
+        return otherwise() if otherwise is not None else impls["numpy"](*args, **kwargs)
 
-def is_aligned(a: np.ndarray, alignment: int = config.KERNEL_BUFFER_ALIGNMENT) -> bool:
-    """Whether ``a``'s data pointer is a multiple of ``alignment`` bytes (trivially so for an empty array,
-    which has no data)."""
-    return a.size == 0 or a.ctypes.data % alignment == 0
+    name = current()
+    if name != "numpy":
+        accel = [b for b in BACKENDS[1:] if b in impls and supported(op, b, args, kwargs)]
+        if accel:
+            if name == "auto":
+                status = available()
+                for cand in auto_order(op, _dtype_of(args)):
+                    if cand == "numpy":
+                        break
+                    if cand in accel and status[cand].ok:
+                        return impls[cand](*args, **kwargs)
+                return numpy_path()
+            if name not in impls or name in accel:
+                return get(op, name)(*args, **kwargs)
+    return numpy_path()
 
 
 # Register the accelerated kernels (cheap: neither imports Numba nor loads the compiled module).

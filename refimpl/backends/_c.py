@@ -31,16 +31,21 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
   out=None, workspace=None, threads=None)``, q (B, h, N, d), k (B, h, M, d) -> alpha (B, h, M) (twin
   ``refimpl.attention.rala._rala_alpha_numpy``; ckernels/rala_body.h).
 - ``"elu1_feature_map"``: ``elu1_feature_map(x, *, out=None)``, ELU(x) + 1 element-wise with the fused
-  kernel's own code (twin ``refimpl.backends.twins.elu1_feature_map``, spec ``refimpl.attention.linear.
+  kernel's own code (twin ``refimpl.attention.linear._elu1_feature_map_numpy``, spec ``refimpl.attention.linear.
   feature_map(x, "elu1")``).
 - ``"linear_angular_attention"`` (Castling-ViT Eq. 9): ``linear_angular_attention(q, k, v, constant="sum",
   normalizer="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
-  (twin ``refimpl.backends.twins.linear_angular_attention``, spec ``refimpl.attention.angular.
+  (twin ``refimpl.attention.angular_linear._linear_angular_attention_op``, spec ``refimpl.attention.angular.
   linear_angular_attention``; the same kernel with the unit-row feature map and Eq. 9's output).
 - ``"window_softmax_attention"`` (Swin Eq. 4 per window): ``window_softmax_attention(q, k, v, scale,
   bias=None, mask=None, *, out=None, workspace=None, threads=None)`` with q (BW, h, n, d), k (BW, h, m, d),
   v (BW, h, m, e), bias (h, n, m) or (BW, h, n, m), mask bool (nW, n, m) with BW % nW == 0 (windows
   batch-major) (twin ``refimpl.attention.softmax._window_softmax_attention_numpy``).
+
+Each kernel is registered with a ``supports`` predicate (dtype, shapes: which calls it takes; see
+refimpl.backends.call), next to it here.  This module imports nothing from refimpl.attention, refimpl.layers
+or refimpl.models: the twins named above are reached through the registry (``_registry.definition(op)``),
+which is how the range fallback answers with the NumPy definition.
 """
 
 from __future__ import annotations
@@ -52,7 +57,9 @@ from typing import Any
 import numpy as np
 
 from .. import config
-from . import _validate, register
+from . import _validate
+from ._registry import definition, register
+from ._validate import depthwise_supported, empty_aligned, float_arrays, real_scalar
 
 _LOCK = threading.Lock()
 _MODULE: list[Any] = []          # [module] once loaded
@@ -109,7 +116,7 @@ def _ctype(dtype: np.dtype) -> str:
     return "double[]" if dtype == np.float64 else "float[]"
 
 
-@register("depthwise_conv2d", "c")
+@register("depthwise_conv2d", "c", supports=depthwise_supported)
 def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, stride: tuple[int, int],
                      pads: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1), *,
                      out: np.ndarray | None = None) -> np.ndarray:
@@ -151,7 +158,6 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     """
     mod = _load()
     a = _validate.depthwise_args(x, weight, bias, stride, pads, out, dilation, "C")
-    from . import empty_aligned
     result = a.out if a.out is not None else empty_aligned(a.out_shape, a.x.dtype)
     result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
     _call(mod, result, a)
@@ -219,11 +225,20 @@ def linear_attention_workspace_size(B: int, h: int, M: int, d: int, e: int, thre
 def linear_attention_workspace(B: int, h: int, M: int, d: int, e: int, dtype: Any = np.float64,
                                threads: int | None = None) -> np.ndarray:
     """A 64-byte aligned workspace for :func:`linear_attention` (allocate once, reuse across calls)."""
-    from . import empty_aligned
     return empty_aligned(linear_attention_workspace_size(B, h, M, d, e, threads), dtype)
 
 
-@register("linear_attention", "c")
+def _linear_attention_supported(q: Any, k: Any, v: Any, *args: Any, v_scale: Any = None,
+                                v_scale_mode: str = "divide", **_: Any) -> bool:
+    """One float32/float64 dtype for q, k, v (and ``v_scale``, which must have 1 or h values, with mode
+    "divide" or "multiply")."""
+    if v_scale is None:
+        return float_arrays(q, k, v)
+    return (float_arrays(q, k, v, v_scale) and getattr(q, "ndim", 0) == 4 and v_scale.size in (1, q.shape[1])
+            and v_scale_mode in ("divide", "multiply"))
+
+
+@register("linear_attention", "c", supports=_linear_attention_supported)
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu",
                      eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None,
                      p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None,
@@ -265,8 +280,9 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     v_scale : None, or an array of q's dtype with 1 or h values (any shape of that size, e.g. L2ViT's
         (1, h, 1, 1) gain): the kernel then uses V / s ("divide") or V * s ("multiply") per head in place
         of V, each element rounded once as the value rows are staged in pass 1 - the same rounded operands
-        as ``v_eff = v / s`` (or ``v * s``) computed beforehand, without that (B, h, M, e) temporary.  A
-        C-only keyword (``SUPPORTS_V_SCALE``); the NumPy twin takes the prescaled V.
+        as ``v_eff = v / s`` (or ``v * s``) computed beforehand, without that (B, h, M, e) temporary.  The
+        NumPy definition takes the same keyword (and forms v_eff first); the kernel's ``supports`` predicate
+        takes it for 1 or h values of q's dtype.
     v_scale_mode : "divide" | "multiply".
 
     Returns
@@ -293,20 +309,17 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     ----------
     L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020), Eq. 2-7.
     """
-    def twin() -> np.ndarray:
-        from ..attention.linear import _linear_attention_numpy
-        v_eff = v
-        if v_scale is not None:
-            s = np.asarray(v_scale).reshape(1, -1, 1, 1)
-            v_eff = v / s if v_scale_mode == "divide" else v * s
-        return _linear_attention_numpy(q, k, v_eff, feature_map, eps, eps_policy, clamp_min, p)
+    def twin() -> np.ndarray:     # the NumPy definition (it applies v_scale as v / s or v * s first)
+        return definition("linear_attention")(q, k, v, feature_map, eps, eps_policy, clamp_min, p,
+                                              v_scale=v_scale, v_scale_mode=v_scale_mode)
 
     return _linear_attention_call(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, out, workspace,
                                   threads, p, v_scale, v_scale_mode, twin=twin)
 
 
 #: The C "linear_attention" takes the keywords ``v_scale=`` / ``v_scale_mode=`` (L2ViT's per-head gain applied
-#: inside the kernel); refimpl.attention.enhanced checks this before passing them.
+#: inside the kernel; so does the NumPy definition).  Informational: the predicate registered with the kernel
+#: is what refimpl.backends.call consults.
 linear_attention.SUPPORTS_V_SCALE = True  # type: ignore[attr-defined]
 
 
@@ -365,7 +378,6 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                              f"{vs.shape}")
         vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # (B, h): one per bh
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
-    from . import empty_aligned
     if workspace is None:
         ws = empty_aligned(need, dt)
     else:
@@ -439,7 +451,12 @@ def _range_fallback(result: np.ndarray, twin: Any) -> np.ndarray:
     return result
 
 
-@register("reweighted_linear_attention", "c")
+def _reweighted_supported(q: Any, k: Any, v: Any, alpha: Any, *args: Any, **_: Any) -> bool:
+    """One float32/float64 dtype for q, k, v and alpha."""
+    return float_arrays(q, k, v, alpha)
+
+
+@register("reweighted_linear_attention", "c", supports=_reweighted_supported)
 def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
                                 kernel: str = "elu1", kv_scale: float = 1.0, eps: float = 0.0, *,
                                 out: np.ndarray | None = None, workspace: np.ndarray | None = None,
@@ -476,8 +493,7 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
 
     def twin() -> np.ndarray:
-        from ..attention.rala import _reweighted_linear_attention_numpy
-        return _reweighted_linear_attention_numpy(q, k, v, alpha, kernel, kv_scale, eps)
+        return definition("reweighted_linear_attention")(q, k, v, alpha, kernel, kv_scale, eps)
 
     return _linear_attention_call(q, k, v, alpha, kernel, eps, "add", None, kv_scale, out, workspace, threads,
                                   twin=twin)
@@ -497,7 +513,12 @@ def rala_alpha_workspace_size(B: int, h: int, N: int, M: int, d: int, threads: i
 _RALA_GLOBAL_QUERIES = {"q": 0, "kappa_q": 1}
 
 
-@register("rala_alpha", "c")
+def _rala_alpha_supported(q: Any, k: Any, *args: Any, **_: Any) -> bool:
+    """One float32/float64 dtype for q and k."""
+    return float_arrays(q, k)
+
+
+@register("rala_alpha", "c", supports=_rala_alpha_supported)
 def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: str = "elu1", scale: float = 1.0,
                *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
                threads: int | None = None) -> np.ndarray:
@@ -568,7 +589,6 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     if out is not None:
         _validate._check_out(out, dt, (b_, h, m), (("q", qa), ("k", ka)), "q")
     need = rala_alpha_workspace_size(b_, h, n, m, d, nthreads)
-    from . import empty_aligned
     if workspace is None:
         ws = empty_aligned(need, dt)
     else:
@@ -577,8 +597,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     result = out if out is not None else empty_aligned((b_, h, m), dt)
 
     def twin() -> np.ndarray:
-        from ..attention.rala import _rala_alpha_numpy
-        return _rala_alpha_numpy(qa, ka, global_query, kernel, scale)
+        return definition("rala_alpha")(qa, ka, global_query, kernel, scale)
 
     if _outside_band(qa, ka):
         result[...] = twin()
@@ -596,7 +615,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
 
 @register("elu1_feature_map", "c")
 def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
-    """The ELU + 1 feature map in C: the C twin of ``refimpl.backends.twins.elu1_feature_map`` (spec:
+    """The ELU + 1 feature map in C: the C twin of ``refimpl.attention.linear._elu1_feature_map_numpy`` (spec:
     ``refimpl.attention.linear.feature_map(x, "elu1")``).
 
     phi(x) = ELU(x) + 1 = x + 1 for x > 0, exp(x) otherwise, element-wise, with the fused kernel's own
@@ -631,7 +650,6 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
     if out is not None:
         _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
     a = _validate._contiguous(a)
-    from . import empty_aligned
     result = out if out is not None else empty_aligned(a.shape, a.dtype)
     result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
     ffi, lib = mod.ffi, mod.lib
@@ -676,7 +694,6 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     if out is not None:
         _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
     a = _validate._contiguous(a)
-    from . import empty_aligned
     result = out if out is not None else empty_aligned(a.shape, a.dtype)
     result.fill(np.nan)  # poison
     ffi, lib = mod.ffi, mod.lib
@@ -688,12 +705,20 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     return result
 
 
-@register("linear_angular_attention", "c")
+def _linear_angular_supported(q: Any, k: Any, v: Any, constant: str = "sum", normalizer: str = "none",
+                              eps: Any = config.CASTLING_QK_NORM_EPS, **_: Any) -> bool:
+    """One float32/float64 dtype for q, k, v; a real eps >= 0; M = N for constant "own"."""
+    return (float_arrays(q, k, v) and real_scalar(eps) and eps >= 0
+            and (constant == "sum" or (getattr(q, "ndim", 0) == getattr(k, "ndim", 0) == 4
+                                       and q.shape[2] == k.shape[2])))
+
+
+@register("linear_angular_attention", "c", supports=_linear_angular_supported)
 def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
                              normalizer: str = "none", eps: float = 1e-12, *, out: np.ndarray | None = None,
                              workspace: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Castling-ViT's linear-angular attention (Eq. 9) in C: the C twin of
-    ``refimpl.backends.twins.linear_angular_attention`` (spec: ``refimpl.attention.angular.
+    ``refimpl.attention.angular_linear._linear_angular_attention_op`` (spec: ``refimpl.attention.angular.
     linear_angular_attention`` with policy "clamp", arithmetic "scaled").
 
     H_i = C_i + (1/pi) Q^_i (sum_j K^_j^T V_j),  Q^ = q / max(||q||, eps) row-wise (||q|| = m ||q/m||,
@@ -731,7 +756,6 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
                          f"queries and M = {sz['M']} values (v shape {np.shape(v)})")
     dt = a.q.dtype
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
-    from . import empty_aligned
     if workspace is None:
         ws = empty_aligned(need, dt)
     else:
@@ -749,7 +773,13 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     return result
 
 
-@register("window_softmax_attention", "c")
+def _window_softmax_supported(q: Any, k: Any, v: Any, scale: Any, bias: Any = None, mask: Any = None,
+                              **_: Any) -> bool:
+    """One float32/float64 dtype for q, k, v and the bias (if any)."""
+    return float_arrays(q, k, v) and (bias is None or getattr(bias, "dtype", None) == q.dtype)
+
+
+@register("window_softmax_attention", "c", supports=_window_softmax_supported)
 def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, bias: Any = None,
                              mask: Any = None, *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
                              threads: int | None = None) -> np.ndarray:
@@ -820,7 +850,6 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     need = int(mod.lib.refimpl_window_attention_workspace(n, m, d, nthreads))
     if need < 0:
         raise ValueError(f"arguments 'k'/'q': sizes m={m}, d={d} overflow the workspace size")
-    from . import empty_aligned
     if workspace is None:
         ws = empty_aligned(need, dt)
     else:
@@ -829,8 +858,7 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
 
     def twin() -> np.ndarray:
-        from ..attention.softmax import _window_softmax_attention_numpy
-        return _window_softmax_attention_numpy(q, k, v, float(scale), bias, mask)
+        return definition("window_softmax_attention")(q, k, v, float(scale), bias, mask)
 
     if _outside_band(np.asarray(q), np.asarray(k), np.asarray(v), bias_c):
         result[...] = twin()

@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import config, validation
-from . import _validate, register
-from . import twins as _twins  # noqa: F401  (registers the NumPy twins of the ops below)
+from .. import config, feature_maps, validation
+from . import _validate
+from ._registry import register
+from ._validate import depthwise_supported, empty_aligned, float_arrays, real_scalar
 
 _LOCK = threading.Lock()
 _NUMBA: list[Any] = []
@@ -143,7 +144,7 @@ def _dwconv2d_compiled(dtype: np.dtype) -> Callable[..., Any]:
     return fn
 
 
-@register("depthwise_conv2d", "numba")
+@register("depthwise_conv2d", "numba", supports=depthwise_supported)
 def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, stride: tuple[int, int],
                      pads: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1), *,
                      out: np.ndarray | None = None) -> np.ndarray:
@@ -165,7 +166,6 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     _import_numba()
     a = _validate.depthwise_args(x, weight, bias, stride, pads, out, dilation, "Numba")
     kernel = _dwconv2d_compiled(a.x.dtype)
-    from . import empty_aligned
     result = a.out if a.out is not None else empty_aligned(a.out_shape, a.x.dtype)
     result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
     dt = a.x.dtype.type
@@ -223,7 +223,6 @@ def _output(out: Any, shape: tuple[int, ...], dtype: np.dtype, name: str,
             inputs: tuple[tuple[str, np.ndarray], ...]) -> np.ndarray:
     """The caller's ``out`` checked (exact dtype/shape, C-contiguous, aligned, writeable, no aliasing) or a
     fresh 64-byte aligned buffer; NaN-poisoned either way."""
-    from . import empty_aligned
     if out is None:
         res = empty_aligned(shape, dtype)
     else:
@@ -277,7 +276,7 @@ def _lisa_contract_kernel(s, out, qb, a, bv, zero):  # pragma: no cover - runs c
 @register("lisa_contraction", "numba")
 def lisa_contraction(qb: np.ndarray, a: np.ndarray, bv: np.ndarray, *, out: np.ndarray | None = None,
                      s_out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The LiSA contraction in Numba: the twin of ``refimpl.attention.lisa._lisa_contraction_numpy``.
+    """The LiSA contraction in Numba: the twin of ``refimpl.attention.lisa_cores._lisa_contraction_numpy``.
 
     S[..., n, d] = sum_c Qb[..., n, c] A[..., n, c, d];  Y[..., n, v] = sum_d S[..., n, d] Bv[..., n, v, d],
     i.e. Y = sum_{c, d} Qb A Bv with A = Ga + Ba and Bv = Gb + Bb (LiSA Eq. 9).
@@ -330,7 +329,7 @@ def _angular_features_kernel(out, x, coef, constant, clamp, eps, half_root,
                              xh, prev, cur):  # pragma: no cover - runs compiled
     """Per row: x^ = x / max(||x||, eps) (clamp) or x / ||x|| with ||x|| = m ||x / m||, m = max|x|
     (numerics.l2_normalize's scaled norm), then out = [sqrt(1/2)] + [coef[k] * x^(x)(2k+1)]_k, each tensor
-    power built as (P[i] * x^[j]) * x^[l] at flat index (i d + j) d + l (angular.py's order).
+    power built as (P[i] * x^[j]) * x^[l] at flat index (i d + j) d + l (angular_series.py's order).
     xh (d,), prev and cur (d^(2K+1),) are workspaces."""
     nm, nd = x.shape
     nk = coef.shape[0]
@@ -386,13 +385,19 @@ def _angular_features_kernel(out, x, coef, constant, clamp, eps, half_root,
             pos += plen
 
 
-@register("angular_series_features", "numba")
+def _angular_features_supported(x: Any, order: Any, *, constant: Any = True, eps: Any = config.CASTLING_QK_NORM_EPS,
+                                policy: str = "clamp", **_: Any) -> bool:
+    """float32/float64 x, policy "clamp" or "none", a real (non-bool) eps."""
+    return float_arrays(x) and policy in ("clamp", "none") and real_scalar(eps)
+
+
+@register("angular_series_features", "numba", supports=_angular_features_supported)
 def angular_series_features(x: Any, order: int, *, constant: bool = True,
                             eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp",
                             out: np.ndarray | None = None) -> np.ndarray:
     """Angular series feature map in Numba: the twin of
-    :func:`refimpl.backends.twins.angular_series_features` (= ``refimpl.attention.angular.
-    angular_series_features``, the specification).
+    ``refimpl.attention.angular_series._angular_series_features_numpy`` (the NumPy definition of
+    ``refimpl.attention.angular.angular_series_features``, the specification).
 
     Phi_K(x) = [sqrt(1/2), sqrt(c_0/pi) x^, sqrt(c_1/pi) x^(x)3, ..., sqrt(c_K/pi) x^(x)(2K+1)], x^ the
     row normalised over its d entries, c_k = binom(2k, k) / (4^k (2k + 1)).
@@ -412,23 +417,22 @@ def angular_series_features(x: Any, order: int, *, constant: bool = True,
     Castling-ViT Eq. 8.
     """
     _import_numba()
-    from ..attention import angular
-    order = angular._check_order(order)
+    order = feature_maps.check_series_order(order)
     x = _float_array(x, "x")
     if x.ndim < 1 or min(x.shape) < 1:
         raise ValueError(f"argument 'x': expected a non-empty array of shape (..., d), got {x.shape}")
     if policy not in ("clamp", "none"):
         raise ValueError(f"argument 'policy': expected 'clamp' or 'none', got {policy!r}")
     dt, d = x.dtype, x.shape[-1]
-    dim = angular._feature_dim(d, order, bool(constant))
+    dim = feature_maps.series_feature_dim(d, order, bool(constant))
     lead = x.shape[:-1]
     m = int(np.prod(lead))
     if m * dim > config.CASTLING_MAX_FEATURE_ELEMENTS:
         raise ValueError(f"angular_series_features: {m * dim} elements exceed config.CASTLING_MAX_FEATURE_ELEMENTS="
                          f"{config.CASTLING_MAX_FEATURE_ELEMENTS} (d = {d}, order = {order}); lower the order")
-    # sqrt(c_k / pi) in the kernel's dtype: c_k correctly rounded to float64, then to dtype (as angular.py
+    # sqrt(c_k / pi) in the kernel's dtype: c_k correctly rounded to float64, then to dtype (as angular_series.py
     # does under numerics.precision(dtype)), divided by pi and square-rooted in dtype.
-    ck = np.array([float(f) for f in angular.arcsin_coefficients_exact(order)]).astype(dt)
+    ck = np.array([float(f) for f in feature_maps.arcsin_coefficients_exact(order)]).astype(dt)
     with np.errstate(all="ignore"):
         coef = np.sqrt(ck / dt.type(np.pi)).astype(dt)
     res = _output(out, lead + (dim,), dt, "out", (("x", x),))
@@ -511,11 +515,16 @@ def _focused_kernel(out, x, p, ipow, scale_by_max):  # pragma: no cover - runs c
                 orow[j] = ratio * orow[j]
 
 
-@register("focused_function", "numba")
+def _focused_supported(x: Any, *args: Any, **_: Any) -> bool:
+    """float32/float64 x."""
+    return float_arrays(x)
+
+
+@register("focused_function", "numba", supports=_focused_supported)
 def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis: int = -1,
                      power_scaling: str = "max", out: np.ndarray | None = None) -> np.ndarray:
-    """The focused function f_p in Numba: the twin of :func:`refimpl.backends.twins.focused_function`
-    (= ``refimpl.attention.focused.focused_function``, the specification).
+    """The focused function f_p in Numba: the twin of :func:`refimpl.feature_maps.focused_function` (the
+    NumPy definition of ``refimpl.attention.focused.focused_function``, the specification).
 
     f_p(x) = ||x|| / ||x**p|| * x**p along ``axis``; "max" power scaling evaluates it on r = x / max(x).
 
@@ -534,8 +543,7 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
     FLatten Eq. 6, Eq. 20-21.
     """
     _import_numba()
-    from ..attention import focused
-    p = focused._check_p(p)
+    p = feature_maps.check_focusing_factor(p)
     x = _float_array(x, "x")
     if x.ndim < 1 or x.size < 1:
         raise ValueError(f"argument 'x': expected a non-empty array, got shape {x.shape}")
@@ -561,7 +569,7 @@ def focused_function(x: Any, p: float = config.FLATTEN_FOCUSING_FACTOR, *, axis:
 
 
 # ---------------------------------------------------------------------------------------------------
-# LiSA spectral products (Eq. 10); specification refimpl.backends.twins.lisa_spectral_product
+# LiSA spectral products (Eq. 10); specification refimpl.attention.lisa_cores._lisa_spectral_product_numpy
 # ---------------------------------------------------------------------------------------------------
 
 def _spectral_product_kernel(out, xf, kf, shared):  # pragma: no cover - runs compiled
@@ -587,7 +595,7 @@ def _spectral_product_kernel(out, xf, kf, shared):  # pragma: no cover - runs co
 
 @register("lisa_spectral_product", "numba")
 def lisa_spectral_product(xf: Any, kf: Any, *, out: np.ndarray | None = None) -> np.ndarray:
-    """The LiSA spectral product in Numba: the twin of :func:`refimpl.backends.twins.lisa_spectral_product`.
+    """The LiSA spectral product in Numba: the twin of ``refimpl.attention.lisa_cores._lisa_spectral_product_numpy``.
 
     P[m, f, c, d] = Xf[m, f, c] Kf[f, c', d] (c' = c, or 0 when Kf has one channel: Gb's shared kernel).
 
@@ -628,7 +636,7 @@ def lisa_spectral_product(xf: Any, kf: Any, *, out: np.ndarray | None = None) ->
 
 # ---------------------------------------------------------------------------------------------------
 # LiSA fused FFT core (Eq. 9-10): spectra, spectral products, inverse transforms, biases and the
-# contraction, one block of channels at a time; specification refimpl.attention.lisa._lisa_fft_core_numpy
+# contraction, one block of channels at a time; specification refimpl.attention.lisa_cores._lisa_fft_core_numpy
 # ---------------------------------------------------------------------------------------------------
 #
 # Layout: every signal is a contiguous row over the (padded) grid L = (L_1, .., L_r), so each FFT runs
@@ -789,8 +797,7 @@ def _scratch(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         bufs = _SCRATCH.bufs = {}
     buf = bufs.get((name, dt))
     if buf is None or buf.size < size:
-        from . import empty_aligned
-        buf = bufs[(name, dt)] = empty_aligned(max(size, 1), dt)
+            buf = bufs[(name, dt)] = empty_aligned(max(size, 1), dt)
     return buf[:size].reshape(shape)
 
 
@@ -998,7 +1005,7 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
                   grid: tuple[int, ...], lengths: tuple[int, ...] | None = None, *,
                   out: np.ndarray | None = None, s_out: np.ndarray | None = None,
                   threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """LiSA's FFT core fused (Eq. 9-10): the twin of ``refimpl.attention.lisa._lisa_fft_core_numpy``.
+    """LiSA's FFT core fused (Eq. 9-10): the twin of ``refimpl.attention.lisa_cores._lisa_fft_core_numpy``.
 
     Ga = Kb (*) Wa, Gb = V (*) Wb (circular convolutions over the grid; with ``lengths`` linear ones by
     zero padding to ``lengths`` and the Toeplitz kernel already periodised), then S = sum_c Qb (Ga + Ba)

@@ -19,12 +19,65 @@ the given value.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from .. import config
+
 KERNEL_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def empty_aligned(shape: int | tuple[int, ...], dtype: Any = np.float64,
+                  alignment: int = config.KERNEL_BUFFER_ALIGNMENT) -> np.ndarray:
+    """An uninitialised C-contiguous array whose data starts on an ``alignment``-byte boundary.
+
+    For ``out=`` and ``workspace=`` buffers that kernels write into and callers reuse across calls
+    (allocate once, outside the loop).  ``alignment`` must be a power of two and a multiple of the
+    itemsize.  Made by over-allocating a byte buffer and viewing it from the first aligned byte.
+    (Public as ``refimpl.backends.empty_aligned``.)
+    """
+    dt = np.dtype(dtype)
+    shape_t = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(s) for s in shape)
+    if any(s < 0 for s in shape_t):
+        raise ValueError(f"argument 'shape': expected non-negative sizes, got {shape_t}")
+    if not isinstance(alignment, (int, np.integer)) or alignment < 1 or alignment & (alignment - 1) \
+            or alignment % dt.itemsize:
+        raise ValueError(f"argument 'alignment': expected a power of two that is a multiple of the itemsize "
+                         f"{dt.itemsize} of {dt}, got {alignment!r}")
+    nbytes = math.prod(shape_t) * dt.itemsize
+    raw = np.empty(nbytes + alignment, dtype=np.uint8)
+    offset = (-raw.ctypes.data) % alignment
+    return raw[offset:offset + nbytes].view(dt).reshape(shape_t)
+
+
+def is_aligned(a: np.ndarray, alignment: int = config.KERNEL_BUFFER_ALIGNMENT) -> bool:
+    """Whether ``a``'s data pointer is a multiple of ``alignment`` bytes (trivially so for an empty array,
+    which has no data).  (Public as ``refimpl.backends.is_aligned``.)"""
+    return a.size == 0 or a.ctypes.data % alignment == 0
+
+
+def float_arrays(*arrays: Any) -> bool:
+    """The common ``supports`` predicate of the float kernels: every array given (None skipped) has one
+    dtype, float32 or float64 (what the kernels compute in; other dtypes run on the NumPy definition)."""
+    dts = [getattr(a, "dtype", None) for a in arrays if a is not None]
+    return (bool(dts) and all(isinstance(dt, np.dtype) for dt in dts) and dts[0] in KERNEL_DTYPES
+            and all(dt == dts[0] for dt in dts))
+
+
+def depthwise_supported(x: Any, weight: Any, bias: Any, stride: Any, pads: Any, dilation: Any = (1, 1),
+                        **_: Any) -> bool:
+    """The ``supports`` predicate of the depthwise kernels (C and Numba): dilation (1, 1) only; the dtype and
+    everything else are checked by the kernels themselves (refimpl.layers.depthwise_conv2d promotes before
+    dispatching)."""
+    return tuple(dilation) == (1, 1)
+
+
+def real_scalar(x: Any) -> bool:
+    """Whether ``x`` is a real Python/NumPy number and not a bool."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ import numpy as np
 
 from .. import config, layers, numerics, validation
 from ..attention.angular import CastlingConfig, castling_attention
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["CastlingDeiTConfig", "param_shapes", "init_params", "forward", "features", "run", "unit_names",

@@ -93,7 +93,8 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..attention.angular import CastlingConfig, castling_core, castling_core_bound
 from . import _netparts as nets
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["CastlingLeViTConfig", "param_shapes", "init_params", "forward", "features", "run", "unit_names",

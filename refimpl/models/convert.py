@@ -209,7 +209,7 @@ def _refuse_unreleased(fam: Any, cfg: Any, label: str) -> None:
 
 
 def _resolve(name: Any, source: str, overrides: Mapping[str, Any]) -> tuple[Any, Any, str]:
-    from . import create, entry, _load_all, _REGISTRY
+    from .registry import create, entry, _load_all, _REGISTRY
     if isinstance(name, str):
         e = entry(name)
         fam = e.module

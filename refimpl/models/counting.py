@@ -151,7 +151,7 @@ def count_table(names: Iterable[str] | None = None) -> list[dict[str, Any]]:
     registered config, our count under the config overrides with which the paper measured its figure
     (``PAPER_COUNT_OVERRIDES[name]`` in the family module, e.g. ``{"preset": "official"}``), whether it
     matches at the paper's precision, and the recorded :class:`CountGap` (``COUNT_GAPS[name]``) if not."""
-    from . import create, entry, names as all_names, param_count
+    from .registry import create, entry, names as all_names, param_count
 
     rows = []
     for name in (all_names() if names is None else list(names)):

@@ -57,7 +57,8 @@ from .. import config, layers, numerics, validation
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes, \
     focused_window_attention
 from ..attention.softmax import WINDOW_PRESETS, window_attention
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["FlattenDeiTConfig", "FlattenSwinConfig", "param_shapes", "init_params", "forward", "features", "run",

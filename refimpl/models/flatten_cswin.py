@@ -82,7 +82,8 @@ from ..attention import focused as _focused
 from ..attention import softmax as _softmax
 from ..attention.focused import FocusedConfig, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["FlattenCSwinConfig", "param_shapes", "init_params", "forward", "features", "run", "unit_names",

@@ -92,7 +92,8 @@ from .. import config, layers, numerics, validation
 from ..attention import focused as _focused
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _netparts, common, counting, register
+from . import _netparts, common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["FlattenPVTConfig", "param_shapes", "init_params", "forward", "features", "run", "unit_names",

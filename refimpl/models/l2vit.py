@@ -45,7 +45,8 @@ from .. import config, layers, numerics, validation
 from ..attention import enhanced
 from ..numerics import relu
 from . import _netparts as nets
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["L2ViTNetConfig", "block_config", "param_shapes", "init_params", "stem", "downsample", "unit_names",

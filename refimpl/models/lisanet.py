@@ -56,7 +56,8 @@ from .. import config, layers, numerics, validation
 from ..attention import lisa
 from ..attention.focused import resample_linear
 from . import _netparts as nets
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["LiSANetConfig", "block_config", "param_shapes", "init_params", "stage_grids", "embed", "unit_names",

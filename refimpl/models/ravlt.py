@@ -61,7 +61,8 @@ from .. import config, layers, numerics, validation
 from ..attention import rala
 from ..attention.softmax import softmax_attention, softmax_attention_error
 from . import _netparts as nets
-from . import common, counting, register
+from . import common, counting
+from .registry import register
 from .common import Err
 
 __all__ = ["RAVLTNetConfig", "block_config", "param_shapes", "init_params", "stem", "rope_softmax_attention",

@@ -273,7 +273,7 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
                  call: Mapping[str, Any] | None) -> _NetRun:
     import torch
 
-    from .run import _torch_dtype
+    from .steps import _torch_dtype
     asked = _torch_dtype(dtype)
     subs = dict(module.named_modules())
     run = _NetRun(None, {}, {}, [], {})
@@ -312,7 +312,7 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
 
 def _as_layout(t: Any, like: np.ndarray) -> tuple[np.ndarray | None, str]:
     """The foreign tensor ``t`` read in the layout of ``like`` (the reference's value), the closest reading."""
-    from .run import _to64
+    from .steps import _to64
     f = _to64(t)
     if f.shape == like.shape:
         return f, ""
@@ -360,7 +360,7 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
         fn = (lambda prm, v, q=part: fam.run_unit_part(prm, u, q, v, cfg))
         rp = fn(params, xp)
         if i < len(parts) - 1:
-            from .run import _to64
+            from .steps import _to64
             found = locate([(lbl, _to64(t)) for lbl, t in pool[after:]], rp,
                            tie=16 * _verdict.unit_roundoff(dtype))
             if found is None or found[2] > _config.VERIFY_LOCATE_GATE:
@@ -398,7 +398,7 @@ def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: 
     its submodule's output is the unit's output (nothing of the network is computed between it and the next unit)."""
     import torch
 
-    from .run import NOT_SHADOWED, _to64, _torch_dtype
+    from .steps import NOT_SHADOWED, _to64, _torch_dtype
     asked = _torch_dtype(dtype)
     subs = dict(module.named_modules())
     results: list[StageResult] = []
@@ -556,7 +556,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
     (:func:`_shadow_units`)."""
     import torch
 
-    from .run import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
+    from .steps import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
     batch = 1 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     if input is not None:
