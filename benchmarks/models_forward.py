@@ -10,7 +10,9 @@ issue's goal for the accelerated backends: <= 1).
 
 Threads: each thread count of ``--threads`` (default "1,2") is run in turn, with BLAS/OpenMP pools limited by
 threadpoolctl (``threadpool_limits``: OpenBLAS, MKL, OpenMP, whichever NumPy and torch loaded), torch by
-``torch.set_num_threads`` and Numba by ``numba.set_num_threads``; rows are keyed by (model, threads).
+``torch.set_num_threads``, Numba by ``numba.set_num_threads`` and the C kernels' own thread teams by
+``config.C_KERNEL_THREADS_MAX``; rows are keyed by (model, threads).  (Before 2026-11-27 the cap was not
+set, so the 1-thread rows of earlier results ran the C kernels and LiSA's fused core on 2 threads.)
 
 Run:  python benchmarks/models_forward.py                    (FLatten + Castling models; writes
                                                               benchmarks/results/models_forward.json)
@@ -71,6 +73,9 @@ def _times(fn, repeats: int) -> list[float]:
 
 def _set_threads(n: int) -> None:
     torch.set_num_threads(n)
+    # The C kernels and LiSA's fused Numba core size their own thread teams from this cap (backends/_c.py
+    # default_threads); threadpoolctl does not reach them.  Without it the "1 thread" rows ran them on 2.
+    config.C_KERNEL_THREADS_MAX = n
     try:
         import numba
         numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))

@@ -1,7 +1,9 @@
 """Where a network's forward spends the time that PyTorch does not (issue 16 item 1, "profile first").
 
 For each chosen network (float64, 224 x 224 or the config's img_size, batch 1, random parameters loaded into
-both sides, one process, BLAS/OpenMP pools limited by threadpoolctl, torch and Numba set to the same count):
+both sides, one process, BLAS/OpenMP pools limited by threadpoolctl, torch and Numba set to the same count, and
+``config.C_KERNEL_THREADS_MAX`` too: the C kernels and LiSA's fused Numba core size their own threads from it and
+from the CPU count, which threadpoolctl does not reach):
 
 (a) units: the reference run unit by unit (``unit_names(cfg)``, ``run_unit(params, name, x, cfg)``) next to the
     twin's ``run_unit(name, x)`` fed the same input (the reference's input of that unit), timed interleaved
@@ -64,7 +66,7 @@ REF_RULES: tuple[tuple[str, str], ...] = (
      r"numpy/_core/shape_base\.py|numpy/_core/numeric\.py:roll$|"
      r"layers\.py:(window_partition|window_reverse|pad_to_multiple)$|"
      r"_netparts\.py:(tokens_to_grid|grid_to_tokens|pad_bottom_right)$|"
-     r"backends/_validate\.py:_contiguous$|models/\w+\.py:(_to_layout|_to_cf|_tokens|_grid|_roll|_layout_tok)$|attention/rala\.py:_grid_to_tokens$",
+     r"backends/_validate\.py:_contiguous$|models/\w+\.py:(_to_layout|_to_cf|_tokens|_grid|_roll|_layout_tok)$|attention/rala(_core)?\.py:_grid_to_tokens$",
      "layout copies"),
     # matmul: the projections and MLPs
     (r"layers\.py:linear$|common\.py:linear2d$|[{<]built-in method numpy\.(_core\.)?(_multiarray_umath\.)?"
@@ -314,7 +316,7 @@ def _ref_profile(forward: Callable[[], Any], runs: int, top: int) -> dict:
     rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
     other = sorted(((ref_key(f), v[2]) for f, v in stats.items() if classify_ref(ref_key(f)) == "other"),
                    key=lambda kv: -kv[1])[:8]
-    return {"profiled_total_s": total / runs,
+    return {"profiled_total_s": total / runs, "calls": st.total_calls // runs,   # type: ignore[attr-defined]
             "other_top": [{"function": k, "tottime_s": t / runs} for k, t in other],
             "category_top": {c: [{"function": k, "s": t / runs, "share": t / total}
                                  for k, t in sorted(detail.get(c, {}).items(), key=lambda kv: -kv[1])[:6]]
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     from threadpoolctl import threadpool_info, threadpool_limits
 
     import refimpl.models as rm
-    from refimpl import backends
+    from refimpl import backends, config
 
     console = Console(width=160)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
@@ -496,6 +498,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown models {unknown}; registered: {rm.names()}")
     rows = []
+    # The C kernels and LiSA's fused Numba core size their own threads (backends._c.default_threads: the CPUs
+    # this process may use, capped at config.C_KERNEL_THREADS_MAX); threadpoolctl does not reach them.
+    kernel_threads_max = config.C_KERNEL_THREADS_MAX
+    config.C_KERNEL_THREADS_MAX = args.threads
     with threadpool_limits(limits=args.threads):
         torch.set_num_threads(args.threads)
         try:
@@ -517,7 +523,9 @@ def main(argv: list[str] | None = None) -> int:
                                 for p in threadpool_info()],
                 "load_average_start": load,
                 "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+                "c_kernel_threads_max": config.C_KERNEL_THREADS_MAX,
                 "command": " ".join([os.path.basename(sys.executable)] + sys.argv)}
+    config.C_KERNEL_THREADS_MAX = kernel_threads_max
     print(markdown(rows))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:

@@ -170,7 +170,7 @@ def test_rala_attention_stagewise_matches_at_real_size(preset, layout, dtype_nam
     assert report.verdict == MATCH, str(report)
     # The coarse cut (the core as one stage from exact q, k, v through kappa, the alpha softmax, RoPE and both
     # contractions) is conclusive too: in half precision the core's deterministic bound reaches the output's size,
-    # its l2 coefficient (rala._core_sigma) does not (relative bound 0.11 / 0.87 official, 0.04 / 0.33 paper, in
+    # its l2 coefficient (rala_bounds._core_sigma) does not (relative bound 0.11 / 0.87 official, 0.04 / 0.33 paper, in
     # float16 / bfloat16).
     coarse = numerics.compare_stages(r_rala.rala_attention_stages(params, cfg, (SIDE, SIDE)), got, dtype_name)
     assert coarse.verdict == MATCH, str(coarse)

@@ -3,12 +3,12 @@
 The attention modules (refimpl.attention.*) define the operations that refimpl.backends dispatches; the
 kernels (refimpl/backends/_c.py, _numba.py) implement them.  What both sides need lives here, below both:
 the kernels import this module, never an attention module, and the attention modules import it too (and
-re-export these names where they were defined before: ``focused._focused_function_numpy``,
-``focused._check_p``, ``angular.arcsin_coefficients_exact``, ``angular._check_order``,
+re-export these names where they were defined before: ``focused_core._focused_function_numpy``,
+``focused_core._check_p``, ``angular.arcsin_coefficients_exact``, ``angular._check_order``,
 ``angular._feature_dim``).  Nothing here dispatches: these are the NumPy definitions themselves.
 
 - :func:`focused_function`: FLatten's f_p (Eq. 6), the NumPy definition of operation "focused_function"
-  (registered by refimpl.attention.focused) and the "focused" map of operation "linear_attention"
+  (registered by refimpl.attention.focused_core) and the "focused" map of operation "linear_attention"
   (refimpl.attention.linear); :func:`check_focusing_factor` validates its p.
 - :func:`arcsin_coefficients_exact`, :func:`check_series_order`, :func:`series_feature_dim`: the
   coefficients, the order check and the feature count of Castling-ViT's angular series features (Eq. 8),

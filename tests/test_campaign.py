@@ -74,7 +74,10 @@ MODULE_PATHS = {"layers": "refimpl.layers", "numerics": "refimpl.numerics", "toe
 #: Modules split into parts (architecture issue 12): the public functions defined in a part and re-exported by the
 #: module (its ``__all__``) are swept under the module's key, their documented home.
 MODULE_PARTS = {"angular": ("refimpl.attention.angular_series", "refimpl.attention.angular_linear"),
-                "lisa": ("refimpl.attention.lisa_cores",)}
+                "lisa": ("refimpl.attention.lisa_cores",),
+                "rala": ("refimpl.attention.rala_core", "refimpl.attention.rala_bounds"),
+                "focused": ("refimpl.attention.focused_core", "refimpl.attention.focused_bounds"),
+                "enhanced": ("refimpl.attention.enhanced_core",)}
 
 # Corruptions after which only an error is acceptable (a finite result would be a silent acceptance).
 REFUSED = {"dtype_int", "dtype_bool", "dtype_object", "dtype_complex", "str", "none", "not_mapping", "key_missing",

@@ -17,7 +17,7 @@ only way the reference computes in float32; compared with the float64 reference 
 inputs, plus the naive same-precision check), all-negative inputs included (NaN patterns must match);
 the default backend returns exactly the NumPy path's bits; taps and unsupported options force NumPy;
 the NumPy twin of "linear_angular_attention" does not dispatch again (no recursion when the selected
-backend has no kernel for it).  Also the fix of ``focused._eta_in_u`` for dtype classes.
+backend has no kernel for it).  Also the fix of ``focused_bounds._eta_in_u`` for dtype classes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from hypothesis import example, given, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, numerics
-from refimpl.attention import angular, angular_linear, angular_series, enhanced, focused, linear
+from refimpl.attention import angular, angular_linear, angular_series, enhanced, focused_bounds, linear
 from tests.kernel_helpers import STATUS, backend_available
 
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
@@ -289,18 +289,18 @@ def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch)
 
 
 # ---------------------------------------------------------------------------------------------------
-# focused._eta_in_u accepts dtype-likes
+# focused_bounds._eta_in_u accepts dtype-likes
 # ---------------------------------------------------------------------------------------------------
 
 def test_eta_in_u_accepts_dtype_classes_and_names():
     """eta_T / u_T (Higham eq. 2.8) for np.float64 / np.float32 classes, np.dtype objects and names alike:
     2^-1074 / 2^-53 / 2 = 2^-1022 and 2^-149 / 2^-24 / 2 = 2^-126 exactly."""
-    assert focused._eta_in_u(None) == 0.0
+    assert focused_bounds._eta_in_u(None) == 0.0
     for f64 in (np.float64, np.dtype(np.float64), "float64", "f8"):
-        assert focused._eta_in_u(f64) == 2.0 ** -1022
+        assert focused_bounds._eta_in_u(f64) == 2.0 ** -1022
     for f32 in (np.float32, np.dtype("float32"), "float32", "bfloat16"):
-        assert focused._eta_in_u(f32) == 2.0 ** -126
-    assert focused._eta_in_u(np.float16) == 2.0 ** -14
+        assert focused_bounds._eta_in_u(f32) == 2.0 ** -126
+    assert focused_bounds._eta_in_u(np.float16) == 2.0 ** -14
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 "focused") against its NumPy definition, and the dispatch of refimpl.attention.focused to it.
 
 The definition is refimpl.attention.linear._linear_attention_numpy(q, k, v, "focused", eps, "add", None, p):
-phi_p(x) = f_p(ReLU(x)) per row in the max-scaled form (focused._focused_function_numpy, FLatten Eq. 6 and
+phi_p(x) = f_p(ReLU(x)) per row in the max-scaled form (focused_core._focused_function_numpy, FLatten Eq. 6 and
 Appendix Eq. 20-21), then the linear-order normalised attention (Eq. 4).  What is checked (issue 6, items 1
 and 5):
 
@@ -37,7 +37,7 @@ from hypothesis import example, given, settings, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics, verdict
-from refimpl.attention import focused, linear
+from refimpl.attention import focused, focused_core, linear
 from refimpl.backends import _c
 from tests.kernel_helpers import STATUS, backend_available, c_kernel_that_writes_nothing, registered_kernel
 
@@ -361,7 +361,7 @@ def test_bitwise_identical_across_thread_counts_when_threaded(dtype):
                                      (float("inf"), ValueError), (True, TypeError), ("3", TypeError)])
 def test_bad_focusing_factor_is_refused_naming_p(bad, exc):
     """p must be a real, finite number >= 1 (FLatten §4.2's focusing factor) - for the C kernel, the map
-    and the NumPy twin alike (the twin raises ValueError for a non-real p too, via focused._check_p)."""
+    and the NumPy twin alike (the twin raises ValueError for a non-real p too, via focused_core._check_p)."""
     q, k, v = make(case((1, 1, 4, 4, 3, 2)), np.float64)
     with pytest.raises(ValueError, match="'p'"):
         DEFINITION(q, k, v, "focused", 0.0, "add", None, bad)
@@ -429,8 +429,8 @@ def test_focused_attention_dispatch_rules(monkeypatch):
     q, k, v = make(case((1, 2, 30, 30, 8, 8), seed=21), np.float64)
     assert backends.current() == "numpy"
     ref = focused.focused_attention(q, k, v)
-    want = linear.kernelized_attention(focused._focused_function_numpy(numerics.relu(q), 3.0),
-                                       focused._focused_function_numpy(numerics.relu(k), 3.0), v)
+    want = linear.kernelized_attention(focused_core._focused_function_numpy(numerics.relu(q), 3.0),
+                                       focused_core._focused_function_numpy(numerics.relu(k), 3.0), v)
     np.testing.assert_array_equal(ref, want)
     assert counter.calls == 0
     with backends.use("c"):
@@ -511,7 +511,7 @@ def test_focused_function_dispatches_and_its_twin_does_not_recurse():
     same bits under any backend, never recursing through the dispatch)."""
     x = np.abs(generate(9, "mixed_scale", (20, 33)))
     ref = focused.focused_function(x, 3.0)
-    np.testing.assert_array_equal(ref, focused._focused_function_numpy(x, 3.0))
+    np.testing.assert_array_equal(ref, focused_core._focused_function_numpy(x, 3.0))
     with backends.use("numba"), np.errstate(all="ignore"):
         import warnings
         with warnings.catch_warnings():

@@ -461,18 +461,18 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
 @DTYPES
 def test_rala_kernel_bitwise_across_thread_counts_and_against_its_twin(dtype):
     """The reweighted kernel is bitwise reproducible across thread counts; against its NumPy twin
-    (rala._reweighted_linear_attention_numpy, same alpha) it agrees within rala_core_bound's model (checked
+    (rala_core._reweighted_linear_attention_numpy, same alpha) it agrees within rala_core_bound's model (checked
     through rala_core above); here: same NaN pattern and finite everywhere on benign inputs."""
     if not needs_c():
         return
-    from refimpl.attention import rala
+    from refimpl.attention import rala_core
     q, k, v = make(case((1, 3, 1500, 1500, 32, 32), seed=12), dtype)   # 9.4M multiply-adds > 2^23: threaded
     alpha = np.asarray(np.random.default_rng(0).random((1, 3, 1500)) * 2, dtype=dtype)
     first = _c.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6, threads=1)
     for t in (2, 3, 7):
         np.testing.assert_array_equal(_c.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6,
                                                                      threads=t), first)
-    twin = rala._reweighted_linear_attention_numpy(q, k, v, alpha, "elu1", 1 / 1500, 1e-6)
+    twin = rala_core._reweighted_linear_attention_numpy(q, k, v, alpha, "elu1", 1 / 1500, 1e-6)
     assert np.isfinite(first).all() and np.isfinite(twin).all()
     with pytest.raises(ValueError, match="'alpha'.*\\(1, 3, 1500\\)"):
         _c.reweighted_linear_attention(q, k, v, alpha[..., :-1])

@@ -32,7 +32,7 @@ from hypothesis import example, given, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
-from refimpl.attention import linear, rala
+from refimpl.attention import linear, rala, rala_core
 from refimpl.backends import _c
 from tests.kernel_helpers import (STATUS, backend_available, c_kernel_that_writes_nothing, kernel_verdict,
                                   registered_kernel)
@@ -250,7 +250,7 @@ def test_rala_core_calls_rala_alpha_where_eq4_needs_it(monkeypatch, dtype, cfg_k
 @pytest.mark.parametrize("kernel", ["elu1", "relu"])
 @pytest.mark.parametrize("alpha_scale", ["none", "head_dim"])
 def test_rala_alpha_twin_is_rala_cores_alpha(gq, kernel, alpha_scale):
-    """The NumPy definition of "rala_alpha" (rala._rala_alpha_numpy) is the alpha rala_core computes on
+    """The NumPy definition of "rala_alpha" (rala_core._rala_alpha_numpy) is the alpha rala_core computes on
     its NumPy path (Eq. 4: Q_g the mean of Q or kappa(Q), alpha = N softmax_j(scale Q_g kappa(K_j)^T)), bit
     for bit (taps["alpha"]); out= is written in place and returned."""
     cfg = rala.RALAConfig(dim=2 * 20, num_heads=2, global_query=gq, kernel=kernel, alpha_scale=alpha_scale)
@@ -258,9 +258,9 @@ def test_rala_alpha_twin_is_rala_cores_alpha(gq, kernel, alpha_scale):
     taps = {}
     rala.rala_core(q, k, v, cfg, taps=taps)
     scale = 20 ** -0.5 if alpha_scale == "head_dim" else 1.0
-    np.testing.assert_array_equal(rala._rala_alpha_numpy(q, k, gq, kernel, scale), taps["alpha"])
+    np.testing.assert_array_equal(rala_core._rala_alpha_numpy(q, k, gq, kernel, scale), taps["alpha"])
     out = np.empty((2, 2, 37))
-    assert rala._rala_alpha_numpy(q, k, gq, kernel, scale, out=out) is out
+    assert rala_core._rala_alpha_numpy(q, k, gq, kernel, scale, out=out) is out
     np.testing.assert_array_equal(out, taps["alpha"])
 
 
@@ -335,7 +335,7 @@ def test_rala_alpha_nan_propagates_per_head_like_the_definition(dtype):
     q, k = (np.asarray(generate(40 + i, "normal", (1, 3, 90, 16)), dtype=dtype) for i in range(2))
     k[0, 0, 17, 3] = np.nan
     k[0, 2, 5, 0] = np.inf
-    ref = rala._rala_alpha_numpy(q.astype(np.float64), k.astype(np.float64))
+    ref = rala_core._rala_alpha_numpy(q.astype(np.float64), k.astype(np.float64))
     impl = _alpha_impl("c" if STATUS["c"].ok else "numpy")
     with numerics.precision(dtype), np.errstate(all="ignore"):
         got = impl(q, k)
@@ -344,7 +344,7 @@ def test_rala_alpha_nan_propagates_per_head_like_the_definition(dtype):
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     np.testing.assert_array_equal(got == 0, ref == 0)
     q[0, 2, :, 0] = np.abs(q[0, 2, :, 0]) + 1                  # Q_g[0] > 0: a +inf logit, the head is NaN
-    ref = rala._rala_alpha_numpy(q.astype(np.float64), k.astype(np.float64))
+    ref = rala_core._rala_alpha_numpy(q.astype(np.float64), k.astype(np.float64))
     with numerics.precision(dtype), np.errstate(all="ignore"):
         got = impl(q, k)
     assert np.isnan(ref[0, 2]).all() and np.isnan(got[0, 2]).all() and np.isfinite(got[0, 1]).all()

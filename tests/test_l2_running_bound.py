@@ -30,7 +30,7 @@ import numpy as np
 from scipy.stats import binom
 
 from refimpl import numerics
-from refimpl.attention import focused
+from refimpl.attention import focused, focused_bounds
 from refimpl.verdict import confidence_lambda, unit_roundoff
 
 U = 2.0 ** -24                     #: the emulated unit roundoff (float32's)
@@ -107,7 +107,7 @@ def _layer_norm(em: Emulated, x: np.ndarray, w: np.ndarray, b: np.ndarray, eps: 
 
 
 def test_norm_linear_l2_holds_and_is_tight():
-    """:func:`refimpl.attention.focused.err_norm_linear_l2` (PVT's reduction-conv output through LayerNorm and the
+    """:func:`refimpl.attention.focused_bounds.err_norm_linear_l2` (PVT's reduction-conv output through LayerNorm and the
     kv projection): inputs with independent errors (each entry perturbed by delta_j u sigma_j, delta_j uniform on
     [-1, 1], mean zero), then LayerNorm and the projection in emulated arithmetic."""
     rng = np.random.default_rng(3)
@@ -117,9 +117,9 @@ def test_norm_linear_l2_holds_and_is_tight():
     w_ln, b_ln = 1.0 + 0.1 * rng.standard_normal(n), 0.1 * rng.standard_normal(n)
     wt, bias = rng.standard_normal((c_out, n)) / np.sqrt(n), 0.1 * rng.standard_normal(c_out)
     eps = 1e-5
-    ref_y, sigma, k = focused.err_norm_linear_l2(x, sig_x, w_ln, b_ln, eps, wt, bias)
-    ln_e, e_ln, k_ln = focused.err_layer_norm(x, sig_x, w_ln, b_ln, eps)
-    _, e_y, k_y = focused.err_linear(ln_e, e_ln, wt, bias)
+    ref_y, sigma, k = focused_bounds.err_norm_linear_l2(x, sig_x, w_ln, b_ln, eps, wt, bias)
+    ln_e, e_ln, k_ln = focused_bounds.err_layer_norm(x, sig_x, w_ln, b_ln, eps)
+    _, e_y, k_y = focused_bounds.err_linear(ln_e, e_ln, wt, bias)
     bound = numerics.Bound(e_y / (k_ln + k_y), k_ln + k_y, sigma=sigma)
     em = Emulated(TRIALS, 11)
     xin = x + em.rng.uniform(-1.0, 1.0, size=(TRIALS,) + x.shape) * U * sig_x
@@ -194,7 +194,7 @@ def test_flatten_pvt_sigma_is_conclusive_where_E_is_void():
     assert np.max(b.array(dtype, ref.shape, lam) / size) < 1.0
 
 
-# --- RALA (refimpl.attention.rala: _core_sigma, _attention_sigma) --------------------------------------------
+# --- RALA (refimpl.attention.rala_bounds: _core_sigma, _attention_sigma) -------------------------------------
 
 
 

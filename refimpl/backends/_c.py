@@ -25,11 +25,11 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
   :func:`default_threads`) changes the speed only, never a bit.
 - ``"reweighted_linear_attention"`` (RALA Eq. 2-4, linear order, no RoPE):
   ``reweighted_linear_attention(q, k, v, alpha, kernel="elu1", kv_scale=1.0, eps=0.0, *, out=None,
-  workspace=None, threads=None)``, alpha (B, h, M) (twin ``refimpl.attention.rala.
+  workspace=None, threads=None)``, alpha (B, h, M) (twin ``refimpl.attention.rala_core.
   _reweighted_linear_attention_numpy``; the same kernel with key weights).
 - ``"rala_alpha"`` (RALA Eq. 4): ``rala_alpha(q, k, global_query="q", kernel="elu1", scale=1.0, *,
   out=None, workspace=None, threads=None)``, q (B, h, N, d), k (B, h, M, d) -> alpha (B, h, M) (twin
-  ``refimpl.attention.rala._rala_alpha_numpy``; ckernels/rala_body.h).
+  ``refimpl.attention.rala_core._rala_alpha_numpy``; ckernels/rala_body.h).
 - ``"elu1_feature_map"``: ``elu1_feature_map(x, *, out=None)``, ELU(x) + 1 element-wise with the fused
   kernel's own code (twin ``refimpl.attention.linear._elu1_feature_map_numpy``, spec ``refimpl.attention.linear.
   feature_map(x, "elu1")``).
@@ -462,7 +462,7 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
                                 out: np.ndarray | None = None, workspace: np.ndarray | None = None,
                                 threads: int | None = None) -> np.ndarray:
     """RALA's reweighted linear attention core in C (linear order, no RoPE): the C twin of
-    ``refimpl.attention.rala._reweighted_linear_attention_numpy``.
+    ``refimpl.attention.rala_core._reweighted_linear_attention_numpy``.
 
     B = s sum_j alpha_j kappa(K_j)^T V_j (Eq. 3),  O_i = kappa(Q_i) B / (kappa(Q_i) . s sum_j alpha_j kappa(K_j)
     + eps)  (Eq. 2 normaliser), with s = ``kv_scale`` (1 for token_scaling "sum", 1/N for "mean").
@@ -522,7 +522,7 @@ def _rala_alpha_supported(q: Any, k: Any, *args: Any, **_: Any) -> bool:
 def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: str = "elu1", scale: float = 1.0,
                *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
                threads: int | None = None) -> np.ndarray:
-    """RALA's reweighting coefficients in C: the C twin of ``refimpl.attention.rala._rala_alpha_numpy``.
+    """RALA's reweighting coefficients in C: the C twin of ``refimpl.attention.rala_core._rala_alpha_numpy``.
 
     Q_g = (sum_i x_i) / N with x = Q (global_query "q") or kappa(Q) ("kappa_q"); l_j = scale (Q_g . kappa(K_j));
     alpha_j = M (exp(l_j - max l) / sum_j' exp(l_j' - max l))   (RALA Eq. 4)

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.special import expit
 
 from .. import config, layers, numerics
-from ..attention import focused as _focused
+from ..attention import focused_bounds as _focused_bounds
 from . import common
 from .common import Err
 
@@ -124,10 +124,10 @@ def e_swish(t: Err) -> Err:
 
 
 def e_dwconv(t: Err, weight: Any, bias: Any) -> Err:
-    """'Same'-padded depthwise conv (B, C, H, W) (:func:`refimpl.attention.focused.err_dwconv`)."""
+    """'Same'-padded depthwise conv (B, C, H, W) (:func:`refimpl.attention.focused_bounds.err_dwconv`)."""
     w = numerics.as_float(weight, "weight")
     b = None if bias is None else numerics.as_float(bias, "bias")
-    y, e, k = _focused.err_dwconv(t.value, t.err, w, b)
+    y, e, k = _focused_bounds.err_dwconv(t.value, t.err, w, b)
     return Err(y, e, t.depth + k)
 
 

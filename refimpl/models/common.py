@@ -35,7 +35,7 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..errors import ArgumentError
 from ..attention import angular as _angular
-from ..attention import focused as _focused
+from ..attention import focused_bounds as _focused_bounds
 from ..attention import softmax as _softmax
 
 __all__ = [
@@ -247,7 +247,7 @@ def e_linear(t: Err, weight: Any, bias: Any = None) -> Err:
     w = numerics.as_float(weight, "weight")
     b = None if bias is None else numerics.as_float(bias, "bias")
     lead, n = t.value.shape[:-1], t.value.shape[-1]
-    y, e, k = _focused.err_linear(np.ascontiguousarray(t.value).reshape(-1, n),
+    y, e, k = _focused_bounds.err_linear(np.ascontiguousarray(t.value).reshape(-1, n),
                                   np.ascontiguousarray(t.err).reshape(-1, n), w, b)   # one 2-D product (linear2d)
     return Err(y.reshape(lead + (-1,)), e.reshape(lead + (-1,)), t.depth + k)
 
@@ -255,7 +255,7 @@ def e_linear(t: Err, weight: Any, bias: Any = None) -> Err:
 def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float) -> Err:
     """LayerNorm over the last axis: E_x through the Jacobian bound |w|/s (e + mean e + |xh| mean(|xh| e))
     plus layers.layer_norm_bound's own rounding (k = C + 8)."""
-    y, e, k = _focused.err_layer_norm(t.value, t.err, numerics.as_float(weight, "norm.weight"),
+    y, e, k = _focused_bounds.err_layer_norm(t.value, t.err, numerics.as_float(weight, "norm.weight"),
                                       numerics.as_float(bias, "norm.bias"), eps)
     return Err(y, e, t.depth + k)
 
@@ -378,7 +378,7 @@ def e_focused_window(t: Err, p: Mapping[str, Any], fcfg: Any, *, window_size: in
     """FLatten's focused attention in the Swin layout
     (:func:`refimpl.attention.focused.focused_window_attention`) with an input error.  t.value (B, H, W, C).
 
-    Uses focused.py's stage propagation (``_err_heads_and_dwc``, private: its public bound functions take
+    Uses focused_bounds.py's stage propagation (``_err_heads_and_dwc``, private: its public bound functions take
     exact inputs only; see docs/models_flatten_castling.md)."""
     x, ex = t.value, t.err
     b, h, w, c = x.shape
@@ -391,7 +391,7 @@ def e_focused_window(t: Err, p: Mapping[str, Any], fcfg: Any, *, window_size: in
         mask = layers.shifted_window_mask(h, w, ws, shift)
     v3, e3 = qkv.value, qkv.err
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        out, eo, depth = _focused._err_heads_and_dwc(v3[..., :c], e3[..., :c], v3[..., c:2 * c], e3[..., c:2 * c],
+        out, eo, depth = _focused_bounds._err_heads_and_dwc(v3[..., :c], e3[..., :c], v3[..., c:2 * c], e3[..., c:2 * c],
                                                      v3[..., 2 * c:], e3[..., 2 * c:], p, fcfg, (ws, ws), (ws, ws),
                                                      mask, None)
 
@@ -410,7 +410,7 @@ def e_focused_global(t: Err, p: Mapping[str, Any], fcfg: Any, hw: tuple[int, int
     q = e_linear(t, p["q.weight"], p.get("q.bias"))
     kv = e_linear(t, p["kv.weight"], p.get("kv.bias"))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        out, eo, depth = _focused._err_heads_and_dwc(q.value, q.err, kv.value[..., :c], kv.err[..., :c],
+        out, eo, depth = _focused_bounds._err_heads_and_dwc(q.value, q.err, kv.value[..., :c], kv.err[..., :c],
                                                      kv.value[..., c:], kv.err[..., c:], p, fcfg, tuple(hw), tuple(hw),
                                                      None, None)
     return Err(out, eo, max(q.depth, kv.depth) + depth)

@@ -78,7 +78,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention import focused as _focused
+from ..attention import focused_bounds as _focused_bounds, focused_core as _focused_core
 from ..attention import softmax as _softmax
 from ..attention.focused import FocusedConfig, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
@@ -359,7 +359,7 @@ def _branch(q: np.ndarray, k: np.ndarray, v: np.ndarray, p: Mapping[str, Any], k
     per head (CSwin Eq. 1) + LePE(V); "L": the focused core (FLatten Eq. 5-6, 10-12: features, attention,
     DWC; refimpl.attention.focused's ``_core``, the same arithmetic as its public modules) + LePE(V)."""
     if kind == "L":
-        att = _focused._core(q, k, v, p, fcfg, win, win, None, "linear", None, None)
+        att = _focused_core._core(q, k, v, p, fcfg, win, win, None, "linear", None, None)
     else:
         bw, n, cb = q.shape
         d = cb // heads
@@ -592,13 +592,13 @@ def _e_map(t: Err, fn) -> Err:
 
 
 def _e_lepe(t: Err, weight: Any, bias: Any, win: tuple[int, int], dtype: Any) -> Err:
-    """:func:`_lepe` with its error (refimpl.attention.focused.err_dwconv: the 9-term sums and the bias)."""
+    """:func:`_lepe` with its error (refimpl.attention.focused_bounds.err_dwconv: the 9-term sums and the bias)."""
     bw, n, cb = t.value.shape
 
     def grid(a):
         return np.ascontiguousarray(a.transpose(0, 2, 1)).reshape(bw, cb, *win)
 
-    y, e, k = _focused.err_dwconv(grid(t.value), grid(t.err), numerics.as_float(weight, "get_v.weight"),
+    y, e, k = _focused_bounds.err_dwconv(grid(t.value), grid(t.err), numerics.as_float(weight, "get_v.weight"),
                                   numerics.as_float(bias, "get_v.bias"), dtype)
 
     def back(a):
@@ -609,14 +609,14 @@ def _e_lepe(t: Err, weight: Any, bias: Any, win: tuple[int, int], dtype: Any) ->
 
 def _e_branch(q: Err, k: Err, v: Err, p: Mapping[str, Any], kind: str, heads: int, fcfg: FocusedConfig | None,
               win: tuple[int, int], dtype: Any) -> Err:
-    """:func:`_branch` with the running error analysis: the focused core by focused.py's stage propagation
-    (``_err_core``, as common.e_focused_window uses ``_err_heads_and_dwc``), the softmax core by
+    """:func:`_branch` with the running error analysis: the focused core by focused_bounds.py's stage
+    propagation (``_err_core``, as common.e_focused_window uses ``_err_heads_and_dwc``), the softmax core by
     :func:`refimpl.attention.softmax.softmax_attention_error` (as common.e_window_attention), LePE by
     :func:`_e_lepe`, then their sum."""
     depth_in = max(q.depth, k.depth, v.depth)
     if kind == "L":
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            y, ey, d_core = _focused._err_core(q.value, q.err, k.value, k.err, v.value, v.err, p, fcfg, win, win,
+            y, ey, d_core = _focused_bounds._err_core(q.value, q.err, k.value, k.err, v.value, v.err, p, fcfg, win, win,
                                                None, dtype)
         att = Err(y, ey, depth_in + int(math.ceil(d_core)))
     else:

@@ -89,7 +89,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention import focused as _focused
+from ..attention import focused_bounds as _focused_bounds
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
 from . import _netparts, common, counting
@@ -541,7 +541,7 @@ def _e_focused(t: Err, p: Mapping[str, Any], fcfg: FocusedConfig, hw: tuple[int,
     """The focused attention in the PVT layout (:func:`refimpl.attention.focused.focused_linear_attention`)
     with an input error.  sr = 1: :func:`refimpl.models.common.e_focused_global`; sr > 1: the q projection,
     the reduction conv (:func:`refimpl.models.common.e_conv2d`) and its LayerNorm, the kv projection, then
-    focused.py's stage propagation (``_err_heads_and_dwc``, as common.e_focused_global uses it).  (B, N, C)."""
+    focused_bounds.py's stage propagation (``_err_heads_and_dwc``, as common.e_focused_global uses it).  (B, N, C)."""
     if fcfg.sr_ratio == 1:
         return common.e_focused_global(t, p, fcfg, hw, dtype=dtype)
     c = fcfg.dim
@@ -553,7 +553,7 @@ def _e_focused(t: Err, p: Mapping[str, Any], fcfg: FocusedConfig, hw: tuple[int,
                               p["norm.bias"], fcfg.layer_norm_eps)
     kv = common.e_linear(src, p["kv.weight"], p.get("kv.bias"))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        out, eo, depth = _focused._err_heads_and_dwc(q.value, q.err, kv.value[..., :c], kv.err[..., :c],
+        out, eo, depth = _focused_bounds._err_heads_and_dwc(q.value, q.err, kv.value[..., :c], kv.err[..., :c],
                                                      kv.value[..., c:], kv.err[..., c:], p, fcfg, hw_kv, tuple(hw),
                                                      None, None)
     return Err(out, eo, max(q.depth, kv.depth) + depth)

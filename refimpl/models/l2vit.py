@@ -360,7 +360,7 @@ def _e_enhanced_attention(t: Err, p: Mapping[str, Any], bc: enhanced.L2ViTConfig
     exact and 1-Lipschitz, and the computed normaliser is clamped too, so it is >= C_min); "+ 1" and "2 |O|"
     cover the gain applied after the buffer or after the quotient (the released code multiplies K^T V by the
     temperature) and the quotient's rounding.  Only the layer's
-    own roundings carry the factor d + M (refimpl.attention.focused.err_attention, which enhanced.py's
+    own roundings carry the factor d + M (refimpl.attention.focused_bounds.err_attention, which enhanced.py's
     bounds use, multiplies the propagated terms by it too: valid, but d + M times looser, which made this
     network's bound infinite after two blocks).  Output projection by e_linear.  First order; u = u_T of
     ``dtype`` enters only the quotient's guard."""
