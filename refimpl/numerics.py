@@ -303,6 +303,35 @@ def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
     return np.where(np.isfinite(m) & (m > 2.0 ** config.RANGE_RESCALE_EXPONENT), e, 0)
 
 
+def check_bound_range(bound: "Bound", stage: str, **inputs: Any) -> "Bound":
+    """The range policy of the error bounds (docs/guarantees.md): ``bound`` unchanged, or FloatingPointError
+    naming the stage where every input array is finite, one of them exceeds the rescaling band 2^B
+    (B = ``config.RANGE_RESCALE_EXPONENT``) and a field of the bound (scale, sigma, ref_scale) is not finite.
+
+    The bounds are not rescaled (their underflow terms k eta are not homogeneous), so for such inputs the
+    products of magnitudes they sum overflow although the attention output may be representable: the bound
+    itself is then not representable, and saying so is the honest outcome.  Inside the band (every ordinary
+    input) nothing is checked or changed; NaN and Inf inputs keep their non-finite bound."""
+    big = None
+    for name, a in inputs.items():
+        a = np.asarray(a, dtype=np.float64)
+        if a.size == 0:
+            continue
+        if not np.all(np.isfinite(a)):
+            return bound
+        m = float(np.max(np.abs(a)))
+        if m > 2.0 ** config.RANGE_RESCALE_EXPONENT and big is None:
+            big = (name, m)
+    if big is None:
+        return bound
+    for field in (bound.scale, bound.sigma, bound.ref_scale):
+        if field is not None and not np.all(np.isfinite(np.asarray(field, dtype=np.float64))):
+            raise FloatingPointError(f"{stage}: the bound of {stage} overflows float64 for inputs of this magnitude "
+                                     f"(max |{big[0]}| = {big[1]:.3g} > 2^{config.RANGE_RESCALE_EXPONENT}; the bound "
+                                     f"is not representable)")
+    return bound
+
+
 def _check_axes(axis: Any, ndim: int) -> Any:
     """``axis`` of :func:`pow2_exponent`: None (all axes), an axis or a tuple of distinct axes of a
     ``ndim``-d array."""

@@ -15,6 +15,12 @@
 5. Bounded work: arcsin_series(order=10**7) and angular_similarity_series(order=10**6) answer at once and
    equal a modest order's result; orders that would need more terms than config.ARCSIN_SERIES_MAX_TERMS
    raise ValueError naming 'order'.
+6. The arcsin series family and the exponential kernel beyond their range or domain: the polynomials T_K,
+   T_K' and their bound raise FloatingPointError naming the stage where the value overflows; the tail bound
+   and its tightness refuse |x| > 1 (+ a 2^-20 rounding slack) with an ArgumentError naming 'x'; the
+   exponential kernel raises FloatingPointError naming the stage where exp overflows; the error bounds of
+   enhanced, focused and RALA attention (not rescaled) raise FloatingPointError naming the stage where an
+   input beyond 2^256 makes them overflow (numerics.check_bound_range).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from refimpl import backends, config, numerics
+from refimpl.errors import ArgumentError
 from refimpl.attention import angular as A, focused as F, linear as L, rala as R, softmax as S
 from refimpl.attention import angular_series, rala_core
 from tests.kernel_helpers import STATUS, available_backends, backend_available
@@ -305,3 +312,129 @@ def test_orders_beyond_the_work_limit_raise():
         A.angular_similarity_series(q, q, 10**6)
     with pytest.raises(ValueError, match=r"argument 'order'.*1000001 terms"):
         A.angular_series_features(q, 10**6)
+
+
+# ---------------------------------------------------------------------------------------------------
+# 6. The arcsin series family and the exponential kernel beyond their range or domain
+# ---------------------------------------------------------------------------------------------------
+
+def test_arcsin_series_polynomials_raise_where_not_representable():
+    """T_K, T_K' and the Horner bound are polynomials defined for every real x (their docstrings): where the
+    value exceeds float64 (x = 1e150, K = 4: about 1e1350) FloatingPointError names the stage (before: inf);
+    finite values outside [-1, 1], order 0 at 1e150, NaN and Inf are unchanged."""
+    x = np.array([0.3, -0.5, 1e150])
+    for fn in (A.arcsin_series, A.arcsin_series_derivative, A.arcsin_series_bound):
+        with pytest.raises(FloatingPointError, match=rf"{fn.__name__}: the polynomial of order K = 4 overflows"):
+            fn(x, 4)
+    assert A.arcsin_series(np.array([1e150]), 0)[0] == 1e150
+    assert A.arcsin_series(np.array([2.0]), 1)[0] == 2.0 + 8.0 / 6.0
+    got = A.arcsin_series(np.array([np.nan, np.inf, 0.5]), 3)
+    assert np.isnan(got[0]) and got[1] == np.inf and got[2] == A.arcsin_series(np.array([0.5]), 3)[0]
+
+
+def test_arcsin_tail_functions_refuse_x_outside_the_domain():
+    """R_K(x) = arcsin x - T_K(x) is undefined for |x| > 1: the tail bound and its tightness raise a ValueError
+    of the hierarchy naming 'x', the domain and the value (before: inf); a computed cosine's rounding excess up
+    to 2^-20 is accepted (no bound proven there: inf, as at |x| = 1 for the geometric kind); NaN propagates."""
+    for fn in (A.arcsin_tail_bound, A.arcsin_tail_tightness):
+        for bad in (1e150, -1.5, np.inf):
+            with pytest.raises(ArgumentError, match=r"argument 'x': .*\|x\| <= 1.*got an entry with \|x\| = "):
+                fn(np.array([0.5, bad]), 4)
+        edge = fn(np.array([1.0 + 2.0 ** -30, -1.0 - 2.0 ** -20, np.nan]), 4)
+        assert np.isinf(edge[0]) and np.isinf(edge[1]) and not np.isfinite(edge[2])
+    assert np.isnan(A.arcsin_tail_bound(np.array([np.nan]), 4)[0])
+    assert np.isfinite(A.arcsin_tail_bound(np.array([1.0]), 4, kind="uniform")[0])
+    # the callers' cosines stay inside the slack: q^.k^ of rounded unit rows of width 512
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 1, 64, 512))
+    c = A.cosine_matrix(q, q)
+    assert np.max(np.abs(c)) <= 1.0 + angular_series.ARCSIN_DOMAIN_SLACK
+    assert np.all(np.isfinite(A.arcsin_tail_bound(np.clip(c, -0.99, 0.99), 4)))
+
+
+def test_exponential_kernel_raises_where_not_representable():
+    """exp(<x, y>/sigma^2) of 1e150-sized inputs is finite but beyond float64: FloatingPointError naming the
+    stage (before: inf); ordinary values are unchanged, very negative exponents underflow to 0, and an Inf in
+    the input propagates as before."""
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((3, 4)), rng.standard_normal((5, 4))
+    base = A.exponential_kernel(x, y)
+    assert np.array_equal(base, np.exp((x @ y.T) / 1.0))
+    for a, b in ((x * 1e150, y), (x, y * 1e150), (np.full((1, 4), 30.0), np.full((1, 4), 30.0))):
+        with pytest.raises(FloatingPointError, match=r"exponential_kernel: .* overflows float64 at index"):
+            A.exponential_kernel(a, b)
+    assert A.exponential_kernel(np.full((1, 4), 30.0), np.full((1, 4), -30.0))[0, 0] == 0.0
+    xi = x.copy()
+    xi[0, 0] = np.inf
+    with np.errstate(invalid="ignore"):
+        got = A.exponential_kernel(xi, y)
+    assert not np.all(np.isfinite(got[0])) and np.array_equal(got[1:], base[1:])
+
+
+@pytest.mark.parametrize("qual,args", [("enhanced.enhanced_attention_bound", ("x",)),
+                                       ("focused.focused_linear_attention_bound", ("x",)),
+                                       ("focused.focused_window_attention_bound", ("x",)),
+                                       ("rala.rala_attention_bound", ("x",)),
+                                       ("rala.rala_core_bound", ("q", "k"))])
+def test_bounds_that_overflow_raise_naming_the_stage(qual, args):
+    """The error bounds are not rescaled: for a 1e150-sized input their products of magnitudes overflow
+    (before: an inf or NaN bound, silently), and numerics.check_bound_range raises FloatingPointError naming
+    the stage.  The ordinary call's bound is finite and the same object check_bound_range was given (nothing
+    is recomputed inside the band); an input with a NaN keeps its non-finite bound."""
+    from tests.campaign_builders import BUILDERS, MODULES
+    key, name = qual.split(".")
+    fn = getattr(MODULES[key], name)
+    valid = BUILDERS[qual]()
+    base = fn(**valid)
+    assert np.all(np.isfinite(base.scale))
+    for arg in args:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            with pytest.raises(FloatingPointError, match=rf"{name}: the bound of {name} overflows float64 for "
+                                                          rf"inputs of this magnitude \(max \|{arg}\| = "):
+                fn(**{**valid, arg: valid[arg] * 1e150})
+            bad = np.array(valid[arg], copy=True)
+            bad.flat[0] = np.nan
+            fn(**{**valid, arg: bad})                     # honest non-finite, no error
+
+
+def test_check_bound_range_leaves_in_band_bounds_alone():
+    """Inside the band (max |input| <= 2^256) a non-finite bound is returned as it is (a bfloat16 quotient
+    rule's inf, a dead row's NaN); beyond it with a finite bound nothing happens either."""
+    inf_bound = numerics.Bound(np.array([np.inf]), 3)
+    assert numerics.check_bound_range(inf_bound, "s", x=np.array([2.0 ** 256])) is inf_bound
+    fine = numerics.Bound(np.array([1.0]), 3)
+    assert numerics.check_bound_range(fine, "s", x=np.array([2.0 ** 900])) is fine
+    with pytest.raises(FloatingPointError, match=r"s: the bound of s overflows"):
+        numerics.check_bound_range(inf_bound, "s", x=np.array([2.0 ** 257]))
+    assert numerics.check_bound_range(inf_bound, "s", x=np.array([2.0 ** 900, np.nan])) is inf_bound
+
+
+def test_rala_attention_raises_naming_the_stage_beyond_the_range():
+    """rala_attention of 1e150-sized x (ELU + 1 kernel, reweighting, eps = 0): exp underflows so that the
+    normaliser is 0 although the exact one is > 0 (before: NaN, silently): FloatingPointError naming the core
+    stage; a weight large enough for x W to overflow names the projections.  The relu kernel's dead row with
+    eps = 0 stays the documented NaN, and a NaN in x propagates."""
+    from tests.campaign_builders import BUILDERS
+    valid = BUILDERS["rala.rala_attention"]()
+    base = R.rala_attention(**valid)
+    assert np.all(np.isfinite(base))
+    with np.errstate(all="ignore"):
+        with pytest.raises(FloatingPointError, match=r"rala_attention: the reweighted core .* non-finite value from "
+                                                     r"finite inputs"):
+            R.rala_attention(**{**valid, "x": valid["x"] * 1e150})
+        params = dict(valid["params"])
+        params["qkv.weight"] = params["qkv.weight"] * 2.0 ** 1000
+        with pytest.raises(FloatingPointError, match=r"rala_attention: the q, k, v and gate projections"):
+            R.rala_attention(**{**valid, "x": valid["x"] * 2.0 ** 100, "params": params})
+        bad = np.array(valid["x"], copy=True)
+        bad.flat[0] = np.nan
+        assert not np.all(np.isfinite(R.rala_attention(**{**valid, "x": bad})))
+    # every query dead (zero weights, negative q bias) with the relu kernel and eps = 0: 0/0, undefined
+    cfg = R.RALAConfig(dim=8, num_heads=2, kernel="relu", reweight=False, eps=0.0)
+    rng = np.random.default_rng(0)
+    p = {"qkv.weight": np.zeros((24, 8)), "qkv.bias": np.concatenate([-np.ones(8), rng.standard_normal(16)]),
+         "phi.weight": rng.standard_normal((8, 8)), "phi.bias": rng.standard_normal(8)}
+    with np.errstate(all="ignore"):
+        out = R.rala_attention(rng.standard_normal((1, 3, 3, 8)), p, cfg)
+    assert np.all(np.isnan(out))

@@ -52,6 +52,12 @@ _METHODS = ("atan2", "arccos", "arcsin")
 TAIL_BOUND_FLOOR = (config.ELEMENTARY_FUNCTION_ULPS + 8) * 2.0 ** -1074
 _POLICIES = ("clamp", "none")
 
+#: The arcsin tail functions (:func:`arcsin_tail_bound`, :func:`arcsin_tail_tightness`) are defined on the
+#: series' domain |x| <= 1; |x| up to 1 + ARCSIN_DOMAIN_SLACK is accepted as the rounding excess of a computed
+#: cosine (q^.k^ of rounded unit rows exceeds 1 by a few units of d u; 2^-20 covers any d below 2^30), and
+#: larger |x| (or +-inf) raise ArgumentError naming 'x'.
+ARCSIN_DOMAIN_SLACK = 2.0 ** -20
+
 
 # ===================================================================================================
 # 1. The arcsin series (Eq. 8)
@@ -80,6 +86,29 @@ def _terms(x: np.ndarray, order: Any, what: str) -> int:
                          f"float64), above the limit {limit} (config.ARCSIN_SERIES_MAX_TERMS); use order <= {limit}, "
                          f"or arcsin itself (angular_similarity) for the untruncated kernel")
     return terms
+
+
+def _check_domain(ax: np.ndarray, what: str) -> None:
+    """ArgumentError naming 'x' where a non-NaN |x| exceeds 1 + ARCSIN_DOMAIN_SLACK (the tail functions' domain:
+    the arcsin series diverges there and arcsin x is not real, so R_K(x) is undefined)."""
+    bad = ax[~np.isnan(ax)]
+    m = float(np.max(bad)) if bad.size else 0.0
+    if m > 1.0 + ARCSIN_DOMAIN_SLACK:
+        raise ArgumentError(f"argument 'x': {what} is defined for |x| <= 1 (the domain of the arcsin series, with "
+                            f"a rounding slack of 2^-20), got an entry with |x| = {m!r}")
+
+
+def _check_representable(x: np.ndarray, out: np.ndarray, order: int, what: str) -> np.ndarray:
+    """``out`` unchanged, or FloatingPointError naming the stage where a finite x gave a non-finite value: the
+    polynomial (all coefficients > 0, so every Horner step grows with |x| >= 1 and an overflow only happens where
+    the exact value exceeds the range) is finite but not representable in x's dtype."""
+    lost = ~np.isfinite(out) & np.isfinite(x)
+    if np.any(lost):
+        m = float(np.max(np.abs(x[lost])))
+        raise FloatingPointError(f"{what}: the polynomial of order K = {order} overflows {out.dtype} at |x| = {m!r} "
+                                 f"(its exact value is finite but beyond the range; the series approximates arcsin "
+                                 f"only on |x| <= 1)")
+    return out
 
 
 def arcsin_coefficients_exact(order: int) -> tuple[Fraction, ...]:
@@ -145,32 +174,47 @@ def arcsin_series(x: Any, order: int) -> np.ndarray:
     than ``config.ARCSIN_SERIES_MAX_TERMS`` terms raise ValueError (a work bound: at |x| = 1 no feasible
     order reaches float64 accuracy, see the constant).
 
+    Range: T_K(x) is finite for every finite x; where it exceeds the range of the working dtype (|x| > 1
+    only, e.g. x = 1e150 with K >= 1) FloatingPointError naming the stage is raised, as the range policy of
+    docs/guarantees.md asks for a finite value that is not representable.  NaN and +-inf propagate.
+
     References
     ----------
     Castling-ViT Eq. 8 (the K-th partial sum of the "high-order residuals").
     """
     x = numerics.as_float(x, "x", allow_empty=True)
-    c = arcsin_coefficients(_terms(x, order, "arcsin_series"))
-    t = x * x
-    acc = np.full_like(x, c[-1])
-    for ck in c[-2::-1]:
-        acc = acc * t + ck
-    return x * acc
+    return _series_value(x, _terms(x, order, "arcsin_series"), "arcsin_series")
+
+
+def _series_value(x: np.ndarray, terms: int, what: str) -> np.ndarray:
+    """Horner's rule on T_terms(x) (the body of :func:`arcsin_series`), FloatingPointError naming ``what`` where
+    the value is not representable."""
+    c = arcsin_coefficients(terms)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = x * x
+        acc = np.full_like(x, c[-1])
+        for ck in c[-2::-1]:
+            acc = acc * t + ck
+        out = x * acc
+    return _check_representable(x, out, terms, what)
 
 
 def arcsin_series_derivative(x: Any, order: int) -> np.ndarray:
     """T_K'(x) = sum_{k<=K} (2k+1) c_k x^(2k), used to propagate an error in x through T_K (Eq. 8).
 
     Bounded work as :func:`arcsin_series` ((2k+1) c_k = binom(2k, k) / 4^k <= 1 and T_K' >= 1, so the same
-    K0 makes the unsummed tail <= 2^-56 T_K'(x)); more than ``config.ARCSIN_SERIES_MAX_TERMS`` terms raise."""
+    K0 makes the unsummed tail <= 2^-56 T_K'(x)); more than ``config.ARCSIN_SERIES_MAX_TERMS`` terms raise.
+    Range as :func:`arcsin_series`: a value beyond the working dtype's range (|x| > 1 only) raises
+    FloatingPointError naming the stage."""
     x = numerics.as_float(x, "x", allow_empty=True)
     order = _terms(x, order, "arcsin_series_derivative")
     c = arcsin_coefficients(order)
-    t = x * x
-    acc = np.full_like(x, c[-1] * (2 * order + 1))
-    for k in range(order - 1, -1, -1):
-        acc = acc * t + c[k] * (2 * k + 1)
-    return acc
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = x * x
+        acc = np.full_like(x, c[-1] * (2 * order + 1))
+        for k in range(order - 1, -1, -1):
+            acc = acc * t + c[k] * (2 * k + 1)
+    return _check_representable(x, acc, order, "arcsin_series_derivative")
 
 
 def arcsin_series_bound(x: Any, order: int) -> Bound:
@@ -183,13 +227,18 @@ def arcsin_series_bound(x: Any, order: int) -> Bound:
 
         |fl(T_K(x)) - T_K(x)| <= gamma_{3K+2} |T_K(x)|      (first order in u; k = 3K + 2).
 
+    Range: where |T_K(x)| itself exceeds the working dtype's range (|x| > 1 only) the bound is not
+    representable either, and FloatingPointError naming the stage is raised (as :func:`arcsin_series`).
+
     References
     ----------
     Castling-ViT Eq. 8; Higham (2002) eq. (5.3).
     """
     order = _check_order(order)
     x = numerics.as_float(x, "x", allow_empty=True)
-    return Bound(np.abs(arcsin_series(np.abs(x), order)), 3 * order + 2,
+    ax = np.abs(x)
+    scale = np.abs(_series_value(ax, _terms(ax, order, "arcsin_series_bound"), "arcsin_series_bound"))
+    return Bound(scale, 3 * order + 2,
                  f"Horner on T_K, K = {order}: gamma_(2K) + K u (t^k) + u (c_k) + u (times x), first order")
 
 
@@ -208,7 +257,7 @@ def arcsin_tail_bound(x: Any, order: int, kind: str = "geometric") -> np.ndarray
     **Lemma (the coefficients decrease).**  c_{k+1}/c_k = (2k+1)^2 / ((2k+2)(2k+3))
     = (4k^2 + 4k + 1) / (4k^2 + 10k + 6) < 1 for every k >= 0, so c_0 > c_1 > c_2 > ... > 0.
 
-    **kind="geometric"** (|x| < 1; +inf for |x| >= 1):
+    **kind="geometric"** (|x| < 1; +inf for 1 <= |x| <= 1 + ARCSIN_DOMAIN_SLACK, an error beyond):
 
         |R_K(x)| <= sum_{j>=0} c_{K+1+j} |x|^(2K+3+2j) <= c_{K+1} |x|^(2K+3) sum_{j>=0} x^(2j)
                   = c_{K+1} |x|^(2K+3) / (1 - x^2)                                         (G)
@@ -218,7 +267,7 @@ def arcsin_tail_bound(x: Any, order: int, kind: str = "geometric") -> np.ndarray
     1 <= G / |R_K| <= 1 / (1 - x^2): within a factor 4/3 for |x| <= 1/2, 1/(1 - r^2) for |x| <= r.
     G blows up at |x| -> 1 although R_K(1) = pi/2 - T_K(1) is finite; hence:
 
-    **kind="uniform"** (|x| <= 1; +inf for |x| > 1):
+    **kind="uniform"** (|x| <= 1; +inf for 1 < |x| <= 1 + ARCSIN_DOMAIN_SLACK, an error beyond):
 
         |R_K(x)| <= |x|^(2K+3) sum_{k>K} c_k <= |x|^(2K+3) (c_{K+1} + 1/sqrt(pi (K+1)))       (U)
 
@@ -239,7 +288,10 @@ def arcsin_tail_bound(x: Any, order: int, kind: str = "geometric") -> np.ndarray
 
     Parameters
     ----------
-    x : array_like float, any shape.
+    x : array_like float, any shape, with |x| <= 1: the tail R_K(x) is undefined beyond (the series diverges and
+        arcsin x is not real), so |x| > 1 + ARCSIN_DOMAIN_SLACK (2^-20, the rounding excess a computed cosine
+        may carry) and +-inf raise ArgumentError naming 'x' (the domain and the value); NaN propagates.
+        On 1 < |x| <= 1 + 2^-20 (and for "geometric" at |x| = 1) no bound is proven: +inf.
     order : int >= 0, K.
     kind : "geometric" (default, the bound (G) asked for by the issue), "uniform" or "best".
 
@@ -256,6 +308,7 @@ def arcsin_tail_bound(x: Any, order: int, kind: str = "geometric") -> np.ndarray
     ax = np.abs(np.asarray(numerics.as_float(x, "x", allow_empty=True), dtype=np.float64))
     if kind not in ("geometric", "uniform", "best"):
         raise ArgumentError(f"argument 'kind': expected 'geometric', 'uniform' or 'best', got {kind!r}")
+    _check_domain(ax, "arcsin_tail_bound")
     inflate = 1.0 + numerics.gamma(config.ELEMENTARY_FUNCTION_ULPS + 8, numerics.unit_roundoff(np.float64))
     c_next = float(arcsin_coefficients_exact(order + 1)[-1])
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
@@ -274,10 +327,14 @@ def arcsin_tail_tightness(x: Any, order: int, kind: str = "geometric") -> np.nda
     """The proven factor F with bound / |R_K(x)| <= F (Eq. 8 tail; see :func:`arcsin_tail_bound`).
 
     geometric: F = 1/(1 - x^2) (|x| < 1).  uniform at |x| = 1: F = sqrt((K+3/2)/(K+1)) (1 + 1/(2(K+1))).
-    Returns float64 ndarray of x's shape (inf where no factor is proven).
+    Returns float64 ndarray of x's shape (inf where no factor is proven).  Domain as
+    :func:`arcsin_tail_bound`: |x| > 1 + ARCSIN_DOMAIN_SLACK and +-inf raise ArgumentError naming 'x'.
     """
     order = _check_order(order)
     ax = np.abs(np.asarray(numerics.as_float(x, "x", allow_empty=True), dtype=np.float64))
+    if kind not in ("geometric", "uniform"):
+        raise ArgumentError(f"argument 'kind': expected 'geometric' or 'uniform', got {kind!r}")
+    _check_domain(ax, "arcsin_tail_tightness")
     with np.errstate(divide="ignore"):
         if kind == "geometric":
             return np.where(ax < 1.0, 1.0 / ((1.0 - ax) * (1.0 + ax)), np.inf)
@@ -595,12 +652,30 @@ def hyperplane_features(x: Any, directions: Any) -> np.ndarray:
 
 def exponential_kernel(x: Any, y: Any, sigma: float = 1.0) -> np.ndarray:
     """exp(<x_i, y_j> / sigma^2), the left side of Castling-ViT Eq. 2.  x : (..., N, d), y : (..., M, d)
-    -> (..., N, M)."""
+    -> (..., N, M).
+
+    Range: the kernel is not scale-invariant, so nothing is rescaled.  Where an exponent a = <x_i, y_j> / sigma^2
+    is finite but exp(a) exceeds the working dtype's range (a > about 709.78 in float64, e.g. 1e150-sized
+    inputs), or where <x_i, y_j> / sigma^2 itself overflows although x, y and sigma are finite, the exact value
+    is (but for a cancelling overflowed inner product, inf - inf) finite and not representable:
+    FloatingPointError naming the stage.  Very negative exponents underflow to
+    0 (the correctly rounded result); NaN and +-inf in the input propagate as before."""
     validation.check_positive(sigma, "sigma")
     x = numerics.as_float(x, "x")
     y = numerics.as_float(y, "y")
     _check_pair(x, y, ("x", "y"))
-    return np.exp((x @ np.swapaxes(y, -1, -2)) / (sigma * sigma))
+    with np.errstate(over="ignore", invalid="ignore"):
+        a = (x @ np.swapaxes(y, -1, -2)) / (sigma * sigma)
+        out = np.exp(a)
+    if not np.all(np.isfinite(out)):
+        finite_in = np.all(np.isfinite(x), axis=-1)[..., :, None] & np.all(np.isfinite(y), axis=-1)[..., None, :]
+        lost = ~np.isfinite(out) & finite_in
+        if np.any(lost):
+            idx = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise FloatingPointError(f"exponential_kernel: exp(<x_i, y_j> / sigma^2) overflows {out.dtype} at index "
+                                     f"{idx} (exponent {float(a[idx])!r}) for finite inputs of this magnitude: the "
+                                     f"kernel value is not representable")
+    return out
 
 
 def gaussian_rbf_kernel(x: Any, y: Any, sigma: float = 1.0) -> np.ndarray:

@@ -412,6 +412,9 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
     """Error bound of :func:`enhanced_attention`: qkv projection (gamma_{C+1}), the core, the projection.
     Scale (B, N, C).
 
+    Range: the bound is not rescaled; where x exceeds 2^256 (config.RANGE_RESCALE_EXPONENT) and the bound
+    overflows, FloatingPointError naming the stage (numerics.check_bound_range).
+
     References
     ----------
     L2ViT Eq. 4; docs/design.md "The verdict".
@@ -421,7 +424,7 @@ def enhanced_attention_bound(x: Any, params: Mapping[str, Any], cfg: L2ViTConfig
     numerics.check_shapes(x=(x, "B N C"), sizes={"C": cfg.dim})
     _check_params(params, cfg, "lga", "enhanced_attention_bound", prefix="attn.")
     _, e, depth = _err_attention_module(x, np.zeros_like(x), params, cfg, dtype)
-    return _bound(e, depth, "enhanced attention", dtype)
+    return numerics.check_bound_range(_bound(e, depth, "enhanced attention", dtype), "enhanced_attention_bound", x=x)
 
 
 def enhanced_attention_stages(params: Mapping[str, Any], cfg: L2ViTConfig) -> list[numerics.Stage]:

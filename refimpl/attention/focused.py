@@ -324,7 +324,9 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
     Stages: q / kv projections (gamma_{C+1}), with sr > 1 the reduction conv (gamma_{C sr^2 + 1}) and its
     LayerNorm (Jacobian + layers.layer_norm_bound), ReLU / eps / softplus scale, f_p
     (:func:`focused_function_error`), attention (:func:`err_attention`), DWC (with resampling), the sum and
-    the output projection.  Returns numerics.Bound with scale (B, N, C).
+    the output projection.  Returns numerics.Bound with scale (B, N, C).  Range: the bound is not rescaled;
+    where x exceeds 2^256 (config.RANGE_RESCALE_EXPONENT) and the bound overflows, FloatingPointError naming
+    the stage (numerics.check_bound_range).
 
     References
     ----------
@@ -369,7 +371,8 @@ def focused_linear_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
                                        hw_kv, (big_h, big_w), None, dtype, l2)
         return eo, depth + d2
 
-    return _both(err, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})", dtype)
+    return numerics.check_bound_range(_both(err, f"focused_linear_attention ({'sr=' + str(cfg.sr_ratio)})", dtype),
+                                      "focused_linear_attention_bound", x=x)
 
 
 def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: FocusedConfig, hw: tuple[int, int], *,
@@ -377,7 +380,8 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
                                    dtype: Any = None, order: str | None = None) -> numerics.Bound:
     """Error bound of :func:`focused_window_attention` (Swin layout), either order; stages as
     :func:`focused_linear_attention_bound` (qkv projection, features, attention per window and mask group,
-    DWC on the window grid, projection); rolls and window partitions are exact.  Scale (B, N, C).
+    DWC on the window grid, projection); rolls and window partitions are exact.  Scale (B, N, C).  Range as
+    :func:`focused_linear_attention_bound`.
 
     References
     ----------
@@ -407,7 +411,8 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
             eg = np.roll(eg, (sh, sw), axis=(1, 2))
         return eg.reshape(b, big_h * big_w, c), k_lin + d2
 
-    return _both(err, "focused_window_attention", dtype)
+    return numerics.check_bound_range(_both(err, "focused_window_attention", dtype), "focused_window_attention_bound",
+                                      x=x)
 
 
 # ===================================================================================================

@@ -191,7 +191,10 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
 
     Returns
     -------
-    Array of x's shape and layout.
+    Array of x's shape and layout.  Range: where x and the parameters are finite but a stage's value is not
+    (1e150-sized inputs: a projection or RoPE's rotated numerator overflows, or ELU + 1 and alpha underflow so
+    that the normaliser is 0 although the exact one is > 0), FloatingPointError naming the stage; the one
+    honest NaN is the relu kernel's dead row with eps = 0 (0/0, undefined), returned as NaN.
 
     References
     ----------
@@ -232,7 +235,37 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
                           params.get("proj.bias"))
     out = _tokens_to_grid(y, h, w, cfg.layout)
     t["out"] = out
+    if not np.all(np.isfinite(out)):
+        _check_output_range(x, params, cfg, t)
     return out
+
+
+def _check_output_range(x: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, t: Mapping[str, Any]) -> None:
+    """The range policy of :func:`rala_attention` for a non-finite output (docs/guarantees.md): nothing where an
+    input (x or a parameter) is not finite (NaN and Inf propagate) or where the core's NaN is the undefined 0/0
+    of a dead relu row with eps = 0; otherwise FloatingPointError naming the first stage whose value is not
+    finite.  The exact result is finite there (ELU + 1 and the softmax weights alpha are > 0, eps > 0 else), so
+    a non-finite value means float64 cannot hold it: a projection or the output overflows, or the core's
+    normaliser underflows to 0 (exp of 1e150-sized negative pre-activations; only log-domain scaling could
+    avoid it) or its quotient overflows."""
+    if not np.all(np.isfinite(x)) or not all(np.all(np.isfinite(np.asarray(p, dtype=np.float64)))
+                                             for p in params.values()):
+        return
+    stages = [("the q, k, v and gate projections", [t["q"], t["k"], t["v"]] + ([t["gate"]] if t["gate"] is not None
+                                                                            else [])),
+              ("the reweighted core (RALA Eq. 2-4; its normaliser underflows to 0 or its quotient overflows)",
+               [t["core"]])]
+    if "lepe" in t:
+        stages.append(("LePE", [t["lepe"]]))
+    stages.append(("the gate product and the output projection (RALA Eq. 6)", [t["out"]]))
+    for stage, values in stages:
+        if all(np.all(np.isfinite(a)) for a in values):
+            continue
+        if stage.startswith("the reweighted core") and cfg.kernel == "relu" and not cfg.eps \
+                and not np.any(np.isinf(t["core"])):
+            return          # a dead relu row with eps = 0: 0/0, undefined (the documented NaN)
+        raise FloatingPointError(f"rala_attention: {stage} gives a non-finite value from finite inputs: float64 "
+                                 f"cannot compute this stage's (finite) result for inputs of this magnitude")
 
 
 def _projections(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig):
@@ -434,7 +467,9 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     propagated error of V), the addition, the gate product (phi's own error: gamma_{C+1} linear, c u
     |tanh| for tanh) and the output projection.  Returns Bound with the output's shape and layout, carrying the
     l2 coefficient sigma (:func:`_attention_sigma`; the verdict uses min(E, lam u sigma)) and, where E is
-    infinite in T, the float64 reference's own error (Bound.ref_scale).
+    infinite in T, the float64 reference's own error (Bound.ref_scale).  Range: the bound is not rescaled;
+    where x exceeds 2^256 (config.RANGE_RESCALE_EXPONENT) and the bound overflows, FloatingPointError naming
+    the stage (numerics.check_bound_range).
 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 3.12; docs/design.md "The verdict".
     """
@@ -448,11 +483,12 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     e64 = None
     if not (np.all(np.isfinite(e)) and math.isfinite(pr.g(depth))):    # the reference's own error, finite
         e64 = _tokens_to_grid(_attention_e(tok, params, cfg, (h, w), _Prec.of("float64"))[0], h, w, cfg.layout)
-    return _as_bound(e, depth, pr,
-                     f"rala_attention: running error bound through projections, core, LePE, gate and projection, "
-                     f"depth K = {depth:.4g}; l2 coefficient sigma (_attention_sigma)",
-                     sigma=_tokens_to_grid(_attention_sigma(tok, params, cfg, (h, w), pr), h, w, cfg.layout),
-                     e_ref=e64)
+    bound = _as_bound(e, depth, pr,
+                      f"rala_attention: running error bound through projections, core, LePE, gate and projection, "
+                      f"depth K = {depth:.4g}; l2 coefficient sigma (_attention_sigma)",
+                      sigma=_tokens_to_grid(_attention_sigma(tok, params, cfg, (h, w), pr), h, w, cfg.layout),
+                      e_ref=e64)
+    return numerics.check_bound_range(bound, "rala_attention_bound", x=x)
 
 
 def _attention_e(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[int, int],

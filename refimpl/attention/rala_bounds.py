@@ -679,7 +679,9 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     Parameters: q, k, v (B, h, N, d), cfg, hw as :func:`rala_core`; dtype : the tested precision T.
     Returns numerics.Bound with scale (B, h, N, d) and the l2 coefficient sigma (:func:`_core_sigma`);
     derivation in the module's "Error model" section.  Valid for both orders and for the stage orders of the
-    PyTorch twin (official: 1/(den + eps) then a product; k * softmax * N).
+    PyTorch twin (official: 1/(den + eps) then a product; k * softmax * N).  Range: the bound is not rescaled;
+    where q, k or v exceeds 2^256 (config.RANGE_RESCALE_EXPONENT) and the bound overflows, FloatingPointError
+    naming the stage (numerics.check_bound_range).
 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
     """
@@ -696,6 +698,7 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     e64 = None
     if not (np.all(np.isfinite(e)) and math.isfinite(pr.g(depth))):    # the reference's own error, finite
         e64 = _core_error(q, z, k, z, v, z, cfg, hw, _Prec.of("float64"))[0]
-    return _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth:.4g}; l2 "
-                                   f"coefficient sigma (_core_sigma)", sigma=_core_sigma(q, z, k, z, v, z, cfg, hw, pr),
-                     e_ref=e64)
+    bound = _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth:.4g}; l2 "
+                                    f"coefficient sigma (_core_sigma)", sigma=_core_sigma(q, z, k, z, v, z, cfg, hw, pr),
+                      e_ref=e64)
+    return numerics.check_bound_range(bound, "rala_core_bound", q=q, k=k, v=v)
