@@ -63,7 +63,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, Parame
 
 __all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_option",
            "check_seed", "check_int_tuple", "check_mapping", "check_param_values", "check_float_array", "check_taps",
-           "check_config", "check_max_elements", "check_axis", "check_grid", "check_params",
+           "check_config", "check_heads", "check_config_options", "check_attention_order", "check_max_elements", "check_axis", "check_grid", "check_params",
            "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
 
 #: The optional persistent buffer (BatchNorm's batch counter; unused in eval mode).
@@ -233,6 +233,30 @@ def check_config(cfg: Any, cls: type, name: str = "cfg") -> Any:
         raise ArgumentTypeError(f"{_label(name)}: expected a {cls.__name__} ({cls.__module__}.{cls.__qualname__}), "
                                 f"got {describe(cfg)}")
     return cfg
+
+
+def check_heads(dim: Any, num_heads: Any) -> tuple[int, int]:
+    """A multi-head configuration's ``dim`` and ``num_heads``: integers >= 1, ``dim`` divisible by
+    ``num_heads`` (the preamble of the attention configs, FocusedConfig and L2ViTConfig)."""
+    dim, num_heads = check_int(dim, "dim", minimum=1), check_int(num_heads, "num_heads", minimum=1)
+    if dim % num_heads:
+        raise ArgumentError(f"argument 'dim': {dim} is not divisible by num_heads={num_heads}")
+    return dim, num_heads
+
+
+def check_config_options(cfg: Any, choices: Mapping[str, Iterable[Any]]) -> None:
+    """Every option field of a config is one of its allowed values: ``choices`` maps a field name to them
+    (the attention configs' option checks: FocusedConfig, L2ViTConfig, CastlingConfig)."""
+    for name, allowed in choices.items():
+        if getattr(cfg, name) not in allowed:
+            raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(cfg, name)!r}")
+
+
+def check_attention_order(order: Any) -> None:
+    """The contraction order of a linear attention core: "linear" (phi(Q) (phi(K)^T V)) or "quadratic"
+    ((phi(Q) phi(K)^T) V) (the focused and enhanced cores' ``order``)."""
+    if order not in ("linear", "quadratic"):
+        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
 
 
 def check_axis(axis: Any, ndim: int, name: str = "axis") -> int:

@@ -4,7 +4,8 @@
 224 x 224 under its registered config, and, where a family has an "official" preset whose count differs, under
 that preset too.  A registered model without a row fails.  Independently of the counting code, closed-form
 counts written out from the papers' architecture tables and the released code reproduce the totals of
-L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT and FLatten-DeiT, so a
+L2ViT (LCM included), RAVLT (LePE, gate, FFN depthwise conv included), Castling-DeiT, FLatten-DeiT and RALA's DeiT-T
+(both presets; RALA-Swin's closed form is tests/test_paper_counts.py's), so a
 counter that forgets a component fails even if it was forgotten from the start.  FLatten-PVT's and
 FLatten-PVTv2's closed forms (the v2 feed-forward's depthwise conv included) are tests/test_flatten_pvt.py's,
 Castling-LeViT's tests/test_castling_levit.py's, Castling-MViTv2's tests/test_castling_mvitv2.py's;
@@ -51,7 +52,12 @@ MACS = {
     "flatten_swin_b": 15_421_313_024,
     "flatten_swin_s": 8_733_649_920,
     "flatten_swin_t": 4_483_341_312,
+    "rala_deit_t": 1_128_248_832,
+    "rala_swin_s": 8_711_973_888,
+    "rala_swin_t": 4_461_665_280,
     "l2vit_base": 15_793_669_120,
+    "l2vit_deit_t": 1_215_670_656,
+    "l2vit_deit_t_all": 1_177_658_112,
     "l2vit_small": 8_969_564_928,
     "l2vit_tiny": 4_681_774_848,
     "lisanet_h_b": 9_001_869_312,
@@ -95,7 +101,12 @@ MACS_OFFICIAL = {
     "flatten_swin_b": 15_421_313_024,
     "flatten_swin_s": 8_733_649_920,
     "flatten_swin_t": 4_483_341_312,
+    "rala_deit_t": 1_226_242_560,        # + LePE 5x5 and the output projection (RALA's released layer)
+    "rala_swin_s": 8_850_158_592,
+    "rala_swin_t": 4_599_849_984,
     "l2vit_base": 15_807_668_224,        # + the second CPE of every LWA block (released code)
+    "l2vit_deit_t": 1_215_670_656,       # official: per-head temperatures, no MACs
+    "l2vit_deit_t_all": 1_177_658_112,
     "l2vit_small": 8_980_064_256,
     "l2vit_tiny": 4_688_209_920,
     "ravlt_b": 10_579_554_816,           # + LePE, output projection, FFN depthwise conv; softmax in stages 3-4
@@ -132,7 +143,12 @@ PAPER = {
     "flatten_swin_b": (15.4, 1, "FLatten Table 8"),
     "flatten_swin_s": (8.7, 1, "FLatten Table 8"),
     "flatten_swin_t": (4.5, 1, "FLatten Table 8"),
+    "rala_deit_t": (1.1, 1, "RALA Table 8 (DeiT-T setting)"),
+    "rala_swin_s": (8.7, 1, "RALA Table 8 (Swin-S setting)"),
+    "rala_swin_t": (4.5, 1, "RALA Table 8 (Swin-T setting)"),
     "l2vit_base": (15.9, 1, "L2ViT Table 3 (224^2)"),
+    "l2vit_deit_t": (1.3, 1, "L2ViT Table 11"),
+    "l2vit_deit_t_all": (1.3, 1, "L2ViT Table 8"),
     "l2vit_small": (9.0, 1, "L2ViT Table 2"),
     "l2vit_tiny": (4.7, 1, "L2ViT Table 2"),
     "lisanet_h_b": (9.6, 1, "LiSA Table 4"),
@@ -166,6 +182,9 @@ GAPS = {
                        "(docs/models_flatten_castling.md)",
     "flatten_cswin_b": "14.913G vs 15.0G: FLatten-CSwin-B repeats CSwin-B's 15.0G (14.955G here), other depths",
     "l2vit_base": "15.79G (official 15.81G) vs 15.9G, 0.7% (docs/models_l2vit_ravlt_lisanet.md: 'about 1%')",
+    "l2vit_deit_t": "1.216G vs 1.3G: the linear order saves 6.3M MACs per enhanced block on DeiT-T's 1.254G; the "
+                    "quadratic order gives 1.276G (docs/models_l2vit_ravlt_lisanet.md, 'L2ViT in DeiT-T')",
+    "l2vit_deit_t_all": "1.178G vs 1.3G (quadratic order 1.298G; tests/test_paper_counts.py)",
     "ravlt_t": "paper preset 2.33G, official 2.61G vs 2.4G (docs/models_l2vit_ravlt_lisanet.md)",
     "ravlt_s": "paper preset 4.31G, official 4.88G vs 4.6G",
     "ravlt_b": "paper preset 9.46G, official 10.58G vs 9.9G",
@@ -260,9 +279,15 @@ def deit_closed_form(c, depth, heads, *, attention, classes=1000):
     """DeiT at 224, patch 16 (FLatten Table 9; Castling-ViT's DeiT): patch embedding 196 C 768; per block qkv
     3NC^2, proj NC^2, MLP 8NC^2 and the attention; head C x classes.  FLatten-DeiT (no class token, N = 196):
     focused linear attention 2 N C d + N C and its 5x5 DWC N C 25.  Castling-DeiT (class token, N = 197): the
-    linear-angular core K^T V and Q(K^T V) 2 N C d and the 9-tap depthwise conv on V, N C 9."""
+    linear-angular core K^T V and Q(K^T V) 2 N C d and the 9-tap depthwise conv on V, N C 9.  RALA in DeiT-T (RALA
+    Table 8; no class token, N = 196; qkv in the qkv slot, the gate phi's N C^2 in the proj slot): the core 2 N C d,
+    its normaliser N C and alpha's scores Q_g kappa(K_j)^T N C (Eq. 2-4); ``attention="rala_official"`` adds the
+    released layer's 5x5 LePE N C 25 and output projection N C^2."""
     d = c // heads
-    if attention == "focused":
+    if attention in ("rala", "rala_official"):
+        n = 196
+        att = 2 * n * c * d + 2 * n * c + (n * c * 25 + n * c * c if attention == "rala_official" else 0)
+    elif attention == "focused":
         n = 196
         att = 2 * n * c * d + n * c + n * c * 25
     else:
@@ -298,6 +323,33 @@ def test_deit_closed_forms():
     assert deit_closed_form(192, 12, 3, attention="focused") == MACS["flatten_deit_t"]
     assert deit_closed_form(192, 12, 3, attention="angular") == MACS["castling_deit_t"]
     assert deit_closed_form(768, 12, 12, attention="angular") == MACS["castling_deit_b"]
+    assert deit_closed_form(192, 12, 3, attention="rala") == MACS["rala_deit_t"]
+    assert deit_closed_form(192, 12, 3, attention="rala_official") == MACS_OFFICIAL["rala_deit_t"]
+
+
+def l2vit_deit_closed_form(enhanced, *, c=192, depth=12, heads=3, k=7, quadratic=False, classes=1000):
+    """DeiT-T with ``enhanced`` of its blocks enhanced (L2ViT Appendix 9, Table 11; Table 8), at 224, patch 16,
+    class token (N = 197): patch embedding 196 C 768; per block qkv 3NC^2, proj NC^2, MLP 8NC^2; softmax blocks
+    QK^T and AV 2 N^2 C; enhanced blocks phi(K)^T V and phi(Q)(phi(K)^T V) 2 N C d (quadratic order: 2 N^2 C)
+    plus the normaliser N C, and the LCM's two k x k depthwise convs on the 14 x 14 patch grid 2 * 196 C k^2;
+    head C x classes."""
+    n, d = 197, c // heads
+    core = 2 * n * n * c if quadratic else 2 * n * c * d
+    blocks = depth * 12 * n * c * c + (depth - enhanced) * 2 * n * n * c \
+        + enhanced * (core + n * c + 2 * 196 * c * k * k)
+    return 196 * c * 768 + blocks + c * classes
+
+
+def test_l2vit_deit_closed_form():
+    """L2ViT-DeiT's counts from the closed form: no block enhanced is DeiT-T itself (1,253,683,200 = 1.3G, as
+    tests/test_paper_counts.py's softmax DeiT-T with a class token); the registered six / twelve enhanced blocks,
+    the quadratic order and a 3 x 3 LCM."""
+    assert l2vit_deit_closed_form(0) == 1_253_683_200
+    assert l2vit_deit_closed_form(6) == MACS["l2vit_deit_t"]
+    assert l2vit_deit_closed_form(12) == MACS["l2vit_deit_t_all"]
+    for name, n_enh in (("l2vit_deit_t", 6), ("l2vit_deit_t_all", 12)):
+        assert _total(name, order="quadratic") == l2vit_deit_closed_form(n_enh, quadratic=True)
+        assert _total(name, lcm_kernel=3) == l2vit_deit_closed_form(n_enh, k=3)
 
 
 def test_a_forgotten_component_changes_the_count():

@@ -19,6 +19,12 @@ them, and where they do not round to it the arithmetic of the gap asserted.
   FLatten's softmax DeiT-T row (1.2G) is our count without a class token (1.247G), not with one (1.254G).
 - LiSANet-I-T at 384^2 (Table 9: 3.62G): 3.28G MACs, 3.69G with FFTs: 1.9% above the paper, the same ratio
   as at 224^2.
+- L2ViT in DeiT-T (Table 11: 5.7M, 1.3G with blocks 2, 4, ..., 12 enhanced; Table 8: 5.8M, 1.3G with all twelve):
+  5.84M / 5.96M parameters with the 7 x 7 LCM (a 3 x 3 LCM gives 5.75M / 5.77M, both as printed); 1.216G / 1.178G
+  MACs in the linear order (the quadratic order gives 1.276G / 1.298G, both 1.3G as printed).
+- RALA in DeiT-T, Swin-T and Swin-S (RALA Table 8: 6M / 1.1G, 29M / 4.5G, 50M / 8.7G): 5.72M / 1.128G, 28.29M /
+  4.462G, 49.60M / 8.712G - all as printed but Swin-T's 29M (COUNT_GAPS: Swin-T itself has 28.29M, which the Swin
+  paper prints as 29M); closed forms from Swin-T / Swin-S (FLatten-Swin with every stage softmax) and DeiT-T.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from fractions import Fraction
 import pytest
 
 from refimpl import models as rm
-from refimpl.models import counting, flatten, l2vit, lisanet, ravlt
+from refimpl.models import counting, flatten, l2vit, l2vit_deit, lisanet, rala_variants, ravlt
 
 HW = (224, 224)
 
@@ -255,3 +261,105 @@ def test_flatten_deit_t_flops_recorded_precisely():
     assert 1.05e9 <= ours < 1.15e9
     assert _deit_softmax_macs(196) == 1_246_563_840 and round(_deit_softmax_macs(196) / 1e9, 1) == 1.2
     assert _deit_softmax_macs(197) == 1_253_683_200 and round(_deit_softmax_macs(197) / 1e9, 1) == 1.3
+
+
+# ===================================================================================================
+# L2ViT in DeiT-T (Appendix 9 Table 11; Table 8)
+# ===================================================================================================
+
+def _l2vit_deit_params(enhanced: int, *, k: int = 7, temperatures: int = 0, c: int = 192) -> int:
+    """DeiT-T (5,717,416: patch embed 3*16*16*C + C, class token C, pos embed 197 C, 12 blocks of 2 LN 4C, qkv
+    3C^2 + 3C, proj C^2 + C, MLP 8C^2 + 5C, final LN 2C, head 1000 C + 1000) + per enhanced block the scale s
+    (1, or h temperatures), norm3 2C, the LCM's two k x k depthwise convs 2 (k^2 C + C) and its BN 2C."""
+    deit = (3 * 256 * c + c) + c + 197 * c + 12 * (4 * c + 3 * c * c + 3 * c + c * c + c + 8 * c * c + 5 * c) \
+        + 2 * c + 1000 * c + 1000
+    return deit + enhanced * ((temperatures or 1) + 2 * c + 2 * (k * k * c + c) + 2 * c)
+
+
+def test_l2vit_deit_counts():
+    """L2ViT Appendix 9, Table 11: DeiT-T 5.7M / 1.3G and DeiT-T + Enhanced Linear Attention (blocks 2, 4, ..., 12
+    enhanced) 5.7M / 1.3G; Table 8: all twelve blocks enhanced, 5.8M / 1.3G.  Ours, as the paper describes the
+    block (Eq. 4-8, the 7 x 7 LCM of Table 13 / Fig. 5, no CPE): 5,837,230 (5.8M) and 5,957,044 (6.0M)
+    parameters - neither as printed (COUNT_GAPS) - and 1.216G / 1.178G MACs in the linear order (1.2G; the
+    paper's "some FLOPs reduction" against DeiT-T's 1.254G).  Recorded, not fitted: a 3 x 3 LCM
+    (``l2vit_deit.LCM_KERNEL_3``) reproduces both printed parameter counts (5.745M -> 5.7M, 5.773M -> 5.8M), the
+    only odd kernel that does (1 x 1 fits Table 11 alone, 5 x 5 Table 8 alone); the quadratic order ((phi(Q) phi(K)^T) V, O(N^2)) reproduces both printed 1.3G
+    (1.276G, 1.298G) but is no reduction; no single setting reproduces all four figures."""
+    rows = {"l2vit_deit_t": (6, 5.7, 5_837_230, 1_215_670_656, 1_276_037_760),
+            "l2vit_deit_t_all": (12, 5.8, 5_957_044, 1_177_658_112, 1_298_392_320)}
+    deit_t = _l2vit_deit_params(0)
+    assert deit_t == 5_717_416 and counting._round_m(deit_t, 1) == 5.7               # Table 11's DeiT-T row
+    deit_macs = 1_253_683_200                                                       # tests/test_macs.py closed form
+    for name, (n_enh, printed, params, lin, quad) in rows.items():
+        cfg = rm.create(name)[0]
+        assert rm.param_count(cfg) == params == _l2vit_deit_params(n_enh)
+        assert l2vit_deit.COUNT_GAPS[name].derived == params
+        assert counting._round_m(params, 1) != printed
+        assert rm.param_count(rm.create(name, preset="official")[0]) == _l2vit_deit_params(n_enh, temperatures=3)
+        ks = {k for k in (1, 3, 5, 7, 9) if counting._round_m(_l2vit_deit_params(n_enh, k=k), 1) == printed}
+        assert ks == ({1, 3} if n_enh == 6 else {3, 5})
+        k3 = rm.param_count(rm.create(name, **l2vit_deit.LCM_KERNEL_3)[0])
+        assert k3 == _l2vit_deit_params(n_enh, k=3) and counting._round_m(k3, 1) == printed
+        assert counting.total(l2vit_deit.macs(cfg)) == lin < deit_macs and round(lin / 1e9, 1) == 1.2
+        q = counting.total(l2vit_deit.macs(rm.create(name, order="quadratic")[0]))
+        assert q == quad > deit_macs and round(quad / 1e9, 1) == 1.3
+    assert _pct(rows["l2vit_deit_t"][3], 1.3) == -6.49 and _pct(rows["l2vit_deit_t_all"][3], 1.3) == -9.41
+
+
+# ===================================================================================================
+# RALA in DeiT-T, Swin-T and Swin-S (RALA §4.5, Table 8)
+# ===================================================================================================
+
+def _rala_swin_closed_form(depths, *, official=False, c=96, heads=(3, 6, 12, 24), ws=7):
+    """RALA-Swin at 224^2 from Swin itself (FLatten-Swin with every stage softmax: another family's count) and
+    the arithmetic of the two RALA stages (grids 56^2, 28^2): (params, MACs).  Parameters: RALA's qkv + phi have
+    the weights of the qkv + proj they replace, so only the relative-position tables (2 ws - 1)^2 h go; the
+    official layer adds its output projection C^2 + C and 5x5 LePE 26 C.  MACs: the windowed softmax core
+    nw 2 h ws^4 d goes, RALA's core 2 N C d + N C (normaliser) + N C (alpha's scores) comes (the projections
+    are the same 4 N C^2); official + LePE 25 N C + projection N C^2."""
+    swin = rm.create("flatten_swin_t", depths=depths, attn_types="SSSS")[0]
+    params, macs = rm.param_count(swin), counting.total(flatten.macs(swin))
+    for i, g in enumerate((56, 28)):
+        ci, h, n = c * 2 ** i, heads[i], g * g
+        d = ci // h
+        params += depths[i] * (-((2 * ws - 1) ** 2) * h + (ci * ci + 27 * ci if official else 0))
+        macs += depths[i] * (-(n // (ws * ws)) * 2 * h * ws ** 4 * d + 2 * n * ci * d + 2 * n * ci
+                             + (25 * n * ci + n * ci * ci if official else 0))
+    return params, macs
+
+
+def test_rala_table8_counts():
+    """RALA Table 8, "Ours": 6M / 1.1G (DeiT-T setting), 29M / 4.5G (Swin-T), 50M / 8.7G (Swin-S).  Ours (RALA's
+    layer as §3.2 defines it, preset "paper"; DeiT-T without a class token; RALA in Swin's stages 1-2, global):
+    every figure as printed except Swin-T's 29M: 28,285,312 is 28M, as is Swin-T itself (28,288,354, printed 29M
+    by the Swin paper and by Table 8's Swin-T row).  The released layer (preset "official": + LePE, output
+    projection) changes no printed parameter figure; its DeiT-T MACs (1.226G) would print 1.2G.  RALA in all four
+    Swin stages ("LLLL") would not print 29M either."""
+    printed = {"rala_deit_t": (6, 1.1), "rala_swin_t": (29, 4.5), "rala_swin_s": (50, 8.7)}
+    ours = {"rala_deit_t": (5_717_032, 1_128_248_832), "rala_swin_t": (28_285_312, 4_461_665_280),
+            "rala_swin_s": (49_603_216, 8_711_973_888)}
+    official = {"rala_deit_t": (6_221_608, 1_226_242_560), "rala_swin_t": (28_393_024, 4_599_849_984),
+                "rala_swin_s": (49_710_928, 8_850_158_592)}
+    for name, (p_paper, g_paper) in printed.items():
+        cfg = rm.create(name)[0]
+        got = (rm.param_count(cfg), counting.total(rala_variants.macs(cfg)))
+        assert got == ours[name], name
+        off = rm.create(name, preset="official")[0]
+        assert (rm.param_count(off), counting.total(rala_variants.macs(off))) == official[name], name
+        assert round(got[1] / 1e9, 1) == g_paper
+        assert (counting._round_m(got[0], 0) == p_paper) == (name not in rala_variants.COUNT_GAPS), name
+        assert counting._round_m(official[name][0], 0) == counting._round_m(got[0], 0)
+    # DeiT-T: DeiT-T's own 5,717,416 less the class token and its positional embedding (2 x 192)
+    assert _l2vit_deit_params(0) - 2 * 192 == ours["rala_deit_t"][0]
+    # Swin: closed forms from Swin itself
+    for name, depths in (("rala_swin_t", (2, 2, 6, 2)), ("rala_swin_s", (2, 2, 18, 2))):
+        assert _rala_swin_closed_form(depths) == ours[name]
+        assert _rala_swin_closed_form(depths, official=True) == official[name]
+    swin_t = rm.param_count(rm.create("flatten_swin_t", attn_types="SSSS")[0])
+    assert swin_t == 28_288_354 and counting._round_m(swin_t, 0) == 28
+    gap = rala_variants.COUNT_GAPS["rala_swin_t"]
+    assert gap.derived == ours["rala_swin_t"][0] == swin_t - 3_042
+    every = {p: rm.param_count(rm.create("rala_swin_t", attn_types="LLLL", preset=p)[0]) for p in ("paper", "official")}
+    assert every == {"paper": 28_265_032, "official": 30_540_808}
+    assert {counting._round_m(v, 0) for v in every.values()} == {28, 31}
+    assert all(f"{v:,}" in gap.reason for v in every.values())

@@ -45,6 +45,8 @@ from . import flatten_pvt
 from . import flatten_cswin
 from . import castling_levit
 from . import castling_mvitv2
+from . import l2vit_deit
+from . import rala_variants
 
 #: refimpl family module name (refimpl.models.<name>) -> twin module.
 TWINS: dict[str, ModuleType] = {"flatten": flatten, "castling": castling}
@@ -53,6 +55,8 @@ TWINS["flatten_pvt"] = flatten_pvt
 TWINS["flatten_cswin"] = flatten_cswin
 TWINS["castling_levit"] = castling_levit
 TWINS["castling_mvitv2"] = castling_mvitv2
+TWINS["l2vit_deit"] = l2vit_deit
+TWINS["rala_variants"] = rala_variants
 
 __all__ = ["TWINS", "twin_of", "build", "names"]
 

@@ -25,7 +25,7 @@ from refimpl.models.castling_levit import CastlingLeViTConfig, stage_grids, unit
 
 CONFIG_TYPES = (CastlingLeViTConfig,)
 
-__all__ = ["CONFIG_TYPES", "build", "CastlingLeViT", "pooled_castling_core_t"]
+__all__ = ["CONFIG_TYPES", "build", "CastlingLeViT", "pooled_castling_core_t", "castling_dconv", "TokenStagesNet"]
 
 
 class ConvBN(nn.Module):
@@ -59,7 +59,9 @@ class BNLinear(nn.Module):
         return self.l(self.bn(x))
 
 
-def _dconv(acfg: CastlingConfig) -> nn.Module | None:
+def castling_dconv(acfg: CastlingConfig) -> nn.Module | None:
+    """The Castling core's token conv ("tokens1d": (k, 1) over the tokens, heads as channels; "grid2d": k x k
+    depthwise on the grid), or None; shared with the Castling-MViTv2 twin."""
     h, c, k = acfg.num_heads, acfg.dim, acfg.conv_kernel
     if acfg.conv == "tokens1d":
         return nn.Conv2d(h, h, (k, 1), padding=(k // 2, 0), groups=h, bias=acfg.conv_bias)
@@ -128,7 +130,7 @@ class StageAttention(nn.Module):
         self.residual = cfg.residual(False)
         self.h, self.dv = h, dv
         self.qkv = LinearBN(c, h * 3 * dv, eps)
-        self.dconv = _dconv(self.acfg)
+        self.dconv = castling_dconv(self.acfg)
         self.proj = LinearBN(h * dv, c, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -156,7 +158,7 @@ class DownsampleAttention(nn.Module):
         if cfg.q_pool == "conv":       # MViTv2's pool_q / norm_q, shared by the heads
             self.pool_q = nn.Conv2d(self.dv, self.dv, 3, stride=2, padding=1, groups=self.dv, bias=False)
             self.norm_q = nn.LayerNorm(self.dv, eps=cfg.q_pool_ln_eps)
-        self.dconv = _dconv(self.acfg)
+        self.dconv = castling_dconv(self.acfg)
         self.proj = LinearBN(self.h * self.dv, c, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -215,7 +217,31 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg, stage, False) for _ in range(cfg.depths[stage]))
 
 
-class CastlingLeViT(nn.Module):
+class TokenStagesNet(nn.Module):
+    """The unit interpreter shared by the Castling-LeViT and Castling-MViTv2 twins (as refimpl.models._netparts.
+    run_stages): ``self.units`` run in order; stage s's feature map is the output of "stages.s.blocks.{depth - 1}"
+    on ``self.grids[s]``, channels-first.  A subclass sets cfg, units and grids and defines run_unit, _block."""
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        return self._block(name).part(part, x)
+
+    def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        feats, x = [], images
+        for name in self.units:
+            x = self.run_unit(name, x)
+            parts = name.split(".")
+            if len(parts) == 4 and int(parts[3]) == self.cfg.depths[int(parts[1])] - 1:
+                feats.append(x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.grids[int(parts[1])]))
+        return x, feats
+
+    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        return self._run(images)[1]
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self._run(images)[0]
+
+
+class CastlingLeViT(TokenStagesNet):
     """LeViT stem, three stages of Castling blocks with shrink blocks between them, BN + Linear heads."""
 
     def __init__(self, cfg: CastlingLeViTConfig):
@@ -228,7 +254,7 @@ class CastlingLeViT(nn.Module):
         self.head = BNLinear(cfg.embed_dims[-1], cfg.num_classes, eps)
         if cfg.distillation:
             self.head_dist = BNLinear(cfg.embed_dims[-1], cfg.num_classes, eps)
-        self.units = unit_names(cfg)
+        self.units, self.grids = unit_names(cfg), stage_grids(cfg)
 
     def _block(self, name: str) -> Block:
         parts = name.split(".")
@@ -255,26 +281,6 @@ class CastlingLeViT(nn.Module):
         if name == "head":
             return self._head(x)
         return self._block(name)(x)
-
-    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
-        return self._block(name).part(part, x)
-
-    def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        grids = stage_grids(self.cfg)
-        feats, x = [], images
-        for name in self.units:
-            x = self.run_unit(name, x)
-            parts = name.split(".")
-            if len(parts) == 4 and int(parts[3]) == self.cfg.depths[int(parts[1])] - 1:
-                hw = grids[int(parts[1])]
-                feats.append(x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *hw))
-        return x, feats
-
-    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
-        return self._run(images)[1]
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self._run(images)[0]
 
 
 def build(cfg: CastlingLeViTConfig) -> nn.Module:

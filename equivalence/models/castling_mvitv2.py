@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.castling_levit import pooled_castling_core_t
+from equivalence.models.castling_levit import TokenStagesNet, castling_dconv, pooled_castling_core_t
 from equivalence.modules.angular import castling_core_t
 from refimpl import config
 from refimpl.models.castling_mvitv2 import BlockSpec, CastlingMViTv2Config, block_specs, stage_grids, unit_names
@@ -28,15 +28,6 @@ CONFIG_TYPES = (CastlingMViTv2Config,)
 __all__ = ["CONFIG_TYPES", "build", "CastlingMViTv2"]
 
 _K = config.MVITV2_POOL_KERNEL
-
-
-def _dconv(acfg) -> nn.Module | None:
-    h, c, k = acfg.num_heads, acfg.dim, acfg.conv_kernel
-    if acfg.conv == "tokens1d":
-        return nn.Conv2d(h, h, (k, 1), padding=(k // 2, 0), groups=h, bias=acfg.conv_bias)
-    if acfg.conv == "grid2d":
-        return nn.Conv2d(c, c, k, padding=k // 2, groups=c, bias=acfg.conv_bias)
-    return None
 
 
 class PatchEmbed(nn.Module):
@@ -72,7 +63,7 @@ class PoolingAttention(nn.Module):
         self.qkv = nn.Linear(b.dim_in, 3 * b.dim_out, bias=cfg.qkv_bias)
         self.pool_q = nn.Conv2d(self.d, self.d, _K, stride=b.stride, padding=_K // 2, groups=self.d, bias=False)
         self.norm_q = nn.LayerNorm(self.d, eps=cfg.ln_eps)
-        self.dconv = _dconv(self.acfg)
+        self.dconv = castling_dconv(self.acfg)
         self.proj = nn.Linear(b.dim_out, b.dim_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,7 +128,7 @@ class Head(nn.Module):
         return self.projection(x)
 
 
-class CastlingMViTv2(nn.Module):
+class CastlingMViTv2(TokenStagesNet):
     """MViTv2 patch embedding, four stages of pooling-attention blocks with the Castling core, norm, mean, head."""
 
     def __init__(self, cfg: CastlingMViTv2Config):
@@ -149,7 +140,7 @@ class CastlingMViTv2(nn.Module):
         c = cfg.dim(len(cfg.depths) - 1)
         self.norm = nn.LayerNorm(c, eps=cfg.ln_eps)
         self.head = Head(c, cfg.num_classes)
-        self.units = unit_names(cfg)
+        self.units, self.grids = unit_names(cfg), stage_grids(cfg)
 
     def _block(self, name: str) -> Block:
         parts = name.split(".")
@@ -161,25 +152,6 @@ class CastlingMViTv2(nn.Module):
         if name == "head":
             return self.head(self.norm(x).mean(1))
         return self._block(name)(x)
-
-    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
-        return self._block(name).part(part, x)
-
-    def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        grids = stage_grids(self.cfg)
-        feats, x = [], images
-        for name in self.units:
-            x = self.run_unit(name, x)
-            parts = name.split(".")
-            if len(parts) == 4 and int(parts[3]) == self.cfg.depths[int(parts[1])] - 1:
-                feats.append(x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *grids[int(parts[1])]))
-        return x, feats
-
-    def features(self, images: torch.Tensor) -> list[torch.Tensor]:
-        return self._run(images)[1]
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self._run(images)[0]
 
 
 def build(cfg: CastlingMViTv2Config) -> nn.Module:

@@ -144,9 +144,7 @@ class CastlingConfig:
                    "norm_arithmetic": ("scaled", "naive"),
                    "conv": ("tokens1d", "grid2d", "none"), "sparse": ("train_only", "always", "off"),
                    "sparse_logits": ("unit", "scaled_raw")}
-        for name, allowed in choices.items():
-            if getattr(self, name) not in allowed:
-                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+        validation.check_config_options(self, choices)
         k = numerics.check_positive_int(self.conv_kernel, "conv_kernel")
         if k % 2 == 0:
             raise ArgumentError(f"argument 'conv_kernel': expected an odd size (padding k//2 keeps N), got {k}")

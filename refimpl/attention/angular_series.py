@@ -17,8 +17,10 @@ Eq. 2 and 4-8.  Equation numbers are the paper's.
 5. **Error bounds**: the error model shared by the Castling bounds (``_e_matmul``, ``_e_normalize``) and
    :func:`angular_similarity_bound`.
 
-Layer: attention, the bottom of Castling-ViT's three files: imports config, numerics, validation, backends
-(registers the NumPy definition of "angular_series_features") and feature_maps, nothing from
+Layer: attention, the bottom of Castling-ViT's three files (with :mod:`.angular_range`, the series' domain, work
+and range checks, below it): imports config, numerics, validation, backends (registers the NumPy definition of
+"angular_series_features"), feature_maps (``arcsin_coefficients_exact`` is feature_maps' own, re-exported) and
+angular_range, nothing from
 :mod:`.angular_linear` or :mod:`.angular`, which import it.  The public names are re-exported by
 :mod:`refimpl.attention.angular`, their documented home.
 """
@@ -26,16 +28,20 @@ Layer: attention, the bottom of Castling-ViT's three files: imports config, nume
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
-from .. import backends, config, feature_maps, numerics, validation
+from .. import backends, config, numerics, validation
 from ..errors import ArgumentError
+# arcsin_coefficients_exact: Eq. 8's exact c_k, public here (re-exported by angular, its documented home); defined
+# in feature_maps, which the Numba kernel of "angular_series_features" shares.
+from ..feature_maps import arcsin_coefficients_exact
 from ..feature_maps import check_series_order as _check_order
 from ..feature_maps import series_feature_dim as _feature_dim
 from ..numerics import Bound
+from .angular_range import ARCSIN_DOMAIN_SLACK  # noqa: F401 - kept importable here (the tail functions' domain)
+from .angular_range import _check_domain, _check_representable, _terms
 
 __all__ = [
     "arcsin_coefficients_exact", "arcsin_coefficients", "arcsin_series", "arcsin_series_derivative",
@@ -52,86 +58,10 @@ _METHODS = ("atan2", "arccos", "arcsin")
 TAIL_BOUND_FLOOR = (config.ELEMENTARY_FUNCTION_ULPS + 8) * 2.0 ** -1074
 _POLICIES = ("clamp", "none")
 
-#: The arcsin tail functions (:func:`arcsin_tail_bound`, :func:`arcsin_tail_tightness`) are defined on the
-#: series' domain |x| <= 1; |x| up to 1 + ARCSIN_DOMAIN_SLACK is accepted as the rounding excess of a computed
-#: cosine (q^.k^ of rounded unit rows exceeds 1 by a few units of d u; 2^-20 covers any d below 2^30), and
-#: larger |x| (or +-inf) raise ArgumentError naming 'x'.
-ARCSIN_DOMAIN_SLACK = 2.0 ** -20
-
 
 # ===================================================================================================
 # 1. The arcsin series (Eq. 8)
 # ===================================================================================================
-
-def _terms(x: np.ndarray, order: Any, what: str) -> int:
-    """The order actually summed by :func:`arcsin_series` / :func:`arcsin_series_derivative` for ``x``:
-    min(K, K0), K0 the smallest order with m^(2 K0 + 2) <= 2^-56 (1 - m^2), m = max |x| over the finite
-    entries (0 for m = 0, K for m >= 1; derivation in arcsin_series).  ValueError naming ``order`` when that
-    exceeds ``config.ARCSIN_SERIES_MAX_TERMS``."""
-    order = _check_order(order)
-    ax = np.abs(x[np.isfinite(x)])
-    m = float(np.max(ax)) if ax.size else 0.0
-    if m == 0.0:
-        k0 = 0
-    elif m < 1.0:
-        # (2 K0 + 2) ln m <= -56 ln 2 + ln(1 - m^2); + 1 absorbs the rounding of the logarithms.
-        k0 = max(0, math.ceil(((-56.0 * math.log(2.0) + math.log1p(-m) + math.log1p(m)) / math.log(m) - 2.0) / 2.0) + 1)
-    else:
-        k0 = order
-    terms = min(order, k0)
-    limit = config.ARCSIN_SERIES_MAX_TERMS
-    if terms > limit:
-        raise ArgumentError(f"argument 'order': {what} would sum {terms} terms of the arcsin series (order = {order}; "
-                         f"the largest |x| is {m!r}, where the terms up to that order are not negligible in "
-                         f"float64), above the limit {limit} (config.ARCSIN_SERIES_MAX_TERMS); use order <= {limit}, "
-                         f"or arcsin itself (angular_similarity) for the untruncated kernel")
-    return terms
-
-
-def _check_domain(ax: np.ndarray, what: str) -> None:
-    """ArgumentError naming 'x' where a non-NaN |x| exceeds 1 + ARCSIN_DOMAIN_SLACK (the tail functions' domain:
-    the arcsin series diverges there and arcsin x is not real, so R_K(x) is undefined)."""
-    bad = ax[~np.isnan(ax)]
-    m = float(np.max(bad)) if bad.size else 0.0
-    if m > 1.0 + ARCSIN_DOMAIN_SLACK:
-        raise ArgumentError(f"argument 'x': {what} is defined for |x| <= 1 (the domain of the arcsin series, with "
-                            f"a rounding slack of 2^-20), got an entry with |x| = {m!r}")
-
-
-def _check_representable(x: np.ndarray, out: np.ndarray, order: int, what: str) -> np.ndarray:
-    """``out`` unchanged, or FloatingPointError naming the stage where a finite x gave a non-finite value: the
-    polynomial (all coefficients > 0, so every Horner step grows with |x| >= 1 and an overflow only happens where
-    the exact value exceeds the range) is finite but not representable in x's dtype."""
-    lost = ~np.isfinite(out) & np.isfinite(x)
-    if np.any(lost):
-        m = float(np.max(np.abs(x[lost])))
-        raise FloatingPointError(f"{what}: the polynomial of order K = {order} overflows {out.dtype} at |x| = {m!r} "
-                                 f"(its exact value is finite but beyond the range; the series approximates arcsin "
-                                 f"only on |x| <= 1)")
-    return out
-
-
-def arcsin_coefficients_exact(order: int) -> tuple[Fraction, ...]:
-    """The exact coefficients c_0, ..., c_K of arcsin x = sum_k c_k x^(2k+1) (Castling-ViT Eq. 8).
-
-    c_k = (2k)! / (4^k (k!)^2 (2k + 1)) = binom(2k, k) / (4^k (2k + 1)):  1, 1/6, 3/40, 5/112, 35/1152, ...
-    (computed by :func:`refimpl.feature_maps.arcsin_coefficients_exact`, which the Numba kernel of
-    operation "angular_series_features" shares).
-
-    Parameters
-    ----------
-    order : int >= 0, the truncation order K.
-
-    Returns
-    -------
-    tuple of K + 1 ``fractions.Fraction``.
-
-    References
-    ----------
-    Castling-ViT Eq. 8; Abramowitz & Stegun 4.4.40.
-    """
-    return feature_maps.arcsin_coefficients_exact(order)
-
 
 def arcsin_coefficients(order: int) -> np.ndarray:
     """c_0..c_K of Eq. 8 correctly rounded to float64 (then to the working precision).

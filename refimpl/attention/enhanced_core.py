@@ -23,12 +23,11 @@ import numpy as np
 
 from .. import backends, config, numerics, validation
 from ..errors import ArgumentError
+from ..validation import check_attention_order as _check_order
 from .focused_bounds import err_attention, relu_error
 from .linear import kernelized_attention
 
 __all__ = ["L2ViTConfig", "enhanced_linear_attention", "enhanced_linear_attention_bound"]
-
-_ORDERS = ("linear", "quadratic")
 
 
 # ===================================================================================================
@@ -76,10 +75,7 @@ class L2ViTConfig:
     window_mask_padding: bool = True
 
     def __post_init__(self) -> None:
-        numerics.check_positive_int(self.dim, "dim")
-        numerics.check_positive_int(self.num_heads, "num_heads")
-        if self.dim % self.num_heads:
-            raise ArgumentError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+        validation.check_heads(self.dim, self.num_heads)
         numerics.check_positive_int(self.window_size, "window_size")
         for name in ("lcm_kernel", "cpe_kernel"):
             k = numerics.check_positive_int(getattr(self, name), name)
@@ -96,10 +92,9 @@ class L2ViTConfig:
                                 f"int({self.dim} * {self.mlp_ratio}) = {self.mlp_hidden}")
         validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
         validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
-        for name, allowed in (("scale_mode", ("scalar", "per_head")), ("scale_target", ("numerator", "similarity")),
-                              ("lcm_placement", ("residual", "attention")), ("lwa_cpe", ("once", "twice"))):
-            if getattr(self, name) not in allowed:
-                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+        validation.check_config_options(self, {"scale_mode": ("scalar", "per_head"),
+                                               "scale_target": ("numerator", "similarity"),
+                                               "lcm_placement": ("residual", "attention"), "lwa_cpe": ("once", "twice")})
 
     @property
     def head_dim(self) -> int:
@@ -122,11 +117,6 @@ class L2ViTConfig:
             raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
         fields.update(overrides)
         return cls(**fields)
-
-
-def _check_order(order: str) -> None:
-    if order not in _ORDERS:
-        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
 
 
 # ===================================================================================================

@@ -29,11 +29,10 @@ from ..errors import ArgumentError, ParameterKeyError
 from ..feature_maps import check_focusing_factor as _check_p
 from ..feature_maps import focused_function as _focused_function_numpy
 from ..layers import depthwise_conv2d
+from ..validation import check_attention_order as _check_order  # also focused.py's, under this name
 from .linear import kernelized_attention
 
 __all__ = ["FocusedConfig", "focused_function", "focused_feature_map", "focused_attention", "resample_linear"]
-
-_ORDERS = ("linear", "quadratic")
 
 
 # ===================================================================================================
@@ -76,21 +75,16 @@ class FocusedConfig:
     power_scaling: str = "max"
 
     def __post_init__(self) -> None:
-        numerics.check_positive_int(self.dim, "dim")
-        numerics.check_positive_int(self.num_heads, "num_heads")
-        if self.dim % self.num_heads:
-            raise ArgumentError(f"argument 'dim': {self.dim} is not divisible by num_heads={self.num_heads}")
+        validation.check_heads(self.dim, self.num_heads)
         _check_p(self.p)
         numerics.check_positive_int(self.kernel_size, "kernel_size")
         if self.kernel_size % 2 == 0:
             raise ArgumentError(f"argument 'kernel_size': expected an odd size ('same' padding k // 2), "
                              f"got {self.kernel_size}")
         numerics.check_positive_int(self.sr_ratio, "sr_ratio")
-        for name, allowed in (("norm_scope", ("head", "token")), ("normaliser", ("sum", "mean_scaled")),
-                              ("dwc_resample", ("bilinear", "linear_flat")),
-                              ("shift_mask", ("apply", "ignore")), ("power_scaling", ("max", "none"))):
-            if getattr(self, name) not in allowed:
-                raise ArgumentError(f"argument '{name}': expected one of {allowed}, got {getattr(self, name)!r}")
+        validation.check_config_options(self, {"norm_scope": ("head", "token"), "normaliser": ("sum", "mean_scaled"),
+                                               "dwc_resample": ("bilinear", "linear_flat"),
+                                               "shift_mask": ("apply", "ignore"), "power_scaling": ("max", "none")})
         for name in ("relu_eps", "eps", "layer_norm_eps"):
             validation.check_eps(getattr(self, name), name)            # finite, >= 0
 
@@ -116,11 +110,6 @@ class FocusedConfig:
             raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
         fields.update(overrides)
         return cls(**fields)
-
-
-def _check_order(order: str) -> None:
-    if order not in _ORDERS:
-        raise ArgumentError(f"argument 'order': expected 'linear' or 'quadratic', got {order!r}")
 
 
 # ===================================================================================================

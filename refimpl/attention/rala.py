@@ -51,7 +51,7 @@ accuracy for x << 0 (see docs/rala.md).  The error bounds (:func:`rala_core_boun
 error, stage by stage, for a computation in the tested precision T; see "Error model" in
 :mod:`refimpl.attention.rala_bounds`.
 
-Contents, in three files (this one, the public API, re-exports the public names of the other two, so every name
+Contents, in four files (this one, the public API, re-exports the public names of the others, so every name
 of ``__all__`` is importable from here, its documented home):
 
 - :mod:`refimpl.attention.rala_core` (Eq. 2-4, 6; the bottom, imports neither of the others): the layer's
@@ -61,7 +61,9 @@ of ``__all__`` is importable from here, its documented home):
 - :mod:`refimpl.attention.rala_bounds` (imports rala_core): the error model (``_Prec``, the ``_e_*`` rules, the
   errors of the core's stages), the l2 coefficient sigma (``_core_sigma``, ``_attention_sigma``) and
   :func:`rala_core_bound`;
-- this file (imports both; layer: attention, as its parts): the block's configuration
+- :mod:`refimpl.attention.rala_range` (imports rala_core): the range policy of the layer's output
+  (``_check_output_range``: FloatingPointError naming the first stage that is not finite from finite inputs);
+- this file (imports the three; layer: attention, as its parts): the block's configuration
   (:class:`RAVLTBlockConfig`); the attention layer; the RAVLT block (FFN, CPE, layerscale); parameter shapes;
   the bounds of the layer, the FFN and the residuals; the stage list.
 """
@@ -85,6 +87,7 @@ from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _rewe
 # Not used here: kept importable as rala._reweighted_linear_attention_numpy for benchmarks/linattn_c.py (its home is
 # rala_core).
 from .rala_core import _reweighted_linear_attention_numpy  # noqa: F401
+from .rala_range import _check_output_range
 
 __all__ = [
     "RALAConfig", "RAVLTBlockConfig", "kappa", "rope_2d_angles", "apply_rope_2d", "reweighting_coefficients",
@@ -238,34 +241,6 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
     if not np.all(np.isfinite(out)):
         _check_output_range(x, params, cfg, t)
     return out
-
-
-def _check_output_range(x: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, t: Mapping[str, Any]) -> None:
-    """The range policy of :func:`rala_attention` for a non-finite output (docs/guarantees.md): nothing where an
-    input (x or a parameter) is not finite (NaN and Inf propagate) or where the core's NaN is the undefined 0/0
-    of a dead relu row with eps = 0; otherwise FloatingPointError naming the first stage whose value is not
-    finite.  The exact result is finite there (ELU + 1 and the softmax weights alpha are > 0, eps > 0 else), so
-    a non-finite value means float64 cannot hold it: a projection or the output overflows, or the core's
-    normaliser underflows to 0 (exp of 1e150-sized negative pre-activations; only log-domain scaling could
-    avoid it) or its quotient overflows."""
-    if not np.all(np.isfinite(x)) or not all(np.all(np.isfinite(np.asarray(p, dtype=np.float64)))
-                                             for p in params.values()):
-        return
-    stages = [("the q, k, v and gate projections", [t["q"], t["k"], t["v"]] + ([t["gate"]] if t["gate"] is not None
-                                                                            else [])),
-              ("the reweighted core (RALA Eq. 2-4; its normaliser underflows to 0 or its quotient overflows)",
-               [t["core"]])]
-    if "lepe" in t:
-        stages.append(("LePE", [t["lepe"]]))
-    stages.append(("the gate product and the output projection (RALA Eq. 6)", [t["out"]]))
-    for stage, values in stages:
-        if all(np.all(np.isfinite(a)) for a in values):
-            continue
-        if stage.startswith("the reweighted core") and cfg.kernel == "relu" and not cfg.eps \
-                and not np.any(np.isinf(t["core"])):
-            return          # a dead relu row with eps = 0: 0/0, undefined (the documented NaN)
-        raise FloatingPointError(f"rala_attention: {stage} gives a non-finite value from finite inputs: float64 "
-                                 f"cannot compute this stage's (finite) result for inputs of this magnitude")
 
 
 def _projections(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig):

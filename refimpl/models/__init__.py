@@ -32,6 +32,8 @@ __all__ = ["register", "create", "names", "family_of", "param_count", "param_sha
 # never this package, so importing them here makes no cycle.
 from . import castling, castling_levit, castling_mvitv2, flatten, flatten_cswin  # noqa: E402,F401
 from . import flatten_pvt, l2vit, lisanet, ravlt  # noqa: E402,F401
+from . import l2vit_deit  # noqa: E402,F401
+from . import rala_variants  # noqa: E402,F401
 
 
 def convert_state_dict(name: Any, state_dict: Any, source: str = "official", **kwargs: Any) -> dict:

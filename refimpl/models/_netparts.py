@@ -2,7 +2,10 @@
 lisanet.py) on top of :mod:`refimpl.models.common`: layout changes, bottom/right padding, image checks for
 any resolution, random initialisation with BatchNorm statistics, and the running-error stages that
 common.py does not have (BatchNorm, ReLU, Swish, depthwise conv, per-channel scale, channels-first
-LayerNorm) plus adapters to the attention modules' own error propagation.
+LayerNorm) plus adapters to the attention modules' own error propagation; and the unit framework: the unit
+loops of these families (:func:`run_units`, :func:`bound_units`) and the interpreter of the token-stage networks
+Castling-LeViT and Castling-MViTv2 (:func:`run_stages`, :func:`bound_stages`, :func:`stage_feature_map`: the
+family declares unit_names, run_unit and stage_grids; one loop runs them).
 
 Shapes: B batch, C channels, H x W grid, N = H W tokens (row-major).  Image tensors are channels-first
 (B, C, H, W) as in PyTorch; token tensors are (B, N, C).
@@ -15,19 +18,21 @@ absolute errors (u included) instead; :func:`to_abs` / :func:`from_abs` convert.
 from __future__ import annotations
 
 import math
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 from scipy.special import expit
 
-from .. import config, layers, numerics
+from .. import config, layers, numerics, validation
 from ..attention import focused_bounds as _focused_bounds
 from . import common
 from .common import Err
 
 __all__ = ["init_params_from_shapes", "tokens_to_grid", "grid_to_tokens", "pad_bottom_right", "check_images",
            "e_batch_norm", "e_relu", "e_swish", "e_dwconv", "e_scale", "e_layer_norm", "e_layer_norm_cf", "e_tokens",
-           "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound"]
+           "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound", "run_units", "bound_units", "stage_end_units",
+           "stage_feature_map", "run_stages", "bound_stages"]
 
 
 def init_params_from_shapes(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator, *,
@@ -218,3 +223,39 @@ def bound_units(names: list[str], e_one: Callable[[str, Err], Err], feature_unit
         if name in feature_units:
             fb.append(to_bound(t, f"{family} stage {feature_units[name] + 1} features"))
     return fb, to_bound(t, f"{family} logits")
+
+
+# ===================================================================================================
+# Token-stage networks (Castling-LeViT, Castling-MViTv2): the family declares its units, one interpreter runs
+# them.  A family module provides unit_names(cfg), run_unit(params, name, x, cfg) and stage_grids(cfg), its
+# config ``depths``; its units carry tokens (B, N, C) and stage s ends with unit "stages.s.blocks.{depth_s - 1}".
+# ===================================================================================================
+
+def stage_end_units(depths: Any) -> dict[str, int]:
+    """{unit name: stage} of the units that close a stage: "stages.s.blocks.{depths[s] - 1}"."""
+    return {f"stages.{s}.blocks.{d - 1}": s for s, d in enumerate(depths)}
+
+
+def stage_feature_map(family: ModuleType, name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
+    """The feature map after unit ``name``: a stage-closing unit's tokens on the stage's grid, channels-first
+    (B, C_s, H_s, W_s); None for any other unit."""
+    s = stage_end_units(cfg.depths).get(name)
+    return None if s is None else tokens_to_grid(y, family.stage_grids(cfg)[s])
+
+
+def run_stages(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any,
+               taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The family's ``run``: its units in order from the images (:func:`refimpl.models.common.run_feature_units`);
+    the logits and every stage's feature map in one pass; ``taps`` (dict or None) records every unit's output."""
+    validation.check_taps(taps)
+    return common.run_feature_units(family.unit_names(cfg), lambda name, x: family.run_unit(params, name, x, cfg),
+                                    lambda name, x: stage_feature_map(family, name, x, cfg), images, taps)
+
+
+def bound_stages(family: ModuleType, e_unit: Callable[[str, Err], Err], images: Any, cfg: Any
+                 ) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """The family's ``forward_bounds`` after its checks: ``e_unit(name, t)`` along its units from exact images
+    (:func:`refimpl.models.common.chain_bounds`), the bounds of the stages' feature maps and of the logits."""
+    with np.errstate(all="ignore"):
+        return common.chain_bounds(family.unit_names(cfg), e_unit,
+                                   lambda name, a: stage_feature_map(family, name, a, cfg), images)

@@ -84,14 +84,14 @@ residual pooling connection.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention.angular import CastlingConfig, castling_core, castling_core_bound
+from ..attention.angular import CastlingConfig, castling_core
+from . import _castling_pool as pq
 from . import _netparts as nets
 from . import common, counting
 from .registry import register
@@ -334,11 +334,6 @@ def _heads(t: np.ndarray, h: int, split: int) -> list[np.ndarray]:
     return [a[i] for i in range(split)]
 
 
-def _merge(t: np.ndarray) -> np.ndarray:
-    b, h, n, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
-
-
 def _subsample(t: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     """Keep the tokens at even grid positions of (..., N, d), N = H W (LeViT's ``Subsample``, stride 2)."""
     lead, d = t.shape[:-2], t.shape[-1]
@@ -346,36 +341,10 @@ def _subsample(t: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     return g.reshape(*lead, -1, d)
 
 
-def _kept(hw: tuple[int, int]) -> np.ndarray:
-    """Flat indices of the stride-2 grid positions (row-major), the rows the pooled queries stand for."""
-    return np.arange(hw[0] * hw[1]).reshape(hw)[::2, ::2].reshape(-1)
-
-
-def _pool_conv(q: np.ndarray, w: Any, hw: tuple[int, int]) -> np.ndarray:
-    """MViTv2's query pooling conv: (B, h, N, d) -> (B, h, N', d), a 3x3 depthwise conv of stride 2 (padding 1)
-    on every head's (d, H, W) image with the same (d, 1, 3, 3) filters for all heads."""
-    b, h, n, d = q.shape
-    img = q.transpose(0, 1, 3, 2).reshape(b * h, d, hw[0], hw[1])
-    out = layers.depthwise_conv2d(img, w, None, stride=2, padding=1)
-    return out.reshape(b, h, d, -1).transpose(0, 1, 3, 2)
-
-
 def _pool_q(q: np.ndarray, p: Mapping[str, Any], hw: tuple[int, int], cfg: "CastlingLeViTConfig") -> np.ndarray:
     if cfg.q_pool == "subsample":
         return _subsample(q, hw)
-    return layers.layer_norm(_pool_conv(q, p["attn.pool_q.weight"], hw), p["attn.norm_q.weight"],
-                             p["attn.norm_q.bias"], cfg.q_pool_ln_eps)
-
-
-def _embed_rows(full: np.ndarray, rows: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    """``full`` (B, h, N, d) with its rows at the stride-2 positions replaced by ``rows`` (B, h, N', d)."""
-    out = np.array(full, copy=True)
-    out[..., _kept(hw), :] = rows
-    return out
-
-
-def _core_args(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"conv_weight": p.get("attn.dconv.weight"), "conv_bias": p.get("attn.dconv.bias")}
+    return pq.pool_q(q, p, hw, 2, cfg.q_pool_ln_eps)
 
 
 def stage_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: CastlingLeViTConfig, stage: int) -> np.ndarray:
@@ -393,10 +362,10 @@ def stage_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: Castlin
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": hw[0] * hw[1], "C": cfg.embed_dims[stage]})
     p, eps = layers.subparams(params, prefix), cfg.batch_norm_eps
     q, k, v = _heads(_linear_bn(x, p, "attn.qkv", eps), cfg.num_heads[stage], 3)
-    out = castling_core(q, k, v, cfg.attention_config(stage), hw=hw, **_core_args(p))
+    out = castling_core(q, k, v, cfg.attention_config(stage), hw=hw, **pq.core_args(p))
     if cfg.residual(False):
         out = out + q
-    return _linear_bn(hardswish(_merge(out)), p, "attn.proj", eps)
+    return _linear_bn(hardswish(pq.merge_heads(out)), p, "attn.proj", eps)
 
 
 def downsample_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: CastlingLeViTConfig,
@@ -408,10 +377,8 @@ def downsample_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: Ca
     for the N' pooled queries against all N keys (+ q, the residual pooling connection);
     Linear_BN(Hardswish(merge(H))).
 
-    castling_core takes self-attention shapes (N queries = N keys).  Every term of the core is row-wise in Q
-    (the constant, Q^ (K^^T V), the DWConv output at the query's position, the official output l2), so the
-    pooled queries are evaluated as the rows at the stride-2 positions of a full-size query matrix (the other
-    rows hold the unpooled projections and are discarded): exactly the pooled-query core.
+    The pooled-query core is :func:`refimpl.models._castling_pool.pooled_core` (castling_core on a full-size
+    query matrix, its stride-2 rows kept: exact, every term of the core is row-wise in Q).
 
     References: Castling-ViT §3.1 (Table 1: post-Q pooling + residual), Eq. 9; LeViT's AttentionSubsample.
     """
@@ -424,11 +391,10 @@ def downsample_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: Ca
     k, v = _heads(_linear_bn(x, p, "attn.kv", eps), hs, 2)
     (qf,) = _heads(_linear_bn(x, p, "attn.q", eps), hs, 1)
     q = _pool_q(qf, p, hw, cfg)
-    out = castling_core(_embed_rows(qf, q, hw), k, v, cfg.attention_config(stage, downsample=True), hw=hw,
-                        **_core_args(p))[..., _kept(hw), :]
+    out = pq.pooled_core(qf, q, k, v, cfg.attention_config(stage, downsample=True), p, hw)
     if cfg.residual(True):
         out = out + q
-    return _linear_bn(hardswish(_merge(out)), p, "attn.proj", eps)
+    return _linear_bn(hardswish(pq.merge_heads(out)), p, "attn.proj", eps)
 
 
 def _mlp(x: np.ndarray, p: Mapping[str, Any], eps: float) -> np.ndarray:
@@ -535,21 +501,10 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTCon
     return _part(params, name, "mlp", y, cfg)
 
 
-def _feature_units(cfg: CastlingLeViTConfig) -> dict[str, int]:
-    return {f"stages.{s}.blocks.{d - 1}": s for s, d in enumerate(cfg.depths)}
-
-
-def _feature_map(name: str, y: np.ndarray, cfg: CastlingLeViTConfig) -> np.ndarray | None:
-    s = _feature_units(cfg).get(name)
-    return None if s is None else nets.tokens_to_grid(y, stage_grids(cfg)[s])
-
-
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the three stages' feature maps in one pass; taps (dict or None) records every unit's output."""
-    validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return nets.run_stages(sys.modules[__name__], params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTConfig) -> np.ndarray:
@@ -606,29 +561,15 @@ def _e_heads(t: Err, h: int, split: int) -> list[Err]:
     return [Err(v, e, t.depth) for v, e in zip(_heads(t.value, h, split), _heads(t.err, h, split))]
 
 
-def _e_core(q: Err, k: Err, v: Err, acfg: CastlingConfig, p: Mapping[str, Any], hw: tuple[int, int],
-            dtype: Any) -> Err:
-    """castling_core with the q, k, v errors (castling_core_bound: E = its scale times its k)."""
-    val = castling_core(q.value, k.value, v.value, acfg, hw=hw, **_core_args(p))
-    bnd = castling_core_bound(q.value, k.value, v.value, acfg, dtype=dtype, hw=hw, err_q=q.err, err_k=k.err,
-                              err_v=v.err, **_core_args(p))
-    return Err(val, np.asarray(bnd.scale) * bnd.k, max(q.depth, k.depth, v.depth) + int(math.ceil(bnd.k)))
-
-
 def _e_pool_q(q: Err, p: Mapping[str, Any], hw: tuple[int, int], cfg: CastlingLeViTConfig, dtype: Any) -> Err:
-    """Query pooling with its error: the selection is exact; the conv as _netparts.e_dwconv's rule
-    (E = conv(E_q, |w|) + 9 conv(|q|, |w|), 9 taps, no bias), then LayerNorm over d (_netparts.e_layer_norm)."""
+    """Query pooling with its error: the selection is exact; the conv + LayerNorm as _castling_pool.e_pool_q."""
     if cfg.q_pool == "subsample":
         return Err(_subsample(q.value, hw), _subsample(q.err, hw), q.depth)
-    w = numerics.as_float(p["attn.pool_q.weight"], "pool_q.weight")
-    y = _pool_conv(q.value, w, hw)
-    e = _pool_conv(q.err, np.abs(w), hw) + 9 * _pool_conv(np.abs(q.value), np.abs(w), hw)
-    return nets.e_layer_norm(Err(y, e, q.depth + 9), p["attn.norm_q.weight"], p["attn.norm_q.bias"],
-                             cfg.q_pool_ln_eps, dtype)
+    return pq.e_pool_q(q, p, hw, 2, cfg.q_pool_ln_eps, dtype)
 
 
 def _e_merge_out(t: Err, p: Mapping[str, Any], eps: float) -> Err:
-    merged = Err(_merge(t.value), _merge(t.err), t.depth)
+    merged = Err(pq.merge_heads(t.value), pq.merge_heads(t.err), t.depth)
     return _e_linear_bn(_e_hardswish(merged), p, "attn.proj", eps)
 
 
@@ -643,16 +584,13 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Castli
         k, v = _e_heads(_e_linear_bn(t, p, "attn.kv", eps), hs, 2)
         (qf,) = _e_heads(_e_linear_bn(t, p, "attn.q", eps), hs, 1)
         q = _e_pool_q(qf, p, hw, cfg, dtype)
-        qe = Err(_embed_rows(qf.value, q.value, hw), _embed_rows(qf.err, q.err, hw), max(qf.depth, q.depth))
-        core = _e_core(qe, k, v, cfg.attention_config(s, downsample=True), p, hw, dtype)
-        kept = _kept(hw)
-        core = Err(core.value[..., kept, :], core.err[..., kept, :], core.depth)
+        core = pq.e_pooled_core(qf, q, k, v, cfg.attention_config(s, downsample=True), p, hw, dtype)
         if cfg.residual(True):
             core = common.e_add(core, q)
         return _e_merge_out(core, p, eps)
     hw = stage_grids(cfg)[s]
     q, k, v = _e_heads(_e_linear_bn(t, p, "attn.qkv", eps), cfg.num_heads[s], 3)
-    core = _e_core(q, k, v, cfg.attention_config(s), p, hw, dtype)
+    core = pq.e_core(q, k, v, cfg.attention_config(s), p, hw, dtype)
     if cfg.residual(False):
         core = common.e_add(core, q)
     return common.e_add(t, _e_merge_out(core, p, eps))
@@ -709,28 +647,12 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTCon
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
     _check_cfg(cfg)
     _check_params(params, cfg)
-    with np.errstate(all="ignore"):
-        return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                                   lambda name, a: _feature_map(name, a, cfg), images)
+    return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
 
 
 # ===================================================================================================
 # Multiply-accumulate counts
 # ===================================================================================================
-
-def _core_macs(acfg: CastlingConfig, n_q: int, n_k: int, sparse: bool) -> dict[str, int]:
-    h, d = acfg.num_heads, acfg.head_dim
-    feat = sum(d ** (2 * kk + 1) for kk in range(acfg.order + 1))
-    out = {"core": counting.matmul_macs(h, feat, n_k, d) + counting.matmul_macs(h, n_q, feat, d)
-           + (counting.matmul_macs(h, n_q, feat, 1) if acfg.normalizer == "similarity_sum" else 0)}
-    if acfg.conv == "tokens1d":
-        out["conv"] = h * n_q * d * acfg.conv_kernel
-    elif acfg.conv == "grid2d":
-        out["conv"] = h * n_q * d * acfg.conv_kernel ** 2
-    if sparse:
-        out["sparse"] = counting.softmax_attention_macs(h, n_q, n_k, d)
-    return out
-
 
 def macs(cfg: CastlingLeViTConfig, image_hw: Any = None) -> dict[str, int]:
     """Multiply-accumulates per layer group for one image (counting.py's convention; BatchNorm folded into
@@ -759,7 +681,7 @@ def macs(cfg: CastlingLeViTConfig, image_hw: Any = None) -> dict[str, int]:
             out[f"{p}.attn.q"] = counting.linear_macs(n_in, cin, hs * dv)
             if cfg.q_pool == "conv":
                 out[f"{p}.attn.pool_q"] = hs * counting.depthwise_conv2d_macs(grids[s], dv, (3, 3))
-            out.update({f"{p}.attn.{k}": v for k, v in _core_macs(acfg, n, n_in, acfg.sparse_active(False)).items()})
+            out.update({f"{p}.attn.{k}": v for k, v in pq.core_macs(acfg, n, n_in, acfg.sparse_active(False)).items()})
             out[f"{p}.attn.proj"] = counting.linear_macs(n, hs * dv, c)
             out[f"{p}.mlp"] = counting.mlp_macs(n, c, cfg.down_mlp_ratio * c)
         h, dv = cfg.num_heads[s], cfg.value_dim
@@ -767,7 +689,7 @@ def macs(cfg: CastlingLeViTConfig, image_hw: Any = None) -> dict[str, int]:
         for j in range(cfg.depths[s]):
             p = f"stages.{s}.blocks.{j}"
             out[f"{p}.attn.qkv"] = counting.linear_macs(n, c, h * 3 * dv)
-            out.update({f"{p}.attn.{k}": v for k, v in _core_macs(acfg, n, n, acfg.sparse_active(False)).items()})
+            out.update({f"{p}.attn.{k}": v for k, v in pq.core_macs(acfg, n, n, acfg.sparse_active(False)).items()})
             out[f"{p}.attn.proj"] = counting.linear_macs(n, h * dv, c)
             out[f"{p}.mlp"] = counting.mlp_macs(n, c, cfg.mlp_ratio * c)
     for head in ("head", "head_dist") if cfg.distillation else ("head",):

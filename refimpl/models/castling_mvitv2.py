@@ -94,14 +94,14 @@ token/feature pooling and adopt post-Q pooling and residual connections [34]"); 
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
 from typing import Any, Mapping
 
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention.angular import CastlingConfig, castling_core, castling_core_bound
+from ..attention.angular import CastlingConfig, castling_core
+from . import _castling_pool as pq
 from . import _netparts as nets
 from . import common, counting
 from .registry import register
@@ -293,31 +293,6 @@ def _heads(t: np.ndarray, h: int) -> list[np.ndarray]:
     return [a[0], a[1], a[2]]
 
 
-def _merge(t: np.ndarray) -> np.ndarray:
-    b, h, n, d = t.shape
-    return t.transpose(0, 2, 1, 3).reshape(b, n, h * d)
-
-
-def _kept(hw: tuple[int, int]) -> np.ndarray:
-    """Flat indices of the stride-2 grid positions (row-major): the centres of the pooled queries' windows."""
-    return np.arange(hw[0] * hw[1]).reshape(hw)[::2, ::2].reshape(-1)
-
-
-def _embed_rows(full: np.ndarray, rows: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-    out = np.array(full, copy=True)
-    out[..., _kept(hw), :] = rows
-    return out
-
-
-def _pool_conv(q: np.ndarray, w: Any, hw: tuple[int, int], stride: int) -> np.ndarray:
-    """MViTv2's query pooling conv: (B, h, N, d) -> (B, h, N', d), a 3x3 depthwise conv (padding 1, no bias) on
-    every head's (d, H, W) image with the same (d, 1, 3, 3) filters for all heads."""
-    b, h, n, d = q.shape
-    img = q.transpose(0, 1, 3, 2).reshape(b * h, d, hw[0], hw[1])
-    out = layers.depthwise_conv2d(img, w, None, stride=stride, padding=_K // 2)
-    return out.reshape(b, h, d, -1).transpose(0, 1, 3, 2)
-
-
 def max_pool_tokens(x: Any, hw: tuple[int, int]) -> np.ndarray:
     """MViTv2's skip pooling: MaxPool2d(3, stride 2, padding 1) (padding never wins: -inf) on tokens
     (B, N, C) of the grid hw -> (B, N', C).  Exact (no rounding); NaN propagates as in torch."""
@@ -332,23 +307,6 @@ def max_pool_tokens(x: Any, hw: tuple[int, int]) -> np.ndarray:
     return out.reshape(b, ho * wo, c)
 
 
-def _core_args(p: Mapping[str, Any]) -> dict[str, Any]:
-    return {"conv_weight": p.get("attn.dconv.weight"), "conv_bias": p.get("attn.dconv.bias")}
-
-
-def _pool_q(q: np.ndarray, p: Mapping[str, Any], b: BlockSpec, eps: float) -> np.ndarray:
-    return layers.layer_norm(_pool_conv(q, p["attn.pool_q.weight"], b.hw_in, b.stride), p["attn.norm_q.weight"],
-                             p["attn.norm_q.bias"], eps)
-
-
-def _core(q: np.ndarray, k: np.ndarray, v: np.ndarray, p: Mapping[str, Any], b: BlockSpec,
-          cfg: CastlingMViTv2Config, qf: np.ndarray) -> np.ndarray:
-    acfg = cfg.attention_config(b.stage)
-    if b.stride == 1:
-        return castling_core(q, k, v, acfg, hw=b.hw_in, **_core_args(p))
-    return castling_core(_embed_rows(qf, q, b.hw_in), k, v, acfg, hw=b.hw_in, **_core_args(p))[..., _kept(b.hw_in), :]
-
-
 def pooling_attention(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Config) -> np.ndarray:
     """The attention of block ``name`` on its normalised input LN1(x): (B, N, C_in) -> (B, N', C_out).
 
@@ -356,10 +314,8 @@ def pooling_attention(params: Mapping[str, Any], name: str, x: Any, cfg: Castlin
     heads, stride 1 or 2); H = Eq. 9 for the pooled queries against the unpooled k, v (+ q, the residual
     pooling connection); proj(merge(H)).
 
-    castling_core takes self-attention shapes (N queries = N keys).  At stride 2 every term of the core is
-    row-wise in Q (the constant, Q^ (K^^T V), the token conv at the query's position, the official output l2),
-    so the pooled queries are evaluated as the rows at the stride-2 positions of a full-size query matrix (the
-    other rows hold the unpooled projections and are discarded): exactly the pooled-query core.
+    At stride 2 the pooled-query core is :func:`refimpl.models._castling_pool.pooled_core` (castling_core on a
+    full-size query matrix, its stride-2 rows kept: exact, every term of the core is row-wise in Q).
 
     References: Castling-ViT Eq. 9, §3.1, appendix; MViTv2 §3.1-3.2 (pooling attention, residual pooling).
     """
@@ -370,11 +326,15 @@ def pooling_attention(params: Mapping[str, Any], name: str, x: Any, cfg: Castlin
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": b.hw_in[0] * b.hw_in[1], "C": b.dim_in})
     p = layers.subparams(params, name)
     q, k, v = _heads(common.linear2d(x, p["attn.qkv.weight"], p.get("attn.qkv.bias")), b.heads)
-    qp = _pool_q(q, p, b, cfg.ln_eps)
-    out = _core(qp, k, v, p, b, cfg, q)
+    qp = pq.pool_q(q, p, b.hw_in, b.stride, cfg.ln_eps)
+    acfg = cfg.attention_config(b.stage)
+    if b.stride == 1:
+        out = castling_core(qp, k, v, acfg, hw=b.hw_in, **pq.core_args(p))
+    else:
+        out = pq.pooled_core(q, qp, k, v, acfg, p, b.hw_in)
     if cfg.q_residual == "all":
         out = out + qp
-    return common.linear2d(_merge(out), p["attn.proj.weight"], p["attn.proj.bias"])
+    return common.linear2d(pq.merge_heads(out), p["attn.proj.weight"], p["attn.proj.bias"])
 
 
 # ===================================================================================================
@@ -454,21 +414,10 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Co
     return _part(params, b, "mlp", y, cfg)
 
 
-def _feature_units(cfg: CastlingMViTv2Config) -> dict[str, int]:
-    return {f"stages.{s}.blocks.{d - 1}": s for s, d in enumerate(cfg.depths)}
-
-
-def _feature_map(name: str, y: np.ndarray, cfg: CastlingMViTv2Config) -> np.ndarray | None:
-    s = _feature_units(cfg).get(name)
-    return None if s is None else nets.tokens_to_grid(y, stage_grids(cfg)[s])
-
-
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Config, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the four stages' feature maps in one pass; taps (dict or None) records every unit's output."""
-    validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return nets.run_stages(sys.modules[__name__], params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Config) -> np.ndarray:
@@ -502,25 +451,6 @@ def _e_heads(t: Err, h: int) -> list[Err]:
     return [Err(v, e, t.depth) for v, e in zip(_heads(t.value, h), _heads(t.err, h))]
 
 
-def _e_pool_q(q: Err, p: Mapping[str, Any], b: BlockSpec, eps: float, dtype: Any) -> Err:
-    """Query pooling with its error: the conv as _netparts.e_dwconv's rule (E = conv(E_q, |w|) + 9 conv(|q|, |w|),
-    9 taps, no bias), then LayerNorm over d (_netparts.e_layer_norm)."""
-    w = numerics.as_float(p["attn.pool_q.weight"], "pool_q.weight")
-    y = _pool_conv(q.value, w, b.hw_in, b.stride)
-    e = _pool_conv(q.err, np.abs(w), b.hw_in, b.stride) + _K * _K * _pool_conv(np.abs(q.value), np.abs(w), b.hw_in,
-                                                                                b.stride)
-    return nets.e_layer_norm(Err(y, e, q.depth + _K * _K), p["attn.norm_q.weight"], p["attn.norm_q.bias"], eps, dtype)
-
-
-def _e_core(q: Err, k: Err, v: Err, p: Mapping[str, Any], b: BlockSpec, cfg: CastlingMViTv2Config, dtype: Any) -> Err:
-    """castling_core with the q, k, v errors (castling_core_bound: E = its scale times its k)."""
-    acfg = cfg.attention_config(b.stage)
-    val = castling_core(q.value, k.value, v.value, acfg, hw=b.hw_in, **_core_args(p))
-    bnd = castling_core_bound(q.value, k.value, v.value, acfg, dtype=dtype, hw=b.hw_in, err_q=q.err, err_k=k.err,
-                              err_v=v.err, **_core_args(p))
-    return Err(val, np.asarray(bnd.scale) * bnd.k, max(q.depth, k.depth, v.depth) + int(math.ceil(bnd.k)))
-
-
 def _e_max_pool(t: Err, hw: tuple[int, int]) -> Err:
     """Max pooling is exact and |max(a + e) - max(a)| <= max |e|: E = the window maximum of E."""
     return Err(max_pool_tokens(t.value, hw), max_pool_tokens(t.err, hw), t.depth)
@@ -534,17 +464,15 @@ def _e_part(params: Mapping[str, Any], b: BlockSpec, part: str, t: Err, cfg: Cas
         return common.e_add(t, common.e_mlp(h, layers.subparams(p, "mlp")))
     xn = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], cfg.ln_eps, dtype)
     q, k, v = _e_heads(common.e_linear(xn, p["attn.qkv.weight"], p.get("attn.qkv.bias")), b.heads)
-    qp = _e_pool_q(q, p, b, cfg.ln_eps, dtype)
+    qp = pq.e_pool_q(q, p, b.hw_in, b.stride, cfg.ln_eps, dtype)
+    acfg = cfg.attention_config(b.stage)
     if b.stride == 1:
-        core = _e_core(qp, k, v, p, b, cfg, dtype)
+        core = pq.e_core(qp, k, v, acfg, p, b.hw_in, dtype)
     else:
-        qe = Err(_embed_rows(q.value, qp.value, b.hw_in), _embed_rows(q.err, qp.err, b.hw_in), max(q.depth, qp.depth))
-        core = _e_core(qe, k, v, p, b, cfg, dtype)
-        kept = _kept(b.hw_in)
-        core = Err(core.value[..., kept, :], core.err[..., kept, :], core.depth)
+        core = pq.e_pooled_core(q, qp, k, v, acfg, p, b.hw_in, dtype)
     if cfg.q_residual == "all":
         core = common.e_add(core, qp)
-    att = common.e_linear(Err(_merge(core.value), _merge(core.err), core.depth), p["attn.proj.weight"],
+    att = common.e_linear(Err(pq.merge_heads(core.value), pq.merge_heads(core.err), core.depth), p["attn.proj.weight"],
                           p["attn.proj.bias"])
     skip = common.e_linear(xn, p["proj.weight"], p["proj.bias"]) if b.dim_in != b.dim_out else t
     if b.stride == 2:
@@ -601,28 +529,12 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Co
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
     _check_cfg(cfg)
     _check_params(params, cfg)
-    with np.errstate(all="ignore"):
-        return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                                   lambda name, a: _feature_map(name, a, cfg), images)
+    return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
 
 
 # ===================================================================================================
 # Multiply-accumulate counts
 # ===================================================================================================
-
-def _core_macs(acfg: CastlingConfig, n_q: int, n_k: int, sparse: bool) -> dict[str, int]:
-    h, d = acfg.num_heads, acfg.head_dim
-    feat = sum(d ** (2 * kk + 1) for kk in range(acfg.order + 1))
-    out = {"core": counting.matmul_macs(h, feat, n_k, d) + counting.matmul_macs(h, n_q, feat, d)
-           + (counting.matmul_macs(h, n_q, feat, 1) if acfg.normalizer == "similarity_sum" else 0)}
-    if acfg.conv == "tokens1d":
-        out["conv"] = h * n_q * d * acfg.conv_kernel
-    elif acfg.conv == "grid2d":
-        out["conv"] = h * n_q * d * acfg.conv_kernel ** 2
-    if sparse:
-        out["sparse"] = counting.softmax_attention_macs(h, n_q, n_k, d)
-    return out
-
 
 def macs(cfg: CastlingMViTv2Config, image_hw: Any = None) -> dict[str, int]:
     """Multiply-accumulates per layer group for one image (counting.py's convention; LayerNorm, GELU, max
@@ -642,7 +554,7 @@ def macs(cfg: CastlingMViTv2Config, image_hw: Any = None) -> dict[str, int]:
         acfg = cfg.attention_config(b.stage)
         out[f"{b.name}.attn.qkv"] = counting.linear_macs(n_in, b.dim_in, 3 * b.dim_out)
         out[f"{b.name}.attn.pool_q"] = b.heads * counting.depthwise_conv2d_macs(b.hw_out, acfg.head_dim, (_K, _K))
-        out.update({f"{b.name}.attn.{kk}": v for kk, v in _core_macs(acfg, n_q, n_in, acfg.sparse_active(False)).items()})
+        out.update({f"{b.name}.attn.{kk}": v for kk, v in pq.core_macs(acfg, n_q, n_in, acfg.sparse_active(False)).items()})
         out[f"{b.name}.attn.proj"] = counting.linear_macs(n_q, b.dim_out, b.dim_out)
         if b.dim_in != b.dim_out:
             out[f"{b.name}.proj"] = counting.linear_macs(n_in, b.dim_in, b.dim_out)

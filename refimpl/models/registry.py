@@ -25,7 +25,7 @@ _PACKAGE = __name__.rpartition(".")[0]
 
 #: The model modules of this package; each registers its configs when imported.
 FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_pvt", "flatten_cswin",
-                  "castling_levit", "castling_mvitv2")
+                  "castling_levit", "castling_mvitv2", "l2vit_deit", "rala_variants")
 
 
 @dataclasses.dataclass(frozen=True)
