@@ -89,6 +89,7 @@ const char *refimpl_status_string(int status);
 int refimpl_isa_supported(void);
 int refimpl_isa_in_use(void);
 int refimpl_set_max_isa(int level);
+int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, int64_t nthreads);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

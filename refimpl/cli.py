@@ -70,8 +70,29 @@ def _render(report: Any) -> None:
     if report.shadow_first_divergence:
         con.print(f"[red]shadow mode, first divergence[/]: {report.shadow_first_divergence['stage']}: "
                   f"{report.shadow_first_divergence['why']}")
+    if report.gradients is not None:
+        _render_gradients(con, Table, report.gradients)
     for f in report.findings:
         con.print(f"finding ({f['kind']}): {f['message']}")
+
+
+def _render_gradients(con: Any, Table: Any, gr: dict) -> None:
+    """The gradient section (``--grad``): the twin's forward check, then one row per gradient tensor."""
+    colour = {"match": "green", "diverges": "red", "inconclusive": "yellow"}.get(gr.get("verdict"), "white")
+    tf = gr.get("twin_forward", {})
+    con.print(f"gradients: [bold {colour}]{str(gr.get('verdict')).upper()}[/] (twin {gr.get('twin')}: float64 "
+              f"forward {tf.get('verdict')} against the NumPy reference; cotangent {gr.get('cotangent')})")
+    if gr.get("why"):
+        con.print(gr["why"])
+    g = (lambda v: "-" if v is None else (v if isinstance(v, str) else f"{v:.3g}"))
+    t = Table("gradient of", "yours", "verdict", "max |err|", "bound", "err/bound", "detail")
+    for row in gr.get("tensors", []):
+        t.add_row(row["name"], row["foreign"] or "-", row["verdict"], g(row["max_abs_err"]), g(row["bound"]),
+                  g(row["err_over_bound"]), (row["detail"] or "").split(";")[0][:60])
+    con.print(t)
+    fd = gr.get("first_divergence")
+    if fd:
+        con.print(f"[red]first gradient divergence[/]: {fd['tensor']}: {fd['why']}")
 
 
 def _verify(ns: argparse.Namespace) -> int:
@@ -100,12 +121,14 @@ def _verify(ns: argparse.Namespace) -> int:
         inp = next(iter(w.values()))
     kw = dict(preset=ns.preset, config=_json_arg("config", ns.config), init=_json_arg("init", ns.init),
               weights=ns.weights, map=_json_arg("map", ns.map), dtype=ns.dtype, device=ns.device, seed=ns.seed,
-              call=_json_arg("call", ns.call), shadow=ns.shadow)
+              call=_json_arg("call", ns.call), shadow=ns.shadow, grad=ns.grad)
     try:
         if ns.examples:
             if inp is not None:
                 return _usage("--examples draws its own inputs; it takes no --input")
-            report = v.verify_examples(ns.target, ns.reference, ns.examples, **kw)
+            if ns.max_side is not None and ns.max_side < 1:
+                return _usage(f"argument --max-side: expected an integer >= 1, got {ns.max_side}")
+            report = v.verify_examples(ns.target, ns.reference, ns.examples, max_side=ns.max_side, **kw)
         else:
             report = v.verify(ns.target, ns.reference, input=inp, hw=_pair(ns.hw), batch=ns.batch,
                               progress=ns.json != "-" and sys.stderr.isatty(), **kw)
@@ -151,11 +174,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     vp.add_argument("--seed", type=int, default=0)
     vp.add_argument("--examples", type=int, default=0,
-                    help="verify N Hypothesis-drawn inputs (batch, grid, seed; for a network, image sizes); report "
-                         "the shrunk failing one")
+                    help="verify N Hypothesis-drawn inputs (batch, grid or image size, seed); report the shrunk failing "
+                         "one.  A network built for one resolution is rebuilt per size: TARGET must take the size "
+                         "by a keyword (img_size, image_size, ...; e.g. --init '{\"img_size\": [224, 224]}')")
+    vp.add_argument("--max-side", type=int, default=None,
+                    help="with --examples: the largest grid / image side drawn (default 12 for a layer; for a network "
+                         "the largest side of its image)")
     vp.add_argument("--shadow", action="store_true",
                     help="also run each of your submodules on the reference's own input to its stage (rounded to "
                          "--dtype): a shadow column per stage, an error located without propagation")
+    vp.add_argument("--grad", action="store_true",
+                    help="also compare your input and parameter gradients for a random cotangent with those of "
+                         "refimpl's float64 PyTorch twin (layer references only; needs the source tree's "
+                         "equivalence package)")
     vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
                                      "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")

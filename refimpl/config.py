@@ -522,3 +522,14 @@ C_KERNEL_THREADS_MAX = 2
 #: bound, and a stage with no tensor this close, where its inputs were located, is where the module diverges
 #: (any correct evaluation is within a few hundred u_T of the reference: 2e-3 relative in bfloat16).
 VERIFY_LOCATE_GATE = 0.05
+
+#: Gradient verification (``refimpl verify --grad``, docs/verify.md "Gradients"): the factor F_bwd on the forward's
+#: propagated relative bound in a gradient's bound.  Source: the backward of y = f(x) evaluates, for each forward
+#: operation, its transpose (the same products summed over the other index) and the derivatives of its
+#: nonlinearities at the forward's computed intermediates; to first order the gradient's error is therefore the
+#: forward intermediates' own errors carried through the transposed Jacobians (at most the forward's relative
+#: bound) plus the backward operations' roundings (the forward's operations transposed: at most the forward's
+#: rounding depth again), i.e. at most twice the forward's running bound.  The last inner product of each
+#: gradient (a weight gradient's sum over the batch and tokens) is bounded separately by gamma_n on the
+#: magnitudes of its terms (refimpl.verify.gradients.GradientBound).
+VERIFY_GRAD_BACKWARD_FACTOR = 2.0

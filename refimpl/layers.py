@@ -20,7 +20,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from . import backends, config, validation
 from .errors import ArgumentError, ArgumentTypeError, ParameterKeyError
-from .numerics import Bound, as_float, check_positive_int, check_shapes, gelu, sum_depth
+from . import numerics
+from .numerics import Bound, as_float, check_positive_int, check_shapes, sum_depth
 from .verdict import accumulation_format
 
 __all__ = [
@@ -32,18 +33,25 @@ __all__ = [
 ]
 
 
-def subparams(params: Mapping[str, np.ndarray], prefix: str) -> dict[str, np.ndarray]:
+def subparams(params: Mapping[str, np.ndarray], prefix: str) -> Mapping[str, np.ndarray]:
     """The entries of ``params`` under ``prefix`` with ``prefix + "."`` removed from their keys.
 
     ``subparams(sd, "blocks.0.mlp")`` -> ``{"fc1.weight": ..., "fc1.bias": ..., ...}``.  Raises KeyError
-    naming the prefix when nothing matches, so a typo in a key is never silently an empty layer.
+    naming the prefix when nothing matches, so a typo in a key is never silently an empty layer.  For a
+    :class:`refimpl.validation.CheckedParams` (a network's checked parameters) the result is its checked
+    sub-mapping (:meth:`~refimpl.validation.CheckedParams.sub`: the same entries, from a tree of sub-mappings made
+    once per level instead of a pass over the whole mapping), which the layer's own parameter check accepts
+    without checking again.
     """
     validation.check_mapping(params, "params", "a mapping of state_dict keys to float arrays")
     if not isinstance(prefix, str):
         raise ArgumentTypeError(f"argument 'prefix': expected a str (a state_dict key prefix), "
                                 f"got {validation.describe(prefix)}")
-    head = prefix + "." if prefix else ""
-    out = {k[len(head):]: v for k, v in params.items() if isinstance(k, str) and k.startswith(head)}
+    if isinstance(params, validation.CheckedParams):
+        out = params.sub(prefix)
+    else:
+        head = prefix + "." if prefix else ""
+        out = {k[len(head):]: v for k, v in params.items() if isinstance(k, str) and k.startswith(head)}
     if not out:
         raise ParameterKeyError(f"argument 'prefix': no parameters under prefix '{prefix}' "
                                 f"(have e.g. {sorted(map(str, params))[:5]})")
@@ -212,6 +220,25 @@ def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BA
     weight, bias = check_vector(weight, "weight", c), check_vector(bias, "bias", c)
     s = (np.abs(x) + np.abs(rm)[col]) / np.sqrt(rv[col] + eps) * np.abs(weight)[col] + np.abs(bias)[col]
     return Bound(s, 6, "batch_norm2d eval: 6 roundings per element")
+
+
+#: The definition of operation "gelu" is refimpl.numerics.gelu itself (it never dispatches: numerics is below
+#: refimpl.backends in the import graph); its C and Numba twins are in refimpl/backends/_c_elementwise.py and
+#: _numba_elementwise.py (float64).
+backends.register("gelu", "numpy", numerics.gelu)
+
+
+def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+    """GELU(x) = x Phi(x): :func:`refimpl.numerics.gelu` (the definition: x/2 (1 + erf(x / sqrt 2)), or the
+    tanh form for ``approximate="tanh"``) through the backend switch, ``backends.call("gelu", ...)``.
+
+    x is first brought to the working precision (numerics.as_float); a float64 array of at least one
+    dimension then runs on the selected backend's kernel (C or Numba: the definition's operations with
+    libm's erf / tanh, within :func:`gelu_bound`), everything else on the definition.  Under the default
+    NumPy backend this is numerics.gelu, bit for bit.
+    """
+    x = as_float(x, "x")
+    return backends.call("gelu", x, approximate)
 
 
 def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:

@@ -25,7 +25,8 @@ One check per concept:
 - :func:`check_config`: a configuration argument is an instance of its config class (not None, a str, a dict);
 - :func:`check_axis`: an axis of an array of known rank;
 - :func:`check_grid`: an (H, W) pair of positive ints whose product is the number of tokens;
-- :func:`check_params`: a state_dict-keyed parameter mapping against the expected keys and shapes.
+- :func:`check_params`: a state_dict-keyed parameter mapping against the expected keys and shapes;
+  :func:`checked_params` the same check returning a :class:`CheckedParams` (checked once, see below).
 
 The parameter check (:func:`check_params`) is strict:
 
@@ -36,6 +37,19 @@ The parameter check (:func:`check_params`) is strict:
    the closest expected one ("did you mean 'cpe.0.proj.bias'?", :mod:`difflib`);
 4. BatchNorm running variances (keys ending in ``.running_var``) are >= 0 (NaN refused): sqrt(rv + eps) of a
    negative variance would be a silent NaN.
+
+**Checked once.**  :func:`checked_params` runs the same check and returns a :class:`CheckedParams`: an immutable
+snapshot of the mapping (its own dict of the same arrays) that records the table it was checked against.
+:func:`check_params` returns such a mapping at once when its table is the one asked for (the same object, or equal
+key -> shape entries), and :meth:`CheckedParams.sub` (what :func:`refimpl.layers.subparams` uses) gives the
+entries under a prefix as a ``CheckedParams`` of the matching part of the table, from a tree of sub-mappings made
+once per level (not a pass over the whole mapping per call).  So a
+network checks its parameters once at its public entry and passes the checked mapping down: the units, blocks,
+attention and MLP functions it calls accept their part without checking again, while the same functions called
+with a plain mapping check it in full, with the same messages.  The fast path is exact: a sub-mapping is taken
+without a check only where the full check would pass (the same keys, shapes and optional buffers).  A snapshot
+cannot see later changes to the mapping it was taken from (that mapping, passed again, is checked in full); it
+assumes its arrays are not reshaped or rewritten in place afterwards.
 
 Weights may otherwise hold any values, NaN and Inf included: a non-finite weight gives the non-finite result the
 mathematics implies (not a silent one), so values are not scanned for finiteness.
@@ -54,7 +68,8 @@ from __future__ import annotations
 
 import difflib
 import math
-from typing import Any, Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -64,7 +79,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, Parame
 __all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_option",
            "check_seed", "check_int_tuple", "check_mapping", "check_param_values", "check_float_array", "check_taps",
            "check_config", "check_heads", "check_config_options", "check_attention_order", "check_max_elements", "check_axis", "check_grid", "check_params",
-           "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
+           "checked_params", "CheckedParams", "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
 
 #: The optional persistent buffer (BatchNorm's batch counter; unused in eval mode).
 OPTIONAL_BUFFER_SUFFIX = ".num_batches_tracked"
@@ -323,7 +338,17 @@ def check_params(params: Any, expected: Mapping[str, tuple[int, ...]], *, where:
     :class:`~refimpl.errors.ArgumentTypeError` (not a mapping), :class:`~refimpl.errors.ParameterShapeError`,
     :class:`~refimpl.errors.ParameterTypeError`, :class:`~refimpl.errors.ParameterValueError` and
     :class:`~refimpl.errors.ParameterKeyError`; see the module docstring for buffers.
+
+    A :class:`CheckedParams` already checked against the same table (or the matching part of it, for one from
+    :meth:`CheckedParams.sub`) is returned at once: the check would pass (module docstring, "Checked once").
     """
+    if isinstance(params, CheckedParams) and params._matches(expected):
+        return params
+    return _check_params_full(params, expected, where)
+
+
+def _check_params_full(params: Any, expected: Mapping[str, tuple[int, ...]], where: str) -> Mapping[str, Any]:
+    """The full check of :func:`check_params` (every key, shape, dtype and running variance)."""
     if not isinstance(params, Mapping):
         raise ArgumentTypeError(f"{where}: argument 'params': expected a mapping of state_dict keys to float "
                                 f"arrays, got {describe(params)}")
@@ -380,3 +405,143 @@ def check_params(params: Any, expected: Mapping[str, tuple[int, ...]], *, where:
         parts.append("missing " + _listed(missing))
     raise ParameterKeyError(f"{where}: the parameter keys differ from the expected state_dict keys "
                             f"({len(expected)} expected): " + "; ".join(parts))
+
+
+
+# ===================================================================================================
+# Checked once: a parameter mapping that carries its check
+# ===================================================================================================
+
+def _shape_table(expected: Mapping[str, Any]) -> dict[str, tuple]:
+    return {k: tuple(shape) for k, shape in expected.items()}
+
+
+def _extras_are_optional(data: Mapping[str, Any], shapes: Mapping[str, tuple]) -> bool:
+    """Every key of ``data`` outside ``shapes`` is one that :func:`check_params` accepts as an optional buffer
+    against ``shapes`` (a sub-mapping's bare "num_batches_tracked" is not)."""
+    return all(k in shapes or _is_optional_buffer(k, shapes) for k in data)
+
+
+class CheckedParams(Mapping):
+    """An immutable parameter mapping that passed :func:`check_params` against a known table.
+
+    Made by :func:`checked_params` (a snapshot: its own dict of the checked mapping's entries, so later changes
+    to that mapping do not reach it) or by :meth:`sub`.  It reads like the mapping it was made from (same keys
+    in the same order, the same array objects) and cannot be changed.  :func:`check_params` returns it at once
+    when asked about the table it was checked against, or about a table with the same key -> shape entries; any
+    other table gets the full check.  Thread-safe: nothing is shared outside the object; a mapping's
+    sub-mappings are made on the first :meth:`sub` (by whichever thread comes first; the result is the same).
+    """
+
+    __slots__ = ("_data", "_expected", "_shapes", "_extras_ok", "_children")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("CheckedParams is made by refimpl.validation.checked_params (which checks the mapping)")
+
+    @classmethod
+    def _make(cls, data: dict, expected: Mapping[str, Any] | None, shapes: dict) -> "CheckedParams":
+        obj = object.__new__(cls)
+        obj._data, obj._expected, obj._shapes, obj._children = data, expected, shapes, None
+        obj._extras_ok = len(data) == len(shapes) or _extras_are_optional(data, shapes)
+        return obj
+
+    # Mapping protocol: read-only delegation to the snapshot
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._data.get(key, default)
+
+    def keys(self):                          # read-only views of the snapshot (dict speed, not Mapping's mixins)
+        return self._data.keys()
+
+    def items(self):
+        return self._data.items()
+
+    def values(self):
+        return self._data.values()
+
+    def __repr__(self) -> str:
+        return f"CheckedParams({len(self._data)} entries checked against {len(self._shapes)} expected keys)"
+
+    @property
+    def shapes(self) -> Mapping[str, tuple]:
+        """The key -> shape table this mapping was checked against (read-only)."""
+        return MappingProxyType(self._shapes)
+
+    def _matches(self, expected: Any) -> bool:
+        """Whether :func:`check_params` (self, expected) is known to pass: ``expected`` is the table checked
+        (the same object) or has the same key -> shape entries, and every other key is an optional buffer."""
+        if expected is not None and expected is self._expected:
+            return True
+        if not self._extras_ok or not isinstance(expected, Mapping) or len(expected) != len(self._shapes):
+            return False
+        shapes = self._shapes
+        try:
+            if expected == shapes:          # one C-level comparison for tables with tuple shapes
+                return True
+        except (TypeError, ValueError):     # shapes given as arrays: compared entry by entry below
+            pass
+        try:
+            return all(shapes.get(k) == tuple(shape) for k, shape in expected.items())
+        except TypeError:                   # an expected shape that is not a sequence: the full check says so
+            return False
+
+    def sub(self, prefix: str) -> "CheckedParams | None":
+        """The entries under ``prefix`` with ``prefix + "."`` removed from their keys (as
+        :func:`refimpl.layers.subparams`), checked against the matching part of this mapping's table; None when
+        no entry is under ``prefix``.  The sub-mappings form a tree, one level per key component, each level
+        made once (one pass over that level's entries) and kept: a call costs a few dict look-ups, not a pass
+        over the whole mapping."""
+        if prefix == "":
+            return self if self._data else None
+        node = self
+        for part in prefix.split("."):
+            children = node._children
+            if children is None:
+                children = node._children = _split_first(node._data, node._shapes)
+            node = children.get(part)
+            if node is None:
+                return None
+        return node
+
+
+def _split_first(data: Mapping[str, Any], shapes: Mapping[str, tuple]) -> dict[str, CheckedParams]:
+    """The children of a checked mapping: its entries grouped by their keys' first component ("blocks" for
+    "blocks.0.mlp.fc1.weight"), that component and its dot removed, in the mapping's order, each with its part
+    of the table (one pass)."""
+    groups: dict[str, tuple[dict, dict]] = {}
+    for key, value in data.items():
+        head, dot, rest = key.partition(".")
+        if not dot:
+            continue
+        group = groups.get(head)
+        if group is None:
+            group = groups[head] = ({}, {})
+        group[0][rest] = value
+        shape = shapes.get(key)
+        if shape is not None:
+            group[1][rest] = shape
+    return {head: CheckedParams._make(d, None, s) for head, (d, s) in groups.items()}
+
+
+def checked_params(params: Any, expected: Mapping[str, tuple[int, ...]], *, where: str) -> CheckedParams:
+    """:func:`check_params` (the same checks and messages), returning the mapping as a :class:`CheckedParams`
+    (a snapshot) that later :func:`check_params` calls against ``expected`` accept at once: by identity when
+    ``expected`` is a read-only table (``types.MappingProxyType``, as :func:`refimpl.models.common.
+    check_network_params` passes), else entry by entry.  A ``CheckedParams`` that already matches ``expected`` is
+    returned as it is."""
+    checked = check_params(params, expected, where=where)
+    if isinstance(checked, CheckedParams):
+        return checked
+    same = expected if isinstance(expected, MappingProxyType) else None    # a mutable table is compared each time
+    return CheckedParams._make(dict(params), same, _shape_table(expected))

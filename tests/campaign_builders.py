@@ -118,6 +118,7 @@ BUILDERS = {
                                         running_var=_r(2, pos=True), eps=1e-5),
     "layers.batch_norm2d_bound": lambda: dict(x=_r(1, 2, 3, 3), weight=_r(2), bias=_r(2), running_mean=_r(2),
                                               running_var=_r(2, pos=True), eps=1e-5),
+    "layers.gelu": lambda: dict(x=_r(2, 3), approximate="none"),
     "layers.gelu_bound": lambda: dict(x=_r(2, 3), approximate="none"),
     "layers.conv2d": lambda: dict(x=_r(1, 2, 4, 4), weight=_r(4, 2, 3, 3), bias=_r(4), stride=1, padding=1,
                                   groups=1, dilation=1),

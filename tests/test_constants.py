@@ -368,3 +368,13 @@ def test_cited_sentence_is_in_the_paper(prefix, pattern, what):
     with open(os.path.join(SEEDS, files[0]), encoding="utf-8") as fh:
         text = fh.read()
     assert re.search(pattern, text), f"{what}: {pattern!r} not found in paper {prefix}"
+
+
+# The gradient verification's backward factor (appended with refimpl verify --grad; docs/verify.md "Gradients"):
+# F_bwd = 2, the forward intermediates' errors plus the backward's own roundings, each at most the forward's
+# running bound.
+TABLE["VERIFY_GRAD_BACKWARD_FACTOR"] = (2.0, "refimpl: F_bwd of the gradient bound (docs/verify.md, Gradients)")
+
+
+def test_gradient_backward_factor_is_pinned():
+    assert _same(config.VERIFY_GRAD_BACKWARD_FACTOR, TABLE["VERIFY_GRAD_BACKWARD_FACTOR"][0])

@@ -67,6 +67,14 @@ MACS = {
     "lisanet_i_t_d1": 1_072_510_464,
     "lisanet_i_t_d4": 1_081_413_120,
     "lisanet_i_t_d8": 1_093_283_328,
+    "lisanet_i_t_selfattn": 1_246_563_840,        # LiSA Table 3b: the operator in LiSANet-I-T's blocks
+    "lisanet_i_t_selfattn_rpe": 1_246_563_840,
+    "lisanet_i_t_selfattn_hrpe": 1_246_563_840,
+    "lisanet_i_t_sa_eq4": 1_246_563_840,
+    "lisanet_i_t_sa_eq4_hrpe": 1_246_563_840,
+    "lisanet_i_t_sa_eq5": 3_916_328_448,          # Fig. 6's Kb Ra route (through Abar: 2.67G, see below)
+    "lisanet_i_t_sa_eq5_bias": 3_916_328_448,
+    "lisanet_i_t_sa_eq7": 3_916_328_448,
     "ravlt_b": 9_456_239_616,
     "ravlt_l": 15_317_937_920,
     "ravlt_s": 4_312_459_520,
@@ -158,6 +166,14 @@ PAPER = {
     "lisanet_i_t_d1": (1.11, 2, "LiSA Table 3d (D = 1)"),
     "lisanet_i_t_d4": (1.13, 2, "LiSA Table 3d (D = 4)"),
     "lisanet_i_t_d8": (1.17, 2, "LiSA Table 3d (D = 8)"),
+    "lisanet_i_t_selfattn": (1.25, 2, "LiSA Table 3b (Self-attn)"),
+    "lisanet_i_t_selfattn_rpe": (1.25, 2, "LiSA Table 3b (Self-attn w/ RPE)"),
+    "lisanet_i_t_selfattn_hrpe": (1.25, 2, "LiSA Table 3b (Self-attn w/ h RPEs)"),
+    "lisanet_i_t_sa_eq4": (1.25, 2, "LiSA Table 3b (SA (Eq. 4))"),
+    "lisanet_i_t_sa_eq4_hrpe": (1.25, 2, "LiSA Table 3b (SA (Eq. 4 w/ h RPEs))"),
+    "lisanet_i_t_sa_eq5": (3.92, 2, "LiSA Table 3b (SA (Eq. 5))"),
+    "lisanet_i_t_sa_eq5_bias": (3.92, 2, "LiSA Table 3b (+ bias term Ba)"),
+    "lisanet_i_t_sa_eq7": (3.92, 2, "LiSA Table 3b (+ Hadamard corr)"),
     "ravlt_b": (9.9, 1, "RALA Table 1"),
     "ravlt_l": (16.0, 1, "RALA Table 1"),
     "ravlt_s": (4.6, 1, "RALA Table 1"),
@@ -368,18 +384,56 @@ def test_a_forgotten_component_changes_the_count():
     assert sum(v for k, v in m.items() if k.endswith(".dwc")) == 12 * 196 * 192 * 25
 
 
+#: the attention's MAC groups per LiSANet operator (refimpl.models.lisanet.macs)
+_LISANET_PARTS = {"lisa": ("attn.spectral", "attn.contraction"), "selfattn": ("attn.qk", "attn.av"),
+                  "selfattn_rpe": ("attn.qk", "attn.av"), "sa_eq4": ("attn.qk", "attn.av"),
+                  "sa_eq5": ("attn.key_rpe", "attn.rpe_value", "attn.contraction"),
+                  "sa_eq5_bias": ("attn.key_rpe", "attn.rpe_value", "attn.contraction"),
+                  "sa_eq7": ("attn.key_rpe", "attn.rpe_value", "attn.contraction")}
+
+
 @pytest.mark.parametrize("name", sorted(n for n in MACS if n.startswith("lisanet")))
 def test_lisanet_blocks_count_every_component(name):
     """No closed form here (the spectral products depend on the FFT lengths); every LiSA block counts its qkv,
     spectral products, latent contraction, projection and MLP, each non-zero, and nothing else is missing: the
-    per-block groups plus the embeddings and head are all the groups."""
+    per-block groups plus the embeddings and head are all the groups.  The Table 3b variants count their
+    operator's products instead (closed forms: test_lisanet_table3b_closed_form)."""
     cfg = rm.create(name)[0]
     m = rm.family_of(name).macs(cfg, HW)
     blocks = {".".join(k.split(".")[:3]) for k in m if k.startswith("stages.")}      # "stages.i.j"
+    parts = ("attn.qkv",) + _LISANET_PARTS[cfg.operator] + ("attn.proj", "mlp")
     for b in blocks:
-        for part in ("attn.qkv", "attn.spectral", "attn.contraction", "attn.proj", "mlp"):
+        for part in parts:
             assert m[f"{b}.{part}"] > 0, f"{b}.{part}"
     assert len(blocks) == sum(cfg.depths)
-    assert sum(1 for k in m if k.startswith("stages.")) == 5 * len(blocks)
+    assert sum(1 for k in m if k.startswith("stages.")) == len(parts) * len(blocks)
     others = [k for k in m if not k.startswith("stages.")]
     assert all(k.startswith(("patch_embed", "head")) for k in others), others
+
+
+def _table3b_closed_form(operator: str, *, n: int = 196, c: int = 192, d: int = 16, depth: int = 12) -> int:
+    """LiSANet-I-T with a Table 3b operator (LiSA §5.2, Table 3b; Fig. 6), written out: patch embedding 196 x 768 x
+    192, per block qkv 3 N C^2, proj N C^2, MLP 8 N C^2 and the operator; head C x 1000.  Self-attention and
+    SA Eq. 4: Q K^T and A V, N^2 C each (RPE sum / product and softmax are element ops).  SA Eq. 5 (Fig. 6:
+    K_Ra = einsum(key, Ra, 'BMC,NMD->BNCD') and Rb_V = einsum(Rb, value, 'NMD,BMV->BNVD'), N^2 C D each, and
+    the final three-operand einsum, 2 N C D), + Ba and + Hadamard alike."""
+    op = 2 * n * n * c if operator in ("selfattn", "selfattn_rpe", "sa_eq4") else 2 * n * n * c * d + 2 * n * c * d
+    return 196 * 768 * c + depth * (12 * n * c * c + op) + c * 1000
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MACS if n.startswith(("lisanet_i_t_selfattn", "lisanet_i_t_sa_"))))
+def test_lisanet_table3b_closed_form(name):
+    """LiSA Table 3b prints 1.25G for the self-attention and SA Eq. 4 rows and 3.92G for the Eq. 5 / + Ba /
+    + Hadamard rows: the closed form equals our count, which rounds to the printed figure (no FFTs here, so
+    MACs and the paper's FLOPs are the same quantity).  Eq. 5 computed through Abar (its first line,
+    refimpl.attention.lisa.sa_eq5: N^2 C + h N^2 D + N^2 C D + N C D) would be 2.67G; the paper's 3.92G is the
+    Kb Ra route of its own pseudo-code (Fig. 6), which is the route the registered network takes."""
+    cfg = rm.create(name)[0]
+    ours = counting.total(rm.family_of(name).macs(cfg, HW))
+    assert ours == _table3b_closed_form(cfg.operator) == MACS[name]
+    assert counting.total(rm.family_of(name).macs(cfg, HW, fft=True)) == ours
+    g, digits, _ = PAPER[name]
+    assert round(ours / 1e9, digits) == g
+    n, c, d, h = 196, 192, 16, 12
+    through_abar = MACS["lisanet_i_t_selfattn"] - 12 * n * n * c + 12 * (h * n * n * d + n * n * c * d + n * c * d)
+    assert round(through_abar / 1e9, 2) == 2.67 != 3.92

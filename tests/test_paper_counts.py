@@ -17,6 +17,11 @@ them, and where they do not round to it the arithmetic of the gap asserted.
   28.40M where Table 6 prints 29M.
 - FLatten-DeiT-T: 1,139,086,848 = 1.139G, 3.55% above the printed 1.1G (one decimal admits -4.5% .. +4.5%);
   FLatten's softmax DeiT-T row (1.2G) is our count without a class token (1.247G), not with one (1.254G).
+- LiSA Table 3b (operators in LiSANet-I-T, registered as lisanet_i_t_selfattn, .._selfattn_rpe, .._selfattn_hrpe,
+  .._sa_eq4, .._sa_eq4_hrpe, .._sa_eq5, .._sa_eq5_bias, .._sa_eq7; "LiSA (ours)" is lisanet_i_t): every FLOPs
+  figure reproduces (1.25G, 3.92G: tests/test_macs.py); the parameters of Self-attn (5.72M) and LiSA (6.36M)
+  reproduce, every row with an RPE is 0.01M high with Eq. 2's 729-offset Toeplitz RPE, and no single RPE size
+  fits the printed rows together (COUNT_GAPS, asserted here).
 - LiSANet-I-T at 384^2 (Table 9: 3.62G): 3.28G MACs, 3.69G with FFTs: 1.9% above the paper, the same ratio
   as at 224^2.
 - L2ViT in DeiT-T (Table 11: 5.7M, 1.3G with blocks 2, 4, ..., 12 enhanced; Table 8: 5.8M, 1.3G with all twelve):
@@ -130,6 +135,74 @@ def test_lisanet_i_t_384():
     assert (plain, total) == (3_277_254_144, 3_691_015_248)
     assert round(total / 1e9, 2) != 3.62 and _pct(total, 3.62) == 1.96
     assert round(3.62e9 / total, 3) == round(1.21e9 / LISANET_FFT["lisanet_i_t"][0], 3) == 0.981
+
+
+# ===================================================================================================
+# LiSA Table 3b: the operator variants of LiSANet-I-T
+# ===================================================================================================
+
+#: name -> (paper params M, paper GFLOPs) as printed in LiSA Table 3b (two decimals each)
+TABLE3B = {
+    "lisanet_i_t_selfattn": (5.72, 1.25), "lisanet_i_t_selfattn_rpe": (5.72, 1.25),
+    "lisanet_i_t_selfattn_hrpe": (5.81, 1.25), "lisanet_i_t_sa_eq4": (5.72, 1.25),
+    "lisanet_i_t_sa_eq4_hrpe": (5.81, 1.25), "lisanet_i_t_sa_eq5": (5.99, 3.92),
+    "lisanet_i_t_sa_eq5_bias": (5.99, 3.92), "lisanet_i_t_sa_eq7": (8.09, 3.92), "lisanet_i_t": (6.36, 1.21),
+}
+
+
+def _table3b_params(name: str) -> int:
+    """Hand-written: LiSANet-I-T without LiSA (patch embedding 3 x 16 x 16 x 192 + 192, position embedding 196 x
+    192, 12 blocks of 2 LN, qkv 192 x 576 + 576, proj 192^2 + 192, MLP 192 x 768 x 2 + 768 + 192, final LN, head
+    192 x 1000 + 1000) plus per block the operator's own: P = 27 x 27 Toeplitz offsets (Eq. 2 on 14 x 14), c = D
+    = 16, h = 12."""
+    base = (3 * 256 * 192 + 192) + 196 * 192 + 12 * (4 * 192 + 192 * 576 + 576 + 192 * 192 + 192
+                                                     + 2 * 192 * 768 + 768 + 192) + 2 * 192 + 192 * 1000 + 1000
+    p, c, d, h = 27 * 27, 16, 16, 12
+    per_block = {"lisanet_i_t_selfattn": 0, "lisanet_i_t_selfattn_rpe": p, "lisanet_i_t_selfattn_hrpe": h * p,
+                 "lisanet_i_t_sa_eq4": p, "lisanet_i_t_sa_eq4_hrpe": h * p,
+                 "lisanet_i_t_sa_eq5": 2 * p * d + c * d, "lisanet_i_t_sa_eq5_bias": 2 * p * d + 2 * c * d,
+                 "lisanet_i_t_sa_eq7": p * c * d + p * d + 2 * c * d,
+                 "lisanet_i_t": 196 * c * d + 196 * d + 2 * c * d}[name]
+    return base + 12 * per_block
+
+
+@pytest.mark.parametrize("name", sorted(TABLE3B))
+def test_lisa_table3b_counts(name):
+    """Each registered Table 3b variant: parameters equal the hand-written arithmetic; they round to the printed
+    figure exactly for Self-attn and LiSA, and for every other row are 0.01M above it with the gap recorded
+    (lisanet.COUNT_GAPS, derived = ours); the FLOPs (MACs; no FFTs but LiSA's) round to the printed figure
+    (LiSA's with the FFT convention: 1.234G, test_lisanet_counts_with_ffts)."""
+    from refimpl.models import lisanet
+    paper_m, paper_g = TABLE3B[name]
+    cfg = rm.create(name)[0]
+    ours = rm.param_count(cfg)
+    assert ours == _table3b_params(name)
+    rounded = counting._round_m(ours, 2)
+    if name in ("lisanet_i_t_selfattn", "lisanet_i_t"):
+        assert rounded == paper_m and name not in lisanet.COUNT_GAPS
+    else:
+        assert round(rounded - paper_m, 2) == 0.01
+        assert lisanet.COUNT_GAPS[name].derived == ours
+    flops = counting.total(lisanet.macs(cfg, fft=True))
+    assert round(flops / 1e9, 2) == (paper_g if name != "lisanet_i_t" else 1.23)
+
+
+def test_lisa_table3b_no_single_rpe_size():
+    """The printed Table 3b parameters (+-0.005M) as constraints on the RPE size P (offsets per kernel): the
+    shared-RPE rows need P <= 663, the h-RPE rows 611 <= P <= 680, Eq. 5 P <= 715, + Ba P <= 707 and
+    + Hadamard 724 <= P <= 726.  Empty intersection: no RPE size reproduces the table, and Eq. 2's is 729."""
+    base = _table3b_params("lisanet_i_t_selfattn")
+    c = d = 16
+    rows = {"shared": (5.72, lambda p: p), "h": (5.81, lambda p: 12 * p), "eq5": (5.99, lambda p: 2 * p * d + c * d),
+            "eq5_bias": (5.99, lambda p: 2 * p * d + 2 * c * d),
+            "eq7": (8.09, lambda p: p * c * d + p * d + 2 * c * d)}
+    fits = {k: {p for p in range(1, 2000) if counting._round_m(base + 12 * f(p), 2) == m}
+            for k, (m, f) in rows.items()}
+    assert (min(fits["shared"]), max(fits["shared"])) == (1, 663)
+    assert (min(fits["h"]), max(fits["h"])) == (611, 680)
+    assert max(fits["eq5"]) == 715 and max(fits["eq5_bias"]) == 707
+    assert (min(fits["eq7"]), max(fits["eq7"])) == (724, 726)
+    assert not set.intersection(*fits.values()) and all(729 not in f for f in fits.values())
 
 
 # ===================================================================================================

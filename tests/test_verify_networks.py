@@ -175,3 +175,211 @@ def test_examples_draw_image_sizes_and_find_a_bug_that_only_shows_on_non_square_
                      '{"reduced": true}', "--dtype", "float64", "--examples", "2", "--json", "-"])
     rep = json.loads(capsys.readouterr().out)
     assert code == 0 and "all 2 example(s) match" in rep["findings"][-1]["message"], rep["findings"]
+
+
+def test_ops_on_values_float32_holds_exactly_are_not_a_precision_finding():
+    """Issue 13: the recorder reports an op computing in another dtype only where its result differs from the
+    same op computed in the dtype asked.  A Swin shift mask built in torch's default float32 (zeros, labels set in
+    place, rolled, cut into windows, 0 / -100) is exact; a float32 sin table, a float32 matmul of float64
+    activations, a float64 activation written into a float32 buffer and a random float32 draw are not."""
+    import torch
+
+    from refimpl.verify.locate import recorder
+    x = torch.randn(2, 4, 4, dtype=torch.float64)
+    other: dict = {}
+    with recorder(torch.float64, set(), [], other):
+        lab = torch.zeros(1, 4, 4, 1)                          # float32: torch's default dtype
+        lab[:, 2:, :, :] = 1
+        lab[:, :, 2:, :] += 2
+        lab = torch.roll(lab, shifts=(-1, -1), dims=(1, 2)).reshape(16)
+        mask = (lab[:, None] - lab[None, :]).ne(0).float() * -100.0
+        idx = torch.arange(16).reshape(4, 4).float()
+        y = x.reshape(2, 16)[:, :, None] + mask + idx.reshape(16)[None, None, :1]
+    assert other == {} and y.dtype == torch.float64, other
+    with recorder(torch.float64, set(), [], other):
+        table = torch.sin(torch.arange(16) / 3.0)               # float32 values float64 does not give
+        z = x.float() @ x.float()                              # an activation rounded, a float32 product
+        buf = torch.zeros(2, 4, 4)
+        buf[:] = x                                             # a float64 activation stored in float32
+        noise = torch.rand(3)
+    ops = sorted(set(other[torch.float32]))
+    assert set(other) == {torch.float32} and {"sin", "float", "matmul", "__setitem__", "rand"} <= set(ops), ops
+    assert "zeros" not in ops and "arange" not in ops, ops      # exact creations stay unreported
+    assert table.dtype == z.dtype == buf.dtype == noise.dtype == torch.float32
+
+
+def test_a_float64_swin_network_has_no_float32_finding_unless_a_block_rounds_an_activation():
+    """flatten_swin_t's twin builds its shifted-window masks and padding indicators in torch's default float32:
+    in a float64 run that is no finding (they hold 0, 1, region labels exactly).  A block that rounds its output
+    to float32 and back is a 'dtype' finding naming the conversion, and diverges at that block."""
+    r = V.verify(twin("flatten_swin_t"), "flatten_swin_t", config={"reduced": True}, dtype="float64")
+    assert r.verdict == "match" and not [f for f in r.findings if f["kind"] in ("dtype", "note")], r.findings
+    module = twin("flatten_swin_t")
+    unit = "layers.1.blocks.1"
+    dict(module.named_modules())[unit].register_forward_hook(lambda _m, _i, out: out.float().double())
+    r = V.verify(module, "flatten_swin_t", config={"reduced": True}, dtype="float64")
+    msgs = [f["message"] for f in r.findings if f["kind"] == "dtype"]
+    assert any("compute in float32, a lower precision than the float64 asked (float)" in m for m in msgs), msgs
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+
+
+def sized(name: str, img_size=None, bug_unit: str | None = None, calls: list | None = None):
+    """The twin of the reduced ``name`` built for the image size ``img_size`` (H, W) (default: the reduced
+    config's); with ``bug_unit`` that unit's output is off by 1e-6 relative at every size but the default one (a
+    table computed for the default resolution).  ``calls`` collects the sizes it was built for."""
+    import equivalence.models as em
+    from refimpl.verify.networks import size_field
+    base = network_config(name, None, {"reduced": True}, None)[0]
+    cfg = network_config(name, None, {"reduced": True}, None if img_size is None else tuple(img_size))[0]
+    size = tuple(getattr(cfg, size_field(cfg)))
+    if calls is not None:
+        calls.append(size)
+    module = em.build(cfg)
+    if bug_unit is not None and size != tuple(getattr(base, size_field(base))):
+        dict(module.named_modules())[bug_unit].register_forward_hook(lambda _m, _i, out: out * (1 + 1e-6))
+    return module
+
+
+def test_examples_rebuild_a_network_built_for_one_resolution_for_each_drawn_size(monkeypatch):
+    """Issue 13: --examples for a network with a fixed image size (Castling-DeiT: its position embedding has one
+    row per patch) rebuilds both networks for each drawn size through the target's img_size keyword, and draws
+    the batch and the seed too.  A port right at its default size only is found, shrunk to the smallest size."""
+    kw = dict(config={"reduced": True}, dtype="float64")
+    assert V.verify(sized, "castling_deit_t", init={"name": "castling_deit_t", "bug_unit": "blocks.1"},
+                    **kw).verdict == "match"
+    r = V.verify_examples(sized, "castling_deit_t", 4, init={"name": "castling_deit_t", "bug_unit": "blocks.1"},
+                          max_side=24, **kw)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "blocks.1", str(r)
+    assert r.network["image_hw"] == [8, 8] and r.network["batch"] == 1, r.network
+    assert "smallest failing example of 4: image 8 x 8 (both networks rebuilt for it: img_size=(8, 8)), batch 1" \
+        in r.findings[-1]["message"], r.findings
+    from refimpl.verify import network_examples
+    calls: list = []
+    drawn: list = []
+    inner = network_examples.verify_network
+
+    def recording(module, reference, **kwargs):
+        drawn.append((tuple(kwargs["hw"] or ()), kwargs.get("batch"), kwargs["seed"]))
+        return inner(module, reference, **kwargs)
+    monkeypatch.setattr(network_examples, "verify_network", recording)
+    good = V.verify_examples(lambda **init: sized(**init, calls=calls), "castling_deit_t", 6,
+                             init={"name": "castling_deit_t", "img_size": [16, 24]}, max_side=24, **kw)
+    assert good.verdict == "match" and "all 6 example(s) match" in good.findings[-1]["message"], good.findings
+    assert calls[0] == (16, 24) and len(set(calls)) > 2, calls            # the user's size first, then drawn ones
+    assert drawn[0] == ((16, 24), None, 0) and len(drawn) == 7, drawn
+    assert {d[1] for d in drawn[1:]} == {1, 2} and len({d[2] for d in drawn[1:]}) > 1, drawn  # batches, seeds
+    assert all(calls[i] == d[0] for i, d in enumerate(drawn)), (calls, drawn)  # the module built for each size
+    h, w = good.network["image_hw"]
+    assert good.config["img_size"] == [h, w] and h % 8 == 0 and w % 8 == 0, good.config
+
+
+def test_examples_refuse_a_fixed_resolution_target_without_a_size_keyword_and_size_dependent_weights(capsys):
+    with pytest.raises(V.VerifyError) as exc:
+        V.verify_examples(twin, "castling_deit_t", 2, init={"name": "castling_deit_t"}, config={"reduced": True})
+    msg = str(exc.value)
+    assert "argument 'examples'" in msg and "img_size = (32, 48)" in msg and "img_size, image_size" in msg, msg
+    assert "got twin(name: 'str'" in msg and "takes none" in msg, msg
+    weights = {k: v.numpy() for k, v in sized("castling_deit_t").state_dict().items()}
+    with pytest.raises(V.VerifyError, match=r"argument 'weights': .* pos_embed has shape \(1, \d+, 64\), the "
+                                            r"weights' \(1, 25, 64\)"):
+        V.verify_examples(sized, "castling_deit_t", 3, init={"name": "castling_deit_t"}, config={"reduced": True},
+                          weights=weights, max_side=16)
+    with pytest.raises(V.VerifyError, match=r"argument 'init': 'img_size' expected an image size H x W .* got 'big'"):
+        V.verify_examples(sized, "castling_deit_t", 2, init={"name": "castling_deit_t", "img_size": "big"},
+                          config={"reduced": True})
+    assert cli.main(["verify", "tests.test_verify_networks:sized", "--reference", "castling_deit_t", "--init",
+                     '{"name": "castling_deit_t"}', "--examples", "2", "--max-side", "0"]) == 2
+    assert "argument --max-side: expected an integer >= 1, got 0" in capsys.readouterr().err
+
+
+def test_examples_keep_a_released_checkpoints_weights_at_every_drawn_size(tmp_path, capsys):
+    """FLatten-Swin's parameters do not depend on the image size: a released file (with its shift masks for
+    48 x 72) is verified at its own size, then at drawn sizes with the same weights (the masks recomputed)."""
+    path = tmp_path / "released.safetensors"
+    _released_file("flatten_swin_t", path)
+    out = tmp_path / "r.json"
+    code = cli.main(["verify", "tests.test_verify_networks:sized", "--reference", "flatten_swin_t", "--init",
+                     '{"name": "flatten_swin_t"}', "--config", '{"reduced": true}', "--weights", str(path),
+                     "--dtype", "float64", "--examples", "2", "--max-side", "48", "--json", str(out)])
+    assert code == 0, capsys.readouterr()
+    rep = json.loads(out.read_text())
+    # 24 x 24 would clamp stage 4's window to its 1 x 1 grid (other table shapes): only 48 x 48 keeps the weights;
+    # without its derived buffers (left out at the drawn sizes) the file is in the reference's names (Swin keeps them)
+    assert rep["network"]["image_hw"] == [48, 48] and rep["network"]["weights_naming"] == "reference", rep["network"]
+    assert rep["verdict"] == "match" and rep["derived_buffers"] == [], rep["derived_buffers"]
+    assert "all 2 example(s) match" in rep["findings"][-1]["message"], rep["findings"]
+
+
+def _rewired(kind: str, stage: int = 1):
+    """flatten_swin_t's twin with each block right and the network wired wrongly in ``stage``: "swap" runs its two
+    blocks in the other order, "skip" never calls block 1, "drop" calls block 1 and does not use its output,
+    "residual" has block 1's submodule return its residual branch only (output - input) and the network add the
+    input back ("residual_ok") or not ("residual")."""
+    import types
+
+    from equivalence.models.flatten import SwinBlock
+    m = twin("flatten_swin_t")
+    blk1 = m.layers[stage].blocks[1]
+    if kind.startswith("residual"):
+        blk1.forward = types.MethodType(lambda self, x: SwinBlock.forward(self, x) - x, blk1)
+
+    def _run(self, images):
+        x = self.stem(images)
+        for i, st in enumerate(self.layers):
+            b0, b1 = st.blocks
+            if i != stage:
+                x = b1(b0(x))
+            elif kind == "swap":
+                x = b0(b1(x))
+            elif kind == "skip":
+                x = b0(x)
+            elif kind == "drop":
+                x = b0(x)
+                b1(x)
+            elif kind == "residual":
+                x = b1(b0(x))
+            else:                                           # residual_ok
+                x = b0(x)
+                x = x + b1(x)
+            if st.downsample is not None:
+                x = st.downsample(x)
+        return self.head_unit(x), None
+    m._run = types.MethodType(_run, m)
+    return m
+
+
+@pytest.mark.parametrize("kind,unit,says", [
+    ("swap", "layers.0.downsample", "receives the output of unit 'layers.1.blocks.1'"),
+    ("drop", "layers.1.blocks.1", "receives the unit's own input: the unit's output is not used"),
+    ("residual", "layers.1.blocks.1", "the residual around unit 'layers.1.blocks.1' is dropped")])
+def test_a_wiring_bug_between_correct_units_is_a_wiring_divergence_naming_the_unit(kind, unit, says):
+    """Issue 13: every block of the port is right; the network feeds them wrongly.  The first divergence is a
+    wiring one at the unit whose output the next unit does not receive, saying what it receives instead."""
+    r = V.verify(_rewired(kind), "flatten_swin_t", config={"reduced": True}, dtype="float32")
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+    assert r.first_divergence["why"].startswith("wiring: ") and says in r.first_divergence["why"], r.first_divergence
+    wiring = [f["message"] for f in r.findings if f["kind"] == "wiring"]
+    assert wiring and says in wiring[0], r.findings
+    ok = V.verify(_rewired("residual_ok"), "flatten_swin_t", config={"reduced": True}, dtype="float32")
+    assert ok.verdict == "match" and not [f for f in ok.findings if f["kind"] == "wiring"], str(ok)
+
+
+def test_a_skipped_block_that_passes_unit_wise_is_a_wiring_divergence():
+    """A block whose residual branches are ~1e-3 of its input (its output projections scaled down) is, skipped,
+    within its unit's float16 bound: unit-wise it matches, no unit and not the logits diverge.  Its submodule was
+    never called and the next unit receives the block's own input: a wiring divergence at that block."""
+    cfg = network_config("flatten_swin_t", None, {"reduced": True}, None)[0]
+    params = rm.family_of("flatten_swin_t").init_params(cfg, np.random.default_rng(3))
+    for k in ("attn.proj.weight", "attn.proj.bias", "mlp.fc2.weight", "mlp.fc2.bias"):
+        params[f"layers.1.blocks.1.{k}"] = params[f"layers.1.blocks.1.{k}"] * 1e-3
+    kw = dict(config={"reduced": True}, dtype="float16", weights=params)
+    r = V.verify(_rewired("skip"), "flatten_swin_t", **kw)
+    unit = "layers.1.blocks.1"
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+    res = r.stages[[s.name for s in r.stages].index(unit)]
+    assert "is skipped: its submodule layers.1.blocks.1 was never called" in res.detail, res.detail
+    assert "(numerically: match" in res.detail and res.err_over_bound < 1, res      # unit-wise it would pass
+    assert r.whole_module["verdict"] != "diverges" and [s.name for s in r.stages if s.verdict == "diverges"] == [
+        unit], str(r)
+    good = V.verify(twin("flatten_swin_t"), "flatten_swin_t", **kw)
+    assert good.verdict != "diverges" and not [f for f in good.findings if f["kind"] == "wiring"], str(good)

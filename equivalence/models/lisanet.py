@@ -3,7 +3,9 @@ Table 2, Table 7, Table 8).
 
 Patch embeddings (``patch_embed.i``: a convolution, then LayerNorm for the hierarchical models or + the
 position embedding for the isotropic one), ``stages`` of LiSA blocks (equivalence.modules.lisa.LiSABlock,
-the LiSA helper's twin, built for each stage's token grid), final LayerNorm, average pooling, Linear head.
+the LiSA helper's twin, built for each stage's token grid; with cfg.operator != "lisa" the Table 3b operator's
+twin - SelfAttention or StructureAwareAttention - in an OperatorBlock), final LayerNorm, average pooling,
+Linear head.
 state_dict keys equal refimpl.models.lisanet.param_shapes; unit values (``run_unit``) are channels-first
 grids, as in the reference.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.modules.lisa import LiSABlock
+from equivalence.modules.lisa import LiSABlock, OperatorBlock, SelfAttention, StructureAwareAttention
 from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names
 
 CONFIG_TYPES = (LiSANetConfig,)
@@ -46,6 +48,27 @@ def _geometry(cfg: LiSANetConfig, i: int) -> tuple[int, int, int]:
     return (4, 4, 0) if i == 0 else (2, 2, 0)
 
 
+#: refimpl.models.lisanet.OPERATORS -> the twin's operator (LiSA Table 3b); "sa_eq5" is computed through the
+#: attention A = Qb Kb^T (Eq. 5's first line; the reference takes the second, Fig. 6's Kb Ra route).
+_SA_FORMS = {"sa_eq4": "eq4", "sa_eq5": "eq5", "sa_eq5_bias": "eq5_bias", "sa_eq7": "eq7"}
+
+
+def _block(cfg: LiSANetConfig, bc) -> nn.Module:
+    """One block of the stage whose LiSAConfig is ``bc``, with the operator of cfg.operator."""
+    if cfg.operator == "lisa":
+        return LiSABlock(bc.dim, bc.num_heads, bc.grid, bc.latent, mlp_ratio=bc.mlp_ratio, ln_eps=bc.ln_eps,
+                         exact_toeplitz=bc.exact_toeplitz, fft_lengths=bc.fft_lengths, transform=bc.transform,
+                         qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
+    if cfg.operator in ("selfattn", "selfattn_rpe"):
+        rpe = None if cfg.operator == "selfattn" else ("per_head" if cfg.rpe_per_head else "shared")
+        attn = SelfAttention(bc.dim, bc.num_heads, bc.grid, rpe=rpe, qkv_bias=bc.qkv_bias)
+    else:
+        attn = StructureAwareAttention(bc.dim, bc.num_heads, bc.grid, bc.latent, form=_SA_FORMS[cfg.operator],
+                                       rpe="toeplitz", rpe_per_head=cfg.rpe_per_head, qkv_bias=bc.qkv_bias,
+                                       l2_eps=bc.l2_eps)
+    return OperatorBlock(bc.dim, attn, mlp_ratio=bc.mlp_ratio, ln_eps=bc.ln_eps)
+
+
 class LiSANet(nn.Module):
     """forward(images) -> logits; features(images) -> [stage outputs (B, C_i, H_i, W_i)]; run_unit(name, x)."""
 
@@ -61,11 +84,7 @@ class LiSANet(nn.Module):
             cin = cfg.in_chans if i == 0 else cfg.dims[i - 1]
             self.patch_embed.append(PatchEmbed(cin, cfg.dims[i], k, s, p, cfg.ln_eps if hier else None))
             bc = block_config(cfg, i)
-            self.stages.append(nn.ModuleList(
-                LiSABlock(bc.dim, bc.num_heads, bc.grid, bc.latent, mlp_ratio=bc.mlp_ratio, ln_eps=bc.ln_eps,
-                          exact_toeplitz=bc.exact_toeplitz, fft_lengths=bc.fft_lengths, transform=bc.transform,
-                          qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
-                for _ in range(cfg.depths[i])))
+            self.stages.append(nn.ModuleList(_block(cfg, bc) for _ in range(cfg.depths[i])))
         if not hier and cfg.pos_embed:
             self.pos_embed = nn.Parameter(torch.zeros(1, grids[0][0] * grids[0][1], cfg.dims[0]))
         self.norm = nn.LayerNorm(cfg.dims[-1], eps=cfg.ln_eps)

@@ -3,8 +3,10 @@ reference with torch.fft.  State-dict keys equal the refimpl parameter keys:
 
 LiSAAttention            qkv.weight, qkv.bias, weight_a (P, c, D), weight_b (P, D), bias_a (c, D), bias_b (c, D),
                          proj.weight, proj.bias        (P = N circular, prod(2n - 1) exact_toeplitz)
-StructureAwareAttention  qkv.*, proj.*, and rpe (eq4) or weight_a, weight_b, bias_b[, bias_a] (eq5-eq7)
+StructureAwareAttention  qkv.*, proj.*, and rpe (eq4) or weight_a, weight_b, bias_b[, bias_a] (eq5-eq7, eq5_bias)
+SelfAttention            qkv.*, proj.*[, rpe (P,) or (P, h)]   (softmax attention, Eq. 3 with a Toeplitz RPE)
 LiSABlock                norm1.*, attn.*, norm2.*, mlp.fc1.*, mlp.fc2.*
+OperatorBlock            the same keys, with any of the attentions above (LiSA Table 3b)
 
 Conventions (same as the reference, re-derived here): tokens row-major over the grid; Toeplitz parameters
 indexed as LiSA Eq. 2, T[i, j] = e[n - 1 + j - i] per axis; circular kernels act by convolution,
@@ -137,7 +139,9 @@ class LiSAAttention(_Projections):
 
 
 class StructureAwareAttention(_Projections):
-    """Structure-aware attention computed directly with dense RPE tensors (Eq. 4-7, Fig. 6)."""
+    """Structure-aware attention computed directly with dense RPE tensors (Eq. 4-7, Fig. 6).  form "eq5_bias"
+    (LiSA Table 3b "+ bias term Ba"): Eq. 5 with Ba (c, D) in the first bracket, computed through the
+    attention: S_id = sum_n A_in Ra_ind + sum_c Qb_ic Ba_cd."""
 
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, form: str = "eq7",
                  rpe: str = "toeplitz", rpe_per_head: bool = False, qkv_bias: bool = True, l2_eps: float = 1e-12):
@@ -148,10 +152,10 @@ class StructureAwareAttention(_Projections):
         if form == "eq4":
             self.rpe = nn.Parameter(torch.zeros((p, num_heads) if rpe_per_head else (p,)))
         else:
-            self.weight_a = nn.Parameter(torch.zeros((p, latent) if form == "eq5" else (p, c, latent)))
+            self.weight_a = nn.Parameter(torch.zeros((p, latent) if form in ("eq5", "eq5_bias") else (p, c, latent)))
             self.weight_b = nn.Parameter(torch.zeros(p, latent))
             self.bias_b = nn.Parameter(torch.zeros(c, latent))
-            if form == "eq7":
+            if form in ("eq7", "eq5_bias"):
                 self.bias_a = nn.Parameter(torch.zeros(c, latent))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -167,8 +171,10 @@ class StructureAwareAttention(_Projections):
         ra = dense_rpe(self.weight_a, self.grid, self.kind)
         rb = dense_rpe(self.weight_b, self.grid, self.kind)
         gb = torch.einsum("ijd,bhjv->bhivd", rb, v) + self.bias_b
-        if self.form == "eq5":
+        if self.form in ("eq5", "eq5_bias"):
             s = torch.einsum("bhin,ind->bhid", q @ k.transpose(-1, -2), ra)
+            if self.form == "eq5_bias":
+                s = s + q @ self.bias_a
             out = torch.einsum("bhid,bhivd->bhiv", s, gb)
         else:
             ga = torch.einsum("incd,bhnc->bhicd", ra, k)
@@ -176,6 +182,44 @@ class StructureAwareAttention(_Projections):
                 ga = ga + self.bias_a
             out = torch.einsum("bhic,bhicd,bhivd->bhiv", q, ga, gb)
         return self.merge(out)
+
+
+class SelfAttention(_Projections):
+    """Softmax self-attention, softmax(Q K^T / sqrt(c) + R) V, with R = 0 (rpe=None), one Toeplitz RPE T(e)
+    shared by the heads (rpe="shared", e (P,)) or one per head (rpe="per_head", e (P, h)): LiSA Eq. 3, the
+    "Self-attn" rows of Table 3a-b."""
+
+    def __init__(self, dim: int, num_heads: int, grid: Sequence[int], *, rpe: str | None = None,
+                 qkv_bias: bool = True):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.grid, self.scale = tuple(grid), (dim // num_heads) ** -0.5
+        if rpe is not None:
+            p = _prod([2 * n - 1 for n in self.grid])
+            self.rpe = nn.Parameter(torch.zeros((p, num_heads) if rpe == "per_head" else (p,)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split(x)
+        logits = (q * self.scale) @ k.transpose(-1, -2)
+        if hasattr(self, "rpe"):
+            r = dense_rpe(self.rpe, self.grid, "toeplitz")
+            logits = logits + (r.permute(2, 0, 1) if r.dim() == 3 else r)
+        return self.merge(torch.softmax(logits, dim=-1) @ v)
+
+
+class OperatorBlock(nn.Module):
+    """x + attn(LN(x)), then + MLP(LN(.)) with any operator module ``attn`` (LiSA §5.2: the Table 3 ablations
+    replace only the operator in the LiSA block)."""
+
+    def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4.0, ln_eps: float = 1e-6):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
 
 
 class LiSABlock(nn.Module):

@@ -291,7 +291,7 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
     validation.check_taps(taps)
     tok, h, w = _grid_to_tokens(x, layout)
     t = taps if taps is not None else {}
-    hid = numerics.gelu(layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
+    hid = layers.gelu(layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
                                       params.get("fc1.bias")))
     t["hidden"] = hid
     if cfg.ffn_dwconv:

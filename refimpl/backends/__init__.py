@@ -309,3 +309,4 @@ def call(op: str, /, *args: Any, otherwise: Callable[[], Any] | None = None, **k
 
 # Register the accelerated kernels (cheap: neither imports Numba nor loads the compiled module).
 from . import _c, _numba  # noqa: E402,F401
+from . import _c_elementwise, _numba_elementwise  # noqa: E402,F401 (GELU: ckernels/gelu.c and its Numba twin)

@@ -227,8 +227,8 @@ def bound_units(names: list[str], e_one: Callable[[str, Err], Err], feature_unit
 
 # ===================================================================================================
 # Token-stage networks (Castling-LeViT, Castling-MViTv2): the family declares its units, one interpreter runs
-# them.  A family module provides unit_names(cfg), run_unit(params, name, x, cfg) and stage_grids(cfg), its
-# config ``depths``; its units carry tokens (B, N, C) and stage s ends with unit "stages.s.blocks.{depth_s - 1}".
+# them.  A family module provides unit_names(cfg), run_unit(params, name, x, cfg), stage_grids(cfg) and
+# _check_params(params, cfg) (its common.check_network_params, returning the checked mapping), its config ``depths``; its units carry tokens (B, N, C) and stage s ends with unit "stages.s.blocks.{depth_s - 1}".
 # ===================================================================================================
 
 def stage_end_units(depths: Any) -> dict[str, int]:
@@ -248,7 +248,9 @@ def run_stages(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: 
     """The family's ``run``: its units in order from the images (:func:`refimpl.models.common.run_feature_units`);
     the logits and every stage's feature map in one pass; ``taps`` (dict or None) records every unit's output."""
     validation.check_taps(taps)
-    return common.run_feature_units(family.unit_names(cfg), lambda name, x: family.run_unit(params, name, x, cfg),
+    names = family.unit_names(cfg)
+    params = family._check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: family.run_unit(params, name, x, cfg),
                                     lambda name, x: stage_feature_map(family, name, x, cfg), images, taps)
 
 

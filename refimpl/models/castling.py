@@ -175,7 +175,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConf
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     eps = cfg.layer_norm_eps
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "stem":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
         y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
@@ -206,7 +206,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -230,7 +230,9 @@ def run(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
     validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
                                     lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
@@ -307,7 +309,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(numerics.as_float(x, "x")), cfg, dtype),
                            f"unit {name}, {part}")
 
@@ -316,7 +318,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTCo
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -325,7 +327,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConf
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and
     params (rigorous to first order, loose through depth; see flatten.forward_bounds)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                                lambda name, a: _feature_map(name, a, cfg), images)
 

@@ -356,7 +356,7 @@ def stage_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: Castlin
     References: Castling-ViT Eq. 9 and §3.1; LeViT's Attention; MViTv2's residual pooling connection.
     """
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     x = numerics.as_float(x, "x")
     hw = stage_grids(cfg)[stage]
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": hw[0] * hw[1], "C": cfg.embed_dims[stage]})
@@ -383,7 +383,7 @@ def downsample_attention(params: Mapping[str, Any], prefix: str, x: Any, cfg: Ca
     References: Castling-ViT §3.1 (Table 1: post-Q pooling + residual), Eq. 9; LeViT's AttentionSubsample.
     """
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     x = numerics.as_float(x, "x")
     hw = stage_grids(cfg)[stage - 1]
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": hw[0] * hw[1], "C": cfg.embed_dims[stage - 1]})
@@ -456,7 +456,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
     of a shrink block takes the (B, N', C_s) output of its "attn" part."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if part == "mlp" and name.endswith("downsample"):
         x = _unit_input(f"stages.{_unit_stage(name)}.blocks.0", x, cfg)
     else:
@@ -491,7 +491,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTCon
     References: LeViT (stem, Linear_BN, heads); Castling-ViT Eq. 9 in every attention (inference).
     """
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "stem":
         return _stem(params, common.check_images(x, cfg.in_chans, cfg.img_size), cfg)
     x = _unit_input(name, x, cfg)
@@ -623,7 +623,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTC
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     x = numerics.as_float(x, "x") if name == "stem" else _unit_input(name, x, cfg)
     with np.errstate(all="ignore"):
         return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
@@ -634,7 +634,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     src = f"stages.{_unit_stage(name)}.blocks.0" if (part == "mlp" and name.endswith("downsample")) else name
     x = _unit_input(src, x, cfg)
     with np.errstate(all="ignore"):
@@ -646,7 +646,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTCon
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
 
 

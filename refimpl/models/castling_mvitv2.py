@@ -320,7 +320,7 @@ def pooling_attention(params: Mapping[str, Any], name: str, x: Any, cfg: Castlin
     References: Castling-ViT Eq. 9, §3.1, appendix; MViTv2 §3.1-3.2 (pooling attention, residual pooling).
     """
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     b = _spec(cfg, name)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": b.hw_in[0] * b.hw_in[1], "C": b.dim_in})
@@ -384,7 +384,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
     a transition block takes the (B, N', C_s) output of its "attn" part."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     b = _spec(cfg, name)
     x = _tokens_in(x, b.hw_out, b.dim_out) if part == "mlp" else _tokens_in(x, b.hw_in, b.dim_in)
     return _part(params, b, part, x, cfg)
@@ -398,7 +398,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Co
     References: MViTv2 (patch embedding, blocks, head); Castling-ViT Eq. 9 in every attention (inference).
     """
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "patch_embed":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
         y = layers.conv2d(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
@@ -498,7 +498,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "patch_embed":
         x = numerics.as_float(x, "x")
     elif name == "head":
@@ -516,7 +516,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     b = _spec(cfg, name)
     x = _tokens_in(x, b.hw_out, b.dim_out) if part == "mlp" else _tokens_in(x, b.hw_in, b.dim_in)
     with np.errstate(all="ignore"):
@@ -528,7 +528,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Co
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -125,22 +126,29 @@ def window_attention_shapes(prefix: str, c: int, heads: int, ws: int, qkv_bias: 
 # ===================================================================================================
 
 @functools.lru_cache(maxsize=64)
-def _expected_shapes(shapes_fn: Callable[[Any], Mapping[str, tuple[int, ...]]], cfg: Any) -> dict:
-    return dict(shapes_fn(cfg))
+def _expected_shapes(shapes_fn: Callable[[Any], Mapping[str, tuple[int, ...]]], cfg: Any) -> Mapping:
+    # read-only: the same table object serves every check of a config (validation.CheckedParams matches it by
+    # identity)
+    return MappingProxyType(dict(shapes_fn(cfg)))
 
 
 def check_network_params(params: Any, cfg: Any, shapes_fn: Callable[[Any], Mapping[str, tuple[int, ...]]],
-                         where: str) -> Mapping[str, Any]:
+                         where: str) -> validation.CheckedParams:
     """The strict parameter check of every network entry point (:func:`refimpl.validation.check_params`)
     against the family's ``param_shapes(cfg)`` (cached per config): keys by their full state_dict names,
     "did you mean" for misspellings, shapes, real floating dtypes, BatchNorm running_var >= 0.  Every family's
     public functions that take ``params`` call it first, so a network never runs on a misspelled, extra or
-    missing key."""
+    missing key.
+
+    Returns the parameters as a :class:`refimpl.validation.CheckedParams` (:func:`refimpl.validation.checked_params`),
+    which the entry passes down: its units, blocks and layers (their own checks, ``layers.subparams``) accept it
+    and its sub-mappings without checking again, so a forward checks its parameters once.  Given such a mapping
+    checked against the same table, it returns it at once."""
     try:
         expected = _expected_shapes(shapes_fn, cfg)
     except TypeError:                       # an unhashable config: no caching
         expected = dict(shapes_fn(cfg))
-    return validation.check_params(params, expected, where=where)
+    return validation.checked_params(params, expected, where=where)
 
 
 def run_feature_units(names: list[str], run_one: Callable[[str, Any], np.ndarray],
@@ -187,7 +195,7 @@ def linear2d(x: np.ndarray, weight: Any, bias: Any = None) -> np.ndarray:
 
 def mlp2d(x: np.ndarray, p: Mapping[str, Any]) -> np.ndarray:
     """layers.mlp (fc2(GELU(fc1 x))) through :func:`linear2d`."""
-    return linear2d(numerics.gelu(linear2d(x, p["fc1.weight"], p.get("fc1.bias"))), p["fc2.weight"], p.get("fc2.bias"))
+    return linear2d(layers.gelu(linear2d(x, p["fc1.weight"], p.get("fc1.bias"))), p["fc2.weight"], p.get("fc2.bias"))
 
 
 def patch_merging2d(x: np.ndarray, p: Mapping[str, Any], eps: float) -> np.ndarray:

@@ -367,7 +367,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any,
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     eps = cfg.layer_norm_eps
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "stem":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
         y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
@@ -402,7 +402,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -440,7 +440,9 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | Flatten
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
     validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
                                     lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
@@ -534,7 +536,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any,
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
@@ -545,7 +547,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenDeiTCon
     _check_cfg(cfg)
     if name != "stem":
         x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -556,7 +558,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
     absolute Jacobians of every stage (see docs/models_flatten_castling.md for measured sizes), so the
     sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature bounds, logits bound)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                                lambda name, a: _feature_map(name, a, cfg), images)
 

@@ -439,7 +439,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenCSwinConf
     """
     _check_cfg(cfg)
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     eps = cfg.layer_norm_eps
     if name == "stem":
         images = common.check_images(x, cfg.in_chans, cfg.img_size)
@@ -472,7 +472,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
     if part not in unit_parts(cfg, name):
         raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -504,7 +504,9 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConfig, *,
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
     validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
                                     lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
@@ -586,7 +588,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenCSwinCo
     _check_unit(name, cfg)
     if name != "stem":
         x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -596,7 +598,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     if part not in unit_parts(cfg, name):
         raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
@@ -607,7 +609,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConf
     every unit), so the sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature
     bounds, logits bound)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                                lambda name, a: _feature_map(name, a, cfg), images)
 

@@ -380,7 +380,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenPVTConfig
     """
     _check_cfg(cfg)
     _check_unit(name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "patch_embed1":
         return _patch_embed(params, 0, common.check_images(x, cfg.in_chans, cfg.img_size), cfg)
     x = _check_unit_input(x, name, cfg)
@@ -418,7 +418,7 @@ def _conv_mlp(x: np.ndarray, p: Mapping[str, Any], hw: tuple[int, int]) -> np.nd
     w = numerics.as_float(p["dwconv.dwconv.weight"], "dwconv.dwconv.weight")
     h = layers.depthwise_conv2d(np.ascontiguousarray(_to_grid(h, hw)), w, p["dwconv.dwconv.bias"],
                                 padding=w.shape[-1] // 2)
-    return common.linear2d(numerics.gelu(np.ascontiguousarray(_to_tokens(h))), p["fc2.weight"], p["fc2.bias"])
+    return common.linear2d(layers.gelu(np.ascontiguousarray(_to_tokens(h))), p["fc2.weight"], p["fc2.bias"])
 
 
 def unit_parts(cfg: FlattenPVTConfig, name: str) -> tuple[str, ...]:
@@ -434,7 +434,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
     if part not in unit_parts(cfg, name):
         raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -472,7 +472,9 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig, *,
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
     validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
                                     lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
@@ -599,7 +601,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenPVTConf
     _check_unit(name, cfg)
     if name != "patch_embed1":
         x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -609,7 +611,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     if part not in unit_parts(cfg, name):
         raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_unit_input(x, name, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
@@ -620,7 +622,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig
     every unit), so the sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature
     bounds, logits bound)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                                lambda name, a: _feature_map(name, a, cfg), images)
 

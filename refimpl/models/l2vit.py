@@ -243,7 +243,7 @@ def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: L2ViTNetConf
     """
     pre = "downsample_layers.0"
     images = nets.check_images(images, cfg.in_chans)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     validation.check_taps(taps)
     x = nets.pad_bottom_right(images, 4)
     y1 = layers.conv2d(x, params[f"{pre}.proj.proj.0.weight"], params[f"{pre}.proj.proj.0.bias"], stride=2, padding=1)
@@ -261,7 +261,7 @@ def downsample(x: np.ndarray, params: Mapping[str, np.ndarray], i: int, cfg: L2V
     multiple of 2 at the bottom/right, conv 2x2 stride 2 to C_i.  x : (B, C_(i-1), H, W) ->
     (B, C_i, ceil(H/2), ceil(W/2)).  References: L2ViT §4.3, Table 13; released PatchEmbed (norm, padding)."""
     pre = f"downsample_layers.{i}"
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     y = layers.layer_norm_cf(x, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"], cfg.layer_norm_eps)
     return layers.conv2d(nets.pad_bottom_right(y, 2), params[f"{pre}.proj.weight"], params[f"{pre}.proj.bias"],
                          stride=2)
@@ -287,7 +287,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, 
         return stem(x, params, cfg, taps=taps)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B C H W"))
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     validation.check_taps(taps)
     if name == "head":
         y = layers.layer_norm_cf(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps)
@@ -322,7 +322,9 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
     ----------
     L2ViT §4.3, Fig. 3, Table 13; the head as released (final LayerNorm, average pooling, Linear).
     """
-    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return nets.run_units(names, lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
                           _feature_units(cfg), images, taps)
 
 
@@ -479,7 +481,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"L2ViT unit {name}")
 
 
@@ -495,7 +497,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, 
     (and void past a few blocks).  :func:`unit_bound` restarts the analysis at each unit (the meaningful
     comparison points)."""
     images = nets.check_images(images, cfg.in_chans)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                             _feature_units(cfg), common.e_exact(images), "L2ViT")
 

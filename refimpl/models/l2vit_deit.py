@@ -363,7 +363,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTDeiTConfig)
     """
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     if name == "stem":
         return deit_stem(params, x, cfg, cls_token=True)
     x = _check_tokens(x, cfg)
@@ -379,7 +379,7 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_tokens(x, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return _block_part(params, name, part, x, cfg)
 
 
@@ -394,7 +394,9 @@ def run(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
     validation.check_taps(taps)
-    return common.run_feature_units(unit_names(cfg), lambda name, x: run_unit(params, name, x, cfg),
+    names = unit_names(cfg)
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
                                     lambda name, x: _feature_map(name, x, cfg), images, taps)
 
 
@@ -486,7 +488,7 @@ def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg
     if part not in unit_parts(cfg, name):
         raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
     x = _check_tokens(x, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
 
 
@@ -495,7 +497,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTDeiTConfi
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = numerics.as_float(x, "x") if name == "stem" else _check_tokens(x, cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
 
 
@@ -504,7 +506,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig,
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, loose through depth; :func:`unit_bound` restarts at each unit)."""
     _check_cfg(cfg)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                                lambda name, a: _feature_map(name, a, cfg), images)
 

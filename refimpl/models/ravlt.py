@@ -60,8 +60,7 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..attention import rala, rala_bounds, rala_core
 from ..attention.softmax import softmax_attention, softmax_attention_error
-from . import _netparts as nets
-from . import common, counting
+from . import _netparts as nets, common, counting
 from .registry import register
 from .common import Err
 
@@ -264,7 +263,7 @@ def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: RAVLTNetConf
     conv 3x3/2 -> BN.  images (B, in_chans, H, W) -> (B, C_0, H_1, W_1).  taps: "stem.<conv index>".
     References: RAVLT §3.3 (downsampling rates 1/4 ... 1/32); released PatchEmbed (the paper gives no stem)."""
     x = nets.check_images(images, cfg.in_chans)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     validation.check_taps(taps)
     for n, (ci, bi, stride, _, _) in enumerate(_STEM):
         x = layers.conv2d(x, params[f"patch_embed.proj.{ci}.weight"], params[f"patch_embed.proj.{ci}.bias"],
@@ -273,7 +272,7 @@ def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: RAVLTNetConf
             taps[f"stem.{ci}"] = x
         x = _bn(x, params, f"patch_embed.proj.{bi}", cfg.batch_norm_eps)
         if n < len(_STEM) - 1:
-            x = numerics.gelu(x)
+            x = layers.gelu(x)
     return x
 
 
@@ -437,7 +436,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, 
         return stem(nets.check_images(x, cfg.in_chans), params, cfg, taps=taps)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B C H W"))
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     validation.check_taps(taps)
     if name == "head":
         z = layers.conv2d(x, params["proj.weight"], params["proj.bias"])
@@ -468,7 +467,9 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, t
     ----------
     RALA §3.2-3.3, Table 1; released code for the stem, the head and the layout.
     """
-    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps, max_elements=max_elements),
+    params = _check_params(params, cfg)      # once: the units get the checked mapping
+    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps,
+                                                                          max_elements=max_elements),
                           _feature_units(cfg), images, taps)
 
 
@@ -637,7 +638,7 @@ def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"RAVLT unit {name}")
 
 
@@ -654,7 +655,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, 
     bound blows up (float32 past stage 2 of the reduced model).  :func:`unit_bound` restarts the analysis at
     each unit (the meaningful comparison points)."""
     images = nets.check_images(images, cfg.in_chans)
-    _check_params(params, cfg)
+    params = _check_params(params, cfg)
     return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
                             _feature_units(cfg), common.e_exact(images), "RAVLT")
 

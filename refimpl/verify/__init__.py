@@ -18,10 +18,13 @@ What happens::
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
     shadow mode (``shadow=True``): each submodule computing a stage also run on the reference's own input to it
         (rounded to ``dtype``) and judged against that stage: an error located without propagation
+    gradients (``grad=True``, layer references): the input and parameter gradients for a random cotangent against
+        those of refimpl's float64 PyTorch twin (its forward first checked against the NumPy reference),
+        each against its bound (:mod:`.gradients`)
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Not yet built (issue 13): the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
-masked shifted windows, RALA's token layout; ``--grad``; configurations drawn by ``examples``; the torch ensemble
+masked shifted windows, RALA's token layout; ``--grad`` for networks; configurations (heads, width) drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -48,24 +51,23 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     weights and input.  Returns the report of the failing example Hypothesis shrinks to (the smallest batch and
     grid, square before non-square), or, when every example matches, of the one closest to its bound.  The
     report's ``findings`` say which example it is.  ``module`` must be a class or factory (``init``): each
-    example builds a fresh module.  ``max_side`` defaults to 12.  For a registered network: image sizes drawn
-    from ``seed`` (:func:`refimpl.verify.networks.verify_network_examples`; ``max_side``: the largest image
-    side)."""
+    example builds a fresh module.  ``max_side`` defaults to 12.  For a registered network: image sizes, the batch (1 or 2) and
+    the seed drawn from ``seed`` (:func:`refimpl.verify.network_examples.verify_network_examples`; ``max_side``: the largest
+    image side); a network built for one resolution is rebuilt for each size on both sides, ``module`` taking the
+    size by a keyword (``img_size``, ``image_size``, ...: :data:`refimpl.verify.network_examples.SIZE_KEYWORDS`)."""
     from hypothesis import HealthCheck, given, settings, strategies as st
-    from hypothesis.errors import HypothesisException
 
-    from .networks import is_network, verify_network_examples
+    from .network_examples import verify_network_examples
+    from .networks import is_network
+    from .steps import _check_grad, _example_factory, _example_score, _run_examples
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
+    _check_grad(kwargs.get("grad", False), is_network(reference))
     if is_network(reference):
+        kwargs.pop("grad", None)                # False here: a network is verified forward only
         return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
     max_side = 12 if max_side is None else max_side
-    import torch
-    if isinstance(module, str):
-        module = load_target(module)
-    if isinstance(module, torch.nn.Module):
-        raise VerifyError("argument 'examples': needs the module's class or factory (each example builds a fresh "
-                          "module), got an instance")
+    module = _example_factory(module)
     first = verify(module, reference, seed=seed, **kwargs)          # the configuration, and usage errors, once
     step = get_reference(reference).grid_step(_setup_of(first))
     fixed = step is None
@@ -82,30 +84,15 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     def run(batch, hw, ex_seed):
         r = verify(module, reference, hw=hw, batch=batch, seed=ex_seed, **other)
         ex = {"batch": batch, "hw": list(hw), "seed": ex_seed}
-        score = max([st_.err_over_bound or 0.0 for st_ in r.stages + (r.shadow or [])] +
-                    [r.whole_module["err_over_bound"]])
+        score = _example_score(r)
         if r.verdict != "match":
             failing.append((r, ex))
             raise AssertionError(r.verdict)
         if score > worst["score"]:
             worst.update(report=r, score=score, example=ex)
 
-    try:
-        run()
-    except AssertionError:
-        pass
-    except HypothesisException as exc:  # pragma: no cover - a Hypothesis usage problem, reported as such
-        raise VerifyError(f"argument 'examples': Hypothesis could not run the examples ({exc})") from exc
-    if failing:
-        report, ex = failing[-1]            # the last failure raised is the shrunk one Hypothesis reports
-        report.findings.append({"kind": "example", "message": f"the smallest failing example of {examples}: "
-                                                              f"batch {ex['batch']}, grid {ex['hw']}, seed "
-                                                              f"{ex['seed']}"})
-        return report
-    report = worst["report"]
-    report.findings.append({"kind": "example", "message": f"all {examples} example(s) match; shown: the closest to "
-                                                          f"its bound, {worst['example']}"})
-    return report
+    return _run_examples(run, examples, failing, worst,
+                         lambda ex: f"batch {ex['batch']}, grid {ex['hw']}, seed {ex['seed']}", str)
 
 
 def _setup_of(report: Report) -> Any:

@@ -100,25 +100,122 @@ def to_foreign(value: np.ndarray, foreign: np.ndarray, ref: np.ndarray) -> np.nd
     return out.reshape(foreign.shape)
 
 
+#: op names whose result cannot be recomputed (random draws): an op of another dtype among them is always reported
+_RANDOM_OPS = ("rand", "normal", "bernoulli", "multinomial", "dropout", "poisson", "uniform_", "exponential_",
+               "cauchy_", "geometric_", "log_normal_", "random_")
+#: conversion methods: redone as a conversion to the asked dtype (``x.float()`` in a float64 run is ``x`` there)
+_CONVERSIONS = ("float", "half", "bfloat16", "double")
+
+
+def _inplace(fname: str) -> bool:
+    return fname == "__setitem__" or (fname.startswith("__i") and fname.endswith("__")) or (
+        fname.endswith("_") and not fname.endswith("__"))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal values (NaN equal to NaN), compared in the wider of the two dtypes."""
+    import torch
+    if not isinstance(a, torch.Tensor) or not isinstance(b, torch.Tensor) or a.shape != b.shape or not (
+            a.is_floating_point() and b.is_floating_point()):
+        return False
+    wide = a.dtype if torch.finfo(a.dtype).eps <= torch.finfo(b.dtype).eps else b.dtype
+    a, b = a.detach().to(wide), b.detach().to(wide)
+    return bool(torch.equal(a, b) or bool(((a == b) | (a.isnan() & b.isnan())).all()))
+
+
+def _redo(asked: Any, func: Any, fname: str, args: tuple, kwargs: dict) -> Any:
+    """``func`` evaluated again with every floating tensor argument in another dtype than ``asked`` converted to
+    ``asked``, every floating dtype argument replaced by ``asked``, a conversion method (``.float()``) made a
+    conversion to ``asked``, and tensors created without a dtype created in ``asked``: what the same operation
+    gives on the same values when computed in the dtype asked.  Raises what ``func`` raises."""
+    import torch
+
+    def sub(a: Any) -> Any:
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.dtype != asked:
+            return a.detach().to(asked)
+        if isinstance(a, torch.dtype) and a.is_floating_point and a != asked:
+            return asked
+        if isinstance(a, (list, tuple)) and not hasattr(a, "_fields"):
+            return type(a)(sub(v) for v in a)
+        return a
+
+    a2, k2 = sub(tuple(args)), {k: sub(v) for k, v in kwargs.items()}
+    if _inplace(fname):                     # the target, converted (a copy), is what the op changes
+        func(*a2, **k2)
+        return a2[0]
+    if fname in _CONVERSIONS and a2 and isinstance(a2[0], torch.Tensor):
+        return a2[0].to(asked)
+    floating_in = any(isinstance(a, torch.Tensor) and a.is_floating_point()
+                      for a in list(args) + list(kwargs.values()))
+    default = torch.get_default_dtype()
+    if floating_in or default == asked:
+        return func(*a2, **k2)
+    try:                                    # a creation op (zeros, arange, tensor...) in the default dtype
+        torch.set_default_dtype(asked)
+    except (TypeError, RuntimeError):
+        return func(*a2, **k2)
+    try:
+        return func(*a2, **k2)
+    finally:
+        torch.set_default_dtype(default)
+
+
+def _inexact(asked: Any, func: Any, fname: str, args: tuple, kwargs: dict, outs: Sequence[Any],
+             which: Sequence[int]) -> list[int]:
+    """The positions in ``which`` of the results ``outs`` (computed in another dtype than ``asked``; in place: the
+    target after the op, ``args[0]`` its value before) that do not hold exactly what the same operation computed in
+    ``asked`` gives (:func:`_redo`).  Values the other dtype holds exactly - a mask of 0 / -100, labels, an index
+    table, a roll or a reshape of such values - are exact.  All of ``which`` where the op cannot be recomputed (a
+    random draw) or the recomputation fails."""
+    import torch
+    if any(r in fname for r in _RANDOM_OPS):
+        return list(which)
+    try:
+        again = _redo(asked, func, fname, args, kwargs)
+    except Exception:  # noqa: BLE001 - whatever the op raises on the asked dtype: it cannot be shown exact
+        return list(which)
+    again = again if isinstance(again, (tuple, list)) else (again,)
+    if len(again) != len(outs):
+        return list(which)
+    return [i for i in which if not (isinstance(again[i], torch.Tensor) and _same(outs[i], again[i]))]
+
+
 def recorder(asked: Any, sizes: Collection[int], recorded: list, other_dtypes: dict[Any, list[str]],
              tag: Callable[[], Any] | None = None) -> Any:
     """A ``torch.overrides.TorchFunctionMode`` that records, for :func:`locate`, every floating tensor an op of
     the forward computes whose size is in ``sizes`` (appended to ``recorded`` as ``("#i op", tensor)``, or
     ``("#i op", tag(), tensor)`` with ``tag``: the unit it was computed in), and every op that computes in another
-    dtype than ``asked`` (``other_dtypes``: dtype -> op names).  Torch is imported here only."""
+    dtype than ``asked`` *and changes a value by it* (``other_dtypes``: dtype -> op names): an op whose floating
+    result (or, in place, whose target) is of another dtype is evaluated again in ``asked`` on the same values
+    (:func:`_redo`: its other-dtype floating arguments converted to ``asked``; ``x.float()`` in a float64 run is
+    ``x``) and reported only where the two differ.  Ops on values the other dtype holds exactly (a float32
+    shifted-window mask of 0 / -100, region labels, a padding indicator, rolled and cut into windows) are not;
+    a ``.float()`` of an activation, a float32 matmul, a float32 sin table are.  Random draws are always
+    reported.  Torch is imported here only."""
     import torch
 
     class _Recorder(torch.overrides.TorchFunctionMode):
         def __torch_function__(self, func, types, args_=(), kwargs_=None):
-            res = func(*args_, **(kwargs_ or {}))
+            kwargs_ = kwargs_ or {}
             fname = getattr(func, "__name__", str(func))
-            for t in (res if isinstance(res, (tuple, list)) else (res,)):
-                if isinstance(t, torch.Tensor) and t.is_floating_point():
-                    if t.dtype != asked:
-                        other_dtypes.setdefault(t.dtype, []).append(fname)
-                    if t.numel() in sizes:
-                        label = f"#{len(recorded)} {fname}"
-                        recorded.append((label, t.detach()) if tag is None else (label, tag(), t.detach()))
+            target = args_[0] if args_ and _inplace(fname) else None
+            before = None
+            if isinstance(target, torch.Tensor) and target.is_floating_point() and target.dtype != asked:
+                before = target.detach().clone()
+            res = func(*args_, **kwargs_)
+            if before is not None:                  # in place: the target redone from its value before
+                if _inexact(asked, func, fname, (before,) + tuple(args_[1:]), kwargs_, (target,), (0,)):
+                    other_dtypes.setdefault(target.dtype, []).append(fname)
+            outs = res if isinstance(res, (tuple, list)) else (res,)
+            other = [i for i, t in enumerate(outs) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                     and t.dtype != asked]
+            if other and before is None and not _inplace(fname):
+                for i in _inexact(asked, func, fname, args_, kwargs_, outs, other):
+                    other_dtypes.setdefault(outs[i].dtype, []).append(fname)
+            for t in outs:
+                if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() in sizes:
+                    label = f"#{len(recorded)} {fname}"
+                    recorded.append((label, t.detach()) if tag is None else (label, tag(), t.detach()))
             return res
 
     return _Recorder()

@@ -18,9 +18,13 @@ reference is a registered network name.  What happens::
         ``unit_bound`` in ``dtype``; where a unit's bound is void and the family has ``unit_parts`` (a block's
         attention and MLP residual branches), each part is judged, the intermediate located by value among
         the tensors the unit's forward computed
+    wiring (:func:`_wiring`): a unit's output must be what the next unit receives; a skipped unit, or a unit whose
+        submodule is right while the next unit receives another tensor (blocks swapped, an output not used, the
+        residual around the unit dropped), is a wiring divergence naming the unit and what was received
     whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
     shadow mode (``shadow=True``): each unit's submodule also run on the reference's own input to the unit
-    examples (:func:`verify_network_examples`): image sizes drawn by Hypothesis, the worst reported
+    examples (:func:`refimpl.verify.network_examples.verify_network_examples`): image sizes, batch and seed drawn by Hypothesis, a network built for
+        one resolution rebuilt per size through the target's size keyword, the worst or the shrunk failing reported
 """
 
 from __future__ import annotations
@@ -40,8 +44,7 @@ from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import layouts, locate, recorder, to_foreign
 from .report import Report, StageResult, _f
 
-__all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network",
-           "verify_network_examples", "image_step"]
+__all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network"]
 
 
 def network_names() -> list[str]:
@@ -71,6 +74,12 @@ def network_presets(cfg: Any) -> tuple[str, ...]:
 def _tuples(v: Any) -> Any:
     """JSON lists as the tuples the configs hold."""
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def size_field(cfg: Any) -> str | None:
+    """The field of a network config that fixes its image size (``img_size``: FLatten DeiT / PVT / Swin / CSwin,
+    Castling, L2ViT-DeiT, RALA variants; ``image_size``: LiSANet), or None for a network that runs any size."""
+    return next((f for f in ("img_size", "image_size") if hasattr(cfg, f)), None)
 
 
 def network_config(name: str, preset: str | None, config: Mapping[str, Any] | None, hw: Any
@@ -109,14 +118,15 @@ def network_config(name: str, preset: str | None, config: Mapping[str, Any] | No
         if over:
             cfg = dataclasses.replace(cfg, **{k: _tuples(v) for k, v in over.items()})
             fields.update({k: "--config" for k in over})
-        if hw is not None and hasattr(cfg, "img_size") and tuple(cfg.img_size) != tuple(hw):
-            cfg = dataclasses.replace(cfg, img_size=tuple(int(v) for v in hw))
-            fields["img_size"] = "--hw (the model is built for one resolution)"
+        field = size_field(cfg)
+        if hw is not None and field is not None and tuple(getattr(cfg, field)) != tuple(hw):
+            cfg = dataclasses.replace(cfg, **{field: tuple(int(v) for v in hw)})
+            fields[field] = "--hw (the model is built for one resolution)"
     except (ValueError, TypeError) as exc:
         raise VerifyError(f"config: {exc}") from exc
-    if hasattr(cfg, "img_size"):
-        image = tuple(int(v) for v in cfg.img_size)
-        fields["hw"] = fields.get("img_size", "") if hw is None else "--hw"
+    if field is not None:
+        image = tuple(int(v) for v in getattr(cfg, field))
+        fields["hw"] = fields.get(field, "") if hw is None else "--hw"
     elif hw is not None:
         image, fields["hw"] = (int(hw[0]), int(hw[1])), "--hw"
     elif reduced and hasattr(fam, "test_image_hw"):
@@ -388,6 +398,88 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
                               f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes))
 
 
+def _same_value(a: np.ndarray | None, b: np.ndarray, dtype: str) -> bool:
+    """``a`` holds ``b``'s values (a copy, a reshape: equal up to a few roundings of ``dtype``)."""
+    if a is None or a.shape != b.shape:
+        return False
+    scale = float(np.max(np.abs(b), initial=0.0))
+    return bool(np.max(np.abs(a - b), initial=0.0) <= 16 * _verdict.unit_roundoff(dtype) * scale)
+
+
+def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> str:
+    """Which observed tensor of the foreign network ``t`` (a unit's input) holds: the output or the input of
+    another unit (by value, in its layout); "" when none."""
+    from .steps import _to64
+    f = _to64(t)
+    for kind, table in (("the output", run.outputs), ("the input", run.inputs)):
+        for v in units:
+            if v == skip or v not in table:
+                continue
+            g, _how = _as_layout(table[v], f)
+            if _same_value(g, f, dtype):
+                return f"{kind} of unit {v!r}"
+    return ""
+
+
+def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[str], k: int,
+            mods: Mapping[str, str], run: _NetRun, xin: np.ndarray, r: np.ndarray, res: StageResult,
+            dtype: str, p: float) -> tuple[StageResult, dict[str, str]] | None:
+    """The wiring check of unit ``units[k]`` (teacher-forced verdict ``res``, observed at the next unit's input):
+    the unit's output must be what the next unit receives, as the reference chains them.  A wiring divergence
+    (the stage's result replaced, and a "wiring" finding) where
+
+    * the unit's submodule was never called and the next unit receives the unit's own input (a skipped unit);
+    * the unit's submodule computes the unit (its output matches ``run_unit`` on the unit's foreign input, within
+      ``unit_bound``) but the next unit receives something else: another unit's output (blocks swapped, an output
+      fed to the wrong block), the unit's own input (its output dropped), or its submodule's output where the
+      reference adds the unit's input to it (the residual around the unit dropped at the network level).
+
+    None when the unit's verdict is not a divergence or no wire is at fault (a bug inside the unit)."""
+    u = units[k]
+    nxt = units[k + 1] if k + 1 < len(units) else None
+    if nxt is None or nxt not in run.inputs:
+        return None
+    nin, _how = _as_layout(run.inputs[nxt], r)
+    if nin is None:
+        return None
+    where = f"{mods[nxt]}:input"
+    why = ""
+    if u in mods and u not in run.inputs:     # whatever the numbers say (a unit close to the identity passes)
+        if _same_value(nin, xin, dtype) and not np.array_equal(r, xin):
+            why = (f"unit {u!r} is skipped: its submodule {mods[u]} was never called and the next unit {nxt!r} "
+                   f"receives the unit's own input")
+    elif res.verdict != _verdict.DIVERGES:
+        return None
+    elif u in run.outputs:
+        own, _h = _as_layout(run.outputs[u], r)
+        if own is None:
+            return None
+        rep = _compare(own, r, fam.unit_bound(params, u, xin, cfg, dtype=dtype),
+                       (lambda prm, v: fam.run_unit(prm, u, v, cfg)), (params, xin), dtype, u, p)
+        computes = rep.verdict == _verdict.MATCH or (
+            rep.verdict == _verdict.INCONCLUSIVE and float(np.sqrt(np.sum((own - r) ** 2))) <=
+            _config.VERIFY_LOCATE_GATE * float(np.sqrt(np.sum(r ** 2))))
+        if computes and not _same_value(nin, own, dtype):
+            src = ("the unit's own input: the unit's output is not used" if _same_value(nin, xin, dtype) else
+                   _source(run.inputs[nxt], run, units, nxt, dtype) or "a tensor no unit computed")
+            why = (f"unit {u!r} computes correctly (its submodule {mods[u]}'s output matches the reference, "
+                   f"err/bound {rep.max_err_over_bound:.3g}) but the next unit {nxt!r} does not receive it: it "
+                   f"receives {src}")
+        elif not computes and _same_value(nin, own, dtype) and xin.shape == own.shape:
+            plus = own + xin
+            if _same_value(plus, r, dtype) or float(np.max(np.abs(plus - r), initial=0.0)) <= \
+                    float(np.max(np.abs(own - r), initial=0.0)) * 1e-3:
+                why = (f"the residual around unit {u!r} is dropped: the next unit {nxt!r} receives the output of "
+                       f"{mods[u]} alone, and that output plus the unit's input is the reference's unit output")
+    if not why:
+        return None
+    out = StageResult(u, where, _verdict.DIVERGES, max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err,
+                      bound=res.bound, err_over_bound=res.err_over_bound, detail="wiring: " + why + (
+                          f" (numerically: {res.verdict}" + (f", err/bound {res.err_over_bound:.3g})"
+                                                             if res.err_over_bound is not None else ")")))
+    return out, {"kind": "wiring", "message": f"between units {u!r} and {nxt!r}: {why}"}
+
+
 def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[str],
                   mods: Mapping[str, str], run: _NetRun, x: np.ndarray, taps: Mapping[str, np.ndarray],
                   sizes: set[int], dtype: str, device: str, p: float) -> list[StageResult]:
@@ -444,92 +536,6 @@ def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: 
             res = _judge_parts(fam, params, cfg, u, own_in, got, where, _NetRun(out, {}, {}, rec, {}), dtype, p, rep)
         results.append(res or _result(u, where, got, r, bound, rep, dtype))
     return results
-
-
-def image_step(fam: Any, cfg: Any) -> int | None:
-    """The step of the image sizes a network accepts, for ``examples``: the smallest power of two s <= 64 for which
-    the reference runs a (3 s, 2 s) image (non-square, one side an odd multiple); None when none is accepted."""
-    rng = np.random.default_rng(0)
-    params = fam.init_params(cfg, rng)
-    for s in (1, 2, 4, 8, 16, 32, 64):
-        try:
-            fam.run(params, rng.standard_normal((1, getattr(cfg, "in_chans", 3), 3 * s, 2 * s)), cfg)
-        except (ValueError, TypeError):
-            continue
-        return s
-    return None
-
-
-def verify_network_examples(module: Any, reference: str, examples: int, *, max_side: int | None = None,
-                            seed: int = 0, **kwargs: Any) -> Report:
-    """:func:`verify_network` on ``examples`` image sizes drawn by Hypothesis from ``seed`` (H and W each a
-    multiple of the network's :func:`image_step` up to ``max_side``, by default the largest side of the image
-    :func:`verify_network` uses without ``hw``; sizes the reference refuses are rejected, not counted); the
-    weights and images are drawn from ``seed``.  Returns the report of the failing example Hypothesis shrinks to,
-    or, when every example matches, of the one closest to its bound; ``findings`` say which example it is.  A
-    network built for one resolution (a config with ``img_size`` / ``image_size``) has no size to draw (a
-    :class:`VerifyError`).  ``module`` must be a class or factory (each example builds a fresh network)."""
-    import torch
-    from hypothesis import HealthCheck, given, reject, settings, strategies as st
-    from hypothesis import seed as h_seed
-    from hypothesis.errors import HypothesisException
-
-    if isinstance(module, str):
-        module = load_target(module)
-    if isinstance(module, torch.nn.Module):
-        raise VerifyError("argument 'examples': needs the module's class or factory (each example builds a fresh "
-                          "module), got an instance")
-    other = {k: v for k, v in kwargs.items() if k not in ("hw", "input")}
-    cfg = network_config(reference, other.get("preset"), other.get("config"), None)[0]
-    fixed = [f for f in ("img_size", "image_size") if hasattr(cfg, f)]
-    if fixed:
-        raise VerifyError(f"argument 'examples': {reference} is built for one resolution (its config's {fixed[0]} "
-                          f"= {tuple(getattr(cfg, fixed[0]))}); there is no image size to draw: verify it at its "
-                          f"resolution without --examples")
-    first = verify_network(module, reference, seed=seed, **other)   # the configuration, and usage errors, once
-    from .. import models as rm
-    step = image_step(rm.family_of(reference), cfg)
-    if step is None:
-        raise VerifyError(f"argument 'examples': the reference {reference} accepts no (3 s, 2 s) image for s <= 64")
-    top = max(first.network["image_hw"]) if max_side is None else int(max_side)
-    sides = st.integers(1, max(1, top // step)).map(lambda m: m * step)
-    worst: dict[str, Any] = {"report": first, "score": -1.0, "example": None}
-    failing: list[tuple[Report, dict]] = []
-
-    @h_seed(seed)
-    @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(h=sides, w=sides)
-    def run(h, w):
-        try:
-            r = verify_network(module, reference, hw=(h, w), seed=seed, **other)
-        except VerifyError as exc:
-            if "does not accept images" in str(exc):
-                reject()
-            raise
-        ex = {"hw": [h, w]}
-        score = max([s_.err_over_bound or 0.0 for s_ in r.stages + (r.shadow or [])] +
-                    [r.whole_module["err_over_bound"]])
-        if r.verdict != _verdict.MATCH:
-            failing.append((r, ex))
-            raise AssertionError(r.verdict)
-        if score > worst["score"]:
-            worst.update(report=r, score=score, example=ex)
-
-    try:
-        run()
-    except AssertionError:
-        pass
-    except HypothesisException as exc:  # pragma: no cover - a Hypothesis usage problem, reported as such
-        raise VerifyError(f"argument 'examples': Hypothesis could not run the examples ({exc})") from exc
-    if failing:
-        report, ex = failing[-1]            # the last failure raised is the shrunk one Hypothesis reports
-        report.findings.append({"kind": "example", "message": f"the smallest failing example of {examples}: "
-                                                              f"image {ex['hw'][0]} x {ex['hw'][1]}"})
-        return report
-    report = worst["report"]
-    report.findings.append({"kind": "example", "message": f"all {examples} example(s) match; shown: the closest to "
-                                                          f"its bound, image {worst['example']['hw']}"})
-    return report
 
 
 def _progress(enabled: bool):
@@ -663,6 +669,10 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                 if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
                     res = _judge_parts(fam, params, cfg, u, xin, got, where, run, dtype, p_unit, rep)
                 results.append(res or _result(u, where, got, r, bound, rep, dtype))
+            wired = _wiring(fam, params, cfg, units, k, mods, run, xin, r, results[-1], dtype, p_unit)
+            if wired is not None:
+                results[-1] = wired[0]
+                findings.append(wired[1])
             prev = got if got is not None else r
             if prog is not None:
                 prog.advance(task)

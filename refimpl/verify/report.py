@@ -17,7 +17,7 @@ from .. import verdict as _verdict
 __all__ = ["SCHEMA_VERSION", "StageResult", "Report"]
 
 #: Version of the JSON report's schema (docs/verify.md).
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 def _f(x: Any) -> Any:
@@ -29,6 +29,11 @@ def _f(x: Any) -> Any:
 
 def _g(x: Any) -> str:
     return "-" if x is None else f"{x:.3g}"
+
+
+def _num(x: Any) -> float | None:
+    """A JSON number of the report (:func:`_f`: "inf", "nan" as strings) back as a float; None stays None."""
+    return None if x is None else float(x)
 
 
 
@@ -75,6 +80,9 @@ class Report:
     #: shadow mode (``--shadow``): one result per stage, in the order of ``stages`` (None: not run)
     shadow: list[StageResult] | None = None
     shadow_first_divergence: dict[str, Any] | None = None
+    #: gradient verification (``--grad``; refimpl.verify.gradients): the twin's forward check, the cotangent and
+    #: one entry per gradient tensor (None: not run)
+    gradients: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -91,6 +99,7 @@ class Report:
                            for i, s in enumerate(self.stages)],
                 "first_divergence": self.first_divergence, "shadow": self.shadow is not None,
                 "shadow_first_divergence": self.shadow_first_divergence,
+                "gradients": self.gradients,
                 "findings": self.findings} | ({"network": self.network} if self.network is not None else {})
 
     def to_json(self) -> str:
@@ -120,6 +129,8 @@ class Report:
                                   self.shadow[i].verdict != "not shadowed" else "")
             lines.append(f"| {st.name} | {st.foreign or '-'} | {st.verdict} | {_g(st.max_abs_err)} | "
                          f"{_g(st.bound)} | {_g(st.err_over_bound)} |{shc} {detail.replace('|', '/')} |")
+        if self.gradients is not None:
+            lines += ["", "## Gradients", "", self.gradients_text(markdown=True)]
         if plot:
             lines += ["", f"![error over bound per stage]({plot})"]
         lines += ["", "## Configuration", ""] + [f"- `{k}` = `{v!r}` ({self.config_sources.get(k, '')})"
@@ -182,6 +193,33 @@ class Report:
                          f"{_g(s.bound):>10} {_g(s.err_over_bound):>9}{shc}" + (f"  {s.detail}" if s.detail else "")
                          + (f"  (shadow: {self.shadow[i].detail})" if sh and self.shadow[i].detail and
                             self.shadow[i].verdict != "not shadowed" else ""))
+        if self.gradients is not None:
+            lines.append(self.gradients_text())
         for f in self.findings:
             lines.append(f"finding ({f['kind']}): {f['message']}")
+        return "\n".join(lines)
+
+    def gradients_text(self, markdown: bool = False) -> str:
+        """The gradient section (``--grad``) as text lines or a Markdown table."""
+        gr = self.gradients or {}
+        tf = gr.get("twin_forward", {})
+        head = (f"gradients: {gr.get('verdict', '-')} (twin {gr.get('twin', '-')}: float64 forward "
+                f"{tf.get('verdict', '-')} against the NumPy reference, err/bound {_g(_num(tf.get('err_over_bound')))};"
+                f" cotangent {gr.get('cotangent', '-')})")
+        if gr.get("why"):
+            head += f"\n{gr['why']}"
+        fd = gr.get("first_divergence")
+        if fd:
+            head += f"\nfirst gradient divergence: {fd['tensor']}: {fd['why']}"
+        rows = gr.get("tensors", [])
+        if markdown:
+            lines = [head, "", "| gradient of | yours | verdict | max abs err | bound | err / bound | detail |",
+                     "|---|---|---|---|---|---|---|"]
+            lines += [f"| {t['name']} | {t['foreign'] or '-'} | {t['verdict']} | {_g(_num(t['max_abs_err']))} | "
+                      f"{_g(_num(t['bound']))} | {_g(_num(t['err_over_bound']))} | "
+                      f"{(t['detail'] or '').replace('|', '/')} |" for t in rows]
+            return "\n".join(lines)
+        lines = [head, f"{'gradient of':<24} {'verdict':<13} {'max |err|':>10} {'bound':>10} {'err/bound':>9}"]
+        lines += [f"{t['name']:<24} {t['verdict']:<13} {_g(_num(t['max_abs_err'])):>10} {_g(_num(t['bound'])):>10} "
+                  f"{_g(_num(t['err_over_bound'])):>9}" + (f"  {t['detail']}" if t["detail"] else "") for t in rows]
         return "\n".join(lines)

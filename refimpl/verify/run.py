@@ -20,8 +20,8 @@ from .locate import locate, recorder, to_foreign
 from .mapping import map_weights
 from .references import get_reference
 from .report import Report, StageResult, _f
-from .steps import (DTYPES, NOT_SHADOWED, _check_arguments, _conclude, _first, _precision_findings,
-                    _to64, _torch_dtype, _with_shadow)
+from .steps import (DTYPES, NOT_SHADOWED, _check_arguments, _check_grad, _conclude, _first, _precision_findings,
+                    _to64, _torch_dtype, _with_gradients, _with_shadow)
 
 __all__ = ["verify", "DTYPES"]
 
@@ -302,7 +302,7 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
            device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-           progress: bool = False, shadow: bool = False) -> Report:
+           progress: bool = False, shadow: bool = False, grad: bool = False) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
     ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``), or against a
     registered network (a ``refimpl.models`` name such as ``"ravlt_t"``: unit by unit, see
@@ -325,9 +325,16 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         submodule on the reference's input to the unit): the report's ``shadow`` column and
         ``shadow_first_divergence``; a shadow divergence makes the verdict "diverges".  The false-alarm budget is
         then split between the two runs.
+    grad : also compare the module's input gradient and parameter gradients for a random cotangent (drawn from
+        ``seed``, rounded to ``dtype``) with those of refimpl's float64 PyTorch twin of the reference, after
+        checking that the twin's forward matches the NumPy reference (:mod:`refimpl.verify.gradients`; the
+        report's ``gradients``; a diverging gradient makes the verdict "diverges").  Layer references only; needs
+        the source tree's ``equivalence`` package (the twins).  The false-alarm budget is then split between the
+        forward and the gradients.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     from .networks import is_network, verify_network
+    _check_grad(grad, is_network(reference))
     if is_network(reference):
         return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                               input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
@@ -363,17 +370,26 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     if not np.all(np.isfinite(got)):
         findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got)))} non-finite output "
                                                           f"element(s) on finite input"})
-    whole = _verdict.compare(got, want, ref.bound(x, params, s, dtype), dtype,
-                             naive=naive_same_precision(ref.forward, x, params, s, dtype=dtype), name="output")
+    budget = _verdict.config.VERDICT_FALSE_ALARM / (2 if grad else 1)
+    fwd_bound = ref.bound(x, params, s, dtype)
+    whole = _verdict.compare(got, want, fwd_bound, dtype,
+                             naive=naive_same_precision(ref.forward, x, params, s, dtype=dtype), name="output",
+                             p_false_alarm=budget)
 
     stage_list = ref.stages(params, s)
     tensors, seen, wiring = _observe(run, x, s, wm)
     unlocated, refs = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
-    p_stage = _verdict.config.VERDICT_FALSE_ALARM / max(len(stage_list), 1) / (2 if shadow else 1)
+    p_stage = budget / max(len(stage_list), 1) / (2 if shadow else 1)
     results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype, p_stage)
     verdict, first = _conclude(results, whole, got, want)
     shadowed = _shadow_stages(module, run, stage_list, x, s, wm, refs, dtype, device, p_stage) if shadow else None
     verdict = _with_shadow(verdict, shadowed)
+    gradients = None
+    if grad:
+        from .gradients import verify_gradients
+        gradients = verify_gradients(module, x, ref, s, wm, state, map, call, dtype, device, seed, want, fwd_bound,
+                                     budget)
+        verdict = _with_gradients(verdict, gradients)
 
     preset_cfg = dataclasses.asdict(ref.preset_config(preset, s))
     diffs = {k: v for k, v in dataclasses.asdict(s.cfg).items() if preset_cfg.get(k) != v and k not in ref.structural}
@@ -388,4 +404,5 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
                       "reasons": list(whole.reasons)},
         stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole),
-        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed))
+        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed),
+        gradients=gradients)

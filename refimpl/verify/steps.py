@@ -1,6 +1,7 @@
 """The steps shared by a module's verification (:mod:`.run`) and a network's (:mod:`.networks`): the dtypes and
-their torch names, the argument checks, the precision findings of a run, and the conclusion (the verdict, the
-first divergence, the shadow run's verdict).
+their torch names, the argument checks (``grad`` included), the precision findings of a run, the conclusion (the
+verdict, the first divergence, the shadow run's and the gradients' verdicts), and the Hypothesis examples' common
+part (the module factory, the score of a matching example, running the examples and picking the report shown).
 
 Layer: the verify tool (torch, imported inside the functions).  Imports the verdict and :mod:`.loading` /
 :mod:`.report` only, so that :mod:`.run` and :mod:`.networks` both sit above it (architecture issue 12: the
@@ -14,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from .. import verdict as _verdict
-from .loading import VerifyError
-from .report import StageResult, _f
+from .loading import VerifyError, load_target
+from .report import Report, StageResult, _f
 
 __all__ = ["DTYPES"]
 
@@ -47,6 +48,61 @@ def _check_arguments(dtype: str, batch: Any, seed: Any, hw: Any, device: str) ->
     if device not in ("cpu", "cuda") or (device == "cuda" and not torch.cuda.is_available()):
         raise VerifyError(f"argument 'device': expected 'cpu'{' or cuda' if torch.cuda.is_available() else ''}"
                           f", got {device!r}")
+
+
+def _check_grad(grad: Any, network: bool) -> None:
+    """``grad`` is a bool, and True only for a layer reference (gradients of whole networks are not built)."""
+    if not isinstance(grad, bool):
+        raise VerifyError(f"argument 'grad': expected True or False, got {grad!r}")
+    if grad and network:
+        raise VerifyError("argument 'grad': gradient verification (--grad) is for the layer references (refimpl "
+                          "verify --list: flatten.attention, l2vit.attention, rala.attention, castling.attention, "
+                          "lisa.attention), got a registered network; verify the network without --grad, or its "
+                          "attention layer with --grad")
+
+
+def _example_factory(module: Any) -> Any:
+    """The class or factory ``verify_examples`` builds each example's module with: a ``"pkg.mod:Name"`` /
+    ``"file.py:Name"`` string loaded; an instance refused (each example needs a fresh module)."""
+    import torch
+    if isinstance(module, str):
+        module = load_target(module)
+    if isinstance(module, torch.nn.Module):
+        raise VerifyError("argument 'examples': needs the module's class or factory (each example builds a fresh "
+                          "module), got an instance")
+    return module
+
+
+def _example_score(r: Report) -> float:
+    """How close a matching example came to its bounds: the largest err/bound of its stages, shadow stages, whole
+    module and gradients."""
+    grads = [t["err_over_bound"] for t in (r.gradients or {}).get("tensors", [])
+             if isinstance(t.get("err_over_bound"), float)]
+    return max([s_.err_over_bound or 0.0 for s_ in r.stages + (r.shadow or [])] +
+               [r.whole_module["err_over_bound"]] + grads)
+
+
+def _run_examples(run: Any, examples: int, failing: list, worst: dict, failed: Any, shown: Any) -> Report:
+    """Run the Hypothesis test ``run`` (which appends (report, example) to ``failing`` and raises AssertionError on
+    a verdict other than match, and keeps the example closest to its bound in ``worst``); return the shrunk
+    failing example's report, or the closest one's, with a finding naming the example (``failed(ex)`` /
+    ``shown(ex)`` describe it)."""
+    from hypothesis.errors import HypothesisException
+    try:
+        run()
+    except AssertionError:
+        pass
+    except HypothesisException as exc:  # pragma: no cover - a Hypothesis usage problem, reported as such
+        raise VerifyError(f"argument 'examples': Hypothesis could not run the examples ({exc})") from exc
+    if failing:
+        report, ex = failing[-1]            # the last failure raised is the shrunk one Hypothesis reports
+        report.findings.append({"kind": "example", "message": f"the smallest failing example of {examples}: "
+                                                              f"{failed(ex)}"})
+        return report
+    report = worst["report"]
+    report.findings.append({"kind": "example", "message": f"all {examples} example(s) match; shown: the closest to "
+                                                          f"its bound, {shown(worst['example'])}"})
+    return report
 
 
 def _precision_findings(run: Any, dtype: str) -> list[dict[str, str]]:
@@ -106,3 +162,16 @@ def _with_shadow(verdict: str, shadowed: list[StageResult] | None) -> str:
     if shadowed is not None and any(r.verdict == _verdict.DIVERGES for r in shadowed):
         return _verdict.DIVERGES
     return verdict
+
+
+def _with_gradients(verdict: str, gradients: dict[str, Any] | None) -> str:
+    """The verdict with the gradients' (``--grad``): "diverges" when the forward or a gradient diverges; "match"
+    when both match; otherwise "inconclusive"."""
+    if gradients is None:
+        return verdict
+    g = gradients.get("verdict", _verdict.INCONCLUSIVE)
+    if _verdict.DIVERGES in (verdict, g):
+        return _verdict.DIVERGES
+    if verdict == _verdict.MATCH and g == _verdict.MATCH:
+        return _verdict.MATCH
+    return _verdict.INCONCLUSIVE

@@ -1,0 +1,107 @@
+"""Element-wise C kernels: the validated wrapper of ``refimpl_gelu_f64`` (ckernels/gelu.c).
+
+- ``"gelu"``: ``gelu(x, approximate="none", *, out=None, threads=None)``, the C twin of
+  ``refimpl.numerics.gelu`` (the definition, registered by ``refimpl.layers``), float64 only.
+
+The same steps as every wrapper of refimpl.backends._c: validate (float64 in native byte order, non-empty,
+at least one dimension; a non-contiguous input is copied to C order; ``out`` refused unless usable as is),
+fill the output with NaN, pass the buffers with ``ffi.from_buffer``, check the returned status.  The
+compiled module is the one of refimpl.backends._c (loaded on first use).  This module imports nothing from
+refimpl.attention, refimpl.layers or refimpl.models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+from ._c import _check_status, _load, _threads
+from ._registry import register
+from ._validate import empty_aligned
+
+#: approximate= codes of refimpl_gelu_f64 (GELU_ERF / GELU_TANH in ckernels/gelu.c).
+GELU_FORMS = {"none": 0, "tanh": 1}
+
+_F64 = np.dtype(np.float64)
+
+
+def gelu_supported(x: Any, approximate: str = "none", *_: Any, **__: Any) -> bool:
+    """The ``supports`` predicate of the GELU kernels (C and Numba): a float64 ndarray in native byte order
+    with at least one dimension and one element, and ``approximate`` "none" or "tanh".  Any layout (the
+    wrappers copy a non-contiguous x to C order).  Everything else - float32 (under numerics.precision),
+    other dtypes, Python scalars and 0-d arrays (the definition returns a NumPy scalar for those), empty
+    arrays and unknown forms (the definition raises) - runs on the NumPy definition."""
+    return (isinstance(x, np.ndarray) and x.dtype == _F64 and x.dtype.isnative and x.ndim >= 1 and x.size >= 1
+            and isinstance(approximate, str) and approximate in GELU_FORMS)
+
+
+def gelu_args(x: Any, approximate: Any, out: Any, backend: str) -> tuple[np.ndarray, np.ndarray | None]:
+    """Check the arguments of a GELU kernel: (x as a C-contiguous float64 array, out or None).  ``out`` must
+    be a C-contiguous, aligned, writeable float64 array of x's shape; it may be x itself (exactly the same
+    buffer and layout: the map is element-wise, so in place is safe), but no other array sharing memory
+    with x."""
+    if not isinstance(approximate, str) or approximate not in GELU_FORMS:
+        raise ValueError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
+    a = _validate._array(x, "x", backend)
+    if a.dtype != _F64:
+        raise TypeError(f"argument 'x': the {backend} GELU kernel takes float64, got {a.dtype} (float32 runs on "
+                        f"the NumPy definition: refimpl.layers.gelu's predicate sends it there)")
+    if a.ndim < 1 or a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array with at least one dimension, got shape "
+                         f"{a.shape}")
+    if out is not None:
+        same = (isinstance(out, np.ndarray) and isinstance(x, np.ndarray) and out.shape == a.shape
+                and out.dtype == a.dtype and a.flags.c_contiguous and out.flags.c_contiguous
+                and out.ctypes.data == a.ctypes.data)
+        _validate._check_out(out, a.dtype, a.shape, () if same else (("x", a),), "x")
+    return _validate._contiguous(a), out
+
+
+@register("gelu", "c", supports=gelu_supported)
+def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = None,
+         threads: int | None = None) -> np.ndarray:
+    """GELU in C: the C twin of ``refimpl.numerics.gelu`` (float64).
+
+    approximate="none": y = (0.5 x) (1 + erf(x / sqrt 2)) with libm's erf; "tanh": y = (0.5 x)
+    (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) with libm's tanh.  The definition's operations in its order
+    (ckernels/gelu.c), so the result differs from it only through erf (tanh), within
+    ``refimpl.layers.gelu_bound``, and the IEEE special values are the definition's: +-0 -> +-0,
+    +Inf -> +Inf, -Inf -> NaN (-Inf * 0, as the definition), NaN -> NaN, x << 0 -> -0.
+
+    Parameters
+    ----------
+    x : float64 array, any non-empty shape with at least one dimension (copied to C order if it is not).
+    approximate : "none" | "tanh".
+    out : optional float64 array of x's shape, C-contiguous, aligned, writeable; x itself (in place) or an
+        array sharing no memory with x.  Written and returned (allocated 64-byte aligned if None).
+    threads : int >= 1 or None (refimpl.backends._c.default_threads()).  Speed only: the map is
+        element-wise, every thread count gives the same bits; calls under 32768 elements use one thread.
+
+    Returns
+    -------
+    float64 array of x's shape (C order).
+
+    Raises
+    ------
+    TypeError for a dtype other than float64; ValueError for an empty or 0-d x, an unknown form, an unusable
+    ``out`` or bad ``threads``; ImportError if the compiled module is missing; RuntimeError if the kernel
+    refuses its arguments (a validation bug).
+
+    References
+    ----------
+    Hendrycks & Gimpel, "Gaussian Error Linear Units (GELUs)" (2016), Sec. 2 (exact form and the tanh
+    approximation); PyTorch ``torch.nn.functional.gelu``.
+    """
+    mod = _load()
+    nthreads = _threads(threads)
+    a, out = gelu_args(x, approximate, out, "C")
+    result = out if out is not None else empty_aligned(a.shape, a.dtype)
+    if not np.may_share_memory(result, a):   # (in place, the input is the poison's victim: no fill)
+        result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
+    ffi, lib = mod.ffi, mod.lib
+    status = lib.refimpl_gelu_f64(ffi.from_buffer("double[]", result, require_writable=True),
+                                  ffi.from_buffer("double[]", a), a.size, GELU_FORMS[approximate], nthreads)
+    _check_status(mod, status, "refimpl_gelu")
+    return result
