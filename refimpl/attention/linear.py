@@ -16,7 +16,9 @@ explicit: ``clamp_min`` first (den -> max(den, clamp_min), L2ViT Appendix 8, Tab
 
 Contents, top to bottom: feature maps and their error coefficients; the attention core on feature maps
 already applied (:func:`kernelized_attention`, usable with any phi, e.g. FLatten's focused map);
-:func:`linear_attention` (feature map + core); the error bounds.
+:func:`linear_attention` (feature map + core); the error bounds.  The range safety of the core (issue 15: the
+normaliser's constants scaled with it, the rows whose normaliser underflows recomputed from log-features) is
+:mod:`refimpl.attention.normaliser_range`, shared with RALA's core.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 
 from .. import backends, config, feature_maps, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
+from .normaliser_range import (apply_policy, error_ratio, log_pair, normalised_up, normaliser_scaled, quotient,
+                               rebalance, rebalanced_output, underflow_rows)
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -43,7 +47,8 @@ NON_NEGATIVE_MAPS = ("relu", "elu1", "softmax", "l1")
 
 _L1_BASES = ("relu", "identity", "elu1", "leaky_relu")
 
-#: Maps whose value is > 0 for every finite input (a zero there is exp's underflow): see _check_underflow.
+#: Maps whose value is > 0 for every finite input (a zero there is exp's underflow): see
+#: normaliser_range.underflow_rows.
 _POSITIVE_MAPS = ("elu1", "softmax")
 
 
@@ -251,15 +256,7 @@ def apply_normaliser(den: np.ndarray, *, eps: float = config.LINEAR_DEFAULT_EPS,
     """
     den = numerics.as_float(den, "den", allow_empty=True)
     _check_policy(None, eps, eps_policy, clamp_min)
-    out = den
-    if clamp_min is not None:
-        out = np.maximum(out, clamp_min)
-    if eps_policy == "add":
-        if eps != 0:
-            out = out + eps
-    else:
-        out = np.maximum(out, eps)
-    return out
+    return apply_policy(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
 
 
 def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear", normalize: bool = True,
@@ -311,9 +308,9 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
                           max_elements: int | None, positive: bool = False,
                           log_features: Any = None) -> np.ndarray:
     """:func:`kernelized_attention`; ``positive``: the map is > 0 everywhere (ELU + 1,
-    softmax), so a zero normaliser is an underflow (:func:`_underflow_rows`); ``log_features``: None or a
-    callable giving (log phi(Q), log phi(K)) (:func:`_log_features`) for the rows whose normaliser underflowed
-    (:func:`_rebalanced_output`; without it such rows take :func:`_normalised_up`)."""
+    softmax), so a zero normaliser is an underflow (normaliser_range.underflow_rows); ``log_features``: None or
+    a callable giving (log phi(Q), log phi(K)) (normaliser_range.log_pair) for the rows whose normaliser
+    underflowed (normaliser_range.rebalanced_output; without it such rows take normaliser_range.normalised_up)."""
     validation.check_max_elements(max_elements)
     phi_q = numerics.as_float(phi_q, "phi_q")
     phi_k = numerics.as_float(phi_k, "phi_k")
@@ -332,9 +329,9 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
     # each head's phi_k (numerator and normaliser scale together) and of degree 1 in each column of v.  Each
     # group is rescaled by the exact power of two of numerics.pow2_exponent (2^0 for magnitudes up to
     # 2^config.RANGE_RESCALE_EXPONENT: then this is the unscaled computation bit for bit); eps and clamp_min
-    # are scaled with the normaliser (_normaliser_scaled), every recorded tap is scaled back, a result beyond
-    # float64 raises FloatingPointError naming the stage (_unscaled, _quotient), and a row whose normaliser
-    # underflowed to 0 although the exact one is > 0 is recomputed from log-features (_rebalanced_output).
+    # are scaled with the normaliser (normaliser_scaled), every recorded tap is scaled back, a result beyond
+    # float64 raises FloatingPointError naming the stage (_unscaled, quotient), and a row whose normaliser
+    # underflowed to 0 although the exact one is > 0 is recomputed from log-features (rebalanced_output).
     e_q = numerics.pow2_exponent(phi_q, axis=-1)           # (B,h,N,1)
     e_k = numerics.pow2_exponent(phi_k, axis=(-2, -1))     # (B,h,1,1)
     e_v = numerics.pow2_exponent(v, axis=-2)               # (B,h,1,e)
@@ -369,18 +366,18 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
         if taps is not None and scores is not None:
             taps["attn"] = _unscaled(scores, e_qk)
         return _unscaled(num, e_qk + e_v, "linear attention (normalize=False): numerator phi(Q) phi(K)^T V")
-    den_eff, g = _normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+    den_eff, g = normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
     stage = "linear attention: output phi(Q) KV / normaliser"
-    out = _quotient(num, den_eff[..., None], e_v - g[..., None], stage)
-    hit = _underflow_rows(den_eff, phi_q, k_sum if order == "linear" else np.sum(phi_k, axis=-2), positive,
+    out = quotient(num, den_eff[..., None], e_v - g[..., None], stage)
+    hit = underflow_rows(den_eff, phi_q, k_sum if order == "linear" else np.sum(phi_k, axis=-2), positive,
                           (phi_q_in, phi_k_in))
-    if np.any(hit):            # the normaliser underflowed: those rows from log-features (_rebalanced_output)
+    if np.any(hit):            # the normaliser underflowed: those rows from log-features (rebalanced_output)
         logs = None if log_features is None else log_features()
-        if logs is None:       # features given, or a signed map: the exact up-scaling of _normalised_up
-            fix = _normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+        if logs is None:       # features given, or a signed map: the exact up-scaling of normalised_up
+            fix = normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
                                  stage=stage)
         else:
-            fix = _rebalanced_output(logs[0], logs[1], v, e_v, eps=eps, eps_policy=eps_policy,
+            fix = rebalanced_output(logs[0], logs[1], v, e_v, eps=eps, eps_policy=eps_policy,
                                      clamp_min=clamp_min, stage=stage,
                                      want_attn=taps is not None and scores is not None)
         fix, attn_fix = fix if isinstance(fix, tuple) else (fix, None)
@@ -388,9 +385,9 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
     zero = (den_eff == 0) & ~hit
     if den_eff.dtype == np.float64 and np.any(zero):
         # a zero normaliser as computed that may be products underflowed (signed maps cannot tell it from a
-        # cancellation): those rows once more with every group scaled to [1/2, 1), tiny ones up (_normalised_up);
+        # cancellation): those rows once more with every group scaled to [1/2, 1), tiny ones up (normalised_up);
         # a normaliser still 0 there is exact, and keeps IEEE's quotient
-        up = _normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+        up = normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
                             stage=stage)
         out = np.where(zero[..., None], up, out)
     if taps is not None:
@@ -417,203 +414,6 @@ def _unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndar
                                      f"{y.dtype} (it is not representable)")
     return y
 
-
-def _quotient(num: np.ndarray, den: np.ndarray, e: np.ndarray, stage: str) -> np.ndarray:
-    """(num / den) 2^e, the scaled-back output of a normalised core (the range-safety helper of issue 15,
-    shared with RALA's core): FloatingPointError naming ``stage`` where num and den are finite, den is nonzero
-    and the result is infinite (the exact quotient is finite but beyond float64).  A zero normaliser keeps
-    IEEE's quotient (0/0 = NaN, x/0 = +-inf: the mathematics' own singularity, docs/guarantees.md)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        r = num / den
-        y = np.ldexp(r, e)
-    lost = np.isinf(y) & np.isfinite(num) & np.isfinite(den) & (den != 0)
-    if np.any(lost):
-        idx = tuple(int(i) for i in np.argwhere(lost)[0])
-        raise FloatingPointError(f"{stage}: the exact result at index {idx} is finite but beyond the range of "
-                                 f"{y.dtype} (it is not representable)")
-    return y
-
-
-def _normaliser_scaled(den: np.ndarray, e: np.ndarray, *, eps: float, eps_policy: str,
-                       clamp_min: float | None) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`apply_normaliser` of a normaliser given as den 2^-e, as (den_eff, g) with den_eff =
-    apply_normaliser(den 2^e) 2^-(e + g): the same policy with clamp_min and eps scaled by 2^-(e + g) and den by
-    2^-g.  g = 0 (an int array of e's shape) unless a scaled constant 2^-e would leave [2^-1000, 2^1000] (a
-    group rescaled a long way, up or down): then g is the exponent of the normaliser's own magnitude (the larger
-    of den's - its positive part where a clamp bounds the result below - and the constants'), so the value
-    divided by is about 1 and neither a huge constant overflows nor a chosen tiny one underflows (what is
-    lost is below 2^-1000 of it).  Where e = 0 everywhere this is apply_normaliser(den) bit for bit."""
-    g = np.zeros(np.shape(e), dtype=np.int64)
-    if not np.any(e):
-        return apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min), g
-    c = den.dtype.type      # eps and clamp_min in the working precision, as in apply_normaliser
-    consts = [float(x) for x in (eps, clamp_min) if x]
-    if consts:
-        t_c = np.frexp(c(max(consts)))[1] - e               # the largest constant's exponent after 2^-e
-        need = (t_c > 1000) | (t_c < -1000)
-        if np.any(need):
-            clamped = clamp_min is not None or eps_policy == "clamp"
-            with np.errstate(invalid="ignore"):
-                mag = np.maximum(den, 0.0) if clamped else np.abs(den)
-                t_den = np.where(mag > 0, np.frexp(mag)[1], np.iinfo(np.int32).min)
-            g = np.where(need, np.maximum(t_den, t_c), 0).astype(np.int64)
-    with np.errstate(over="ignore", under="ignore"):
-        out = np.ldexp(den, -g) if np.any(g) else den
-        if clamp_min is not None:
-            out = np.maximum(out, np.ldexp(c(clamp_min), -e - g))
-        if eps_policy == "add":
-            if eps != 0:
-                out = out + np.ldexp(c(eps), -e - g)
-        else:
-            out = np.maximum(out, np.ldexp(c(eps), -e - g))
-    return out, g
-
-
-def _underflow_rows(den_eff: np.ndarray, phi_q: np.ndarray, k_sum: np.ndarray, positive: bool,
-                    features: tuple | None = None) -> np.ndarray:
-    """The rows (B, h, N) whose (rescaled) normaliser is 0 although the exact one is > 0, float64 only (a
-    lower-precision run underflows as its format does): features whose map is positive (``positive``: ELU + 1,
-    softmax, whose exp is > 0 but underflowed inside a group, which powers of two cannot undo), or
-    non-negative features with a term phi_q_c k_sum_c whose two factors are nonzero (the product underflowed:
-    non-negative terms cannot cancel).  A zero normaliser of signed features, or of non-negative ones whose
-    every term has a zero factor (a dead ReLU row with eps = 0), is the mathematics' own 0/0 and keeps IEEE's
-    NaN (docs/guarantees.md).
-
-    With ``positive`` and ``features`` = (phi(Q), phi(K)) as computed (unscaled) also the rows whose direct
-    result may be inaccurate although finite: a feature below 2^-1022 (exp underflowed to a subnormal or 0,
-    in the row or anywhere in the head's keys: its true weight may dominate a channel where the others are
-    small) or a rescaled normaliser below 2^-960 (its products may have underflowed).  None of this occurs for
-    inputs inside the band (ELU + 1 of x >= -177 is >= 2^-256), whose rows are never taken."""
-    zero = den_eff == 0
-    if den_eff.dtype != np.float64:
-        return np.zeros(den_eff.shape, dtype=bool)
-    if positive:
-        if features is None:
-            return zero
-        tiny = 2.0 ** np.finfo(np.float64).minexp
-        with np.errstate(invalid="ignore"):
-            return (zero | (den_eff < 2.0 ** -960) | np.any(features[0] < tiny, axis=-1)
-                    | np.any(features[1] < tiny, axis=(-2, -1))[..., None])
-    if not np.any(zero):
-        return np.zeros(den_eff.shape, dtype=bool)
-    nonneg = np.all(phi_q >= 0, axis=-1) & np.all(k_sum >= 0, axis=-1)[..., None]
-    term = np.any((phi_q > 0) & (k_sum > 0)[..., None, :], axis=-1)
-    return zero & nonneg & term
-
-
-def _log_features(x: np.ndarray, name: str, opts: Mapping[str, Any]) -> np.ndarray | None:
-    """log phi(x) of a non-negative map (-inf where phi = 0) without exp's underflow: ELU + 1 as x (x <= 0) or
-    log1p(x); softmax as the log-softmax (x - max) - log sum exp(x - max); ReLU and L1 as log of the computed
-    features (exact maps, whose values do not underflow).  None for the signed maps."""
-    if name == "elu1":
-        return np.where(x > 0, np.log1p(np.maximum(x, 0.0)), x)
-    if name == "softmax":
-        axis = int(opts.get("axis", -1))
-        with np.errstate(invalid="ignore"):
-            y = x - np.max(x, axis=axis, keepdims=True)
-            return y - np.log(np.sum(np.exp(y), axis=axis, keepdims=True))
-    if name in ("relu", "l1") and opts.get("base", "relu") == "relu":
-        with np.errstate(divide="ignore"):
-            return np.log(_map_and_error(x, name, opts, want_error=False)[0])
-    return None
-
-
-def _rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.ndarray, *, eps: float,
-                       eps_policy: str, clamp_min: float | None, stage: str, pairs: bool = False,
-                       rotate: Any = None, want_attn: bool = False) -> Any:
-    """The normalised output from log-features, where the normaliser of the direct computation underflowed to
-    0 (issue 15: a row of ELU + 1 features meeting keys whose features are far below float64 in the channels
-    where the row's are not; saturated softmax features; products of non-negative features below 2^-1074).
-
-    Eq. 4 is invariant when channel c of phi(Q) is multiplied and the same channel of phi(K) divided by a
-    positive a_c (the products phi(Q_i)_c phi(K_j)_c are unchanged), and under positive scaling of a row of
-    phi(Q) with eps and clamp_min scaled along.  With lq = log phi(Q), lk = log phi(K) (-inf for 0):
-    m_c = max_j lk_jc (per channel pair for RoPE, ``pairs``: a rotation mixes the pair, so both channels take
-    one factor), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic and phi_q' = exp(a - r): every product
-    exp(lq_ic + lk_jc) = exp(r_i) phi_q'_ic phi_k'_jc, the largest of each factor is 1 and the normaliser
-    phi_q' . sum_j phi_k' is >= 1.  exp(r_i) = f 2^s (numerics.exp_pow2_split) multiplies numerator and
-    normaliser once (f) and scales the policy's constants (2^s, :func:`_normaliser_scaled`); ``v_s`` is V
-    2^-e_v.  ``rotate``: None, or (rot_q, rot_k) applied to phi_q' and phi_k' before the numerator (RALA's
-    RoPE).  An output beyond float64 raises FloatingPointError naming ``stage``.  Each exp rounds once more
-    than the direct path; used only where that path has no result.  ``want_attn``: also the N x M matrix
-    (pairs (out, attn))."""
-    pq, pk, r = _rebalance(lq, lk, pairs)
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        nq, nk = (pq, pk) if rotate is None else (rotate[0](pq), rotate[1](pk))
-        num = nq @ (nk.swapaxes(-1, -2) @ v_s)
-        den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2))
-        f, s = numerics.exp_pow2_split(r, axis=-1)
-        num, den = num * f, den * f[..., 0]
-    den_eff, g = _normaliser_scaled(den, s[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
-    out = _quotient(num, den_eff[..., None], e_v - g[..., None], stage)
-    if not want_attn:
-        return out
-    with np.errstate(invalid="ignore", divide="ignore", under="ignore"):
-        attn = np.ldexp((nq @ nk.swapaxes(-1, -2)) * f / den_eff[..., None], -g[..., None])
-    return out, attn
-
-
-def _rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
-    """(phi_q', phi_k', r) of :func:`_rebalanced_output` from log-features: m_c = max_j lk_jc (per channel pair
-    with ``pairs``), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic, phi_q' = exp(a - r), so that
-    phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest of each factor 1."""
-    with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        m = np.max(lk, axis=-2, keepdims=True)                              # (B,h,1,d)
-        if pairs:
-            m = np.repeat(np.max(m.reshape(*m.shape[:-1], -1, 2), axis=-1), 2, axis=-1)
-        m = np.where(np.isfinite(m), m, 0.0)           # a channel of zero keys (-inf) contributes 0 either way
-        pk = np.exp(lk - m)
-        a = lq + m
-        r = np.max(a, axis=-1, keepdims=True)
-        r = np.where(np.isfinite(r), r, 0.0)
-        return np.exp(a - r), pk, r
-
-
-def _error_ratio(x: np.ndarray, name: str, opts: Mapping[str, Any]) -> np.ndarray | None:
-    """E / phi of :func:`feature_map_error` as a function of x alone (so also where phi underflowed): ELU + 1
-    1 (x > 0) or c (x <= 0); softmax |x_c - m| + w + 2c + n; ReLU 0.  None for the other maps."""
-    c_elem = float(config.ELEMENTARY_FUNCTION_ULPS)
-    if name == "elu1":
-        return np.where(x > 0, 1.0, c_elem)
-    if name == "relu":
-        return np.zeros_like(x)
-    if name == "softmax":
-        axis = int(opts.get("axis", -1))
-        phi = numerics.softmax(x, axis=axis)
-        with np.errstate(invalid="ignore"):
-            dev = np.abs(x - np.max(x, axis=axis, keepdims=True))
-            w = np.sum(np.where(phi > 0, phi * dev, 0.0), axis=axis, keepdims=True)
-        return dev + w + 2.0 * c_elem + x.shape[axis]
-    return None
-
-
-def _normalised_up(phi_q: np.ndarray, phi_k: np.ndarray, v: np.ndarray, *, eps: float, eps_policy: str,
-                   clamp_min: float | None, stage: str) -> np.ndarray:
-    """Eq. 4 (linear order) with each row of phi_q, each head's phi_k and each column of v scaled by the exact
-    power of two that brings its largest magnitude into [1/2, 1) (tiny and subnormal groups up, exact), eps and
-    clamp_min along (:func:`_normaliser_scaled`): for the rows whose direct normaliser is 0 as computed."""
-    def expo(x: np.ndarray, axis: Any) -> np.ndarray:
-        m = np.max(np.abs(x), axis=axis, keepdims=True)
-        return np.where(np.isfinite(m) & (m > 0), np.frexp(m)[1], 0).astype(np.int64)
-    e_q, e_k, e_v = expo(phi_q, -1), expo(phi_k, (-2, -1)), expo(v, -2)
-    with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
-        pq, pk, vs = np.ldexp(phi_q, -e_q), np.ldexp(phi_k, -e_k), np.ldexp(v, -e_v)
-        num = pq @ (pk.swapaxes(-1, -2) @ vs)
-        den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2))
-    den_eff, g = _normaliser_scaled(den, (e_q + e_k)[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
-    return _quotient(num, den_eff[..., None], e_v - g[..., None], stage)
-
-
-def _underflow_error(hit: np.ndarray, stage: str) -> FloatingPointError:
-    idx = tuple(int(i) for i in np.argwhere(hit)[0])
-    return FloatingPointError(f"{stage}: the normaliser at index {idx} underflows to 0 although the exact one is > 0 "
-                              f"(feature-map weights below the float64 range); the result is not computable here")
-
-
-def _log_pair(q: np.ndarray, k: np.ndarray, name: str, opts: Mapping[str, Any]) -> tuple | None:
-    """(log phi(q), log phi(k)) of :func:`_log_features`, or None for the signed maps."""
-    lq = _log_features(q, name, opts)
-    return None if lq is None else (lq, _log_features(k, name, opts))
 
 
 # ===================================================================================================
@@ -665,7 +465,7 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
         return _kernelized_attention(phi_q, phi_k, v, order=order,
                                      normalize=normalize, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
                                      taps=taps, max_elements=max_elements, positive=feature_map in _POSITIVE_MAPS,
-                                     log_features=lambda: _log_pair(q, k, feature_map, opts))
+                                     log_features=lambda: log_pair(q, k, feature_map, opts, phi_q, phi_k))
 
     if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
             and feature_map in FEATURE_MAPS):
@@ -735,7 +535,7 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
     else:
         phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
         phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
-        logs = lambda: _log_pair(q, k, feature_map, {})    # noqa: E731
+        logs = lambda: log_pair(q, k, feature_map, {}, phi_q, phi_k)    # noqa: E731
     res = _kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps,
                                 eps_policy=eps_policy, clamp_min=clamp_min, taps=None, max_elements=None,
                                 positive=feature_map in _POSITIVE_MAPS, log_features=logs)
@@ -964,17 +764,17 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
             k_sum = np.sum(phi_k, axis=-2)
             den = apply_normaliser(np.einsum("bhnd,bhd->bhn", phi_q, k_sum), eps=eps, eps_policy=eps_policy,
                                    clamp_min=clamp_min)
-        hit = _underflow_rows(den, phi_q, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
+        hit = underflow_rows(den, phi_q, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
         if np.any(hit):
             # the rows linear_attention recomputes from log-features: their bound on the rebalanced features
-            # (_rebalance; Eq. 4 and the bound's ratios are invariant, eps = 0 and no clamp there), inf where
+            # (rebalance; Eq. 4 and the bound's ratios are invariant, eps = 0 and no clamp there), inf where
             # the map has no log-features or error ratio
-            logs, r_q = _log_pair(q, k, feature_map, opts), _error_ratio(q, feature_map, opts)
+            logs, r_q = log_pair(q, k, feature_map, opts, phi_q, phi_k), error_ratio(q, feature_map, opts)
             fix = np.inf
             if logs is not None and r_q is not None:
-                pq, pk, _ = _rebalance(*logs)
+                pq, pk, _ = rebalance(*logs)
                 fix = kernelized_attention_bound(pq, pk, v, err_q=r_q * pq,
-                                                 err_k=_error_ratio(k, feature_map, opts) * pk, normalize=True,
+                                                 err_k=error_ratio(k, feature_map, opts) * pk, normalize=True,
                                                  eps=0.0, dtype=dtype).scale
             scale = np.where(hit[..., None], fix, scale)
     return numerics.check_bound_range(numerics.Bound(scale, bound.k, f"feature map {feature_map!r}; {bound.note}"),
