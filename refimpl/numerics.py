@@ -294,13 +294,44 @@ def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
     Only the overflow side is handled: scaling tiny (subnormal) groups *up* makes the reference exact where
     the error bounds (``*_bound``, whose eta terms are void at subnormal outputs), the C kernels (which would
     need a per-row check) and an additive softmax bias (which then overflows) are not ready for it; see
-    issue 15's range-safety notes.
+    issue 15's range-safety notes (where a normaliser underflows to 0 although the exact one is > 0, the
+    linear-attention and RALA cores recompute that row from log-features instead).
     """
     x = check_float_array(x, "x")                       # no cast: the exponent is of the values as given
     axis = _check_axes(axis, x.ndim)
     m = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)   # float64: the band's edge
     e = np.frexp(m)[1].astype(np.int64)
     return np.where(np.isfinite(m) & (m > 2.0 ** config.RANGE_RESCALE_EXPONENT), e, 0)
+
+
+#: ln 2 split for Cody & Waite's argument reduction: _LN2_HI has 32 significant bits, so s * _LN2_HI is exact
+#: for |s| < 2^21 (fdlibm's e_exp.c uses the same split idea).
+_LN2_HI = float.fromhex("0x1.62e42fee00000p-1")
+_LN2_LO = float.fromhex("0x1.a39ef35793c76p-33")
+#: The exponent that stands for "below 2^-(2^30)": exp(x) for a group whose largest x is below -2^29 is so
+#: small that every quantity it multiplies underflows; the group's shape exp(x - max x) is kept exactly.
+_EXP_SPLIT_FLOOR = -(2 ** 30)
+
+
+def exp_pow2_split(x: np.ndarray, axis: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """exp(x) as (f, s) with exp(x) = f 2^s, s an int array (``keepdims`` along ``axis``), for groups whose
+    exp underflows: the log-domain counterpart of :func:`pow2_exponent` (issue 15).
+
+    With m = max x along ``axis``, s = round(m / ln 2) and f = exp((x - s ln_hi) - s ln_lo) (Cody-Waite
+    reduction with ln 2 = ln_hi + ln_lo; s ln_hi is exact), so the largest f lies in [2^-1/2, 2^1/2] and f
+    carries exp's own accuracy (the subtraction is exact by Sterbenz's lemma for the entries that matter,
+    those within a factor 2 of m).  For m below -2^29 (s would leave int32, and exp(m) < 2^-(7 10^8))
+    f = exp(x - m) and s = -2^30: a stand-in small enough that every product with it underflows to 0, as
+    the exact one does.  Float64 only (it is the working precision of the reference's range safety)."""
+    x = check_float_array(x, "x")
+    axis = _check_axes(axis, x.ndim)
+    m = np.max(x, axis=axis, keepdims=True)
+    far = ~(m >= -(2.0 ** 29))                          # NaN counts as far: exp(x - NaN) is NaN
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = np.where(far | ~(m <= 2.0 ** 29), 0.0, np.round(m / math.log(2.0)))   # beyond +-2^29: s = 0
+    with np.errstate(invalid="ignore", over="ignore"):
+        f = np.where(far, np.exp(x - m), np.exp((x - s * _LN2_HI) - s * _LN2_LO))
+    return f, np.where(far, _EXP_SPLIT_FLOOR, s).astype(np.int64)
 
 
 def check_bound_range(bound: "Bound", stage: str, **inputs: Any) -> "Bound":
@@ -311,7 +342,9 @@ def check_bound_range(bound: "Bound", stage: str, **inputs: Any) -> "Bound":
     The bounds are not rescaled (their underflow terms k eta are not homogeneous), so for such inputs the
     products of magnitudes they sum overflow although the attention output may be representable: the bound
     itself is then not representable, and saying so is the honest outcome.  Inside the band (every ordinary
-    input) nothing is checked or changed; NaN and Inf inputs keep their non-finite bound."""
+    input, and tiny or subnormal ones: there an inf bound is the documented "no bound exists", rounding or
+    underflow may reach a zero normaliser) nothing is checked or changed; NaN and Inf inputs keep their
+    non-finite bound."""
     big = None
     for name, a in inputs.items():
         a = np.asarray(a, dtype=np.float64)

@@ -21,6 +21,11 @@
    exponential kernel raises FloatingPointError naming the stage where exp overflows; the error bounds of
    enhanced, focused and RALA attention (not rescaled) raise FloatingPointError naming the stage where an
    input beyond 2^256 makes them overflow (numerics.check_bound_range).
+7. Issue 15, finite input never gives a silent NaN: linear attention (every map, both orders, normalize
+   True / False, eps policies, clamp_min) and RALA's core (paper and official settings) for q, k, v each of
+   magnitude 2^-1074 .. 2^1023, on every backend: finite, or FloatingPointError naming the stage, NaN only
+   where the exact normaliser is 0; normal-range outputs bit for bit the unscaled formulas; the bounds
+   finite, inf (no bound) or FloatingPointError naming the bound's stage.
 """
 
 from __future__ import annotations
@@ -65,6 +70,22 @@ def _run(backend: str, fn, *args, **kwargs):
             return fn(*args, **kwargs)
 
 
+def _outcome(backend: str, fn, *args, **kwargs):
+    """The result on ``backend``, or the stage named by its FloatingPointError (the text before ':')."""
+    try:
+        with np.errstate(all="ignore"):
+            return _run(backend, fn, *args, **kwargs)
+    except FloatingPointError as exc:
+        return str(exc).split(":")[0]
+
+
+def _same_pattern(a, b) -> bool:
+    """Both the same FloatingPointError stage, or both arrays with the same finite/non-finite pattern."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    return np.array_equal(np.isfinite(a), np.isfinite(b))
+
+
 scales = st.integers(-250, 1000)
 
 
@@ -101,10 +122,10 @@ def test_linear_attention_v_degree_one_every_map_every_backend(seed, c, b):
             assert np.array_equal(np.isfinite(got), np.isfinite(base[bk])), (fmap, bk)
             if c <= config.RANGE_RESCALE_EXPONENT - 8 or bk != "c":   # in band: the kernel both times
                 assert _same_scaled(got, base[bk], c), (fmap, bk)
-            with np.errstate(all="ignore"):
-                pat = _run(bk, L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
-                ref = L.linear_attention(np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
-            assert np.array_equal(np.isfinite(pat), np.isfinite(ref)), (fmap, bk, b)
+            # saturated softmax / ELU + 1 weights may underflow the normaliser: FloatingPointError, on every backend
+            pat = _outcome(bk, L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
+            ref = _outcome("numpy", L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
+            assert _same_pattern(pat, ref), (fmap, bk, b)
 
 
 @settings(max_examples=20)
@@ -225,18 +246,18 @@ def test_every_backend_gives_numpys_pattern_on_extreme_inputs(seed):
     for name, fn in calls.items():
         unscaled = np.isfinite(fn(q0, k0, v0))
         for label, q, k, v in _extreme_inputs(seed):
-            with np.errstate(all="ignore"):
-                ref = fn(q, k, v)
+            ref = _outcome("numpy", fn, q, k, v)
             # Honest overflow, not compared with the unscaled pattern: the signed identity map on mixed
             # inputs, and official RALA at 1e150 (RoPE's rotated numerator ~1e450 over the unrotated
-            # normaliser 0 + eps: the exact output is beyond float64).
-            if (name, label) not in {("linear identity", "mixed"), ("rala official", "1e150"),
-                                     ("rala official", "mixed")}:
+            # normaliser 0 + eps: the exact output is beyond float64), which raises naming the core's output
+            # (before issue 15: +-inf, silently) wherever it is not finite.
+            if (name, label) in {("rala official", "1e150"), ("rala official", "mixed")}:
+                assert isinstance(ref, np.ndarray) and np.all(np.isfinite(ref)) or \
+                    ref == "rala_core", (name, label, ref)
+            elif (name, label) != ("linear identity", "mixed"):
                 assert np.array_equal(np.isfinite(ref), unscaled), (name, label)
             for bk in available_backends():
-                with np.errstate(all="ignore"):
-                    got = _run(bk, fn, q, k, v)
-                assert np.array_equal(np.isfinite(got), np.isfinite(ref)), (name, label, bk)
+                assert _same_pattern(_outcome(bk, fn, q, k, v), ref), (name, label, bk)
 
 
 def test_c_wrappers_return_the_definition_out_of_band():
@@ -412,17 +433,16 @@ def test_check_bound_range_leaves_in_band_bounds_alone():
 
 def test_rala_attention_raises_naming_the_stage_beyond_the_range():
     """rala_attention of 1e150-sized x (ELU + 1 kernel, reweighting, eps = 0): exp underflows so that the
-    normaliser is 0 although the exact one is > 0 (before: NaN, silently): FloatingPointError naming the core
-    stage; a weight large enough for x W to overflow names the projections.  The relu kernel's dead row with
-    eps = 0 stays the documented NaN, and a NaN in x propagates."""
+    direct normaliser is 0 although the exact one is > 0 (before issue 15: NaN silently, then a
+    FloatingPointError); the core now recomputes those rows from log-features, so the layer's output is
+    finite.  A weight large enough for x W to overflow raises FloatingPointError naming the projections.  The
+    relu kernel's dead row with eps = 0 stays the documented NaN, and a NaN in x propagates."""
     from tests.campaign_builders import BUILDERS
     valid = BUILDERS["rala.rala_attention"]()
     base = R.rala_attention(**valid)
     assert np.all(np.isfinite(base))
     with np.errstate(all="ignore"):
-        with pytest.raises(FloatingPointError, match=r"rala_attention: the reweighted core .* non-finite value from "
-                                                     r"finite inputs"):
-            R.rala_attention(**{**valid, "x": valid["x"] * 1e150})
+        assert np.all(np.isfinite(R.rala_attention(**{**valid, "x": valid["x"] * 1e150})))
         params = dict(valid["params"])
         params["qkv.weight"] = params["qkv.weight"] * 2.0 ** 1000
         with pytest.raises(FloatingPointError, match=r"rala_attention: the q, k, v and gate projections"):
@@ -438,3 +458,164 @@ def test_rala_attention_raises_naming_the_stage_beyond_the_range():
     with np.errstate(all="ignore"):
         out = R.rala_attention(rng.standard_normal((1, 3, 3, 8)), p, cfg)
     assert np.all(np.isnan(out))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. Issue 15: finite input never gives a silent NaN (magnitudes 2^-1074 .. 2^1023, q, k, v separately)
+# ---------------------------------------------------------------------------------------------------
+
+exponents = st.integers(-1074, 1023)
+NONNEG = ("relu", "elu1", "softmax", "l1")
+
+
+def _magnitude_inputs(seed: int, a: int, b: int, c: int, shape=(1, 2, 5, 3), m: int = 4):
+    """q, k, v with entries +-(1 + j/1024) 2^a (2^b, 2^c): no entry is 0 (2^-1074 is the smallest), none is
+    beyond float64 (|x| < 2^1024)."""
+    rng = np.random.default_rng(seed)
+    def draw(shp, e):
+        mant = (1.0 + rng.integers(0, 1024, size=shp) / 1024.0) * rng.choice([-1.0, 1.0], size=shp)
+        return np.ldexp(mant, e)
+    return draw(shape, a), draw(shape[:2] + (m, shape[3]), b), draw(shape[:2] + (m, shape[3]), c)
+
+
+def _dead_rows(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """(B, h, N): the rows whose exact ReLU normaliser is 0 (no channel with q_ic > 0 and some k_jc > 0):
+    0/0 there with eps = 0, the mathematics' own NaN."""
+    live_k = np.any(k > 0, axis=-2)[..., None, :]
+    return ~np.any((q > 0) & live_k, axis=-1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**16), exponents, exponents, exponents, st.sampled_from(NONNEG + ("identity",)),
+       st.sampled_from(["linear", "quadratic"]), st.booleans(),
+       st.sampled_from([(0.0, "add", None), (1e-6, "add", None), (1e-6, "clamp", None), (0.0, "add", 1e-3),
+                        (1e-300, "clamp", None)]))
+def test_linear_attention_finite_or_names_the_stage_every_magnitude(seed, a, b, c, fmap, order, normalize, policy):
+    """Issue 15.  For every magnitude of q, k, v (each 2^-1074 .. 2^1023 on its own) and every backend:
+    normalised attention with a non-negative map is a convex combination of the values, so it is returned
+    finite (no FloatingPointError); NaN only in the rows whose exact ReLU normaliser is 0 with eps = 0 (0/0,
+    undefined).  The unnormalised numerator, and the signed identity map, are finite or raise
+    FloatingPointError naming the stage (the exact result is beyond float64), never inf or NaN silently
+    (identity: where the direct normaliser is not 0, see docs/guarantees.md).  Every backend gives NumPy's
+    outcome."""
+    q, k, v = _magnitude_inputs(seed, a, b, c)
+    eps, pol, cm = policy
+    kw = dict(feature_map=fmap, order=order, normalize=normalize, eps=eps, eps_policy=pol, clamp_min=cm)
+    ref = _outcome("numpy", L.linear_attention, q, k, v, **kw)
+    for bk in available_backends():
+        assert _same_pattern(_outcome(bk, L.linear_attention, q, k, v, **kw), ref), (bk, ref)
+    if isinstance(ref, str):
+        assert not (normalize and fmap in NONNEG), ref           # a convex combination is representable
+        assert ref.startswith("linear attention"), ref
+        return
+    undefined = np.zeros(ref.shape[:-1], dtype=bool)
+    if normalize and fmap in ("relu", "l1") and eps == 0 and cm is None:
+        undefined = _dead_rows(q, k)
+    if fmap == "identity":
+        with np.errstate(all="ignore"):
+            t: dict = {}
+            L.linear_attention(q, k, v, **kw, taps=t)
+        if normalize:   # a signed normaliser that is 0 as computed (cancellation or underflow): IEEE's x/0
+            undefined = t["denominator"] == 0
+    assert np.all(np.isfinite(ref[~undefined])), (fmap, a, b, c)
+    assert np.all(np.isnan(ref[undefined])) or fmap == "identity"
+    if normalize and fmap in NONNEG:                             # a convex combination of the value rows
+        lo, hi = v.min(axis=-2, keepdims=True), v.max(axis=-2, keepdims=True)
+        live = ~undefined[..., None] & (cm is None) & (eps == 0)
+        slack = 1e-12 * np.maximum(np.abs(lo), np.abs(hi))
+        assert np.all(~live | ((ref >= lo - slack) & (ref <= hi + slack))), (fmap, a, b, c)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), exponents, exponents, exponents, st.booleans(),
+       st.sampled_from(["paper", "official"]))
+def test_rala_core_finite_or_names_the_stage_every_magnitude(seed, a, b, c, relu, preset):
+    """Issue 15 for RALA's core: the paper's defaults and the official settings (ELU + 1, reweighting, RoPE,
+    mean token scaling, eps), every magnitude: finite, or FloatingPointError naming the core's stage where
+    the exact output is beyond float64 (RoPE's rotated numerator over the unrotated normaliser, or without
+    RoPE an alpha_j that underflowed to 0 for every key that matters); with the relu kernel and eps = 0 NaN
+    only in the dead rows.  Every backend gives NumPy's outcome."""
+    q, k, v = _magnitude_inputs(seed, a, b, c, shape=(1, 2, 4, 4), m=4)
+    cfg = R.RALAConfig.preset(preset, dim=8, num_heads=2, kernel="relu" if relu else "elu1")
+    ref = _outcome("numpy", R.rala_core, q, k, v, cfg, (2, 2))
+    for bk in available_backends():
+        assert _same_pattern(_outcome(bk, R.rala_core, q, k, v, cfg, (2, 2)), ref), (bk, ref)
+    if isinstance(ref, str):
+        assert ref == "rala_core", ref
+        assert cfg.rope or cfg.reweight
+        return
+    dead = _dead_rows(q, k) if relu and not cfg.eps else np.zeros(ref.shape[:-1], dtype=bool)
+    assert np.all(np.isfinite(ref[~dead])), (preset, relu, a, b, c)
+
+
+def _unscaled_linear(q, k, v, fmap, order, normalize, eps, pol, cm):
+    """Eq. 3-4 written out without any rescaling (the computation before issue 15)."""
+    pq, pk = L.feature_map(q, fmap), L.feature_map(k, fmap)
+    if order == "linear":
+        num = pq @ (pk.swapaxes(-1, -2) @ v)
+        den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2))
+    else:
+        s = pq @ pk.swapaxes(-1, -2)
+        num, den = s @ v, np.sum(s, axis=-1)
+    if not normalize:
+        return num
+    return num / L.apply_normaliser(den, eps=eps, eps_policy=pol, clamp_min=cm)[..., None]
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), st.integers(-200, 200), st.integers(-200, 200), st.integers(-200, 200),
+       st.sampled_from(NONNEG + ("identity", "leaky_relu")), st.sampled_from(["linear", "quadratic"]),
+       st.booleans(), st.sampled_from([(0.0, "add", None), (1e-6, "add", None), (1e-6, "clamp", 1e-3)]))
+def test_normal_range_is_bit_identical_to_the_unscaled_computation(seed, a, b, c, fmap, order, normalize,
+                                                                    policy):
+    """Issue 15's rescaling, log-feature rows and range checks change nothing in the normal range: inputs of
+    magnitude 2^-200 .. 2^200 (products and sums stay normal; for the exp maps up to 2^7, where no feature
+    underflows) give the unscaled formulas' bits on the NumPy definition."""
+    if fmap in ("elu1", "softmax"):       # exp's normal range: |x| < 2^7, so no feature underflows
+        a, b = min(a, 8), min(b, 8)
+    q, k, v = _magnitude_inputs(seed, a, b, c)
+    q, k, v = q / 4, k / 4, v / 4          # |x| < 2^(e-1): also elu1's x + 1 and exp stay normal
+    eps, pol, cm = policy
+    with np.errstate(all="ignore"):
+        want = _unscaled_linear(q, k, v, fmap, order, normalize, eps, pol, cm)
+    got = L.linear_attention(q, k, v, feature_map=fmap, order=order, normalize=normalize, eps=eps, eps_policy=pol,
+                             clamp_min=cm)
+    ok = np.isfinite(want)
+    assert np.array_equal(got[ok], want[ok]), (fmap, order, a, b, c)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), exponents, exponents, exponents, st.sampled_from(NONNEG))
+def test_linear_attention_bound_every_magnitude(seed, a, b, c, fmap):
+    """linear_attention_bound for every magnitude: a finite bound, or inf where no bound exists (rounding or
+    underflow may reach a zero normaliser; tiny and subnormal inputs), NaN only in a dead ReLU row, and above
+    2^256 where it overflows FloatingPointError naming the bound's stage (numerics.check_bound_range)."""
+    q, k, v = _magnitude_inputs(seed, a, b, c)
+    try:
+        with np.errstate(all="ignore"):
+            bound = L.linear_attention_bound(q, k, v, feature_map=fmap, dtype="float64")
+    except FloatingPointError as exc:
+        assert str(exc).startswith("linear_attention_bound: the bound of linear_attention_bound overflows")
+        assert max(a, b, c) > config.RANGE_RESCALE_EXPONENT - 2
+        return
+    scale = np.asarray(bound.scale)
+    dead = _dead_rows(q, k)[..., None] if fmap in ("relu", "l1") else np.zeros(scale.shape[:-1] + (1,), bool)
+    assert not np.any(np.isnan(scale) & ~dead), (fmap, a, b, c)
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(0, 2**16), exponents, exponents, exponents)
+def test_rala_core_bound_every_magnitude(seed, a, b, c):
+    """rala_core_bound (RALA's paper defaults) for every magnitude: finite, or inf (no bound), or above
+    2^256 FloatingPointError naming a stage (the bound's own, or the core's where the bounded output is not
+    computable)."""
+    q, k, v = _magnitude_inputs(seed, a, b, c, shape=(1, 2, 4, 4), m=4)
+    cfg = R.RALAConfig(dim=8, num_heads=2)
+    try:
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            bound = R.rala_core_bound(q, k, v, cfg, dtype="float64")
+    except FloatingPointError as exc:
+        assert str(exc).startswith(("rala_core_bound: the bound of rala_core_bound overflows", "rala_core:")), exc
+        return
+    assert not np.any(np.isnan(np.asarray(bound.scale))), (a, b, c)

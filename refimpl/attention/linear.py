@@ -16,7 +16,9 @@ explicit: ``clamp_min`` first (den -> max(den, clamp_min), L2ViT Appendix 8, Tab
 
 Contents, top to bottom: feature maps and their error coefficients; the attention core on feature maps
 already applied (:func:`kernelized_attention`, usable with any phi, e.g. FLatten's focused map);
-:func:`linear_attention` (feature map + core); the error bounds.
+:func:`linear_attention` (feature map + core); the error bounds.  The range safety of the core (issue 15: the
+normaliser's constants scaled with it, the rows whose normaliser underflows recomputed from log-features) is
+:mod:`refimpl.attention.normaliser_range`, shared with RALA's core.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 
 from .. import backends, config, feature_maps, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
+from .normaliser_range import (apply_policy, error_ratio, log_pair, normalised_up, normaliser_scaled, quotient,
+                               rebalance, rebalanced_output, underflow_rows)
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -42,6 +46,10 @@ FEATURE_MAPS = ("identity", "relu", "elu1", "softmax", "l1", "leaky_relu")
 NON_NEGATIVE_MAPS = ("relu", "elu1", "softmax", "l1")
 
 _L1_BASES = ("relu", "identity", "elu1", "leaky_relu")
+
+#: Maps whose value is > 0 for every finite input (a zero there is exp's underflow): see
+#: normaliser_range.underflow_rows.
+_POSITIVE_MAPS = ("elu1", "softmax")
 
 
 # ===================================================================================================
@@ -248,15 +256,7 @@ def apply_normaliser(den: np.ndarray, *, eps: float = config.LINEAR_DEFAULT_EPS,
     """
     den = numerics.as_float(den, "den", allow_empty=True)
     _check_policy(None, eps, eps_policy, clamp_min)
-    out = den
-    if clamp_min is not None:
-        out = np.maximum(out, clamp_min)
-    if eps_policy == "add":
-        if eps != 0:
-            out = out + eps
-    else:
-        out = np.maximum(out, eps)
-    return out
+    return apply_policy(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
 
 
 def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear", normalize: bool = True,
@@ -299,6 +299,18 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
     ----------
     L2ViT Eq. 3-4 and Appendix 8; FLatten Eq. 3-4; Katharopoulos et al. (2020) Eq. 5-6.
     """
+    return _kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
+                                 eps_policy=eps_policy, clamp_min=clamp_min, taps=taps, max_elements=max_elements)
+
+
+def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normalize: bool,
+                          eps: float, eps_policy: str, clamp_min: float | None, taps: dict | None,
+                          max_elements: int | None, positive: bool = False,
+                          log_features: Any = None) -> np.ndarray:
+    """:func:`kernelized_attention`; ``positive``: the map is > 0 everywhere (ELU + 1,
+    softmax), so a zero normaliser is an underflow (normaliser_range.underflow_rows); ``log_features``: None or
+    a callable giving (log phi(Q), log phi(K)) (normaliser_range.log_pair) for the rows whose normaliser
+    underflowed (normaliser_range.rebalanced_output; without it such rows take normaliser_range.normalised_up)."""
     validation.check_max_elements(max_elements)
     phi_q = numerics.as_float(phi_q, "phi_q")
     phi_k = numerics.as_float(phi_k, "phi_k")
@@ -313,15 +325,17 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
     if taps is not None:
         taps["phi_q"], taps["phi_k"] = phi_q, phi_k
 
-    # Range safety: O is homogeneous of degree 0 in each row of phi_q and in each head's phi_k (numerator
-    # and normaliser scale together) and of degree 1 in each column of v.  Each group is rescaled by the
-    # exact power of two of numerics.pow2_exponent (2^0 for magnitudes inside config.RANGE_RESCALE_EXPONENT's
-    # band: then this is the unscaled computation bit for bit); eps and clamp_min are scaled with the
-    # normaliser, and every recorded tap is scaled back.
+    # Range safety (issue 15; docs/guarantees.md): O is homogeneous of degree 0 in each row of phi_q and in
+    # each head's phi_k (numerator and normaliser scale together) and of degree 1 in each column of v.  Each
+    # group is rescaled by the exact power of two of numerics.pow2_exponent (2^0 for magnitudes up to
+    # 2^config.RANGE_RESCALE_EXPONENT: then this is the unscaled computation bit for bit); eps and clamp_min
+    # are scaled with the normaliser (normaliser_scaled), every recorded tap is scaled back, a result beyond
+    # float64 raises FloatingPointError naming the stage (_unscaled, quotient), and a row whose normaliser
+    # underflowed to 0 although the exact one is > 0 is recomputed from log-features (rebalanced_output).
     e_q = numerics.pow2_exponent(phi_q, axis=-1)           # (B,h,N,1)
     e_k = numerics.pow2_exponent(phi_k, axis=(-2, -1))     # (B,h,1,1)
     e_v = numerics.pow2_exponent(v, axis=-2)               # (B,h,1,e)
-    phi_k_in, v_in = phi_k, v
+    phi_q_in, phi_k_in, v_in = phi_q, phi_k, v
     phi_q, phi_k, v = np.ldexp(phi_q, -e_q), np.ldexp(phi_k, -e_k), np.ldexp(v, -e_v)
     e_qk = e_q + e_k                                       # the scores' and the normaliser's exponent
 
@@ -352,15 +366,39 @@ def kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str = "linear
         if taps is not None and scores is not None:
             taps["attn"] = _unscaled(scores, e_qk)
         return _unscaled(num, e_qk + e_v, "linear attention (normalize=False): numerator phi(Q) phi(K)^T V")
-    den_eff = _normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        out = num / den_eff[..., None]
-        if taps is not None:
-            taps["denominator_raw"] = _unscaled(den, e_qk[..., 0])
-            taps["denominator"] = _unscaled(den_eff, e_qk[..., 0])
-            if scores is not None:
-                taps["attn"] = scores / den_eff[..., None]
-    return _unscaled(out, e_v, "linear attention: output phi(Q) KV / normaliser")
+    den_eff, g = normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+    stage = "linear attention: output phi(Q) KV / normaliser"
+    out = quotient(num, den_eff[..., None], e_v - g[..., None], stage)
+    hit = underflow_rows(den_eff, phi_q, k_sum if order == "linear" else np.sum(phi_k, axis=-2), positive,
+                          (phi_q_in, phi_k_in))
+    if np.any(hit):            # the normaliser underflowed: those rows from log-features (rebalanced_output)
+        logs = None if log_features is None else log_features()
+        if logs is None:       # features given, or a signed map: the exact up-scaling of normalised_up
+            fix = normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+                                 stage=stage)
+        else:
+            fix = rebalanced_output(logs[0], logs[1], v, e_v, eps=eps, eps_policy=eps_policy,
+                                     clamp_min=clamp_min, stage=stage,
+                                     want_attn=taps is not None and scores is not None)
+        fix, attn_fix = fix if isinstance(fix, tuple) else (fix, None)
+        out = np.where(hit[..., None], fix, out)
+    zero = (den_eff == 0) & ~hit
+    if den_eff.dtype == np.float64 and np.any(zero):
+        # a zero normaliser as computed that may be products underflowed (signed maps cannot tell it from a
+        # cancellation): those rows once more with every group scaled to [1/2, 1), tiny ones up (normalised_up);
+        # a normaliser still 0 there is exact, and keeps IEEE's quotient
+        up = normalised_up(phi_q_in, phi_k_in, v_in, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+                            stage=stage)
+        out = np.where(zero[..., None], up, out)
+    if taps is not None:
+        taps["denominator_raw"] = _unscaled(den, e_qk[..., 0])
+        taps["denominator"] = _unscaled(den_eff, e_qk[..., 0] + g)
+        if scores is not None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                taps["attn"] = _unscaled(scores / den_eff[..., None], -g[..., None])
+            if np.any(hit) and attn_fix is not None:   # the recomputed rows' matrix: attn @ V is the output
+                taps["attn"] = np.where(hit[..., None], attn_fix, taps["attn"])
+    return out
 
 
 def _unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndarray:
@@ -376,26 +414,6 @@ def _unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndar
                                      f"{y.dtype} (it is not representable)")
     return y
 
-
-def _normaliser_scaled(den: np.ndarray, e: np.ndarray, *, eps: float, eps_policy: str,
-                       clamp_min: float | None) -> np.ndarray:
-    """:func:`apply_normaliser` of a normaliser given as den 2^-e: the same policy with clamp_min and eps
-    scaled by 2^-e too, so the result is apply_normaliser(den 2^e) 2^-e (bit for bit apply_normaliser(den)
-    where e = 0).  A scaled eps or clamp_min that overflows is +inf, i.e. the true normaliser is that
-    constant and the output underflows to 0, as it does in float64."""
-    if not np.any(e):
-        return apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
-    with np.errstate(over="ignore"):
-        out = den
-        c = den.dtype.type      # eps and clamp_min in the working precision, as in apply_normaliser
-        if clamp_min is not None:
-            out = np.maximum(out, np.ldexp(c(clamp_min), -e))
-        if eps_policy == "add":
-            if eps != 0:
-                out = out + np.ldexp(c(eps), -e)
-        else:
-            out = np.maximum(out, np.ldexp(c(eps), -e))
-    return out
 
 
 # ===================================================================================================
@@ -444,9 +462,10 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     def numpy_path() -> np.ndarray:
         phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
         phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
-        return kernelized_attention(phi_q, phi_k, v, order=order, normalize=normalize, eps=eps,
-                                    eps_policy=eps_policy, clamp_min=clamp_min, taps=taps,
-                                    max_elements=max_elements)
+        return _kernelized_attention(phi_q, phi_k, v, order=order,
+                                     normalize=normalize, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+                                     taps=taps, max_elements=max_elements, positive=feature_map in _POSITIVE_MAPS,
+                                     log_features=lambda: log_pair(q, k, feature_map, opts, phi_q, phi_k))
 
     if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
             and feature_map in FEATURE_MAPS):
@@ -512,11 +531,14 @@ def _linear_attention_numpy(q: Any, k: Any, v: Any, feature_map: str = "relu",
         # The NumPy definition of f_p, not the public (dispatching) focused.focused_function.
         phi_q = feature_maps.focused_function(numerics.relu(q), p, axis=-1, power_scaling="max")
         phi_k = feature_maps.focused_function(numerics.relu(k), p, axis=-1, power_scaling="max")
+        logs = None
     else:
         phi_q = _map_and_error(q, feature_map, {}, want_error=False)[0]
         phi_k = _map_and_error(k, feature_map, {}, want_error=False)[0]
-    res = kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps, eps_policy=eps_policy,
-                               clamp_min=clamp_min)
+        logs = lambda: log_pair(q, k, feature_map, {}, phi_q, phi_k)    # noqa: E731
+    res = _kernelized_attention(phi_q, phi_k, v, order="linear", normalize=True, eps=eps,
+                                eps_policy=eps_policy, clamp_min=clamp_min, taps=None, max_elements=None,
+                                positive=feature_map in _POSITIVE_MAPS, log_features=logs)
     if out is not None:
         out[...] = res
         return out
@@ -708,6 +730,11 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     The feature maps are evaluated on the (T-rounded) inputs q, k; their error coefficients
     (:func:`feature_map_error`) enter through F_num and F_den; k = d + M + 2 (normalize) or d + M.
 
+    Range (issue 15, docs/guarantees.md): a row whose normaliser underflows to 0 in the direct computation
+    although the exact one is > 0 (the rows :func:`linear_attention` recomputes from log-features) takes the
+    bound of those rebalanced features (relu, elu1, softmax; inf for the other maps).  The bound is not rescaled: for inputs above 2^``config.RANGE_RESCALE_EXPONENT`` whose
+    bound overflows, FloatingPointError naming the stage (numerics.check_bound_range).
+
     Parameters
     ----------
     q (B,h,N,d), k (B,h,M,d), v (B,h,M,e) : float arrays; other arguments as :func:`linear_attention`;
@@ -731,4 +758,24 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     phi_k, e_k = _map_and_error(k, feature_map, opts, want_error=True)
     bound = kernelized_attention_bound(phi_q, phi_k, v, err_q=e_q, err_k=e_k, normalize=normalize, eps=eps,
                                        eps_policy=eps_policy, clamp_min=clamp_min, dtype=dtype)
-    return numerics.Bound(bound.scale, bound.k, f"feature map {feature_map!r}; {bound.note}")
+    scale = bound.scale
+    if normalize:       # rows whose normaliser underflows to 0 although the exact one is > 0: no bound exists
+        with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+            k_sum = np.sum(phi_k, axis=-2)
+            den = apply_normaliser(np.einsum("bhnd,bhd->bhn", phi_q, k_sum), eps=eps, eps_policy=eps_policy,
+                                   clamp_min=clamp_min)
+        hit = underflow_rows(den, phi_q, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
+        if np.any(hit):
+            # the rows linear_attention recomputes from log-features: their bound on the rebalanced features
+            # (rebalance; Eq. 4 and the bound's ratios are invariant, eps = 0 and no clamp there), inf where
+            # the map has no log-features or error ratio
+            logs, r_q = log_pair(q, k, feature_map, opts, phi_q, phi_k), error_ratio(q, feature_map, opts)
+            fix = np.inf
+            if logs is not None and r_q is not None:
+                pq, pk, _ = rebalance(*logs)
+                fix = kernelized_attention_bound(pq, pk, v, err_q=r_q * pq,
+                                                 err_k=error_ratio(k, feature_map, opts) * pk, normalize=True,
+                                                 eps=0.0, dtype=dtype).scale
+            scale = np.where(hit[..., None], fix, scale)
+    return numerics.check_bound_range(numerics.Bound(scale, bound.k, f"feature map {feature_map!r}; {bound.note}"),
+                                      "linear_attention_bound", q=q, k=k, v=v)

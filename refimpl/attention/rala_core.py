@@ -27,6 +27,8 @@ import numpy as np
 from .. import backends, config, numerics, validation
 from ..errors import ArgumentError, ParameterKeyError
 from .linear import feature_map
+from .normaliser_range import (log_features, normaliser_scaled, quotient, rebalanced_output, underflow_error,
+                               underflow_rows)
 
 __all__ = ["RALAConfig", "kappa", "rope_2d_angles", "apply_rope_2d", "reweighting_coefficients", "kv_buffer",
            "rala_core"]
@@ -352,10 +354,12 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     t["alpha"] = alpha
 
-    # Range safety: Eq. 2 is homogeneous of degree 0 in each row of kappa(Q) and in each head's kappa(K)
-    # and of degree 1 in each column of V: each is rescaled by the exact power of two of
-    # numerics.pow2_exponent (none inside its band: then this is the unscaled computation bit for bit),
-    # eps with the normaliser, and the taps are scaled back.
+    # Range safety (issue 15, docs/guarantees.md): Eq. 2 is homogeneous of degree 0 in each row of kappa(Q)
+    # and in each head's kappa(K) and of degree 1 in each column of V: each is rescaled by an exact power of
+    # two (numerics.pow2_exponent; none up to 2^B: then this is the unscaled computation bit for bit), eps
+    # with the normaliser (normaliser_range.normaliser_scaled), the taps are scaled back; an output beyond
+    # float64 raises FloatingPointError naming the stage, and a row whose normaliser underflowed to 0 although
+    # the exact one is > 0 is recomputed from log-features (_finish; the rows: recomputed_rows).
     e_q = numerics.pow2_exponent(kq, axis=-1)           # (B,h,N,1)
     e_k = numerics.pow2_exponent(kk, axis=(-2, -1))     # (B,h,1,1)
     e_v = numerics.pow2_exponent(v, axis=-2)            # (B,h,1,e)
@@ -383,11 +387,10 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     key_sum = norm * np.sum(kw, axis=-2)                # sum_j (or mean_j) alpha_j kappa(K_j), unrotated
     den = np.einsum("bhnd,bhd->bhn", kq_s, key_sum)     # Eq. 2's normaliser
     e_qk = (e_q + e_k)[..., 0]                          # (B,h,N): the normaliser's exponent
-    if cfg.eps:
-        with np.errstate(over="ignore"):
-            den = den + (np.ldexp(den.dtype.type(cfg.eps), -e_qk) if np.any(e_qk) else cfg.eps)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        out = np.ldexp(num / den[..., None], e_v)
+    den, g = normaliser_scaled(den, e_qk, eps=cfg.eps, eps_policy="add", clamp_min=None)
+    rot = None if not cfg.rope else (lambda x: apply_rope_2d(x, ang),) * 2
+    out = _finish(num, den, g, e_v, q, k, v_s, alpha, kq_s, key_sum, cfg.kernel, norm, cfg.eps, rot)
+    e_qk = e_qk + g                                     # the tapped normaliser's exponent
     if taps is not None:
         with np.errstate(over="ignore"):
             t["k_weighted"] = np.ldexp(kw, e_k)
@@ -401,6 +404,56 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
             t["key_sum"], t["denominator"] = np.ldexp(key_sum, e_k[..., 0]), np.ldexp(den, e_qk)
         t["out"] = out
     return out
+
+
+def _finish(num: np.ndarray, den: np.ndarray, g: np.ndarray, e_v: np.ndarray, q: np.ndarray, k: np.ndarray,
+            v_s: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray, key_sum: np.ndarray, kernel: str, norm: float,
+            eps: float, rotate: Any) -> np.ndarray:
+    """The core's output (num / den) 2^(e_v - g) (normaliser_range.quotient: FloatingPointError naming the
+    stage beyond float64), with the rows whose normaliser underflowed to 0 although the exact one is > 0
+    (:func:`_hit_rows`) recomputed from log-features (normaliser_range.rebalanced_output: log kappa(Q),
+    log alpha_j + log kappa(K_j) + log s, RoPE pairs sharing one channel factor); FloatingPointError naming
+    the normaliser where even that has none (alpha_j underflowed to 0 for every key that matters)."""
+    stage = "rala_core: output kappa(Q_i) B / normaliser"
+    out = quotient(num, den[..., None], e_v - g[..., None], stage)
+    hit = _hit_rows(den, q, k, alpha, kq_s, key_sum, kernel)
+    if np.any(hit):
+        with np.errstate(divide="ignore"):
+            lk = log_features(k, kernel, {}) + (np.log(alpha)[..., None] + np.log(norm))
+        fix = rebalanced_output(log_features(q, kernel, {}), lk, v_s, e_v, eps=eps, eps_policy="add",
+                                 clamp_min=None, stage=stage, pairs=rotate is not None, rotate=rotate)
+        out = np.where(hit[..., None], fix, out)
+        left = hit & ~np.all(np.isfinite(fix), axis=-1)
+        finite_in = np.all(np.isfinite(q)) and np.all(np.isfinite(k)) and np.all(np.isfinite(v_s))
+        if finite_in and np.any(left):      # (non-finite inputs propagate, as the layer's checks expect)
+            raise underflow_error(left, "rala_core: normaliser kappa(Q_i) . sum_j alpha_j kappa(K_j)")
+    return out
+
+
+def _hit_rows(den: np.ndarray, q: np.ndarray, k: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray,
+              key_sum: np.ndarray, kernel: str) -> np.ndarray:
+    """The rows (B, h, N) :func:`_finish` recomputes from log-features (normaliser_range.underflow_rows on the
+    rescaled normaliser ``den``).  relu: whether a term kappa(Q_i)_c kappa(K_j)_c alpha_j is > 0 in exact
+    arithmetic does not depend on alpha (> 0, though it may underflow to 0 when Eq. 4's softmax saturates):
+    the unweighted key sum is tested."""
+    kk = kappa(k, kernel)
+    return underflow_rows(den, kq_s, np.sum(kk, axis=-2) if kernel == "relu" else key_sum, kernel == "elu1",
+                          (kappa(q, kernel), alpha[..., None] * kk))
+
+
+def recomputed_rows(q: np.ndarray, k: np.ndarray, cfg: RALAConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(hit, alpha): the rows (B, h, N) whose normaliser :func:`rala_core` (float64 q, k, v given) finds
+    underflowed and recomputes from log-features, and Eq. 4's alpha (B, h, N) it uses there (ones without
+    reweighting): the same normaliser, rescaled as in :func:`rala_core` (it does not depend on V or on RoPE,
+    which rotates only the numerator's operands).  For rala_bounds.rala_core_bound."""
+    kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
+    alpha = _reweighting(q, kq, kk, cfg)[2] if cfg.reweight else np.ones(q.shape[:-1], dtype=q.dtype)
+    e_q, e_k = numerics.pow2_exponent(kq, axis=-1), numerics.pow2_exponent(kk, axis=(-2, -1))
+    kq_s, kw = np.ldexp(kq, -e_q), alpha[..., None] * np.ldexp(kk, -e_k)
+    key_sum = (1.0 / q.shape[-2] if cfg.token_scaling == "mean" else 1.0) * np.sum(kw, axis=-2)
+    den = np.einsum("bhnd,bhd->bhn", kq_s, key_sum)
+    den = normaliser_scaled(den, (e_q + e_k)[..., 0], eps=cfg.eps, eps_policy="add", clamp_min=None)[0]
+    return _hit_rows(den, q, k, alpha, kq_s, key_sum, cfg.kernel), alpha
 
 
 def _reweighting(q: np.ndarray, kq: np.ndarray | None, kk: np.ndarray, cfg: RALAConfig):
@@ -508,9 +561,11 @@ def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kerne
     v = numerics.as_float(v, "v")
     alpha = numerics.as_float(alpha, "alpha")
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"), alpha=(alpha, "B h M"))
-    kq, kk = kappa(q, kernel), kappa(k, kernel)
+    _choice(kernel, "kernel", _KERNELS)
     # Range safety as in rala_core: exact power-of-two rescaling of kappa(Q) rows, each head's kappa(K) and
-    # each value column (none inside numerics.pow2_exponent's band: the unscaled computation bit for bit).
+    # each value column (none inside numerics.pow2_exponent's band: the unscaled computation bit for bit),
+    # the same FloatingPointError where not representable, the same log-feature rows where it underflows.
+    kq, kk = kappa(q, kernel), kappa(k, kernel)
     e_q, e_k, e_v = (numerics.pow2_exponent(kq, axis=-1), numerics.pow2_exponent(kk, axis=(-2, -1)),
                      numerics.pow2_exponent(v, axis=-2))
     kq, v = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
@@ -518,12 +573,8 @@ def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kerne
     kv = kv_scale * (kw.swapaxes(-1, -2) @ v)
     key_sum = kv_scale * np.sum(kw, axis=-2)
     den = np.einsum("bhnd,bhd->bhn", kq, key_sum)
-    if eps:
-        e_qk = (e_q + e_k)[..., 0]
-        with np.errstate(over="ignore"):
-            den = den + (np.ldexp(den.dtype.type(eps), -e_qk) if np.any(e_qk) else eps)
-    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-        res = np.ldexp((kq @ kv) / den[..., None], e_v)
+    den, g = normaliser_scaled(den, (e_q + e_k)[..., 0], eps=eps, eps_policy="add", clamp_min=None)
+    res = _finish(kq @ kv, den, g, e_v, q, k, v, alpha, kq, key_sum, kernel, kv_scale, eps, None)
     if out is not None:
         out[...] = res
         return out
