@@ -24,7 +24,7 @@ import torch
 
 from refimpl import backends
 from refimpl.attention import linear, rala
-from refimpl.backends import _c
+from refimpl.backends import _c, _c_linear, _c_softmax
 
 _OB = None
 for lib in glob.glob(os.path.join(os.path.dirname(np.__file__) + ".libs", "libscipy_openblas*.so")):
@@ -100,7 +100,7 @@ def bench_window(nt, dt, pk):
     tm = torch.from_numpy(np.tile(mask, (bw // mask.shape[0], 1, 1))[:, None])
     sc = d ** -0.5
     with torch.no_grad():
-        tc = med(lambda: _c.window_softmax_attention(q, k, v, sc, bias, mask, out=out, workspace=ws, threads=nt), 15)
+        tc = med(lambda: _c_softmax.window_softmax_attention(q, k, v, sc, bias, mask, out=out, workspace=ws, threads=nt), 15)
         tn = med(lambda: softmax._window_softmax_attention_numpy(q, k, v, sc, bias, mask), 5)
         tt = med(lambda: torch_window(tq, tk, tv, sc, tb, tm), 15)
     fl = bw * h * (4 * n * n * d + 5 * n * n)
@@ -132,21 +132,21 @@ def main():
                         q, k, v = (rng.standard_normal((1, h, n, d)).astype(dt) for _ in range(3))
                         alpha = (rng.random((1, h, n)) * 2).astype(dt)
                         out = backends.empty_aligned(q.shape, dt)
-                        ws = _c.linear_attention_workspace(1, h, n, d, d, dt, nt)
+                        ws = _c_linear.linear_attention_workspace(1, h, n, d, d, dt, nt)
                         reps = 15 if n <= 3136 else 7
                         tq, tk, tv, ta = (torch.from_numpy(a) for a in (q, k, v, alpha))
                         if op.startswith("linear"):
                             fm = op.split("_")[1]
-                            fc = lambda: _c.linear_attention(q, k, v, fm, out=out, workspace=ws, threads=nt)
+                            fc = lambda: _c_linear.linear_attention(q, k, v, fm, out=out, workspace=ws, threads=nt)
                             fn = lambda: linear._linear_attention_numpy(q, k, v, fm)
                             ft = lambda: torch_linear(tq, tk, tv, fm)
                         elif op == "rala":
-                            fc = lambda: _c.reweighted_linear_attention(q, k, v, alpha, "elu1", out=out, workspace=ws,
+                            fc = lambda: _c_linear.reweighted_linear_attention(q, k, v, alpha, "elu1", out=out, workspace=ws,
                                                                         threads=nt)
                             fn = lambda: rala._reweighted_linear_attention_numpy(q, k, v, alpha, "elu1")
                             ft = lambda: torch_rala(tq, tk, tv, ta)
                         else:
-                            fc = lambda: _c.linear_angular_attention(q, k, v, out=out, workspace=ws, threads=nt)
+                            fc = lambda: _c_linear.linear_angular_attention(q, k, v, out=out, workspace=ws, threads=nt)
                             fn = lambda: backends.definition("linear_angular_attention")(q, k, v)
                             ft = lambda: torch_castling(tq, tk, tv)
                         with torch.no_grad(), np.errstate(all="ignore"):

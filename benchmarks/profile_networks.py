@@ -56,9 +56,9 @@ CATEGORIES = ("matmul/BLAS", "elementwise", "layout copies", "convolution", "FFT
 REF_RULES: tuple[tuple[str, str], ...] = (
     # compiled kernels and their Python wrappers (a Numba dispatcher call is not a call cProfile sees: the
     # kernel's time is the wrapper's own time)
-    (r"dwconv|backends/_(numba|c)\.py:(depthwise_conv2d|_call|_dwconv2d_compiled|_dwconv2d_kernel)$", "convolution"),
-    (r"numpy/fft/|scipy/fft/|pocketfft|backends/_numba\.py:c2c$", "FFT"),
-    (r"refimpl\._native|_kernels\.|backends/_numba\.py:(_\w+_kernel|lisa_\w+|angular_series_features|focused_function|head|"
+    (r"dwconv|backends/_(numba|c)(_depthwise)?\.py:(depthwise_conv2d|_call|_dwconv2d_compiled|_dwconv2d_kernel)$", "convolution"),
+    (r"numpy/fft/|scipy/fft/|pocketfft|backends/_numba(_lisa)?\.py:c2c$", "FFT"),
+    (r"refimpl\._native|_kernels\.|backends/_numba(_lisa)?\.py:(_\w+_kernel|lisa_\w+|angular_series_features|focused_function|head|"
      r"spectra|forward|product_inverse|drain|_run_shared)$", "attention core"),
     # layout: copies between layouts
     (r"[{<]method '(copy|reshape|astype|flatten|ravel|swapaxes)' of 'numpy\.ndarray' objects[}>]|ascontiguousarray|"

@@ -720,10 +720,10 @@ def _reused_buffers_linear(np, q, k, v):
     impl = backends._REGISTRY.get("linear_attention", {}).get("c")
     if impl is None or not backends.available()["c"].ok:
         return {}
-    from refimpl.backends import _c
+    from refimpl.backends import _c_linear
     b, h, n, d = q.shape
     buf = backends.empty_aligned(q.shape[:3] + v.shape[3:], q.dtype)
-    ws = _c.linear_attention_workspace(b, h, k.shape[2], d, v.shape[3], q.dtype)
+    ws = _c_linear.linear_attention_workspace(b, h, k.shape[2], d, v.shape[3], q.dtype)
     return {"op": "linear_attention", "c": lambda: impl(q, k, v, "relu", out=buf, workspace=ws)}
 
 
@@ -838,7 +838,7 @@ def workloads_lisa(np, torch, quick):
 
 
 def workloads_ops(np, torch, quick):
-    """The Numba operations on their own (refimpl/backends/_numba.py): the NumPy twin (the "numpy"
+    """The Numba operations on their own (refimpl/backends/_numba*.py): the NumPy twin (the "numpy"
     column), the registered Numba kernel with a reused out= buffer, and the PyTorch eager expression."""
     from refimpl import backends
     from refimpl.attention import lisa_cores

@@ -44,7 +44,7 @@ from hypothesis import example, given, strategies as st
 
 from equivalence.strategies import generate
 from refimpl import backends, config, layers, numerics
-from refimpl.backends import _c, _numba
+from refimpl.backends import _c, _c_depthwise, _numba_depthwise
 from tests.kernel_helpers import (ACCELERATED, STATUS, accelerated_backend_params, backend_available,
                                   backend_status_id)
 
@@ -151,7 +151,7 @@ def test_kernel_agrees_with_definition_through_error_model(backend, dtype, case)
 @example(case=EVEN_ASYMMETRIC)
 @example(case=WIDE_ROW)
 def test_kernel_is_bitwise_the_definition_in_its_precision(backend, dtype, case):
-    """Exact identity by construction (ckernels/dwconv2d_body.h, refimpl/backends/_numba.py): the same
+    """Exact identity by construction (ckernels/dwconv2d_body.h, refimpl/backends/_numba_depthwise.py): the same
     roundings in the same order as the NumPy definition evaluated in T.  (assert_array_equal counts
     -0 == +0; a skipped padded tap can only change the sign of a zero.)"""
     x, w, b = make(case, dtype)
@@ -336,9 +336,9 @@ def test_output_is_nan_poisoned_before_the_kernel_runs(backend, monkeypatch):
     """With the compiled kernel replaced by one that writes nothing, the wrapper returns all NaN (also into
     a caller's zero-filled out=), so an output element a kernel never writes cannot pass a comparison."""
     if backend == "c":
-        monkeypatch.setattr(_c, "_call", lambda mod, result, a: None)
+        monkeypatch.setattr(_c_depthwise, "_call", lambda mod, result, a: None)
     elif backend == "numba":
-        monkeypatch.setattr(_numba, "_dwconv2d_compiled", lambda dtype: (lambda *args: None))
+        monkeypatch.setattr(_numba_depthwise, "_dwconv2d_compiled", lambda dtype: (lambda *args: None))
     else:
         assert np.isnan(np.full(1, np.nan)).all()  # NumPy computes every element; nothing to poison
         return
@@ -361,7 +361,7 @@ def test_refused_c_call_leaves_the_poisoned_output():
     bad = _validate.DepthwiseArgs(**{**a.__dict__, "stride": (0, 1)})
     out = np.full(a.out_shape, np.nan)
     with pytest.raises(RuntimeError, match="status 2"):
-        _c._call(mod, out, bad)
+        _c_depthwise._call(mod, out, bad)
     assert np.isnan(out).all()
     ffi, lib = mod.ffi, mod.lib
     sentinel = np.full(4, 7.0)
@@ -405,7 +405,7 @@ def test_c_kernel_gives_the_same_bits_at_every_vector_level(dtype, case):
     try:
         for level in range(lib.refimpl_isa_supported() + 1):
             assert lib.refimpl_set_max_isa(level) == level
-            results.append(_c.depthwise_conv2d(x, w, b, case["stride"], case["pads"]))
+            results.append(_c_depthwise.depthwise_conv2d(x, w, b, case["stride"], case["pads"]))
     finally:
         lib.refimpl_set_max_isa(2)
     for r in results[1:]:
@@ -450,7 +450,7 @@ def test_c_kernel_plane_paths_are_the_definition_at_every_vector_level(dtype, ca
     try:
         for level in range(lib.refimpl_isa_supported() + 1):
             assert lib.refimpl_set_max_isa(level) == level
-            np.testing.assert_array_equal(_c.depthwise_conv2d(x, w, b, case["stride"], case["pads"]), want,
+            np.testing.assert_array_equal(_c_depthwise.depthwise_conv2d(x, w, b, case["stride"], case["pads"]), want,
                                           err_msg=f"vector level {level}")
     finally:
         lib.refimpl_set_max_isa(2)

@@ -6,7 +6,7 @@ phi_p(x) = f_p(ReLU(x)) per row in the max-scaled form (focused_core._focused_fu
 Appendix Eq. 20-21), then the linear-order normalised attention (Eq. 4).  What is checked (issue 6, items 1
 and 5):
 
-1. The map alone (refimpl.backends._c.focused_feature_map, the kernel's own staging code) lies within
+1. The map alone (refimpl.backends._c_linear.focused_feature_map, the kernel's own staging code) lies within
    focused.focused_function_bound of the float64 definition, float64 and float32, on every draw: odd d,
    d = 1 and d > 64, p in {1, 2, 3, 4.5, 5, 6, 7, 32} (the multiplication/pow switch sits between 6 and 7),
    dead rows, row magnitudes from 1e-300 to 1e300 (float64) / 1e-30 to 1e30 (float32), NaN/Inf rows.
@@ -38,7 +38,7 @@ from hypothesis import example, given, settings, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics, verdict
 from refimpl.attention import focused, focused_core, linear, normaliser_range
-from refimpl.backends import _c
+from refimpl.backends import _c, _c_linear
 from tests.kernel_helpers import STATUS, backend_available, c_kernel_that_writes_nothing, registered_kernel
 
 DEFINITION = linear._linear_attention_numpy
@@ -61,7 +61,7 @@ def c_linear_attention():
 def c_feature_map(x, p):
     """The kernel's map (its staging code), or the definition when the compiled module is absent."""
     if have_c():
-        return _c.focused_feature_map(x, p)
+        return _c_linear.focused_feature_map(x, p)
     return focused.focused_feature_map(x, p)
 
 
@@ -296,10 +296,10 @@ def test_outputs_are_nan_poisoned_before_the_kernel_runs():
     q, k, v = make(case((1, 2, 10, 10, 4, 3)), np.float64)
     out = np.zeros((1, 2, 10, 3))
     with c_kernel_that_writes_nothing("refimpl_linear_attention_f64") as calls:
-        res = _c.linear_attention(q, k, v, "focused", out=out)
+        res = _c_linear.linear_attention(q, k, v, "focused", out=out)
     assert calls and res is out and np.isnan(out).all()
     with c_kernel_that_writes_nothing("refimpl_focused_feature_map_f32") as calls:
-        res = _c.focused_feature_map(q.astype(np.float32), 3.0)
+        res = _c_linear.focused_feature_map(q.astype(np.float32), 3.0)
     assert calls and np.isnan(res).all()
 
 
@@ -310,14 +310,14 @@ def test_outputs_are_nan_poisoned_before_the_kernel_runs():
 @DTYPES
 @pytest.mark.parametrize("p", [3.0, 7.0])
 def test_fused_map_is_the_standalone_map_bit_for_bit(dtype, p):
-    """The fused kernel stages f_p(ReLU(x)) with the code of _c.focused_feature_map, and its ReLU path is
+    """The fused kernel stages f_p(ReLU(x)) with the code of _c_linear.focused_feature_map, and its ReLU path is
     the identity on those non-negative features, so linear_attention(q, k, v, "focused") equals
     linear_attention(phi(q), phi(k), v, "relu") bit for bit (the same staged values, the same passes)."""
     if not have_c():
         return
     q, k, v = (a.astype(dtype) for a in make(case((1, 3, 300, 200, 32, 32), seed=6, q="mixed_scale"), dtype))
-    fused = _c.linear_attention(q, k, v, "focused", 1e-6, p=p)
-    mapped = _c.linear_attention(_c.focused_feature_map(q, p), _c.focused_feature_map(k, p), v, "relu", 1e-6)
+    fused = _c_linear.linear_attention(q, k, v, "focused", 1e-6, p=p)
+    mapped = _c_linear.linear_attention(_c_linear.focused_feature_map(q, p), _c_linear.focused_feature_map(k, p), v, "relu", 1e-6)
     np.testing.assert_array_equal(fused, mapped)
 
 
@@ -337,10 +337,10 @@ def test_same_bits_at_every_vector_level_and_thread_count(dtype, c):
     try:
         for level in range(lib.refimpl_isa_supported() + 1):
             assert lib.refimpl_set_max_isa(level) == level
-            maps.append(_c.focused_feature_map(q, c["p"]))
+            maps.append(_c_linear.focused_feature_map(q, c["p"]))
             for t in (1, 2, 3):
                 with np.errstate(all="ignore"):
-                    results.append(_c.linear_attention(q, k, v, "focused", c["eps"], p=c["p"], threads=t))
+                    results.append(_c_linear.linear_attention(q, k, v, "focused", c["eps"], p=c["p"], threads=t))
     finally:
         lib.refimpl_set_max_isa(2)
     for r in results[1:]:
@@ -356,9 +356,9 @@ def test_bitwise_identical_across_thread_counts_when_threaded(dtype):
     if not have_c():
         return
     q, k, v = (a.astype(dtype) for a in make(case((1, 3, 1500, 1500, 32, 32), seed=12), dtype))
-    first = _c.linear_attention(q, k, v, "focused", threads=1)
+    first = _c_linear.linear_attention(q, k, v, "focused", threads=1)
     for t in (2, 3, 2):
-        np.testing.assert_array_equal(_c.linear_attention(q.copy(), k, v.copy(), "focused", threads=t), first)
+        np.testing.assert_array_equal(_c_linear.linear_attention(q.copy(), k, v.copy(), "focused", threads=t), first)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -376,11 +376,11 @@ def test_bad_focusing_factor_is_refused_naming_p(bad, exc):
     if not have_c():
         return
     with pytest.raises(exc, match="'p'"):
-        _c.linear_attention(q, k, v, "focused", p=bad)
+        _c_linear.linear_attention(q, k, v, "focused", p=bad)
     with pytest.raises(exc, match="'p'"):
-        _c.focused_feature_map(q, bad)
+        _c_linear.focused_feature_map(q, bad)
     with pytest.raises(ValueError, match="'kernel'"):
-        _c.reweighted_linear_attention(q, k, v, np.ones((1, 1, 4)), "focused")
+        _c_linear.reweighted_linear_attention(q, k, v, np.ones((1, 1, 4)), "focused")
 
 
 # ---------------------------------------------------------------------------------------------------

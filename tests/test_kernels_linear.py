@@ -32,7 +32,7 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, numerics
 from refimpl.attention import linear
-from refimpl.backends import _c
+from refimpl.backends import _c, _c_linear, _c_softmax
 from tests.kernel_helpers import (STATUS, backend_available, c_kernel_that_writes_nothing, kernel_verdict,
                                   registered_kernel)
 
@@ -166,12 +166,12 @@ def test_out_and_workspace_are_used_in_place_and_reused(dtype):
     qa, ka, va = make(case((1, 3, 200, 150, 32, 32), seed=1), dtype)
     qb, kb, vb = make(case((1, 3, 200, 150, 32, 32), seed=2, q="mixed_scale"), dtype)
     out = backends.empty_aligned((1, 3, 200, 32), dtype)
-    ws = _c.linear_attention_workspace(1, 3, 150, 32, 32, dtype, threads=2)
+    ws = _c_linear.linear_attention_workspace(1, 3, 150, 32, 32, dtype, threads=2)
     assert backends.is_aligned(out) and backends.is_aligned(ws)
     for q, k, v in ((qa, ka, va), (qb, kb, vb), (qa, ka, va)):
-        res = _c.linear_attention(q, k, v, "elu1", out=out, workspace=ws, threads=2)
+        res = _c_linear.linear_attention(q, k, v, "elu1", out=out, workspace=ws, threads=2)
         assert res is out
-        np.testing.assert_array_equal(out, _c.linear_attention(q, k, v, "elu1"))
+        np.testing.assert_array_equal(out, _c_linear.linear_attention(q, k, v, "elu1"))
 
 
 def test_output_is_nan_poisoned_before_the_kernel_runs():
@@ -184,7 +184,7 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
     q, k, v = make(case((1, 2, 10, 10, 4, 3)), np.float64)
     out = np.zeros((1, 2, 10, 3))
     with c_kernel_that_writes_nothing("refimpl_linear_attention_f64") as calls:
-        res = _c.linear_attention(q, k, v, out=out)
+        res = _c_linear.linear_attention(q, k, v, out=out)
     assert calls and res is out and np.isnan(out).all()
     # Raw refusals: status codes, nothing written.
     sentinel = np.full(8, 7.0)
@@ -221,9 +221,9 @@ def test_bitwise_identical_across_runs_and_thread_counts(dtype, fm):
         return
     q, k, v = make(case((2, 2, 1300, 1000, 40, 40), seed=5, q="mixed_scale"), dtype)
     assert 2 * 2 * (1300 + 1000) * 40 * 40 > 2 ** 23
-    first = _c.linear_attention(q, k, v, fm, threads=1)
+    first = _c_linear.linear_attention(q, k, v, fm, threads=1)
     for t in (2, 3, 5, 16, 2, 1):
-        np.testing.assert_array_equal(_c.linear_attention(np.array(q), k.copy(), np.array(v), fm, threads=t),
+        np.testing.assert_array_equal(_c_linear.linear_attention(np.array(q), k.copy(), np.array(v), fm, threads=t),
                                       first)
 
 
@@ -246,7 +246,7 @@ def test_same_bits_at_every_vector_level_and_thread_count(dtype, case):
             assert lib.refimpl_set_max_isa(level) == level
             for t in (1, 2):
                 with np.errstate(all="ignore"):
-                    results.append(_c.linear_attention(q, k, v, fm, threads=t, **pol))
+                    results.append(_c_linear.linear_attention(q, k, v, fm, threads=t, **pol))
     finally:
         lib.refimpl_set_max_isa(2)
     for r in results[1:]:
@@ -307,7 +307,7 @@ def test_bad_input_is_refused_naming_the_argument(case_id, exc, words, mutate):
         base = np.zeros((2, 3, 9, 5))
         args["q"], kwargs["out"] = base[..., :4], base       # q is a view into out
     with pytest.raises(exc) as info:
-        _c.linear_attention(args["q"], args["k"], args["v"], **kwargs)
+        _c_linear.linear_attention(args["q"], args["k"], args["v"], **kwargs)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
 
@@ -320,7 +320,7 @@ def test_non_contiguous_inputs_are_copied():
     qt = np.ascontiguousarray(q.transpose(0, 1, 3, 2)).transpose(0, 1, 3, 2)
     kr = np.ascontiguousarray(k[:, :, ::-1])[:, :, ::-1]
     assert not qt.flags.c_contiguous and not kr.flags.c_contiguous
-    np.testing.assert_array_equal(_c.linear_attention(qt, kr, v), _c.linear_attention(q, k, v))
+    np.testing.assert_array_equal(_c_linear.linear_attention(qt, kr, v), _c_linear.linear_attention(q, k, v))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -372,24 +372,24 @@ def test_v_scale_is_the_prescaled_v_bit_for_bit(dtype, mode, per_head):
                    rng.choice([-1.0, 1.0], size=(1, 3, 1, 1) if per_head else (1,)), dtype=dtype)
     v_eff = v / s.reshape(1, -1, 1, 1) if mode == "divide" else v * s.reshape(1, -1, 1, 1)
     assert v_eff.dtype == dtype
-    want = _c.linear_attention(q, k, v_eff, "relu", 0.0, "add", 1e2)
+    want = _c_linear.linear_attention(q, k, v_eff, "relu", 0.0, "add", 1e2)
     lib = _c._load().lib
     for t in (1, 2, 3):
-        np.testing.assert_array_equal(_c.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
+        np.testing.assert_array_equal(_c_linear.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
                                                           v_scale_mode=mode, threads=t), want)
     try:
         for level in range(lib.refimpl_isa_supported() + 1):
             assert lib.refimpl_set_max_isa(level) == level
-            np.testing.assert_array_equal(_c.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
+            np.testing.assert_array_equal(_c_linear.linear_attention(q, k, v, "relu", 0.0, "add", 1e2, v_scale=s,
                                                               v_scale_mode=mode), want)
     finally:
         lib.refimpl_set_max_isa(2)
     with pytest.raises(TypeError, match="'v_scale'"):
-        _c.linear_attention(q, k, v, v_scale=s.astype(np.float16))
+        _c_linear.linear_attention(q, k, v, v_scale=s.astype(np.float16))
     with pytest.raises(ValueError, match="'v_scale'.*one per head \\(3\\)"):
-        _c.linear_attention(q, k, v, v_scale=np.ones(2, dtype))
+        _c_linear.linear_attention(q, k, v, v_scale=np.ones(2, dtype))
     with pytest.raises(ValueError, match="'v_scale_mode'"):
-        _c.linear_attention(q, k, v, v_scale=s, v_scale_mode="add")
+        _c_linear.linear_attention(q, k, v, v_scale=s, v_scale_mode="add")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -449,11 +449,11 @@ def test_rala_core_on_c_agrees_with_definition_through_error_model(dtype, c):
     if needs_c():
         with numerics.precision(dtype), np.errstate(all="ignore"):
             if cfg.reweight:                                  # Eq. 4 by the C kernel
-                alpha = _c.rala_alpha(q, k, cfg.global_query, cfg.kernel,
+                alpha = _c_linear.rala_alpha(q, k, cfg.global_query, cfg.kernel,
                                       c["d"] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0)
             else:
                 alpha = np.ones(q.shape[:-1], dtype=dtype)
-            direct = _c.reweighted_linear_attention(q, k, v, alpha, cfg.kernel,
+            direct = _c_linear.reweighted_linear_attention(q, k, v, alpha, cfg.kernel,
                                                     1.0 / c["n"] if cfg.token_scaling == "mean" else 1.0, cfg.eps)
         np.testing.assert_array_equal(got, direct)
 
@@ -468,16 +468,16 @@ def test_rala_kernel_bitwise_across_thread_counts_and_against_its_twin(dtype):
     from refimpl.attention import rala_core
     q, k, v = make(case((1, 3, 1500, 1500, 32, 32), seed=12), dtype)   # 9.4M multiply-adds > 2^23: threaded
     alpha = np.asarray(np.random.default_rng(0).random((1, 3, 1500)) * 2, dtype=dtype)
-    first = _c.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6, threads=1)
+    first = _c_linear.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6, threads=1)
     for t in (2, 3, 7):
-        np.testing.assert_array_equal(_c.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6,
+        np.testing.assert_array_equal(_c_linear.reweighted_linear_attention(q, k, v, alpha, "elu1", 1 / 1500, 1e-6,
                                                                      threads=t), first)
     twin = rala_core._reweighted_linear_attention_numpy(q, k, v, alpha, "elu1", 1 / 1500, 1e-6)
     assert np.isfinite(first).all() and np.isfinite(twin).all()
     with pytest.raises(ValueError, match="'alpha'.*\\(1, 3, 1500\\)"):
-        _c.reweighted_linear_attention(q, k, v, alpha[..., :-1])
+        _c_linear.reweighted_linear_attention(q, k, v, alpha[..., :-1])
     with pytest.raises(TypeError, match="'alpha'"):
-        _c.reweighted_linear_attention(q, k, v, alpha.astype(np.float16))
+        _c_linear.reweighted_linear_attention(q, k, v, alpha.astype(np.float16))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -531,7 +531,7 @@ def test_linear_angular_kernel_agrees_with_angular_py(dtype, c):
                           dtype, naive=naive, name=f"linear_angular[c, {c['constant']}, {c['normalizer']}]")
     if needs_c():
         for t in (1, 3):
-            np.testing.assert_array_equal(_c.linear_angular_attention(q, k, v, c["constant"], c["normalizer"],
+            np.testing.assert_array_equal(_c_linear.linear_angular_attention(q, k, v, c["constant"], c["normalizer"],
                                                                       eps, threads=t), got)
 
 
@@ -545,7 +545,7 @@ def test_linear_angular_bad_input():
                           (dict(eps=-1.0), ValueError, "'eps'"),
                           (dict(constant="own"), ValueError, "'v'")):
         with pytest.raises(exc, match=word):
-            _c.linear_angular_attention(q, k, v, **kw)
+            _c_linear.linear_angular_attention(q, k, v, **kw)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -621,9 +621,9 @@ def test_window_kernel_threads_nan_and_bad_input(dtype):
     bias = np.asarray(rng.standard_normal((h, n, n)), dtype=dtype)
     mask = rng.random((16, n, n)) > 0.2
     mask[3, 7] = False                                         # window 3 (and 19, 35, 51): query 7 sees nothing
-    first = _c.window_softmax_attention(q, k, v, d ** -0.5, bias, mask, threads=1)
+    first = _c_softmax.window_softmax_attention(q, k, v, d ** -0.5, bias, mask, threads=1)
     for t in (2, 5):
-        np.testing.assert_array_equal(_c.window_softmax_attention(q, k, v, d ** -0.5, bias, mask, threads=t), first)
+        np.testing.assert_array_equal(_c_softmax.window_softmax_attention(q, k, v, d ** -0.5, bias, mask, threads=t), first)
     with np.errstate(all="ignore"):
         twin = softmax._window_softmax_attention_numpy(q, k, v, d ** -0.5, bias, mask)
     np.testing.assert_array_equal(np.isnan(first), np.isnan(twin))
@@ -636,7 +636,7 @@ def test_window_kernel_threads_nan_and_bad_input(dtype):
         args = dict(scale=d ** -0.5, bias=bias, mask=mask)
         args.update(kwargs)
         with pytest.raises(exc, match=word):
-            _c.window_softmax_attention(q, k, v, args["scale"], args["bias"], args["mask"])
+            _c_softmax.window_softmax_attention(q, k, v, args["scale"], args["bias"], args["mask"])
 
 
 def test_window_attention_dispatches_to_the_c_kernel(monkeypatch):

@@ -4,7 +4,7 @@ Operation ``lisa_fft_core`` (registered in refimpl.backends on "numpy" and "numb
 normalisation, Ga = Kb (*) Wa and Gb = V (*) Wb by FFT (LiSA Eq. 10; zero-padded linear convolutions with
 exact_toeplitz, Eq. 9), then S = sum_c Qb (Ga + Ba) and Y = sum_d S (Gb + Bb).  The definition is
 refimpl.attention.lisa_cores._lisa_fft_core_numpy (the very calls lisa_core makes); the Numba twin
-refimpl.backends._numba.lisa_fft_core computes the same by packed complex FFTs (a real transform of even
+refimpl.backends._numba_lisa.lisa_fft_core computes the same by packed complex FFTs (a real transform of even
 length 2K as a complex one of length K plus a twiddle pass), fused spectral products and a blocked
 contraction.  lisa_core takes it under any non-NumPy backend when no taps are requested; with taps it
 keeps Ga, Gb and dispatches "lisa_spectral_product" and "lisa_contraction" instead.
@@ -36,7 +36,7 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics, toeplitz as tz
 from refimpl.attention import lisa, lisa_cores
-from refimpl.backends import _numba
+from refimpl.backends import _numba, _numba_lisa
 from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
 HAVE_NUMBA = STATUS["numba"].ok
@@ -275,7 +275,7 @@ def test_outputs_are_nan_poisoned_before_the_kernel_runs(grid, monkeypatch):
     if not backend_available("numba", "lisa_fft_core"):
         return
     args = _kernel_small(grid=grid)
-    monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *a: None))
+    monkeypatch.setattr(_numba_lisa, "_compile", lambda name, fn, sig: (lambda *a: None))
     s, y = numba_kernel()(*args)
     assert np.isnan(s).all() and np.isnan(y).all()
     out, s_out = np.zeros_like(y), np.zeros_like(s)
@@ -426,7 +426,7 @@ def test_threaded_outputs_are_nan_poisoned(monkeypatch):
         return
     monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
     args = _kernel_small()
-    monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *a: None))
+    monkeypatch.setattr(_numba_lisa, "_compile", lambda name, fn, sig: (lambda *a: None))
     s, y = numba_kernel()(*args, threads=2)
     assert np.isnan(s).all() and np.isnan(y).all()
 
@@ -443,7 +443,7 @@ def test_threaded_errors_reach_the_caller_and_the_pool_survives(monkeypatch):
     def failing(*a):
         raise RuntimeError("unit failed")
     with monkeypatch.context() as mp:
-        mp.setattr(_numba, "_compile", lambda name, fn, sig: failing)
+        mp.setattr(_numba_lisa, "_compile", lambda name, fn, sig: failing)
         with pytest.raises(RuntimeError, match="unit failed"):
             numba_kernel()(*args, threads=2)
     s2, y2 = numba_kernel()(*args, threads=2)

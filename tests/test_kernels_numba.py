@@ -32,7 +32,7 @@ from hypothesis import example, given, settings, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import focused, lisa, lisa_cores
-from refimpl.backends import _numba
+from refimpl.backends import _numba, _numba_lisa
 from tests.kernel_helpers import STATUS, backend_available, registered_kernel
 
 HAVE_NUMBA = STATUS["numba"].ok
@@ -334,6 +334,7 @@ def test_outputs_are_nan_poisoned_before_the_kernel_runs(op, monkeypatch):
     if not backend_available("numba", op):
         return
     monkeypatch.setattr(_numba, "_compile", lambda name, fn, sig: (lambda *args: None))
+    monkeypatch.setattr(_numba_lisa, "_compile", lambda name, fn, sig: (lambda *args: None))
     args, kw = _small_calls()[op]
     res = numba_kernel(op)(*args, **kw)
     for r in (res if isinstance(res, tuple) else (res,)):

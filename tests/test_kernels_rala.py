@@ -33,7 +33,7 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import linear, rala, rala_core
-from refimpl.backends import _c
+from refimpl.backends import _c, _c_linear
 from tests.kernel_helpers import (STATUS, backend_available, c_kernel_that_writes_nothing, kernel_verdict,
                                   registered_kernel)
 
@@ -115,7 +115,7 @@ def test_elu1_feature_map_special_values_and_vector_levels(dtype):
     try:
         for level in range(lib.refimpl_isa_supported() + 1):
             assert lib.refimpl_set_max_isa(level) == level
-            results.append(_c.elu1_feature_map(x))
+            results.append(_c_linear.elu1_feature_map(x))
     finally:
         lib.refimpl_set_max_isa(2)
     for r in results[1:]:
@@ -133,10 +133,10 @@ def test_twin_is_the_definition_and_out_is_used_in_place():
     if not needs_c():
         return
     buf = backends.empty_aligned(x.shape, np.float64)
-    assert _c.elu1_feature_map(x, out=buf) is buf
-    np.testing.assert_array_equal(buf, _c.elu1_feature_map(x))
+    assert _c_linear.elu1_feature_map(x, out=buf) is buf
+    np.testing.assert_array_equal(buf, _c_linear.elu1_feature_map(x))
     strided = x[:, :, ::2].swapaxes(-1, -2)
-    np.testing.assert_array_equal(_c.elu1_feature_map(strided), _c.elu1_feature_map(strided.copy()))
+    np.testing.assert_array_equal(_c_linear.elu1_feature_map(strided), _c_linear.elu1_feature_map(strided.copy()))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_output_is_nan_poisoned_and_refusals_write_nothing():
     ffi, lib = mod.ffi, mod.lib
     out = np.zeros((4, 5))
     with c_kernel_that_writes_nothing("refimpl_elu1_feature_map_f64") as calls:
-        res = _c.elu1_feature_map(np.ones((4, 5)), out=out)
+        res = _c_linear.elu1_feature_map(np.ones((4, 5)), out=out)
     assert calls and res is out and np.isnan(out).all()
     sentinel = np.full(8, 7.0)
     o = ffi.from_buffer("double[]", sentinel, require_writable=True)
@@ -175,23 +175,23 @@ def test_bad_input_is_refused_naming_the_argument():
         return
     x = np.linspace(-3, 3, 24).reshape(4, 6)
     with pytest.raises(TypeError, match="'x'.*float32 or float64"):
-        _c.elu1_feature_map(x.astype(np.float16))
+        _c_linear.elu1_feature_map(x.astype(np.float16))
     with pytest.raises(TypeError, match="'x'"):
-        _c.elu1_feature_map(np.arange(6))
+        _c_linear.elu1_feature_map(np.arange(6))
     with pytest.raises(ValueError, match="'x'.*non-empty.*\\(0, 3\\)"):
-        _c.elu1_feature_map(np.zeros((0, 3)))
+        _c_linear.elu1_feature_map(np.zeros((0, 3)))
     with pytest.raises(ValueError, match="'out'.*\\(4, 6\\)"):
-        _c.elu1_feature_map(x, out=np.empty((6, 4)))
+        _c_linear.elu1_feature_map(x, out=np.empty((6, 4)))
     with pytest.raises(TypeError, match="'out'.*float64"):
-        _c.elu1_feature_map(x, out=np.empty((4, 6), np.float32))
+        _c_linear.elu1_feature_map(x, out=np.empty((4, 6), np.float32))
     ro = np.empty((4, 6))
     ro.flags.writeable = False
     with pytest.raises(ValueError, match="'out'.*writeable"):
-        _c.elu1_feature_map(x, out=ro)
+        _c_linear.elu1_feature_map(x, out=ro)
     with pytest.raises(ValueError, match="'out'.*C-contiguous"):
-        _c.elu1_feature_map(x, out=np.empty((6, 4)).T)
+        _c_linear.elu1_feature_map(x, out=np.empty((6, 4)).T)
     with pytest.raises(ValueError, match="'out'.*shares memory with argument 'x'"):
-        _c.elu1_feature_map(x, out=x)
+        _c_linear.elu1_feature_map(x, out=x)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -331,7 +331,7 @@ def test_rala_core_with_c_alpha_agrees_through_error_model(dtype, c):
         return
     scale = c["d"] ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0
     with np.errstate(all="ignore"):
-        a = _c.rala_alpha(q, k, cfg.global_query, cfg.kernel, scale)
+        a = _c_linear.rala_alpha(q, k, cfg.global_query, cfg.kernel, scale)
     assert a.dtype == dtype and a.shape == q.shape[:3] and np.isfinite(a).all() and (a >= 0).all()
     n = c["n"]
     u = numerics.unit_roundoff(dtype)
@@ -376,14 +376,14 @@ def test_rala_alpha_bitwise_across_threads_and_vector_levels(dtype, shape):
     k = np.asarray(generate(51, "normal", (b, h, m, d)), dtype=dtype)
     lib = _c._load().lib
     for gq, kernel in (("q", "elu1"), ("kappa_q", "relu"), ("kappa_q", "elu1")):
-        first = _c.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=1)
+        first = _c_linear.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=1)
         assert np.isfinite(first).all()
         for t in (2, 3):
-            np.testing.assert_array_equal(_c.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=t), first)
+            np.testing.assert_array_equal(_c_linear.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=t), first)
         try:
             for level in range(lib.refimpl_isa_supported() + 1):
                 assert lib.refimpl_set_max_isa(level) == level
-                np.testing.assert_array_equal(_c.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=2), first)
+                np.testing.assert_array_equal(_c_linear.rala_alpha(q, k, gq, kernel, d ** -0.5, threads=2), first)
         finally:
             lib.refimpl_set_max_isa(2)
 
@@ -399,7 +399,7 @@ def test_rala_alpha_output_is_nan_poisoned_and_refusals_write_nothing():
     q, k = generate(60, "normal", (1, 2, 30, 8)), generate(61, "normal", (1, 2, 30, 8))
     out = np.zeros((1, 2, 30))
     with c_kernel_that_writes_nothing("refimpl_rala_alpha_f64") as calls:
-        res = _c.rala_alpha(q, k, out=out)
+        res = _c_linear.rala_alpha(q, k, out=out)
     assert calls and res is out and np.isnan(out).all()
     sentinel = np.full(60, 7.0)
     need = lib.refimpl_rala_alpha_workspace(2, 30, 30, 8, 1)
@@ -415,7 +415,7 @@ def test_rala_alpha_output_is_nan_poisoned_and_refusals_write_nothing():
     assert lib.refimpl_rala_alpha_f64(o, w, qb, kb, 1, 0, 1.0, 2, 30, 30, 8, need - 1, 1) == 7
     np.testing.assert_array_equal(sentinel, 7.0)
     assert lib.refimpl_rala_alpha_f64(o, w, qb, kb, 1, 0, 1.0, 2, 30, 30, 8, need, 1) == 0
-    np.testing.assert_array_equal(sentinel, _c.rala_alpha(q, k).reshape(-1))
+    np.testing.assert_array_equal(sentinel, _c_linear.rala_alpha(q, k).reshape(-1))
 
 
 def test_rala_alpha_bad_input_is_refused_naming_the_argument():
@@ -426,28 +426,28 @@ def test_rala_alpha_bad_input_is_refused_naming_the_argument():
         return
     q, k = generate(70, "normal", (1, 2, 10, 4)), generate(71, "normal", (1, 2, 12, 4))
     with pytest.raises(TypeError, match="'k'.*float64"):
-        _c.rala_alpha(q, k.astype(np.float32))
+        _c_linear.rala_alpha(q, k.astype(np.float32))
     with pytest.raises(TypeError, match="'q'"):
-        _c.rala_alpha(q.astype(np.float16), k)
+        _c_linear.rala_alpha(q.astype(np.float16), k)
     with pytest.raises(ValueError, match="'q'.*4-d"):
-        _c.rala_alpha(q[0], k)
+        _c_linear.rala_alpha(q[0], k)
     with pytest.raises(ValueError, match="'k'.*\\(1, 2, M, 4\\)"):
-        _c.rala_alpha(q, k[..., :3])
+        _c_linear.rala_alpha(q, k[..., :3])
     with pytest.raises(ValueError, match="'k'.*non-empty"):
-        _c.rala_alpha(q, k[:, :, :0])
+        _c_linear.rala_alpha(q, k[:, :, :0])
     with pytest.raises(ValueError, match="'global_query'"):
-        _c.rala_alpha(q, k, "mean")
+        _c_linear.rala_alpha(q, k, "mean")
     with pytest.raises(ValueError, match="'kernel'"):
-        _c.rala_alpha(q, k, "q", "softmax")
+        _c_linear.rala_alpha(q, k, "q", "softmax")
     with pytest.raises(TypeError, match="'scale'"):
-        _c.rala_alpha(q, k, "q", "elu1", "1")
+        _c_linear.rala_alpha(q, k, "q", "elu1", "1")
     with pytest.raises(ValueError, match="'threads'"):
-        _c.rala_alpha(q, k, threads=0)
+        _c_linear.rala_alpha(q, k, threads=0)
     with pytest.raises(ValueError, match="'out'.*\\(1, 2, 12\\)"):
-        _c.rala_alpha(q, k, out=np.empty((1, 2, 10)))
+        _c_linear.rala_alpha(q, k, out=np.empty((1, 2, 10)))
     with pytest.raises(TypeError, match="'out'"):
-        _c.rala_alpha(q, k, out=np.empty((1, 2, 12), np.float32))
+        _c_linear.rala_alpha(q, k, out=np.empty((1, 2, 12), np.float32))
     with pytest.raises(ValueError, match="'workspace'.*at least"):
-        _c.rala_alpha(q, k, workspace=np.empty(3))
-    ws = backends.empty_aligned(_c.rala_alpha_workspace_size(1, 2, 10, 12, 4), np.float64)
-    np.testing.assert_array_equal(_c.rala_alpha(q, k, workspace=ws), _c.rala_alpha(q, k))
+        _c_linear.rala_alpha(q, k, workspace=np.empty(3))
+    ws = backends.empty_aligned(_c_linear.rala_alpha_workspace_size(1, 2, 10, 12, 4), np.float64)
+    np.testing.assert_array_equal(_c_linear.rala_alpha(q, k, workspace=ws), _c_linear.rala_alpha(q, k))

@@ -266,15 +266,15 @@ def test_c_wrappers_return_the_definition_out_of_band():
     Skipped without the compiled module (nothing to check), failed then under REFIMPL_REQUIRE_BACKENDS=1."""
     if not backend_available("c", "linear_attention"):
         pytest.skip(f"the C backend is not available: {STATUS['c'].reason}")
-    from refimpl.backends import _c
+    from refimpl.backends import _c_linear, _c_softmax
     q, k, v = _arrays(3, (1, 2, 9, 4))
     for s in (2.0 ** 500, 2.0 ** 997):
         qs, ks, vs = q * s, k * s, v * s
         for fmap in ("relu", "elu1", "focused"):
             want = L._linear_attention_numpy(qs, ks, vs, fmap)
-            assert np.array_equal(_c.linear_attention(qs, ks, vs, fmap), want, equal_nan=True), (fmap, s)
-        assert np.array_equal(_c.rala_alpha(qs, ks), rala_core._rala_alpha_numpy(qs, ks))
-        assert np.array_equal(_c.window_softmax_attention(qs, ks, vs, 0.5),
+            assert np.array_equal(_c_linear.linear_attention(qs, ks, vs, fmap), want, equal_nan=True), (fmap, s)
+        assert np.array_equal(_c_linear.rala_alpha(qs, ks), rala_core._rala_alpha_numpy(qs, ks))
+        assert np.array_equal(_c_softmax.window_softmax_attention(qs, ks, vs, 0.5),
                               S._window_softmax_attention_numpy(qs, ks, vs, 0.5))
 
 

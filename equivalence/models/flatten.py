@@ -19,7 +19,7 @@ from refimpl.models.flatten import FlattenDeiTConfig, FlattenSwinConfig
 
 CONFIG_TYPES = (FlattenDeiTConfig, FlattenSwinConfig)
 
-__all__ = ["CONFIG_TYPES", "build", "FlattenDeiT", "FlattenSwin"]
+__all__ = ["CONFIG_TYPES", "build", "DeiT", "FlattenDeiT", "FlattenSwin"]
 
 
 class PatchEmbed(nn.Module):
@@ -55,25 +55,33 @@ class DeiTBlock(nn.Module):
         return self.part("mlp", self.part("attn", x))
 
 
-class FlattenDeiT(nn.Module):
-    """FLatten-DeiT: patch embedding + positional embedding (no class token), focused blocks, LayerNorm,
-    mean over tokens, head."""
+class DeiT(nn.Module):
+    """DeiT's frame, shared by the DeiT twins (FLatten-DeiT, RALA-DeiT, Castling-DeiT, L2ViT-DeiT): the patch
+    embedding, the class token (if any), the positional embedding, the blocks ``make_blocks()`` builds, the
+    final LayerNorm and the head (on the class token, or the mean over the tokens without one); the unit
+    methods (run_unit, run_unit_part), features and forward."""
 
-    def __init__(self, cfg: FlattenDeiTConfig):
+    def __init__(self, cfg, make_blocks, *, cls_token: bool):
         super().__init__()
         self.cfg = cfg
         c, (gh, gw) = cfg.embed_dim, cfg.grid
+        self.has_cls_token = cls_token
         self.patch_embed = PatchEmbed(cfg.in_chans, c, cfg.patch_size)
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, c))
-        self.blocks = nn.ModuleList(DeiTBlock(cfg) for _ in range(cfg.depth))
+        if cls_token:
+            self.cls_token = nn.Parameter(torch.zeros(1, 1, c))
+        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw + (1 if cls_token else 0), c))
+        self.blocks = nn.ModuleList(make_blocks())
         self.norm = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.head = nn.Linear(c, cfg.num_classes)
 
     def stem(self, images: torch.Tensor) -> torch.Tensor:
-        return self.patch_embed(images).flatten(2).transpose(1, 2) + self.pos_embed
+        x = self.patch_embed(images).flatten(2).transpose(1, 2)
+        if self.has_cls_token:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return x + self.pos_embed
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.norm(x).mean(dim=1))
+        return self.head(self.norm(x[:, 0]) if self.has_cls_token else self.norm(x).mean(dim=1))
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
         if name == "stem":
@@ -85,20 +93,30 @@ class FlattenDeiT(nn.Module):
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
         return self.blocks[int(name.split(".")[1])].part(part, x)
 
+    def _backbone(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images)
+        for blk in self.blocks:
+            x = blk(x)
+        return x
+
     def _grid(self, x: torch.Tensor) -> torch.Tensor:
+        if self.has_cls_token:
+            x = x[:, 1:]
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.cfg.grid)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
-        x = self.stem(images)
-        for blk in self.blocks:
-            x = blk(x)
-        return [self._grid(x)]
+        return [self._grid(self._backbone(images))]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
-        x = self.stem(images)
-        for blk in self.blocks:
-            x = blk(x)
-        return self.head_unit(x)
+        return self.head_unit(self._backbone(images))
+
+
+class FlattenDeiT(DeiT):
+    """FLatten-DeiT: patch embedding + positional embedding (no class token), focused blocks, LayerNorm,
+    mean over tokens, head."""
+
+    def __init__(self, cfg: FlattenDeiTConfig):
+        super().__init__(cfg, lambda: (DeiTBlock(cfg) for _ in range(cfg.depth)), cls_token=False)
 
 
 class SwinBlock(nn.Module):

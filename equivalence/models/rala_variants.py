@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.flatten import FlattenDeiT, FlattenSwin, PatchEmbed
+from equivalence.models.flatten import DeiT, FlattenDeiT, FlattenSwin, PatchEmbed
 from equivalence.modules.layers import Mlp, PatchMerging
 from equivalence.modules.rala import RALAttention
 from equivalence.modules.softmax import WindowAttention
@@ -64,16 +64,9 @@ class RALADeiT(FlattenDeiT):
     (LayerNorm, mean over the tokens, linear) and unit methods, RALA blocks."""
 
     def __init__(self, cfg: RALADeiTConfig):
-        nn.Module.__init__(self)
-        self.cfg = cfg
-        c, (gh, gw) = cfg.embed_dim, cfg.grid
-        self.patch_embed = PatchEmbed(cfg.in_chans, c, cfg.patch_size)
-        self.pos_embed = nn.Parameter(torch.zeros(1, gh * gw, c))
         acfg = cfg.attention_config()
-        self.blocks = nn.ModuleList(Block(c, cfg.hidden, cfg.layer_norm_eps, rala=acfg, grid=(gh, gw))
-                                    for _ in range(cfg.depth))
-        self.norm = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
-        self.head = nn.Linear(c, cfg.num_classes)
+        DeiT.__init__(self, cfg, lambda: (Block(cfg.embed_dim, cfg.hidden, cfg.layer_norm_eps, rala=acfg, grid=cfg.grid)
+                                          for _ in range(cfg.depth)), cls_token=False)
 
 
 def _swin_stage(cfg: RALASwinConfig, i: int) -> nn.Module:

@@ -7,7 +7,7 @@ operation name, with a ``supports`` predicate that says which calls it takes (dt
     @backends.register("depthwise_conv2d", "numpy")     # in refimpl/layers.py: the definition
     def _depthwise_conv2d_numpy(x, weight, bias, stride, pads, dilation=(1, 1)): ...
 
-    @register("depthwise_conv2d", "c", supports=_depthwise_supported)   # in refimpl/backends/_c.py
+    @register("depthwise_conv2d", "c", supports=_depthwise_supported)   # in refimpl/backends/_c_depthwise.py
     def depthwise_conv2d(x, weight, bias, stride, pads, dilation=(1, 1), *, out=None): ...
 
 A reference function then calls ``backends.call("depthwise_conv2d", x, weight, bias, stride, pads,
@@ -28,7 +28,8 @@ caller never looks at the backend, the dtype or the layout.
 - An explicitly selected backend that is not available, or that has no kernel for the operation, falls
   back to the NumPy definition and says so once per (operation, backend) with a ``RuntimeWarning``.
 
-The kernels live with their backend (``_c.py``, ``_numba.py``) and import nothing from refimpl.attention,
+The kernels live with their backend (``_c.py``, ``_numba.py``: the runtime; ``_c_<family>.py``,
+``_numba_<family>.py``: one module per kernel family) and import nothing from refimpl.attention,
 refimpl.layers or refimpl.models: what they share with the definitions (feature maps, argument checks)
 is in :mod:`refimpl.feature_maps`, and where a kernel answers with the NumPy definition (the C kernels'
 range fallback) it takes it from the registry (``_registry.definition(op)``).  The NumPy definitions are
@@ -310,3 +311,5 @@ def call(op: str, /, *args: Any, otherwise: Callable[[], Any] | None = None, **k
 # Register the accelerated kernels (cheap: neither imports Numba nor loads the compiled module).
 from . import _c, _numba  # noqa: E402,F401
 from . import _c_elementwise, _numba_elementwise  # noqa: E402,F401 (GELU: ckernels/gelu.c and its Numba twin)
+from . import _c_depthwise, _c_linear, _c_softmax  # noqa: E402,F401 (the C kernel families)
+from . import _numba_depthwise, _numba_lisa  # noqa: E402,F401 (the Numba kernel families)

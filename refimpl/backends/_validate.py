@@ -258,5 +258,5 @@ def workspace_buffer(workspace: Any, dt: np.dtype, need: int, inputs: Any, first
     if workspace.size < need:
         raise ValueError(f"argument 'workspace': expected at least {need} elements of {dt}, got "
                          f"{workspace.size} (shape {workspace.shape}); allocate it with "
-                         f"refimpl.backends._c.linear_attention_workspace")
+                         f"refimpl.backends._c_linear.linear_attention_workspace")
     return workspace.reshape(-1)

@@ -42,6 +42,8 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..attention.angular import CastlingConfig, castling_attention
 from . import common, counting
+from ._deit import (DeiTClassTokenGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
+                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
 from .registry import register
 from .common import Err
 
@@ -53,7 +55,7 @@ _PRESETS = ("paper", "official")
 
 
 @dataclasses.dataclass(frozen=True)
-class CastlingDeiTConfig:
+class CastlingDeiTConfig(DeiTClassTokenGeometry):
     """Castling-DeiT.  Every architectural choice is a field.
 
     embed_dim C, depth, num_heads h; img_size (H, W); patch_size; in_chans; num_classes; mlp_ratio; qkv_bias;
@@ -95,18 +97,6 @@ class CastlingDeiTConfig:
             raise ValueError("argument 'attn_overrides': conv='grid2d' needs the token grid, which the class token "
                              "is not part of; Castling-DeiT uses the (k, 1) token conv ('tokens1d') or 'none'")
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def tokens(self) -> int:
-        return self.grid[0] * self.grid[1] + 1
-
-    @property
-    def hidden(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
     def attention_config(self) -> CastlingConfig:
         fields = dict(dim=self.embed_dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
                       conv_kernel=self.conv_kernel)
@@ -126,19 +116,11 @@ def _check_cfg(cfg: Any) -> None:
 def param_shapes(cfg: CastlingDeiTConfig) -> dict[str, tuple[int, ...]]:
     """Every state_dict key and shape, from the config alone."""
     _check_cfg(cfg)
-    c = cfg.embed_dim
-    s: dict[str, tuple[int, ...]] = {"patch_embed.proj.weight": (c, cfg.in_chans, cfg.patch_size, cfg.patch_size),
-                                     "patch_embed.proj.bias": (c,), "cls_token": (1, 1, c),
-                                     "pos_embed": (1, cfg.tokens, c)}
+    s = deit_stem_shapes(cfg, cls_token=True)
     attn = cfg.attention_config().param_shapes()
     for i in range(cfg.depth):
-        p = f"blocks.{i}"
-        s.update(common.ln_shapes(f"{p}.norm1", c))
-        s.update({f"{p}.attn.{k}": tuple(v) for k, v in attn.items()})
-        s.update(common.ln_shapes(f"{p}.norm2", c))
-        s.update(common.mlp_shapes(f"{p}.mlp", c, cfg.hidden))
-    s.update(common.ln_shapes("norm", c))
-    s.update({"head.weight": (cfg.num_classes, c), "head.bias": (cfg.num_classes,)})
+        s.update(block_shapes(f"blocks.{i}", cfg.embed_dim, cfg.hidden, attn))
+    s.update(deit_head_shapes(cfg))
     return s
 
 
@@ -160,7 +142,7 @@ def _check_params(params: Any, cfg: CastlingDeiTConfig) -> Mapping[str, Any]:
 def unit_names(cfg: CastlingDeiTConfig) -> list[str]:
     """The units of the network in execution order."""
     _check_cfg(cfg)
-    return ["stem"] + [f"blocks.{i}" for i in range(cfg.depth)] + ["head"]
+    return deit_unit_names(cfg)
 
 
 def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConfig) -> np.ndarray:
@@ -174,21 +156,13 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConf
     """
     if name not in unit_names(cfg):
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    eps = cfg.layer_norm_eps
     params = _check_params(params, cfg)
     if name == "stem":
-        images = common.check_images(x, cfg.in_chans, cfg.img_size)
-        y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
-                               cfg.patch_size)
-        b, c, gh, gw = y.shape
-        cls = np.broadcast_to(numerics.as_float(params["cls_token"], "cls_token"), (b, 1, c))
-        tok = np.concatenate([cls, y.reshape(b, c, gh * gw).transpose(0, 2, 1)], axis=1)
-        return tok + numerics.as_float(params["pos_embed"], "pos_embed")
+        return deit_stem(params, x, cfg, cls_token=True)
     x = numerics.as_float(x, "x")
     numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
     if name == "head":
-        y = layers.layer_norm(x[:, 0], params["norm.weight"], params["norm.bias"], eps)
-        return layers.linear(y, params["head.weight"], params["head.bias"])
+        return deit_head(params, x, cfg, cls_token=True)
     return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
 
 
@@ -220,20 +194,14 @@ def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, 
 
 
 def _feature_map(name: str, y: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarray | None:
-    if name != f"blocks.{cfg.depth - 1}":
-        return None
-    b, _, c = y.shape
-    return y[:, 1:].transpose(0, 2, 1).reshape(b, c, *cfg.grid)
+    return deit_feature_map(name, y, cfg, cls_token=True)
 
 
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
+                       run_unit=run_unit, feature_map=_feature_map)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig) -> np.ndarray:
@@ -272,23 +240,10 @@ def features(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig) ->
 # ===================================================================================================
 
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingDeiTConfig, dtype: Any) -> Err:
-    eps = cfg.layer_norm_eps
     if name == "stem":
-        images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
-        y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
-                            params["patch_embed.proj.bias"], stride=cfg.patch_size)
-        b, c, gh, gw = y.value.shape
-        cls = np.broadcast_to(numerics.as_float(params["cls_token"], "cls_token"), (b, 1, c))
-
-        def tok(a, first):
-            return np.concatenate([first, a.reshape(b, c, gh * gw).transpose(0, 2, 1)], axis=1)
-
-        x = Err(tok(y.value, cls), tok(y.err, np.zeros_like(cls)), y.depth)
-        return common.e_add(x, common.e_exact(params["pos_embed"]))
+        return e_deit_stem(params, t, cfg, cls_token=True)
     if name == "head":
-        cls = Err(t.value[:, 0], t.err[:, 0], t.depth)
-        return common.e_linear(common.e_layer_norm(cls, params["norm.weight"], params["norm.bias"], eps),
-                               params["head.weight"], params["head.bias"])
+        return e_deit_head(params, t, cfg, dtype, cls_token=True, capped=False)
     return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
@@ -327,9 +282,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConf
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and
     params (rigorous to first order, loose through depth; see flatten.forward_bounds)."""
     _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
+                          e_unit=_e_unit, feature_map=_feature_map)
 
 
 # ===================================================================================================

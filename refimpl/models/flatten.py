@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -57,7 +57,10 @@ from .. import config, layers, numerics, validation
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes, \
     focused_window_attention
 from ..attention.softmax import WINDOW_PRESETS, window_attention
+from . import _netparts as nets
 from . import common, counting
+from ._deit import (DeiTGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
+                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
 from .registry import register
 from .common import Err
 
@@ -73,7 +76,8 @@ _WINDOW_PRESET = {"paper": "swin", "official": "swin_official"}
 # Configurations
 # ===================================================================================================
 
-def _check_common(cfg: Any) -> None:
+def _check_common(cfg: Any, pad_note: str = " (the released patch embedding does not pad)") -> None:
+    """The fields FLatten's and RALA's DeiT / Swin configs share (models.rala_variants calls it too)."""
     object.__setattr__(cfg, "img_size", common.normalize_img_size(cfg.img_size))
     object.__setattr__(cfg, "attn_overrides", common.normalize_overrides(cfg.attn_overrides))
     if cfg.preset not in _PRESETS:
@@ -82,14 +86,14 @@ def _check_common(cfg: Any) -> None:
         numerics.check_positive_int(getattr(cfg, name), name)
     h, w = cfg.img_size
     if h % cfg.patch_size or w % cfg.patch_size:
-        raise ValueError(f"argument 'img_size': {cfg.img_size} must be a multiple of patch_size={cfg.patch_size} "
-                         f"(the released patch embedding does not pad)")
+        raise ValueError(f"argument 'img_size': {cfg.img_size} must be a multiple of patch_size={cfg.patch_size}"
+                         f"{pad_note}")
     validation.check_positive(cfg.mlp_ratio, "mlp_ratio")
     validation.check_eps(cfg.layer_norm_eps, "layer_norm_eps")
 
 
 @dataclasses.dataclass(frozen=True)
-class FlattenDeiTConfig:
+class FlattenDeiTConfig(DeiTGeometry):
     """FLatten-DeiT (FLatten Appendix D, Table 9).  Every architectural choice is a field.
 
     embed_dim C, depth, num_heads h; img_size (H, W) (int or pair); patch_size; in_chans; num_classes;
@@ -118,22 +122,59 @@ class FlattenDeiTConfig:
         numerics.check_positive_int(self.depth, "depth")
         self.attention_config()  # validates heads, p, kernel, overrides
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def hidden(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
     def attention_config(self) -> FocusedConfig:
         return FocusedConfig.preset(self.preset, dim=self.embed_dim, num_heads=self.num_heads, p=self.focusing_factor,
                                     kernel_size=self.kernel_size, qkv_bias=self.qkv_bias,
                                     **dict(self.attn_overrides))
 
 
+class _SwinStages:
+    """The stage geometry and checks a Swin config shares (FLatten-Swin, models.rala_variants' RALA-Swin; a
+    mixin of the frozen config dataclasses, no fields): stage i has C 2^i channels on the grid
+    common.stage_grids gives, MLP ratio shared, the softmax stages' masking preset."""
+
+    def _check_stages(self, check_common: Callable[[Any], None]) -> None:
+        """__post_init__'s shared part: depths / num_heads to int tuples, ``check_common(self)``, one entry per
+        stage, types "L" / "S", positive depths and window, the window preset, heads dividing each stage."""
+        object.__setattr__(self, "depths", tuple(int(d) for d in self.depths))
+        object.__setattr__(self, "num_heads", tuple(int(h) for h in self.num_heads))
+        check_common(self)
+        n = len(self.depths)
+        if len(self.num_heads) != n or len(self.attn_types) != n or set(self.attn_types) - {"L", "S"}:
+            raise ValueError(f"arguments 'depths', 'num_heads', 'attn_types': one entry per stage and types in "
+                             f"'L'/'S', got {self.depths}, {self.num_heads}, {self.attn_types!r}")
+        for d in self.depths:
+            numerics.check_positive_int(d, "depths[i]")
+        numerics.check_positive_int(self.window_size, "window_size")
+        if self.window_preset is not None and self.window_preset not in WINDOW_PRESETS:
+            raise ValueError(f"argument 'window_preset': expected None or one of {sorted(WINDOW_PRESETS)}, "
+                             f"got {self.window_preset!r}")
+        for i in range(n):
+            c, h = self.stage_dim(i), self.num_heads[i]
+            if c % h:
+                raise ValueError(f"argument 'num_heads': stage {i} has {c} channels, not divisible by {h} heads")
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.depths)
+
+    def stage_dim(self, i: int) -> int:
+        return self.embed_dim * 2 ** i
+
+    @property
+    def stage_grids(self) -> list[tuple[int, int]]:
+        return common.stage_grids(self.img_size, self.patch_size, self.n_stages)
+
+    @property
+    def window_options(self) -> dict[str, Any]:
+        return dict(WINDOW_PRESETS[self.window_preset or _WINDOW_PRESET[self.preset]])
+
+    def hidden(self, i: int) -> int:
+        return int(self.stage_dim(i) * self.mlp_ratio)
+
+
 @dataclasses.dataclass(frozen=True)
-class FlattenSwinConfig:
+class FlattenSwinConfig(_SwinStages):
     """FLatten-Swin (FLatten Appendix D, Table 14; released flatten_swin.py).
 
     embed_dim C (stage i has C 2^i channels), depths, num_heads (per stage), attn_types ("L" focused /
@@ -163,24 +204,9 @@ class FlattenSwinConfig:
     window_preset: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "depths", tuple(int(d) for d in self.depths))
-        object.__setattr__(self, "num_heads", tuple(int(h) for h in self.num_heads))
-        _check_common(self)
-        n = len(self.depths)
-        if len(self.num_heads) != n or len(self.attn_types) != n or set(self.attn_types) - {"L", "S"}:
-            raise ValueError(f"arguments 'depths', 'num_heads', 'attn_types': one entry per stage and types in "
-                             f"'L'/'S', got {self.depths}, {self.num_heads}, {self.attn_types!r}")
-        for d in self.depths:
-            numerics.check_positive_int(d, "depths[i]")
-        numerics.check_positive_int(self.window_size, "window_size")
+        self._check_stages(_check_common)
         numerics.check_positive_int(self.focused_window, "focused_window")
-        if self.window_preset is not None and self.window_preset not in WINDOW_PRESETS:
-            raise ValueError(f"argument 'window_preset': expected None or one of {sorted(WINDOW_PRESETS)}, "
-                             f"got {self.window_preset!r}")
-        for i in range(n):
-            c, h = self.stage_dim(i), self.num_heads[i]
-            if c % h:
-                raise ValueError(f"argument 'num_heads': stage {i} has {c} channels, not divisible by {h} heads")
+        for i in range(self.n_stages):
             grid, (ws, _) = self.stage_grids[i], self.stage_windows[i]
             if self.attn_types[i] == "L":
                 self.attention_config(i)
@@ -190,83 +216,63 @@ class FlattenSwinConfig:
                                      f"img_size whose stage grids the window divides, or another focused_window)")
 
     @property
-    def n_stages(self) -> int:
-        return len(self.depths)
-
-    def stage_dim(self, i: int) -> int:
-        return self.embed_dim * 2 ** i
-
-    @property
-    def stage_grids(self) -> list[tuple[int, int]]:
-        return common.stage_grids(self.img_size, self.patch_size, self.n_stages)
-
-    @property
     def stage_windows(self) -> list[tuple[int, int]]:
         """(window, shift of the odd blocks) per stage, Swin's rule (common.swin_window)."""
         return [common.swin_window(g, self.focused_window if t == "L" else self.window_size)
                 for g, t in zip(self.stage_grids, self.attn_types)]
-
-    @property
-    def window_options(self) -> dict[str, Any]:
-        return dict(WINDOW_PRESETS[self.window_preset or _WINDOW_PRESET[self.preset]])
 
     def attention_config(self, i: int) -> FocusedConfig:
         return FocusedConfig.preset(self.preset, dim=self.stage_dim(i), num_heads=self.num_heads[i],
                                     p=self.focusing_factor, kernel_size=self.kernel_size, qkv_bias=self.qkv_bias,
                                     **dict(self.attn_overrides))
 
-    def hidden(self, i: int) -> int:
-        return int(self.stage_dim(i) * self.mlp_ratio)
-
 
 # ===================================================================================================
 # Parameter shapes and initialisation
 # ===================================================================================================
 
-def _prefixed(prefix: str, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.{k}": tuple(v) for k, v in shapes.items()}
+def _swin_param_shapes(cfg: Any, linear_attn: Callable[[int, int], Mapping[str, tuple[int, ...]]]
+                       ) -> dict[str, tuple[int, ...]]:
+    """A Swin network's entries (FLatten-Swin, RALA-Swin): the patch embedding with its LayerNorm, the blocks
+    (a linear stage's attention entries ``linear_attn(i, window)``, relative to "attn"; a softmax stage's
+    Swin's window attention), patch merging between stages, the final LayerNorm and the head."""
+    c0 = cfg.embed_dim
+    s = {"patch_embed.proj.weight": (c0, cfg.in_chans, cfg.patch_size, cfg.patch_size), "patch_embed.proj.bias": (c0,)}
+    s.update(common.ln_shapes("patch_embed.norm", c0))
+    for i in range(cfg.n_stages):
+        c, (ws, _) = cfg.stage_dim(i), cfg.stage_windows[i]
+        for j in range(cfg.depths[i]):
+            p = f"layers.{i}.blocks.{j}"
+            if cfg.attn_types[i] == "L":
+                attn = linear_attn(i, ws)
+            else:
+                attn = {k[len(f"{p}.attn."):]: v for k, v in
+                        common.window_attention_shapes(f"{p}.attn", c, cfg.num_heads[i], ws, cfg.qkv_bias).items()}
+            s.update(block_shapes(p, c, cfg.hidden(i), attn))
+        if i < cfg.n_stages - 1:
+            s.update(common.ln_shapes(f"layers.{i}.downsample.norm", 4 * c))
+            s[f"layers.{i}.downsample.reduction.weight"] = (2 * c, 4 * c)
+    cl = cfg.stage_dim(cfg.n_stages - 1)
+    s.update(common.ln_shapes("norm", cl))
+    s.update({"head.weight": (cfg.num_classes, cl), "head.bias": (cfg.num_classes,)})
+    return s
 
 
 def param_shapes(cfg: FlattenDeiTConfig | FlattenSwinConfig) -> dict[str, tuple[int, ...]]:
     """Every state_dict key and shape of the network, from the config alone (nothing allocated)."""
     if isinstance(cfg, FlattenDeiTConfig):
-        c, (gh, gw) = cfg.embed_dim, cfg.grid
-        s: dict[str, tuple[int, ...]] = {"patch_embed.proj.weight": (c, cfg.in_chans, cfg.patch_size, cfg.patch_size),
-                                         "patch_embed.proj.bias": (c,), "pos_embed": (1, gh * gw, c)}
-        fcfg = cfg.attention_config()
+        gh, gw = cfg.grid
+        s = deit_stem_shapes(cfg, cls_token=False)
+        attn = focused_param_shapes(cfg.attention_config(), layout="global", n_kv=gh * gw)
         for i in range(cfg.depth):
-            p = f"blocks.{i}"
-            s.update(common.ln_shapes(f"{p}.norm1", c))
-            s.update(_prefixed(f"{p}.attn", focused_param_shapes(fcfg, layout="global", n_kv=gh * gw)))
-            s.update(common.ln_shapes(f"{p}.norm2", c))
-            s.update(common.mlp_shapes(f"{p}.mlp", c, cfg.hidden))
-        s.update(common.ln_shapes("norm", c))
-        s.update({"head.weight": (cfg.num_classes, c), "head.bias": (cfg.num_classes,)})
+            s.update(block_shapes(f"blocks.{i}", cfg.embed_dim, cfg.hidden, attn))
+        s.update(deit_head_shapes(cfg))
         return s
     if isinstance(cfg, FlattenSwinConfig):
-        c0 = cfg.embed_dim
-        s = {"patch_embed.proj.weight": (c0, cfg.in_chans, cfg.patch_size, cfg.patch_size),
-             "patch_embed.proj.bias": (c0,)}
-        s.update(common.ln_shapes("patch_embed.norm", c0))
-        for i in range(cfg.n_stages):
-            c, (ws, _) = cfg.stage_dim(i), cfg.stage_windows[i]
-            for j in range(cfg.depths[i]):
-                p = f"layers.{i}.blocks.{j}"
-                s.update(common.ln_shapes(f"{p}.norm1", c))
-                if cfg.attn_types[i] == "L":
-                    s.update(_prefixed(f"{p}.attn", focused_param_shapes(cfg.attention_config(i), layout="window",
-                                                                         n_kv=ws * ws)))
-                else:
-                    s.update(common.window_attention_shapes(f"{p}.attn", c, cfg.num_heads[i], ws, cfg.qkv_bias))
-                s.update(common.ln_shapes(f"{p}.norm2", c))
-                s.update(common.mlp_shapes(f"{p}.mlp", c, cfg.hidden(i)))
-            if i < cfg.n_stages - 1:
-                s.update(common.ln_shapes(f"layers.{i}.downsample.norm", 4 * c))
-                s["layers.{}.downsample.reduction.weight".format(i)] = (2 * c, 4 * c)
-        cl = cfg.stage_dim(cfg.n_stages - 1)
-        s.update(common.ln_shapes("norm", cl))
-        s.update({"head.weight": (cfg.num_classes, cl), "head.bias": (cfg.num_classes,)})
-        return s
+        def attn(i: int, ws: int) -> Mapping[str, tuple[int, ...]]:
+            return focused_param_shapes(cfg.attention_config(i), layout="window", n_kv=ws * ws)
+
+        return _swin_param_shapes(cfg, attn)
     raise TypeError(f"argument 'cfg': expected FlattenDeiTConfig or FlattenSwinConfig, got {type(cfg).__name__}")
 
 
@@ -292,8 +298,13 @@ def init_params(cfg: FlattenDeiTConfig | FlattenSwinConfig,
 def unit_names(cfg: FlattenDeiTConfig | FlattenSwinConfig) -> list[str]:
     """The units of the network in execution order."""
     if isinstance(cfg, FlattenDeiTConfig):
-        return ["stem"] + [f"blocks.{i}" for i in range(cfg.depth)] + ["head"]
+        return deit_unit_names(cfg)
     _check_cfg(cfg)
+    return _swin_unit_names(cfg)
+
+
+def _swin_unit_names(cfg: Any) -> list[str]:
+    """A Swin network's units: "stem", "layers.i.blocks.j", "layers.i.downsample" between stages, "head"."""
     out = ["stem"]
     for i in range(cfg.n_stages):
         out += [f"layers.{i}.blocks.{j}" for j in range(cfg.depths[i])]
@@ -324,12 +335,13 @@ def _check_unit_input(x: Any, name: str, cfg: Any) -> np.ndarray:
         gh, gw = cfg.grid
         numerics.check_shapes(x=(x, "B N C"), sizes={"N": gh * gw, "C": cfg.embed_dim})
         return x
-    if name == "head":
-        gh, gw = cfg.stage_grids[-1]
-        c = cfg.stage_dim(cfg.n_stages - 1)
-    else:
-        i, _ = _parse(name)
-        (gh, gw), c = cfg.stage_grids[i], cfg.stage_dim(i)
+    return _check_swin_input(x, name, cfg)
+
+
+def _check_swin_input(x: np.ndarray, name: str, cfg: Any) -> np.ndarray:
+    """A Swin unit's input: the grid (B, H_i, W_i, C_i) of its stage (the last stage's for "head")."""
+    i = cfg.n_stages - 1 if name == "head" else _parse(name)[0]
+    (gh, gw), c = cfg.stage_grids[i], cfg.stage_dim(i)
     numerics.check_shapes(x=(x, "B H W C"), sizes={"H": gh, "W": gw, "C": c})
     return x
 
@@ -340,9 +352,21 @@ def _swin_attention(y: np.ndarray, p: Mapping[str, Any], cfg: FlattenSwinConfig,
         out = focused_window_attention(y.reshape(b, h * w, c), p, cfg.attention_config(i), (h, w), window_size=ws,
                                        shift=shift)
         return out.reshape(b, h, w, c)
+    return _softmax_window(y, p, cfg, i, ws, shift)
+
+
+def _softmax_window(y: np.ndarray, p: Mapping[str, Any], cfg: Any, i: int, ws: int, shift: int) -> np.ndarray:
+    """Swin's (shifted) window softmax attention of stage ``i`` on a grid (B, H, W, C), the config's masking."""
     opts = cfg.window_options
     opts.pop("shift", None)
     return window_attention(y, p, num_heads=cfg.num_heads[i], window_size=ws, shift=shift, pad=True, **opts)
+
+
+def _e_softmax_window(y: Err, p: Mapping[str, Any], cfg: Any, i: int, ws: int, shift: int) -> Err:
+    """:func:`_softmax_window` with the running error analysis."""
+    opts = cfg.window_options
+    opts.pop("shift", None)
+    return common.e_window_attention(y, p, num_heads=cfg.num_heads[i], window_size=ws, shift=shift, **opts)
 
 
 def run_unit(params: Mapping[str, Any], name: str, x: Any,
@@ -368,23 +392,53 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any,
         raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
     eps = cfg.layer_norm_eps
     params = _check_params(params, cfg)
+    deit = isinstance(cfg, FlattenDeiTConfig)
     if name == "stem":
-        images = common.check_images(x, cfg.in_chans, cfg.img_size)
-        y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
-                               cfg.patch_size)
-        if isinstance(cfg, FlattenDeiTConfig):
-            b, c, gh, gw = y.shape
-            return y.reshape(b, c, gh * gw).transpose(0, 2, 1) + numerics.as_float(params["pos_embed"], "pos_embed")
-        return np.ascontiguousarray(layers.layer_norm(y.transpose(0, 2, 3, 1), params["patch_embed.norm.weight"],
-                                                      params["patch_embed.norm.bias"], eps))
+        return deit_stem(params, x, cfg, cls_token=False) if deit else _swin_stem(params, x, cfg)
     x = _check_unit_input(x, name, cfg)
     if name == "head":
-        pooled = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], eps),
-                         axis=1 if isinstance(cfg, FlattenDeiTConfig) else (1, 2))
-        return layers.linear(pooled, params["head.weight"], params["head.bias"])
+        return deit_head(params, x, cfg, cls_token=False) if deit else _swin_head(params, x, cfg)
     if name.endswith("downsample"):
         return common.patch_merging2d(x, layers.subparams(params, name), eps)
     return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+
+
+def _swin_stem(params: Mapping[str, Any], images: Any, cfg: Any) -> np.ndarray:
+    """Images -> the stage-1 grid (B, H / patch, W / patch, C): Swin's patch embedding and its LayerNorm."""
+    images = common.check_images(images, cfg.in_chans, cfg.img_size)
+    y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"], cfg.patch_size)
+    return np.ascontiguousarray(layers.layer_norm(y.transpose(0, 2, 3, 1), params["patch_embed.norm.weight"],
+                                                  params["patch_embed.norm.bias"], cfg.layer_norm_eps))
+
+
+def _swin_head(params: Mapping[str, Any], x: np.ndarray, cfg: Any) -> np.ndarray:
+    """The last grid -> logits: LayerNorm, the mean over the grid, the classifier."""
+    pooled = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps),
+                     axis=(1, 2))
+    return layers.linear(pooled, params["head.weight"], params["head.bias"])
+
+
+def _e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, dtype: Any, capped: bool) -> Err:
+    if capped:
+        return nets.e_layer_norm(t, weight, bias, eps, dtype)
+    return common.e_layer_norm(t, weight, bias, eps)
+
+
+def _e_swin_stem(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, capped: bool) -> Err:
+    """:func:`_swin_stem` with the running error analysis (the LayerNorm capped as
+    :func:`refimpl.models._netparts.e_layer_norm` or, ``capped=False``, first order alone)."""
+    images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
+    y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
+                        params["patch_embed.proj.bias"], stride=cfg.patch_size)
+    g = Err(y.value.transpose(0, 2, 3, 1), y.err.transpose(0, 2, 3, 1), y.depth)
+    return _e_layer_norm(g, params["patch_embed.norm.weight"], params["patch_embed.norm.bias"], cfg.layer_norm_eps,
+                         dtype, capped)
+
+
+def _e_swin_head(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, capped: bool) -> Err:
+    """:func:`_swin_head` with the running error analysis."""
+    y = _e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps, dtype, capped)
+    return common.e_linear(common.e_mean(y, axis=(1, 2)), params["head.weight"], params["head.bias"])
 
 
 def unit_parts(cfg: FlattenDeiTConfig | FlattenSwinConfig, name: str) -> tuple[str, ...]:
@@ -423,10 +477,12 @@ def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, 
 def _feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
     """The stage feature map (B, C, H, W) if unit ``name`` ends a stage, else None."""
     if isinstance(cfg, FlattenDeiTConfig):
-        if name != f"blocks.{cfg.depth - 1}":
-            return None
-        b, _, c = y.shape
-        return y.transpose(0, 2, 1).reshape(b, c, *cfg.grid)
+        return deit_feature_map(name, y, cfg, cls_token=False)
+    return _swin_feature_map(name, y, cfg)
+
+
+def _swin_feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
+    """A Swin stage's feature map (B, C, H, W) after its last block, else None."""
     if name.startswith("layers.") and ".blocks." in name:
         i, j = _parse(name)
         if j == cfg.depths[i] - 1:
@@ -439,11 +495,8 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | Flatten
     """Logits and per-stage feature maps in one pass (see :func:`forward`, :func:`features`).
     taps : dict or None; records every unit's output under its name."""
     _check_cfg(cfg)
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
+                       run_unit=run_unit, feature_map=_feature_map)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig) -> np.ndarray:
@@ -484,23 +537,15 @@ def features(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | Fl
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) -> Err:
     """:func:`run_unit` with the running error analysis of refimpl.models.common."""
     eps = cfg.layer_norm_eps
+    deit = isinstance(cfg, FlattenDeiTConfig)
     if name == "stem":
-        images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
-        y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
-                            params["patch_embed.proj.bias"], stride=cfg.patch_size)
-        if isinstance(cfg, FlattenDeiTConfig):
-            b, c, gh, gw = y.value.shape
-
-            def tok(a):
-                return a.reshape(b, c, gh * gw).transpose(0, 2, 1)
-
-            return common.e_add(Err(tok(y.value), tok(y.err), y.depth), common.e_exact(params["pos_embed"]))
-        g = Err(y.value.transpose(0, 2, 3, 1), y.err.transpose(0, 2, 3, 1), y.depth)
-        return common.e_layer_norm(g, params["patch_embed.norm.weight"], params["patch_embed.norm.bias"], eps)
+        if deit:
+            return e_deit_stem(params, t, cfg, cls_token=False)
+        return _e_swin_stem(params, t, cfg, dtype, capped=False)
     if name == "head":
-        axis = 1 if isinstance(cfg, FlattenDeiTConfig) else (1, 2)
-        pooled = common.e_mean(common.e_layer_norm(t, params["norm.weight"], params["norm.bias"], eps), axis=axis)
-        return common.e_linear(pooled, params["head.weight"], params["head.bias"])
+        if deit:
+            return e_deit_head(params, t, cfg, dtype, cls_token=False, capped=False)
+        return _e_swin_head(params, t, cfg, dtype, capped=False)
     if name.endswith("downsample"):
         return common.e_patch_merging(t, layers.subparams(params, name), eps)
     return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
@@ -524,9 +569,7 @@ def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: 
         if cfg.attn_types[i] == "L":
             a = common.e_focused_window(y, ap, cfg.attention_config(i), window_size=ws, shift=shift, dtype=dtype)
         else:
-            opts = cfg.window_options
-            opts.pop("shift", None)
-            a = common.e_window_attention(y, ap, num_heads=cfg.num_heads[i], window_size=ws, shift=shift, **opts)
+            a = _e_softmax_window(y, ap, cfg, i, ws, shift)
     return common.e_add(t, a)
 
 
@@ -558,9 +601,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
     absolute Jacobians of every stage (see docs/models_flatten_castling.md for measured sizes), so the
     sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature bounds, logits bound)."""
     _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
+                          e_unit=_e_unit, feature_map=_feature_map)
 
 
 # ===================================================================================================
@@ -588,24 +630,49 @@ def macs(cfg: FlattenDeiTConfig | FlattenSwinConfig, image_hw: Any = None) -> di
             out[f"blocks.{i}.mlp"] = counting.mlp_macs(n, c, cfg.hidden)
         out["head"] = counting.linear_macs(1, c, cfg.num_classes)
         return out
-    c0 = cfg.embed_dim
-    g0 = cfg.stage_grids[0]
-    out["patch_embed"] = counting.conv2d_macs(g0, cfg.in_chans, c0, (cfg.patch_size, cfg.patch_size))
+
+    def focused(out: dict[str, int], p: str, i: int) -> None:
+        c, h, (ws, _) = cfg.stage_dim(i), cfg.num_heads[i], cfg.stage_windows[i]
+        (hp, wp), nw, n = _padded(cfg, i), _n_windows(cfg, i), ws * ws
+        out[f"{p}.qkv"] = counting.linear_macs(hp * wp, c, 3 * c)
+        out[f"{p}.core"] = nw * counting.linear_attention_macs(h, n, n, c // h)
+        out[f"{p}.dwc"] = nw * counting.depthwise_conv2d_macs((ws, ws), c, (cfg.kernel_size,) * 2)
+        out[f"{p}.proj"] = counting.linear_macs(hp * wp, c, c)
+
+    return _swin_macs(cfg, focused, out)
+
+
+def _padded(cfg: Any, i: int) -> tuple[int, int]:
+    """Stage i's grid padded to a multiple of its window."""
+    (gh, gw), (ws, _) = cfg.stage_grids[i], cfg.stage_windows[i]
+    return -(-gh // ws) * ws, -(-gw // ws) * ws
+
+
+def _n_windows(cfg: Any, i: int) -> int:
+    hp, wp = _padded(cfg, i)
+    ws = cfg.stage_windows[i][0]
+    return (hp // ws) * (wp // ws)
+
+
+def _swin_macs(cfg: Any, linear_attn: Callable[[dict[str, int], str, int], None],
+               out: dict[str, int]) -> dict[str, int]:
+    """A Swin network's MACs (FLatten-Swin, RALA-Swin) into ``out``: the patch embedding, per block the
+    attention (a linear stage's by ``linear_attn(out, prefix, i)``, a softmax stage's qkv, window core and proj)
+    and the MLP, patch merging, the head."""
+    out["patch_embed"] = counting.conv2d_macs(cfg.stage_grids[0], cfg.in_chans, cfg.embed_dim,
+                                              (cfg.patch_size, cfg.patch_size))
     for i in range(cfg.n_stages):
         c, (gh, gw), (ws, _), h = cfg.stage_dim(i), cfg.stage_grids[i], cfg.stage_windows[i], cfg.num_heads[i]
-        d = c // h
-        hp, wp = -(-gh // ws) * ws, -(-gw // ws) * ws
-        nw, n = (hp // ws) * (wp // ws), ws * ws
         for j in range(cfg.depths[i]):
-            p = f"layers.{i}.blocks.{j}.attn"
-            out[f"{p}.qkv"] = counting.linear_macs(hp * wp, c, 3 * c)
+            p = f"layers.{i}.blocks.{j}"
             if cfg.attn_types[i] == "L":
-                out[f"{p}.core"] = nw * counting.linear_attention_macs(h, n, n, d)
-                out[f"{p}.dwc"] = nw * counting.depthwise_conv2d_macs((ws, ws), c, (cfg.kernel_size,) * 2)
+                linear_attn(out, f"{p}.attn", i)
             else:
-                out[f"{p}.core"] = nw * counting.softmax_attention_macs(h, n, n, d)
-            out[f"{p}.proj"] = counting.linear_macs(hp * wp, c, c)
-            out[f"layers.{i}.blocks.{j}.mlp"] = counting.mlp_macs(gh * gw, c, cfg.hidden(i))
+                (hp, wp), nw = _padded(cfg, i), _n_windows(cfg, i)
+                out[f"{p}.attn.qkv"] = counting.linear_macs(hp * wp, c, 3 * c)
+                out[f"{p}.attn.core"] = nw * counting.softmax_attention_macs(h, ws * ws, ws * ws, c // h)
+                out[f"{p}.attn.proj"] = counting.linear_macs(hp * wp, c, c)
+            out[f"{p}.mlp"] = counting.mlp_macs(gh * gw, c, cfg.hidden(i))
         if i < cfg.n_stages - 1:
             mh, mw = cfg.stage_grids[i + 1]
             out[f"layers.{i}.downsample"] = counting.linear_macs(mh * mw, 4 * c, 2 * c)
@@ -631,17 +698,29 @@ def elementwise(cfg: FlattenDeiTConfig | FlattenSwinConfig, image_hw: Any = None
             out[f"blocks.{i}.residual"] = 2 * n * c
         out["norm_pool"] = 2 * n * c
         return out
+
+    def focused(out: dict[str, int], p: str, i: int, n: int) -> None:
+        out[f"{p}.features"] = 2 * n * cfg.stage_dim(i)
+        out[f"{p}.normalise"] = 2 * n * cfg.stage_dim(i)
+
+    return _swin_elementwise(cfg, focused, out)
+
+
+def _swin_elementwise(cfg: Any, linear_attn: Callable[[dict[str, int], str, int, int], None],
+                      out: dict[str, int]) -> dict[str, int]:
+    """A Swin network's element ops into ``out``: per block the norms, the attention's (a linear stage's by
+    ``linear_attn(out, prefix, i, tokens)``, a softmax stage's exp), GELU, the residual additions; the final
+    norm and pooling."""
     for i in range(cfg.n_stages):
         c, (gh, gw), (ws, _), h = cfg.stage_dim(i), cfg.stage_grids[i], cfg.stage_windows[i], cfg.num_heads[i]
         n = gh * gw
-        hp, wp = -(-gh // ws) * ws, -(-gw // ws) * ws
         for j in range(cfg.depths[i]):
             p = f"layers.{i}.blocks.{j}"
             out[f"{p}.norms"] = 2 * n * c
             if cfg.attn_types[i] == "L":
-                out[f"{p}.attn.features"] = 2 * n * c
-                out[f"{p}.attn.normalise"] = 2 * n * c
+                linear_attn(out, f"{p}.attn", i, n)
             else:
+                hp, wp = _padded(cfg, i)
                 out[f"{p}.attn.softmax"] = hp * wp * ws * ws * h
             out[f"{p}.mlp.gelu"] = n * cfg.hidden(i)
             out[f"{p}.residual"] = 2 * n * c

@@ -69,6 +69,8 @@ from .. import config, layers, numerics, validation
 from ..attention import enhanced
 from ..attention import softmax as _softmax
 from . import _netparts as nets
+from ._deit import (DeiTClassTokenGeometry, deit_feature_map, deit_head, deit_head_shapes, deit_stem, deit_stem_shapes,
+                    deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
 from . import common, counting
 from .common import Err
 from .l2vit import _e_enhanced_attention
@@ -84,7 +86,7 @@ _ORDERS = ("linear", "quadratic")
 
 
 @dataclasses.dataclass(frozen=True)
-class L2ViTDeiTConfig:
+class L2ViTDeiTConfig(DeiTClassTokenGeometry):
     """DeiT with L2ViT's enhanced linear attention in some blocks.  Every architectural choice is a field.
 
     embed_dim C, depth, num_heads h; block_types: one letter per block, "S" (DeiT's softmax attention) or "E"
@@ -147,18 +149,6 @@ class L2ViTDeiTConfig:
         """The block types, one letter per block ("SE" repeated when ``block_types`` is None)."""
         return self.block_types if self.block_types is not None else ("SE" * self.depth)[:self.depth]
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def tokens(self) -> int:
-        return self.grid[0] * self.grid[1] + 1
-
-    @property
-    def hidden(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
     def block_config(self) -> enhanced.L2ViTConfig:
         """The :class:`refimpl.attention.enhanced.L2ViTConfig` of the enhanced blocks (its window and CPE
         fields are unused here)."""
@@ -207,82 +197,6 @@ def param_shapes(cfg: L2ViTDeiTConfig) -> dict[str, tuple[int, ...]]:
     return s
 
 
-# ---------------------------------------------------------------------------------------------------
-# DeiT's stem and head, shared with the other DeiT networks (refimpl.models.rala_variants).  ``cfg`` is any
-# config with embed_dim, in_chans, img_size, patch_size, num_classes and layer_norm_eps.  With a class token
-# (DeiT, here) the head reads the class token; without one (FLatten-DeiT's layout, RALA's DeiT-T setting) the
-# positional embedding covers the N patch tokens and the head mean-pools them.
-# ---------------------------------------------------------------------------------------------------
-
-def deit_stem_shapes(cfg: Any, *, cls_token: bool) -> dict[str, tuple[int, ...]]:
-    """The stem's entries: the patch embedding, the class token (if any) and the positional embedding."""
-    c, p = cfg.embed_dim, cfg.patch_size
-    n = (cfg.img_size[0] // p) * (cfg.img_size[1] // p) + (1 if cls_token else 0)
-    s: dict[str, tuple[int, ...]] = {"patch_embed.proj.weight": (c, cfg.in_chans, p, p), "patch_embed.proj.bias": (c,)}
-    if cls_token:
-        s["cls_token"] = (1, 1, c)
-    s["pos_embed"] = (1, n, c)
-    return s
-
-
-def deit_head_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
-    """The head's entries: the final LayerNorm and the classifier."""
-    s = dict(common.ln_shapes("norm", cfg.embed_dim))
-    s.update({"head.weight": (cfg.num_classes, cfg.embed_dim), "head.bias": (cfg.num_classes,)})
-    return s
-
-
-def deit_stem(params: Mapping[str, Any], images: Any, cfg: Any, *, cls_token: bool) -> np.ndarray:
-    """Images (B, in_chans, H, W) -> tokens (B, T, C): the patch embedding (a patch x patch conv, stride patch),
-    the tokens row-major, the class token first (if any), + the positional embedding.  References: DeiT."""
-    images = common.check_images(images, cfg.in_chans, cfg.img_size)
-    y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
-                           cfg.patch_size)
-    b, c, gh, gw = y.shape
-    tok = y.reshape(b, c, gh * gw).transpose(0, 2, 1)
-    if cls_token:
-        cls = np.broadcast_to(numerics.as_float(params["cls_token"], "cls_token"), (b, 1, c))
-        tok = np.concatenate([cls, tok], axis=1)
-    return tok + numerics.as_float(params["pos_embed"], "pos_embed")
-
-
-def deit_head(params: Mapping[str, Any], x: np.ndarray, cfg: Any, *, cls_token: bool) -> np.ndarray:
-    """Tokens (B, T, C) -> logits: LayerNorm, then the class token (DeiT) or the mean over the tokens (no class
-    token), then the classifier."""
-    if cls_token:
-        y = layers.layer_norm(x[:, 0], params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps)
-    else:
-        y = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps), axis=1)
-    return layers.linear(y, params["head.weight"], params["head.bias"])
-
-
-def e_deit_stem(params: Mapping[str, Any], t: Err, cfg: Any, *, cls_token: bool) -> Err:
-    """:func:`deit_stem` with the running error analysis (the class token is exact)."""
-    images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
-    y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
-                        params["patch_embed.proj.bias"], stride=cfg.patch_size)
-    b, c, gh, gw = y.value.shape
-    cls = np.broadcast_to(numerics.as_float(params["cls_token"], "cls_token"), (b, 1, c)) if cls_token else None
-
-    def tok(a, first):
-        a = a.reshape(b, c, gh * gw).transpose(0, 2, 1)
-        return a if first is None else np.concatenate([first, a], axis=1)
-
-    x = Err(tok(y.value, cls), tok(y.err, None if cls is None else np.zeros_like(cls)), y.depth)
-    return common.e_add(x, common.e_exact(params["pos_embed"]))
-
-
-def e_deit_head(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, cls_token: bool) -> Err:
-    """:func:`deit_head` with the running error analysis."""
-    eps = cfg.layer_norm_eps
-    if cls_token:
-        y = nets.e_layer_norm(Err(t.value[:, 0], t.err[:, 0], t.depth), params["norm.weight"], params["norm.bias"],
-                              eps, dtype)
-    else:
-        y = common.e_mean(nets.e_layer_norm(t, params["norm.weight"], params["norm.bias"], eps, dtype), axis=1)
-    return common.e_linear(y, params["head.weight"], params["head.bias"])
-
-
 def init_params(cfg: L2ViTDeiTConfig, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
     """Fresh float64 parameters (models._netparts.init_params_from_shapes: BN running variances positive), the
     scale s at the paper's init sqrt(C) (Appendix 7) and the released temperature at d^-1/2.  For tests, docs
@@ -304,7 +218,7 @@ def _check_params(params: Any, cfg: L2ViTDeiTConfig) -> Mapping[str, Any]:
 def unit_names(cfg: L2ViTDeiTConfig) -> list[str]:
     """The units of the network in execution order."""
     _check_cfg(cfg)
-    return ["stem"] + [f"blocks.{i}" for i in range(cfg.depth)] + ["head"]
+    return deit_unit_names(cfg)
 
 
 def _kind(name: str, cfg: L2ViTDeiTConfig) -> str:
@@ -384,20 +298,14 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: 
 
 
 def _feature_map(name: str, y: np.ndarray, cfg: L2ViTDeiTConfig) -> np.ndarray | None:
-    if name != f"blocks.{cfg.depth - 1}":
-        return None
-    b, _, c = y.shape
-    return y[:, 1:].transpose(0, 2, 1).reshape(b, c, *cfg.grid)
+    return deit_feature_map(name, y, cfg, cls_token=True)
 
 
 def run(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
+                       run_unit=run_unit, feature_map=_feature_map)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig) -> np.ndarray:
@@ -506,9 +414,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig,
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, loose through depth; :func:`unit_bound` restarts at each unit)."""
     _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
+                          e_unit=_e_unit, feature_map=_feature_map)
 
 
 # ===================================================================================================

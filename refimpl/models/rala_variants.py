@@ -63,13 +63,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics, validation
+from .. import config, layers, numerics
 from ..attention import rala
-from ..attention.softmax import WINDOW_PRESETS, window_attention
 from . import _netparts as nets
 from . import common, counting
 from .common import Err
-from .l2vit_deit import deit_head, deit_head_shapes, deit_stem, deit_stem_shapes, e_deit_head, e_deit_stem
+from . import flatten as _flatten
+from ._deit import (DeiTGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
+                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
 from .ravlt import _e_attention as _e_rala_attention
 from .registry import register
 
@@ -77,22 +78,10 @@ __all__ = ["RALADeiTConfig", "RALASwinConfig", "param_shapes", "init_params", "u
            "run_unit_part", "run", "forward", "features", "unit_bound", "unit_part_bound", "forward_bounds", "macs",
            "elementwise", "reduced", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS"]
 
-_PRESETS = ("paper", "official")
-_WINDOW_PRESET = {"paper": "swin", "official": "swin_official"}
 
 
 def _check_common(cfg: Any) -> None:
-    object.__setattr__(cfg, "img_size", common.normalize_img_size(cfg.img_size))
-    object.__setattr__(cfg, "attn_overrides", common.normalize_overrides(cfg.attn_overrides))
-    if cfg.preset not in _PRESETS:
-        raise ValueError(f"argument 'preset': expected one of {_PRESETS}, got {cfg.preset!r}")
-    for name in ("patch_size", "in_chans", "num_classes", "embed_dim"):
-        numerics.check_positive_int(getattr(cfg, name), name)
-    h, w = cfg.img_size
-    if h % cfg.patch_size or w % cfg.patch_size:
-        raise ValueError(f"argument 'img_size': {cfg.img_size} must be a multiple of patch_size={cfg.patch_size}")
-    validation.check_positive(cfg.mlp_ratio, "mlp_ratio")
-    validation.check_eps(cfg.layer_norm_eps, "layer_norm_eps")
+    _flatten._check_common(cfg, pad_note="")
 
 
 def _rala_config(cfg: Any, dim: int, heads: int) -> rala.RALAConfig:
@@ -101,7 +90,7 @@ def _rala_config(cfg: Any, dim: int, heads: int) -> rala.RALAConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RALADeiTConfig:
+class RALADeiTConfig(DeiTGeometry):
     """DeiT-T with RALA in every block, no class token (RALA Table 8, DeiT-T setting).
 
     embed_dim C, depth, num_heads h; img_size (H, W); patch_size; in_chans; num_classes; mlp_ratio; qkv_bias (of
@@ -127,20 +116,12 @@ class RALADeiTConfig:
         numerics.check_positive_int(self.depth, "depth")
         self.attention_config()   # validates heads and overrides
 
-    @property
-    def grid(self) -> tuple[int, int]:
-        return self.img_size[0] // self.patch_size, self.img_size[1] // self.patch_size
-
-    @property
-    def hidden(self) -> int:
-        return int(self.embed_dim * self.mlp_ratio)
-
     def attention_config(self) -> rala.RALAConfig:
         return _rala_config(self, self.embed_dim, self.num_heads)
 
 
 @dataclasses.dataclass(frozen=True)
-class RALASwinConfig:
+class RALASwinConfig(_flatten._SwinStages):
     """Swin with RALA in some stages (RALA Table 8, Swin-T / Swin-S settings).
 
     embed_dim C (stage i has C 2^i channels), depths, num_heads (per stage), attn_types ("L" global RALA /
@@ -167,36 +148,10 @@ class RALASwinConfig:
     window_preset: str | None = None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "depths", tuple(int(d) for d in self.depths))
-        object.__setattr__(self, "num_heads", tuple(int(h) for h in self.num_heads))
-        _check_common(self)
-        n = len(self.depths)
-        if len(self.num_heads) != n or len(self.attn_types) != n or set(self.attn_types) - {"L", "S"}:
-            raise ValueError(f"arguments 'depths', 'num_heads', 'attn_types': one entry per stage and types in "
-                             f"'L'/'S', got {self.depths}, {self.num_heads}, {self.attn_types!r}")
-        for d in self.depths:
-            numerics.check_positive_int(d, "depths[i]")
-        numerics.check_positive_int(self.window_size, "window_size")
-        if self.window_preset is not None and self.window_preset not in WINDOW_PRESETS:
-            raise ValueError(f"argument 'window_preset': expected None or one of {sorted(WINDOW_PRESETS)}, "
-                             f"got {self.window_preset!r}")
-        for i in range(n):
-            if self.stage_dim(i) % self.num_heads[i]:
-                raise ValueError(f"argument 'num_heads': stage {i} has {self.stage_dim(i)} channels, not divisible "
-                                 f"by {self.num_heads[i]} heads")
+        self._check_stages(_check_common)
+        for i in range(self.n_stages):
             if self.attn_types[i] == "L":
                 self.attention_config(i)
-
-    @property
-    def n_stages(self) -> int:
-        return len(self.depths)
-
-    def stage_dim(self, i: int) -> int:
-        return self.embed_dim * 2 ** i
-
-    @property
-    def stage_grids(self) -> list[tuple[int, int]]:
-        return common.stage_grids(self.img_size, self.patch_size, self.n_stages)
 
     @property
     def stage_windows(self) -> list[tuple[int, int]]:
@@ -205,15 +160,8 @@ class RALASwinConfig:
         return [common.swin_window(g, self.window_size) if t == "S" else (0, 0)
                 for g, t in zip(self.stage_grids, self.attn_types)]
 
-    @property
-    def window_options(self) -> dict[str, Any]:
-        return dict(WINDOW_PRESETS[self.window_preset or _WINDOW_PRESET[self.preset]])
-
     def attention_config(self, i: int) -> rala.RALAConfig:
         return _rala_config(self, self.stage_dim(i), self.num_heads[i])
-
-    def hidden(self, i: int) -> int:
-        return int(self.stage_dim(i) * self.mlp_ratio)
 
 
 def _check_cfg(cfg: Any) -> None:
@@ -225,18 +173,6 @@ def _check_cfg(cfg: Any) -> None:
 # Parameter shapes and initialisation
 # ===================================================================================================
 
-def _prefixed(prefix: str, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-    return {f"{prefix}.{k}": tuple(v) for k, v in shapes.items()}
-
-
-def _block_shapes(prefix: str, c: int, hidden: int, attn: Mapping[str, tuple[int, ...]]) -> dict:
-    s = dict(common.ln_shapes(f"{prefix}.norm1", c))
-    s.update(_prefixed(f"{prefix}.attn", attn))
-    s.update(common.ln_shapes(f"{prefix}.norm2", c))
-    s.update(common.mlp_shapes(f"{prefix}.mlp", c, hidden))
-    return s
-
-
 def param_shapes(cfg: RALADeiTConfig | RALASwinConfig) -> dict[str, tuple[int, ...]]:
     """Every state_dict key and shape of the network, from the config alone (nothing allocated)."""
     _check_cfg(cfg)
@@ -244,29 +180,10 @@ def param_shapes(cfg: RALADeiTConfig | RALASwinConfig) -> dict[str, tuple[int, .
         s = deit_stem_shapes(cfg, cls_token=False)
         attn = rala.rala_param_shapes(cfg.attention_config())
         for i in range(cfg.depth):
-            s.update(_block_shapes(f"blocks.{i}", cfg.embed_dim, cfg.hidden, attn))
+            s.update(block_shapes(f"blocks.{i}", cfg.embed_dim, cfg.hidden, attn))
         s.update(deit_head_shapes(cfg))
         return s
-    c0 = cfg.embed_dim
-    s = {"patch_embed.proj.weight": (c0, cfg.in_chans, cfg.patch_size, cfg.patch_size), "patch_embed.proj.bias": (c0,)}
-    s.update(common.ln_shapes("patch_embed.norm", c0))
-    for i in range(cfg.n_stages):
-        c, (ws, _) = cfg.stage_dim(i), cfg.stage_windows[i]
-        for j in range(cfg.depths[i]):
-            p = f"layers.{i}.blocks.{j}"
-            if cfg.attn_types[i] == "L":
-                attn = rala.rala_param_shapes(cfg.attention_config(i))
-            else:
-                attn = {k[len(f"{p}.attn."):]: v for k, v in
-                        common.window_attention_shapes(f"{p}.attn", c, cfg.num_heads[i], ws, cfg.qkv_bias).items()}
-            s.update(_block_shapes(p, c, cfg.hidden(i), attn))
-        if i < cfg.n_stages - 1:
-            s.update(common.ln_shapes(f"layers.{i}.downsample.norm", 4 * c))
-            s[f"layers.{i}.downsample.reduction.weight"] = (2 * c, 4 * c)
-    cl = cfg.stage_dim(cfg.n_stages - 1)
-    s.update(common.ln_shapes("norm", cl))
-    s.update({"head.weight": (cfg.num_classes, cl), "head.bias": (cfg.num_classes,)})
-    return s
+    return _flatten._swin_param_shapes(cfg, lambda i, ws: rala.rala_param_shapes(cfg.attention_config(i)))
 
 
 def init_params(cfg: RALADeiTConfig | RALASwinConfig, rng: np.random.Generator | int = 0) -> dict[str, np.ndarray]:
@@ -288,14 +205,7 @@ def _check_params(params: Any, cfg: Any) -> Mapping[str, Any]:
 def unit_names(cfg: RALADeiTConfig | RALASwinConfig) -> list[str]:
     """The units of the network in execution order."""
     _check_cfg(cfg)
-    if isinstance(cfg, RALADeiTConfig):
-        return ["stem"] + [f"blocks.{i}" for i in range(cfg.depth)] + ["head"]
-    out = ["stem"]
-    for i in range(cfg.n_stages):
-        out += [f"layers.{i}.blocks.{j}" for j in range(cfg.depths[i])]
-        if i < cfg.n_stages - 1:
-            out.append(f"layers.{i}.downsample")
-    return out + ["head"]
+    return deit_unit_names(cfg) if isinstance(cfg, RALADeiTConfig) else _flatten._swin_unit_names(cfg)
 
 
 def unit_parts(cfg: RALADeiTConfig | RALASwinConfig, name: str) -> tuple[str, ...]:
@@ -306,21 +216,13 @@ def unit_parts(cfg: RALADeiTConfig | RALASwinConfig, name: str) -> tuple[str, ..
     return ("attn", "mlp") if ".blocks." in f".{name}" else ()
 
 
-def _parse(name: str) -> tuple[int, int]:
-    parts = name.split(".")
-    return int(parts[1]), int(parts[3]) if len(parts) > 3 else -1
-
-
 def _check_unit_input(x: Any, name: str, cfg: Any) -> np.ndarray:
     x = numerics.as_float(x, "x")
     if isinstance(cfg, RALADeiTConfig):
         gh, gw = cfg.grid
         numerics.check_shapes(x=(x, "B N C"), sizes={"N": gh * gw, "C": cfg.embed_dim})
         return x
-    i = cfg.n_stages - 1 if name == "head" else _parse(name)[0]
-    (gh, gw), c = cfg.stage_grids[i], cfg.stage_dim(i)
-    numerics.check_shapes(x=(x, "B H W C"), sizes={"H": gh, "W": gw, "C": c})
-    return x
+    return _flatten._check_swin_input(x, name, cfg)
 
 
 def _rala_on_grid(y: np.ndarray, p: Mapping[str, Any], acfg: rala.RALAConfig) -> np.ndarray:
@@ -335,14 +237,11 @@ def _attention(y: np.ndarray, p: Mapping[str, Any], name: str, cfg: Any) -> np.n
     if isinstance(cfg, RALADeiTConfig):
         b, n, c = y.shape
         return _rala_on_grid(y.reshape(b, *cfg.grid, c), p, cfg.attention_config()).reshape(b, n, c)
-    i, j = _parse(name)
+    i, j = _flatten._parse(name)
     if cfg.attn_types[i] == "L":
         return _rala_on_grid(y, p, cfg.attention_config(i))
     ws, sh = cfg.stage_windows[i]
-    opts = cfg.window_options
-    opts.pop("shift", None)
-    return window_attention(y, p, num_heads=cfg.num_heads[i], window_size=ws, shift=sh if j % 2 else 0, pad=True,
-                            **opts)
+    return _flatten._softmax_window(y, p, cfg, i, ws, sh if j % 2 else 0)
 
 
 def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
@@ -370,18 +269,12 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RALADeiTConfig |
     if name == "stem":
         if isinstance(cfg, RALADeiTConfig):
             return deit_stem(params, x, cfg, cls_token=False)
-        images = common.check_images(x, cfg.in_chans, cfg.img_size)
-        y = common.patch_embed(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
-                               cfg.patch_size)
-        return np.ascontiguousarray(layers.layer_norm(y.transpose(0, 2, 3, 1), params["patch_embed.norm.weight"],
-                                                      params["patch_embed.norm.bias"], cfg.layer_norm_eps))
+        return _flatten._swin_stem(params, x, cfg)
     x = _check_unit_input(x, name, cfg)
     if name == "head":
         if isinstance(cfg, RALADeiTConfig):
             return deit_head(params, x, cfg, cls_token=False)
-        pooled = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps),
-                         axis=(1, 2))
-        return layers.linear(pooled, params["head.weight"], params["head.bias"])
+        return _flatten._swin_head(params, x, cfg)
     if name.endswith("downsample"):
         return common.patch_merging2d(x, layers.subparams(params, name), cfg.layer_norm_eps)
     for part in unit_parts(cfg, name):
@@ -402,26 +295,16 @@ def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
 def _feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
     """The stage feature map (B, C, H, W) if unit ``name`` ends a stage, else None."""
     if isinstance(cfg, RALADeiTConfig):
-        if name != f"blocks.{cfg.depth - 1}":
-            return None
-        b, _, c = y.shape
-        return y.transpose(0, 2, 1).reshape(b, c, *cfg.grid)
-    if ".blocks." in name:
-        i, j = _parse(name)
-        if j == cfg.depths[i] - 1:
-            return y.transpose(0, 3, 1, 2)
-    return None
+        return deit_feature_map(name, y, cfg, cls_token=False)
+    return _flatten._swin_feature_map(name, y, cfg)
 
 
 def run(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALASwinConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and per-stage feature maps in one pass; taps (dict or None) records every unit's output."""
     _check_cfg(cfg)
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
+                       run_unit=run_unit, feature_map=_feature_map)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALASwinConfig) -> np.ndarray:
@@ -454,17 +337,14 @@ def features(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALAS
 def _e_attention(y: Err, p: Mapping[str, Any], name: str, cfg: Any, dtype: Any) -> Err:
     if isinstance(cfg, RALADeiTConfig):
         return _e_rala_attention(y, p, cfg.attention_config(), cfg.grid, "rala", dtype)
-    i, j = _parse(name)
+    i, j = _flatten._parse(name)
     if cfg.attn_types[i] == "L":
         b, h, w, c = y.value.shape
         tok = Err(y.value.reshape(b, h * w, c), y.err.reshape(b, h * w, c), y.depth)
         a = _e_rala_attention(tok, p, cfg.attention_config(i), (h, w), "rala", dtype)
         return Err(a.value.reshape(b, h, w, c), a.err.reshape(b, h, w, c), a.depth)
     ws, sh = cfg.stage_windows[i]
-    opts = cfg.window_options
-    opts.pop("shift", None)
-    return common.e_window_attention(y, p, num_heads=cfg.num_heads[i], window_size=ws, shift=sh if j % 2 else 0,
-                                     **opts)
+    return _flatten._e_softmax_window(y, p, cfg, i, ws, sh if j % 2 else 0)
 
 
 def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
@@ -484,17 +364,11 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) 
     if name == "stem":
         if deit:
             return e_deit_stem(params, t, cfg, cls_token=False)
-        images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
-        y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
-                            params["patch_embed.proj.bias"], stride=cfg.patch_size)
-        g = Err(y.value.transpose(0, 2, 3, 1), y.err.transpose(0, 2, 3, 1), y.depth)
-        return nets.e_layer_norm(g, params["patch_embed.norm.weight"], params["patch_embed.norm.bias"], eps, dtype)
+        return _flatten._e_swin_stem(params, t, cfg, dtype, capped=True)
     if name == "head":
         if deit:
             return e_deit_head(params, t, cfg, dtype, cls_token=False)
-        pooled = common.e_mean(nets.e_layer_norm(t, params["norm.weight"], params["norm.bias"], eps, dtype),
-                               axis=(1, 2))
-        return common.e_linear(pooled, params["head.weight"], params["head.bias"])
+        return _flatten._e_swin_head(params, t, cfg, dtype, capped=True)
     if name.endswith("downsample"):
         return common.e_patch_merging(t, layers.subparams(params, name), eps)
     for part in unit_parts(cfg, name):
@@ -527,9 +401,8 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig |
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, loose through depth; :func:`unit_bound` restarts at each unit)."""
     _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
+                          e_unit=_e_unit, feature_map=_feature_map)
 
 
 # ===================================================================================================
@@ -569,26 +442,8 @@ def macs(cfg: RALADeiTConfig | RALASwinConfig, image_hw: Any = None) -> dict[str
             out[f"blocks.{i}.mlp"] = counting.mlp_macs(gh * gw, c, cfg.hidden)
         out["head"] = counting.linear_macs(1, c, cfg.num_classes)
         return out
-    out["patch_embed"] = counting.conv2d_macs(cfg.stage_grids[0], cfg.in_chans, cfg.embed_dim,
-                                              (cfg.patch_size, cfg.patch_size))
-    for i in range(cfg.n_stages):
-        c, (gh, gw), (ws, _), h = cfg.stage_dim(i), cfg.stage_grids[i], cfg.stage_windows[i], cfg.num_heads[i]
-        for j in range(cfg.depths[i]):
-            p = f"layers.{i}.blocks.{j}"
-            if cfg.attn_types[i] == "L":
-                _rala_macs(out, f"{p}.attn", cfg.attention_config(i), (gh, gw))
-            else:
-                hp, wp = -(-gh // ws) * ws, -(-gw // ws) * ws
-                nw = (hp // ws) * (wp // ws)
-                out[f"{p}.attn.qkv"] = counting.linear_macs(hp * wp, c, 3 * c)
-                out[f"{p}.attn.core"] = nw * counting.softmax_attention_macs(h, ws * ws, ws * ws, c // h)
-                out[f"{p}.attn.proj"] = counting.linear_macs(hp * wp, c, c)
-            out[f"{p}.mlp"] = counting.mlp_macs(gh * gw, c, cfg.hidden(i))
-        if i < cfg.n_stages - 1:
-            mh, mw = cfg.stage_grids[i + 1]
-            out[f"layers.{i}.downsample"] = counting.linear_macs(mh * mw, 4 * c, 2 * c)
-    out["head"] = counting.linear_macs(1, cfg.stage_dim(cfg.n_stages - 1), cfg.num_classes)
-    return out
+    return _flatten._swin_macs(
+        cfg, lambda out, p, i: _rala_macs(out, p, cfg.attention_config(i), cfg.stage_grids[i]), out)
 
 
 def _rala_elementwise(out: dict[str, int], prefix: str, a: rala.RALAConfig, n: int) -> None:
@@ -620,22 +475,8 @@ def elementwise(cfg: RALADeiTConfig | RALASwinConfig, image_hw: Any = None) -> d
             out[f"blocks.{i}.residual"] = 2 * n * c
         out["norm_pool"] = 2 * n * c
         return out
-    for i in range(cfg.n_stages):
-        c, (gh, gw), (ws, _), h = cfg.stage_dim(i), cfg.stage_grids[i], cfg.stage_windows[i], cfg.num_heads[i]
-        n = gh * gw
-        for j in range(cfg.depths[i]):
-            p = f"layers.{i}.blocks.{j}"
-            out[f"{p}.norms"] = 2 * n * c
-            if cfg.attn_types[i] == "L":
-                _rala_elementwise(out, f"{p}.attn", cfg.attention_config(i), n)
-            else:
-                hp, wp = -(-gh // ws) * ws, -(-gw // ws) * ws
-                out[f"{p}.attn.softmax"] = hp * wp * ws * ws * h
-            out[f"{p}.mlp.gelu"] = n * cfg.hidden(i)
-            out[f"{p}.residual"] = 2 * n * c
-    gl = cfg.stage_grids[-1]
-    out["norm_pool"] = 2 * gl[0] * gl[1] * cfg.stage_dim(cfg.n_stages - 1)
-    return out
+    return _flatten._swin_elementwise(
+        cfg, lambda out, p, i, n: _rala_elementwise(out, p, cfg.attention_config(i), n), out)
 
 
 # ===================================================================================================

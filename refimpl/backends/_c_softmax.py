@@ -1,0 +1,124 @@
+"""C windowed softmax attention (Swin Eq. 4 per window): the validated wrapper of
+``refimpl_window_attention_f32/_f64``.
+
+- ``"window_softmax_attention"``: ``window_softmax_attention(q, k, v, scale, bias=None, mask=None, *,
+  out=None, workspace=None, threads=None)`` (twin ``refimpl.attention.softmax._window_softmax_attention_numpy``,
+  reached through the registry for the range fallback).
+
+The runtime (module loading, status check, threads, range fallback) is refimpl.backends._c's.  This module
+imports nothing from refimpl.attention, refimpl.layers or refimpl.models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _validate
+from ._c import _check_status, _ctype, _load, _outside_band, _poison, _range_fallback, _threads
+from ._registry import definition, register
+from ._validate import empty_aligned, float_arrays
+
+
+def _window_softmax_supported(q: Any, k: Any, v: Any, scale: Any, bias: Any = None, mask: Any = None,
+                              **_: Any) -> bool:
+    """One float32/float64 dtype for q, k, v and the bias (if any)."""
+    return float_arrays(q, k, v) and (bias is None or getattr(bias, "dtype", None) == q.dtype)
+
+
+@register("window_softmax_attention", "c", supports=_window_softmax_supported)
+def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, bias: Any = None,
+                             mask: Any = None, *, out: np.ndarray | None = None, workspace: np.ndarray | None = None,
+                             threads: int | None = None) -> np.ndarray:
+    """Windowed softmax attention with relative-position bias and shift mask in C: the C twin of
+    ``refimpl.attention.softmax._window_softmax_attention_numpy``.
+
+    O = softmax((q scale) k^T + bias, masked) v per (window, head), masked logits -inf (a fully masked row
+    is NaN, as the definition).  Each (window, head) is one work item written by one thread, every sum in
+    a fixed order: bitwise reproducible across runs, thread counts and vector levels, and within
+    ``softmax.softmax_attention_error``'s bound of the float64 definition.
+
+    Parameters
+    ----------
+    q : (BW, h, n, d); k : (BW, h, m, d); v : (BW, h, m, e); one dtype, float32 or float64.
+    scale : float (q is multiplied by it before the products, as the definition does).
+    bias : None, (h, n, m) or (1, h, n, m) (shared by the windows: Swin's relative-position bias), or
+        (BW, h, n, m); same dtype.
+    mask : None or bool (nW, n, m) / (nW, 1, n, m), True = may attend; BW must be a multiple of nW, window
+        w of image b being row b nW + w of q (refimpl.layers.window_partition's order).
+    out, workspace, threads : as :func:`linear_attention` (workspace: at least
+        ``refimpl_window_attention_workspace(n, m, d, threads)`` elements of the compiled module).
+
+    Returns
+    -------
+    (BW, h, n, e) array of the dtype of q.
+
+    Range: as :func:`linear_attention`: float64 q, k, v or bias above 2^``config.RANGE_RESCALE_EXPONENT``, or
+    a NaN/Inf result (a fully masked row included), are answered by the NumPy definition, which
+    rescales q, k and v exactly by powers of two (1e150-sized q and k give the saturated softmax, not NaN).
+
+    References
+    ----------
+    Swin Transformer (Liu et al., 2021) §3.2, Eq. 4; Vaswani et al. (2017) Eq. 1.
+    """
+    mod = _load()
+    if isinstance(scale, (bool, np.bool_)) or not isinstance(scale, (int, float, np.integer, np.floating)):
+        raise TypeError(f"argument 'scale': expected a real number, got {type(scale).__name__}")
+    nthreads = _threads(threads)
+    a = _validate.linear_attention_args(q, k, v, out, "C")
+    sz = a.sizes
+    bw, h, n, m, d = sz["B"], sz["h"], sz["N"], sz["M"], sz["d"]
+    dt = a.q.dtype
+    bias_c, bias_count = None, 0
+    if bias is not None:
+        bias_c = _validate._array(bias, "bias", "C")
+        if bias_c.dtype != dt:
+            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'q'), got {bias_c.dtype}")
+        if bias_c.shape in ((h, n, m), (1, h, n, m)):
+            bias_count = h
+        elif bias_c.shape == (bw, h, n, m):
+            bias_count = bw * h
+        else:
+            raise ValueError(f"argument 'bias': expected shape ({h}, {n}, {m}), (1, {h}, {n}, {m}) or "
+                             f"({bw}, {h}, {n}, {m}), got {bias_c.shape}")
+        bias_c = _validate._contiguous(bias_c)
+    mask_c, mask_count = None, 0
+    if mask is not None:
+        mk = np.asarray(mask)
+        if mk.dtype != bool:
+            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mk.dtype}")
+        if mk.ndim == 4 and mk.shape[1] == 1:
+            mk = mk[:, 0]
+        if mk.ndim != 3 or mk.shape[1:] != (n, m) or mk.shape[0] < 1 or bw % mk.shape[0]:
+            raise ValueError(f"argument 'mask': expected shape (nW, {n}, {m}) with nW dividing {bw} (the "
+                             f"windows of q), got {np.shape(mask)}")
+        mask_c = np.ascontiguousarray(mk).view(np.uint8)
+        mask_count = mk.shape[0]
+    need = int(mod.lib.refimpl_window_attention_workspace(n, m, d, nthreads))
+    if need < 0:
+        raise ValueError(f"arguments 'k'/'q': sizes m={m}, d={d} overflow the workspace size")
+    if workspace is None:
+        ws = empty_aligned(need, dt)
+    else:
+        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
+                                                              ("bias", bias)), "q")
+    result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
+
+    def twin() -> np.ndarray:
+        return definition("window_softmax_attention")(q, k, v, float(scale), bias, mask)
+
+    if _outside_band(np.asarray(q), np.asarray(k), np.asarray(v), bias_c):
+        result[...] = twin()
+        return result
+    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
+    ffi, lib = mod.ffi, mod.lib
+    ct = _ctype(dt)
+    fn = lib.refimpl_window_attention_f64 if dt == np.float64 else lib.refimpl_window_attention_f32
+    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
+                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
+                ffi.NULL if bias_c is None else ffi.from_buffer(ct, bias_c),
+                ffi.NULL if mask_c is None else ffi.from_buffer("unsigned char[]", mask_c),
+                float(scale), bw * h, h, n, m, d, sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads)
+    _check_status(mod, status, "refimpl_window_attention")
+    return _range_fallback(result, twin)
