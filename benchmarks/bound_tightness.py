@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from benchmarks.run import machine  # noqa: E402
+from benchmarks.common import machine  # noqa: E402
 from tests import tightness_cases  # noqa: E402
 
 JSON = ROOT / "benchmarks" / "results" / "bound_tightness.json"

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import sys
-import time
 
 
 def _parse() -> argparse.Namespace:
@@ -54,21 +53,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import equivalence.models as em  # noqa: E402
 import refimpl.models as rm  # noqa: E402
+from benchmarks.common import wall_times  # noqa: E402
 from equivalence.assertions import load_numpy_state  # noqa: E402
 from refimpl import backends, config  # noqa: E402
 from refimpl.models import counting  # noqa: E402
-
-
-
-def _times(fn, repeats: int) -> list[float]:
-    """Wall times of ``repeats`` runs after one warm-up run (Numba compilation, allocator, caches)."""
-    fn()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return out
 
 
 def _set_threads(n: int) -> None:
@@ -122,12 +110,12 @@ def _run(avail: list[str], threads: int) -> list[dict]:
         except (TypeError, ValueError):
             row["gmacs"] = None
         with torch.no_grad():
-            row["torch_times"] = _times(lambda: twin(x_t), ARGS.repeats)
+            row["torch_times"] = wall_times(lambda: twin(x_t), ARGS.repeats)
             row["torch_s"] = min(row["torch_times"])
             ref_t = twin(x_t).numpy()
         for b in avail:
             with backends.use(b):
-                row[f"refimpl_{b}_times"] = _times(lambda: fam.forward(params, images, cfg), ARGS.repeats)
+                row[f"refimpl_{b}_times"] = wall_times(lambda: fam.forward(params, images, cfg), ARGS.repeats)
                 out = fam.forward(params, images, cfg)
             row[f"refimpl_{b}_s"] = min(row[f"refimpl_{b}_times"])
             row[f"ratio_{b}"] = row[f"refimpl_{b}_s"] / row["torch_s"]

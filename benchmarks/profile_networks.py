@@ -207,17 +207,6 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _best(fn: Callable[[], Any], repeats: int) -> list[float]:
-    import time
-    fn()
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return ts
-
-
 class _Markers:
     """record_function ranges around the twin's modules that decide a category (only while profiling)."""
 
@@ -333,6 +322,7 @@ def _profile_model(name: str, backend: str, args: argparse.Namespace) -> dict:
 
     import equivalence.models as em
     import refimpl.models as rm
+    from benchmarks.common import wall_times
     from equivalence.assertions import load_numpy_state
     from refimpl import backends, config
 
@@ -354,8 +344,8 @@ def _profile_model(name: str, backend: str, args: argparse.Namespace) -> dict:
         fwd_ref(), fwd_t()
         ref_ts, t_ts = [], []
         for _ in range(args.repeats):
-            ref_ts += _best(fwd_ref, 1)
-            t_ts += _best(fwd_t, 1)
+            ref_ts += wall_times(fwd_ref, 1)
+            t_ts += wall_times(fwd_t, 1)
         row["refimpl_times"], row["torch_times"] = ref_ts, t_ts
         row["refimpl_s"], row["torch_s"] = min(ref_ts), min(t_ts)
         # (a) units, each side fed the reference's input of the unit
@@ -371,8 +361,8 @@ def _profile_model(name: str, backend: str, args: argparse.Namespace) -> dict:
             r_ts, u_ts = [], []
             fam.run_unit(params, u, xin, cfg), twin.run_unit(u, xin_t)
             for _ in range(args.repeats):
-                r_ts += _best(lambda: fam.run_unit(params, u, xin, cfg), 1)
-                u_ts += _best(lambda: twin.run_unit(u, xin_t), 1)
+                r_ts += wall_times(lambda: fam.run_unit(params, u, xin, cfg), 1)
+                u_ts += wall_times(lambda: twin.run_unit(u, xin_t), 1)
             row["units"].append({"unit": u, "group": unit_group(u), "refimpl_s": min(r_ts), "torch_s": min(u_ts),
                                  "refimpl_times": r_ts, "torch_times": u_ts})
         # (b), (c) profiles

@@ -5,6 +5,8 @@ state_dict is built from it by applying the released naming (RAVLT's ``norm1.nor
 buffers the released code keeps (Swin's ``relative_position_index`` and ``attn_mask``, RAVLT's
 ``RoPE.angle``, BatchNorm's ``num_batches_tracked``), each built here independently of the converter (the
 twin's loop-built index, Swin's region slices, the released RoPE formula evaluated by torch in float32).
+Castling-DeiT (every registered one, reduced) keeps our names: its released key list is checked here against
+the facts of the released files (DeiT's timm frame, the released attention's ``qkv``/``proj``/``dconv``).
 Converting it must give exactly the twin's weights, and the reference forward must run on them.
 Strictness: an unknown key, a missing key, a wrong-shaped key and a derived buffer that differs are each
 named in the error.
@@ -25,10 +27,10 @@ from equivalence.modules.layers import relative_position_index as loop_index  # 
 from refimpl import models  # noqa: E402
 from refimpl.errors import (ArgumentError, ParameterKeyError, ParameterShapeError,  # noqa: E402
                             ParameterValueError)
-from refimpl.models import convert, flatten, flatten_pvt, l2vit, ravlt  # noqa: E402
+from refimpl.models import castling, convert, flatten, flatten_pvt, l2vit, ravlt  # noqa: E402
 
 FAMS = {"flatten_swin_t": flatten, "flatten_pvt_t": flatten_pvt, "flatten_pvt_v2_b0": flatten_pvt,
-        "l2vit_tiny": l2vit, "ravlt_t": ravlt}
+        "l2vit_tiny": l2vit, "ravlt_t": ravlt, "castling_deit_t": castling, "castling_deit_b": castling}
 
 
 def _reduced(name):
@@ -223,7 +225,7 @@ def test_twin_source_strict(built):
         models.convert_state_dict(cfg, bad, source="twin")
 
 
-@pytest.mark.parametrize("name", ["flatten_deit_t", "lisanet_i_t", "castling_deit_t"])
+@pytest.mark.parametrize("name", ["flatten_deit_t", "lisanet_i_t", "castling_levit_128", "castling_mvitv2_t"])
 def test_no_released_code(name):
     with pytest.raises(ArgumentError, match="no released code"):
         models.convert_state_dict(name, {})
@@ -268,3 +270,88 @@ def test_full_size_identity_layouts(name):
     lay = convert.released_layout(name)
     assert all(k == v for k, v in lay.renames.items())
     assert all(k.endswith("num_batches_tracked") for k in lay.derived)
+
+
+# ===================================================================================================
+# Castling-DeiT: DeiT's released frame around the released LinAngularAttention
+# ===================================================================================================
+
+def _castling_released(cfg):
+    """The released key list of a Castling-DeiT written out from the released files: timm's VisionTransformer
+    (DeiT) frame, each block's ``attn`` the released module (qkv Linear(C, 3C), proj, dconv Conv2d(h, h, (9, 1),
+    groups=h, bias=False))."""
+    c, h, hid = cfg.embed_dim, cfg.num_heads, int(cfg.embed_dim * cfg.mlp_ratio)
+    gh, gw = cfg.img_size[0] // cfg.patch_size, cfg.img_size[1] // cfg.patch_size
+    keys = {"cls_token": (1, 1, c), "pos_embed": (1, gh * gw + 1, c),
+            "patch_embed.proj.weight": (c, cfg.in_chans, cfg.patch_size, cfg.patch_size),
+            "patch_embed.proj.bias": (c,), "norm.weight": (c,), "norm.bias": (c,),
+            "head.weight": (cfg.num_classes, c), "head.bias": (cfg.num_classes,)}
+    for i in range(cfg.depth):
+        for n in ("norm1", "norm2"):
+            keys[f"blocks.{i}.{n}.weight"] = keys[f"blocks.{i}.{n}.bias"] = (c,)
+        keys.update({f"blocks.{i}.attn.qkv.weight": (3 * c, c), f"blocks.{i}.attn.qkv.bias": (3 * c,),
+                     f"blocks.{i}.attn.proj.weight": (c, c), f"blocks.{i}.attn.proj.bias": (c,),
+                     f"blocks.{i}.attn.dconv.weight": (h, 1, 9, 1),
+                     f"blocks.{i}.mlp.fc1.weight": (hid, c), f"blocks.{i}.mlp.fc1.bias": (hid,),
+                     f"blocks.{i}.mlp.fc2.weight": (c, hid), f"blocks.{i}.mlp.fc2.bias": (c,)})
+    return keys
+
+
+@pytest.mark.parametrize("name", ["castling_deit_t", "castling_deit_b"])
+def test_castling_deit_released_keys(name, built):
+    cfg, sd, _ = built[name]
+    want = _castling_released(cfg)
+    assert convert.castling_deit_released_shapes(cfg) == want
+    assert {k: tuple(v.shape) for k, v in sd.items()} == want         # the twin is laid out as released
+    full = convert.official_config(name)
+    lay = convert.released_layout(name)
+    assert lay.derived == {} and lay.renames == {k: k for k in _castling_released(full)}
+    assert lay.file.startswith("GATECH-EIC/Castling-ViT castling-vit.py")
+
+
+def test_castling_deit_unknown_key_is_named(built):
+    cfg, sd, _ = built["castling_deit_t"]
+    rel = dict(sd)
+    rel["blocks.1.attn.kq_matmul.weight"] = torch.zeros(3)
+    with pytest.raises(ParameterKeyError, match=r"unknown 'blocks\.1\.attn\.kq_matmul\.weight'"):
+        models.convert_state_dict(cfg, rel)
+    rel = dict(sd)
+    rel["blocks.0.attn.dwconv.weight"] = rel.pop("blocks.0.attn.dconv.weight")
+    with pytest.raises(ParameterKeyError) as e:
+        models.convert_state_dict(cfg, rel)
+    assert "'blocks.0.attn.dwconv.weight' (did you mean 'blocks.0.attn.dconv.weight'?)" in str(e.value)
+    assert "missing parameters 'blocks.0.attn.dconv.weight'" in str(e.value)
+
+
+def test_castling_deit_wrong_shape_names_key_expected_and_given(built):
+    cfg, sd, _ = built["castling_deit_t"]
+    rel = dict(sd)
+    rel["blocks.1.attn.dconv.weight"] = torch.zeros(2, 1, 7, 1)     # a released model built with kernel 7
+    with pytest.raises(ParameterShapeError, match=r"parameter 'blocks\.1\.attn\.dconv\.weight': expected shape "
+                                                  r"\(2, 1, 9, 1\), got \(2, 1, 7, 1\)"):
+        models.convert_state_dict(cfg, rel)
+    # the same file converts with the config it was built with
+    small = dataclasses.replace(cfg, conv_kernel=7)
+    rel = {k: (v[:, :, :7] if k.endswith("dconv.weight") else v) for k, v in sd.items()}
+    params = models.convert_state_dict(small, rel)
+    np.testing.assert_array_equal(params["blocks.0.attn.dconv.weight"], sd["blocks.0.attn.dconv.weight"][:, :, :7])
+
+
+def test_castling_deit_without_qkv_bias_and_refused_conv_options(built):
+    cfg, sd, _ = built["castling_deit_t"]
+    nobias = dataclasses.replace(cfg, qkv_bias=False)       # the released module's own default
+    rel = {k: v for k, v in sd.items() if not k.endswith("qkv.bias")}
+    assert set(models.convert_state_dict(nobias, rel)) == set(rel)
+    with pytest.raises(ParameterKeyError, match=r"unknown 'blocks\.0\.attn\.qkv\.bias'"):
+        models.convert_state_dict(nobias, sd)
+    for over in ({"conv": "none"}, {"conv_bias": True}):
+        with pytest.raises(ArgumentError, match=r"bias-free \(k, 1\) token conv 'dconv'"):
+            convert.released_layout(dataclasses.replace(cfg, attn_overrides=over))
+
+
+def test_castling_deit_layout_refuses_a_drifted_reference(built):
+    cfg = built["castling_deit_t"][0]
+    shapes = dict(castling.param_shapes(cfg))
+    shapes["blocks.0.attn.dconv.weight"] = (2, 1, 9, 9)
+    with pytest.raises(AssertionError, match=r"'blocks\.0\.attn\.dconv\.weight'"):
+        convert._castling_deit_layout(cfg, shapes)

@@ -178,7 +178,7 @@ def test_examples_draw_image_sizes_and_find_a_bug_that_only_shows_on_non_square_
 
 
 def test_ops_on_values_float32_holds_exactly_are_not_a_precision_finding():
-    """Issue 13: the recorder reports an op computing in another dtype only where its result differs from the
+    """The recorder reports an op computing in another dtype only where its result differs from the
     same op computed in the dtype asked.  A Swin shift mask built in torch's default float32 (zeros, labels set in
     place, rolled, cut into windows, 0 / -100) is exact; a float32 sin table, a float32 matmul of float64
     activations, a float64 activation written into a float32 buffer and a random float32 draw are not."""
@@ -241,7 +241,7 @@ def sized(name: str, img_size=None, bug_unit: str | None = None, calls: list | N
 
 
 def test_examples_rebuild_a_network_built_for_one_resolution_for_each_drawn_size(monkeypatch):
-    """Issue 13: --examples for a network with a fixed image size (Castling-DeiT: its position embedding has one
+    """--examples for a network with a fixed image size (Castling-DeiT: its position embedding has one
     row per patch) rebuilds both networks for each drawn size through the target's img_size keyword, and draws
     the batch and the seed too.  A port right at its default size only is found, shrunk to the smallest size."""
     kw = dict(config={"reduced": True}, dtype="float64")
@@ -353,7 +353,7 @@ def _rewired(kind: str, stage: int = 1):
     ("drop", "layers.1.blocks.1", "receives the unit's own input: the unit's output is not used"),
     ("residual", "layers.1.blocks.1", "the residual around unit 'layers.1.blocks.1' is dropped")])
 def test_a_wiring_bug_between_correct_units_is_a_wiring_divergence_naming_the_unit(kind, unit, says):
-    """Issue 13: every block of the port is right; the network feeds them wrongly.  The first divergence is a
+    """Every block of the port is right; the network feeds them wrongly.  The first divergence is a
     wiring one at the unit whose output the next unit does not receive, saying what it receives instead."""
     r = V.verify(_rewired(kind), "flatten_swin_t", config={"reduced": True}, dtype="float32")
     assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
@@ -383,3 +383,80 @@ def test_a_skipped_block_that_passes_unit_wise_is_a_wiring_divergence():
         unit], str(r)
     good = V.verify(twin("flatten_swin_t"), "flatten_swin_t", **kw)
     assert good.verdict != "diverges" and not [f for f in good.findings if f["kind"] == "wiring"], str(good)
+
+
+def _head_rewired(name: str, kind: str):
+    """``name``'s twin with every unit right and the head fed wrongly: "skip_norm" gives the classifier the
+    pooled tokens without the final LayerNorm, "token" the normalised token 1 in place of the class token,
+    "unit" the head the output of blocks.0 (blocks.1 computed, its output not used)."""
+    import types
+    m = twin(name)
+    if kind == "skip_norm" and name == "flatten_swin_t":
+        m.head_unit = types.MethodType(lambda self, x: self.head(x.mean(dim=(1, 2))), m)
+    elif kind == "skip_norm":
+        m.head_unit = types.MethodType(lambda self, x: self.head(x[:, 0]), m)
+    elif kind == "token":
+        m.head_unit = types.MethodType(lambda self, x: self.head(self.norm(x[:, 1])), m)
+    else:
+        def forward(self, images):
+            x = self.blocks[0](self.stem(images))
+            self.blocks[1](x)
+            return self.head_unit(x)
+        m.forward = types.MethodType(forward, m)
+    return m
+
+
+@pytest.mark.parametrize("name,kind,says", [
+    ("castling_deit_t", "skip_norm", "it receives token 0 of the head's input without the head's normalisation"),
+    ("castling_deit_t", "token", "it receives the head's features of token 1 of its input where the reference reads "
+                                 "token 0"),
+    ("castling_deit_t", "unit", "it receives the head's features of the output of unit 'blocks.0', not of the last "
+                                "unit 'blocks.1'"),
+    ("flatten_swin_t", "skip_norm", "it receives the mean over the grid of the head's input without the head's "
+                                    "normalisation")])
+def test_a_head_fed_the_wrong_tensor_is_a_wiring_divergence_naming_the_head(name, kind, says):
+    """Every block right, the classifier right on what it receives, and what it receives is not the head's
+    features of the last block's output: a wiring divergence at the head, naming it and what the classifier
+    receives; the twin as it is has no wiring finding."""
+    r = V.verify(_head_rewired(name, kind), name, config={"reduced": True}, dtype="float32")
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "head", str(r)
+    why = r.first_divergence["why"]
+    assert why.startswith("wiring: unit 'head': its classifier head computes correctly") and says in why, why
+    wiring = [f["message"] for f in r.findings if f["kind"] == "wiring"]
+    assert len(wiring) == 1 and wiring[0].startswith("into the head: unit 'head'") and says in wiring[0], r.findings
+    assert all(s.verdict == "match" for s in r.stages[:-1]), str(r)
+    ok = V.verify(twin(name), name, config={"reduced": True}, dtype="float32")
+    assert ok.verdict == "match" and not [f for f in ok.findings if f["kind"] == "wiring"], str(ok)
+
+
+@pytest.mark.parametrize("bug", ["classifier", "norm_eps"])
+def test_a_bug_inside_the_head_is_not_a_wiring_divergence(bug):
+    """The classifier itself wrong (its bias off by 1e-2 relative, the features fed right), or the final norm's eps
+    1e-2: an ordinary divergence at the head, no wiring finding."""
+    import types
+    m = twin("castling_deit_t")
+    if bug == "classifier":
+        m.head_unit = types.MethodType(lambda self, x: self.head(self.norm(x[:, 0])) + 1e-2 * self.head.bias, m)
+    else:
+        m.norm.eps = 1e-2
+    r = V.verify(m, "castling_deit_t", config={"reduced": True}, dtype="float32")
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "head", str(r)
+    assert not r.first_divergence["why"].startswith("wiring") and not [
+        f for f in r.findings if f["kind"] == "wiring"], str(r)
+
+
+def test_a_castling_deit_file_in_the_released_names_is_verified(tmp_path, capsys):
+    """Castling-DeiT's released layout (refimpl.models.convert: DeiT's frame around the released attention) is
+    our naming: such a file verifies against the official network; a misspelled key is named."""
+    path = tmp_path / "released.safetensors"
+    renames = _released_file("castling_deit_t", path)
+    assert all(r == o for r, o in renames.items()) and "blocks.1.attn.dconv.weight" in renames
+    args = ["verify", TARGET, "--reference", "castling_deit_t", "--init", '{"name": "castling_deit_t"}', "--config",
+            '{"reduced": true}', "--weights", str(path), "--json", str(tmp_path / "r.json")]
+    assert cli.main(args) == 0, capsys.readouterr()
+    rep = json.loads((tmp_path / "r.json").read_text())
+    assert rep["verdict"] == "match" and rep["preset"] == "official" and rep["derived_buffers"] == [], rep
+    _released_file("castling_deit_t", path, misspell="blocks.0.attn.dconv.weight")
+    assert cli.main(args[:-2]) == 2
+    err = capsys.readouterr().err
+    assert "'blocks.0.attn.dconv.weightx' (did you mean 'blocks.0.attn.dconv.weight'?)" in err, err

@@ -51,10 +51,22 @@ RAVLT (ravlt_t/s/b/l)     qhfan/RALA classfication/RALA.py                 ``lay
                                                                            {weight,bias}``; ``layers.i.RoPE.
                                                                            angle`` (float32), BatchNorm
                                                                            ``num_batches_tracked``
+Castling-DeiT             GATECH-EIC/Castling-ViT castling-vit.py (the     none; none
+(castling_deit_t/b)       attention ``LinAngularAttention``: ``qkv``,
+                          ``proj``, ``dconv``) inside DeiT's network
+                          (facebookresearch/deit models.py: timm's
+                          ``VisionTransformer``)
 ========================  ===============================================  ===================================
 
-No released code: FLatten-DeiT (the repository has no DeiT file), LiSANet, Castling-ViT (source="official"
-raises :class:`~refimpl.errors.ArgumentError`).
+Castling-DeiT: the authors released the attention module alone (the repository's README calls it a miniature
+release of the attention block) and no network file or checkpoint; the paper uses it as a drop-in replacement in
+DeiT.  The layout is therefore DeiT's released state_dict with each block's ``attn`` holding the released
+module's parameters, each name taken from one of the two released files (:func:`castling_deit_released_shapes`);
+a config whose attention parameters the released module cannot hold is refused.
+
+No released code: FLatten-DeiT (LeapLabTHU/FLatten-Transformer has Swin, PVT, PVTv2 and CSwin models and no
+DeiT file), LiSANet (the paper's code was not published), Castling-LeViT and Castling-MViTv2 (only the
+attention was released) (source="official" raises :class:`~refimpl.errors.ArgumentError`).
 
 The released model is the reference's ``preset="official"``: with a registry name, ``convert_state_dict``
 builds the config with ``preset="official"`` (and any ``overrides``); a config object must have that preset.
@@ -77,7 +89,7 @@ from ..errors import ArgumentError, ArgumentTypeError, ParameterKeyError, Parame
 from ..verdict import gamma, round_to, unit_roundoff
 
 __all__ = ["convert_state_dict", "released_layout", "official_config", "RELEASED", "SOURCES", "DERIVED_ULPS",
-           "RELEASED_ROPE_ANGLE_ULPS", "DerivedBuffer"]
+           "RELEASED_ROPE_ANGLE_ULPS", "DerivedBuffer", "castling_deit_released_shapes"]
 
 SOURCES = ("official", "twin")
 
@@ -180,6 +192,54 @@ def _pvt_layout(cfg: Any, shapes: Mapping[str, tuple[int, ...]]) -> tuple[dict[s
     return _identity(shapes), {}
 
 
+def castling_deit_released_shapes(cfg: Any) -> dict[str, tuple[int, ...]]:
+    """The state_dict keys and shapes of a Castling-DeiT as the released code builds it, stated from the released
+    files (not from :func:`refimpl.models.castling.param_shapes`):
+
+    * the network frame is DeiT's (facebookresearch/deit ``models.py`` builds timm's ``VisionTransformer``;
+      timm ``models/vision_transformer.py``): ``patch_embed.proj`` (a patch x patch conv with bias),
+      ``cls_token`` (1, 1, C), ``pos_embed`` (1, T, C), ``blocks.i.{norm1, attn, norm2, mlp.fc1, mlp.fc2}``,
+      ``norm``, ``head``;
+    * the attention is the released ``LinAngularAttention`` (GATECH-EIC/Castling-ViT ``castling-vit.py``):
+      ``qkv`` Linear(C, 3C) (bias as the network passes it: DeiT passes ``qkv_bias=True``), ``proj``
+      Linear(C, C) with bias, ``dconv`` Conv2d(h, h, (k, 1), groups=h, bias=False): weight (h, 1, k, 1).
+      Its other submodules (dropouts, the ``MatMul`` wrappers) hold no parameters and no buffers.
+    """
+    c, h, p, hid = cfg.embed_dim, cfg.num_heads, cfg.patch_size, cfg.hidden
+    k = cfg.attention_config().conv_kernel
+    s: dict[str, tuple[int, ...]] = {"patch_embed.proj.weight": (c, cfg.in_chans, p, p), "patch_embed.proj.bias": (c,),
+                                     "cls_token": (1, 1, c), "pos_embed": (1, cfg.tokens, c)}
+    for i in range(cfg.depth):
+        b = f"blocks.{i}"
+        s.update({f"{b}.norm1.weight": (c,), f"{b}.norm1.bias": (c,), f"{b}.attn.qkv.weight": (3 * c, c)})
+        if cfg.attention_config().qkv_bias:
+            s[f"{b}.attn.qkv.bias"] = (3 * c,)
+        s.update({f"{b}.attn.proj.weight": (c, c), f"{b}.attn.proj.bias": (c,), f"{b}.attn.dconv.weight": (h, 1, k, 1),
+                  f"{b}.norm2.weight": (c,), f"{b}.norm2.bias": (c,), f"{b}.mlp.fc1.weight": (hid, c),
+                  f"{b}.mlp.fc1.bias": (hid,), f"{b}.mlp.fc2.weight": (c, hid), f"{b}.mlp.fc2.bias": (c,)})
+    s.update({"norm.weight": (c,), "norm.bias": (c,), "head.weight": (cfg.num_classes, c),
+              "head.bias": (cfg.num_classes,)})
+    return s
+
+
+def _castling_deit_layout(cfg: Any, shapes: Mapping[str, tuple[int, ...]]
+                          ) -> tuple[dict[str, str], dict[str, DerivedBuffer]]:
+    """Our names are the released ones; a config whose parameters the released code cannot hold (the conv
+    branch off or 2-D, a conv bias: the released ``dconv`` is a bias-free (k, 1) conv) is refused."""
+    att = cfg.attention_config()
+    if att.conv != "tokens1d" or att.conv_bias:
+        raise ArgumentError(f"convert_state_dict: argument 'name': the released Castling attention has a bias-free "
+                            f"(k, 1) token conv 'dconv' (conv='tokens1d', conv_bias=False); this config has "
+                            f"conv={att.conv!r}, conv_bias={att.conv_bias!r} (attn_overrides "
+                            f"{dict(cfg.attn_overrides)!r}), which no released state_dict holds")
+    released = castling_deit_released_shapes(cfg)
+    if dict(released) != {k: tuple(v) for k, v in shapes.items()}:   # our param_shapes drifted from the release
+        diff = sorted(set(released) ^ set(shapes)) or sorted(k for k in released if released[k] != tuple(shapes[k]))
+        raise AssertionError(f"Castling-DeiT: the reference's parameters differ from the released layout at "
+                             f"{_listed(diff)}")
+    return _identity(shapes), {}
+
+
 #: family -> (config class name, released file, layout function)
 RELEASED: dict[str, tuple[tuple[str, str, Callable[..., Any]], ...]] = {
     "flatten": (("FlattenSwinConfig", "LeapLabTHU/FLatten-Transformer models/flatten_swin.py", _swin_layout),),
@@ -189,12 +249,17 @@ RELEASED: dict[str, tuple[tuple[str, str, Callable[..., Any]], ...]] = {
                        _pvt_layout),),
     "l2vit": (("L2ViTNetConfig", "ChuanyangZheng/L2ViT classification/models/l2vit.py", _l2vit_layout),),
     "ravlt": (("RAVLTNetConfig", "qhfan/RALA classfication/RALA.py", _ravlt_layout),),
+    "castling": (("CastlingDeiTConfig", "GATECH-EIC/Castling-ViT castling-vit.py (the attention) in "
+                  "facebookresearch/deit models.py (timm VisionTransformer, the network)", _castling_deit_layout),),
 }
 
 _NO_RELEASE = {
     "FlattenDeiTConfig": "FLatten-DeiT: the released FLatten repository has no DeiT model",
     "lisanet": "LiSANet: no code was released",
-    "castling": "Castling-ViT: no code was released",
+    "CastlingLeViTConfig": "Castling-LeViT: the released Castling-ViT code is the attention alone, in the "
+                           "DeiT-style token layout; its LeViT networks were not released",
+    "CastlingMViTv2Config": "Castling-MViTv2: the released Castling-ViT code is the attention alone; its "
+                            "MultiScaleAttention form and the MViTv2 networks were not released",
 }
 
 

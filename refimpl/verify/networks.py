@@ -20,7 +20,10 @@ reference is a registered network name.  What happens::
         the tensors the unit's forward computed
     wiring (:func:`_wiring`): a unit's output must be what the next unit receives; a skipped unit, or a unit whose
         submodule is right while the next unit receives another tensor (blocks swapped, an output not used, the
-        residual around the unit dropped), is a wiring divergence naming the unit and what was received
+        residual around the unit dropped), is a wiring divergence naming the unit and what was received; into
+        the head (:func:`_head_wiring`): its classifier (the submodule holding head.weight) must receive the
+        head's features of the last unit's output, not another unit's output, another token, or the tokens
+        without the final normalisation
     whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
     shadow mode (``shadow=True``): each unit's submodule also run on the reference's own input to the unit
     examples (:func:`refimpl.verify.network_examples.verify_network_examples`): image sizes, batch and seed drawn by Hypothesis, a network built for
@@ -40,8 +43,10 @@ from .. import config as _config
 from .. import verdict as _verdict
 from ..errors import RefimplError
 from ..numerics import naive_same_precision, round_to
+from .head_wiring import _classifier_module, _head_wiring
 from .loading import VerifyError, instantiate, load_target, load_weights
-from .locate import layouts, locate, recorder, to_foreign
+from .locate import locate, recorder, to_foreign
+from .network_values import _as_layout, _same_value
 from .report import Report, StageResult, _f
 
 __all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network"]
@@ -277,10 +282,13 @@ class _NetRun:
     other_dtypes: dict[Any, list[str]]
     #: unit -> (its submodule's positional arguments after the first, its keyword arguments) at the first call
     calls: dict[str, tuple[tuple, dict]] = dataclasses.field(default_factory=dict)
+    #: the head's classifier (the foreign submodule holding head.weight): (its path, its input, its output) at its
+    #: first call; None when it has none or was not called
+    classifier: tuple[str, Any, Any] | None = None
 
 
 def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set[int], dtype: str, device: str,
-                 call: Mapping[str, Any] | None) -> _NetRun:
+                 call: Mapping[str, Any] | None, classifier: str | None = None) -> _NetRun:
     import torch
 
     from .steps import _torch_dtype
@@ -304,6 +312,12 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
                 run.outputs[u] = t.detach()
         handles.append(subs[path].register_forward_pre_hook(pre, with_kwargs=True))
         handles.append(subs[path].register_forward_hook(post))
+    if classifier is not None:
+        def head_hook(_m, inp, out):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if run.classifier is None and inp and isinstance(inp[0], torch.Tensor) and isinstance(t, torch.Tensor):
+                run.classifier = (classifier, inp[0].detach(), t.detach())
+        handles.append(subs[classifier].register_forward_hook(head_hook))
 
     xt = torch.from_numpy(x).to(device=device, dtype=asked)
     try:
@@ -318,23 +332,6 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
             h.remove()
     run.out = out[0] if isinstance(out, (tuple, list)) else out
     return run
-
-
-def _as_layout(t: Any, like: np.ndarray) -> tuple[np.ndarray | None, str]:
-    """The foreign tensor ``t`` read in the layout of ``like`` (the reference's value), the closest reading."""
-    from .steps import _to64
-    f = _to64(t)
-    if f.shape == like.shape:
-        return f, ""
-    nr = float(np.sqrt(np.sum(like ** 2))) or 1.0
-    best = None
-    for arr, how in layouts(f, like.shape):
-        d = float(np.sqrt(np.sum((arr - like) ** 2))) / nr
-        if best is None or d < best[2]:
-            best = (arr, how, d)
-        if d == 0:
-            break
-    return (None, f"shape {f.shape}, the reference's {like.shape}") if best is None else (best[0], f" ({best[1]})")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -398,14 +395,6 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
                               f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes))
 
 
-def _same_value(a: np.ndarray | None, b: np.ndarray, dtype: str) -> bool:
-    """``a`` holds ``b``'s values (a copy, a reshape: equal up to a few roundings of ``dtype``)."""
-    if a is None or a.shape != b.shape:
-        return False
-    scale = float(np.max(np.abs(b), initial=0.0))
-    return bool(np.max(np.abs(a - b), initial=0.0) <= 16 * _verdict.unit_roundoff(dtype) * scale)
-
-
 def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> str:
     """Which observed tensor of the foreign network ``t`` (a unit's input) holds: the output or the input of
     another unit (by value, in its layout); "" when none."""
@@ -434,10 +423,14 @@ def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[st
       fed to the wrong block), the unit's own input (its output dropped), or its submodule's output where the
       reference adds the unit's input to it (the residual around the unit dropped at the network level).
 
+    The last unit (the head) has no next unit: :func:`_head_wiring` checks the wire into its classifier.
+
     None when the unit's verdict is not a divergence or no wire is at fault (a bug inside the unit)."""
     u = units[k]
     nxt = units[k + 1] if k + 1 < len(units) else None
-    if nxt is None or nxt not in run.inputs:
+    if nxt is None:
+        return _head_wiring(fam, params, cfg, units, run, xin, r, res, dtype)
+    if nxt not in run.inputs:
         return None
     nin, _how = _as_layout(run.inputs[nxt], r)
     if nin is None:
@@ -614,7 +607,8 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
     except (ValueError, TypeError) as exc:
         raise VerifyError(f"the reference {reference} does not accept images {x.shape}: {exc}") from exc
     sizes = {int(taps[u].size) for u in units if u in taps and u != "head"}
-    run = _run_network(module, x, mods, sizes, dtype, device, call)
+    run = _run_network(module, x, mods, sizes, dtype, device, call,
+                       classifier=_classifier_module(dict(module.named_modules()), mnaming.source))
     findings = _precision_findings(run, dtype)
     got_logits = _to64(run.out)
     if got_logits.size != want.size:
