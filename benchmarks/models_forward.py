@@ -51,7 +51,7 @@ from threadpoolctl import threadpool_info, threadpool_limits  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-import equivalence.models as em  # noqa: E402
+import refimpl.twins.models as em  # noqa: E402
 import refimpl.models as rm  # noqa: E402
 from benchmarks.common import wall_times  # noqa: E402
 from equivalence.assertions import load_numpy_state  # noqa: E402

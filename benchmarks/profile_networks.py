@@ -320,7 +320,7 @@ def _profile_model(name: str, backend: str, args: argparse.Namespace) -> dict:
     import numpy as np
     import torch
 
-    import equivalence.models as em
+    import refimpl.twins.models as em
     import refimpl.models as rm
     from benchmarks.common import wall_times
     from equivalence.assertions import load_numpy_state

@@ -16,7 +16,7 @@ For every attention module (``MODULES`` of benchmarks/verdict_setups.py: the fiv
 their networks' stage-1 sizes, Castling at its 14 x 14 DeiT grid) and every tested precision T in float32,
 float16, bfloat16:
 
-1. the PyTorch twin (equivalence/modules) is built in T with random parameters from the module's own init
+1. the PyTorch twin (refimpl/twins/modules) is built in T with random parameters from the module's own init
    function, rounded to T (``refimpl.numerics.round_to``) and loaded with ``load_numpy_state``; inputs are
    rounded to T; batch 2;
 2. it runs once (the *tested* output), then under every variant of ``refimpl.ensemble.VARIANTS`` (four

@@ -181,7 +181,7 @@ def markdown(result: dict) -> str:
         "bound void (u E is 23 times the output), and the l2 coefficient (refimpl.verdict.Bound.sigma: sqrt(4097) "
         "for those sums, the conv outputs and key tokens in quadrature) makes it conclusive (below).",
         "",
-        "The PyTorch twin (`equivalence/modules`) is built in T with random parameters from the module's own init "
+        "The PyTorch twin (`refimpl/twins/modules`) is built in T with random parameters from the module's own init "
         "function, rounded to T and loaded with `load_numpy_state`; inputs are N(0, 1) rounded to T.  The twin "
         "runs once (the *tested* output), then under every variant of `refimpl.ensemble.VARIANTS` ("
         + ", ".join(f"`{v}`" for v in result["variants"]) + "); the NumPy definition runs in T "

@@ -21,12 +21,12 @@ import torch.nn.functional as TF
 
 from equivalence.assertions import (QKV_PROJ_POINTS, capture, load_numpy_state, round_params, stage_ensemble,
                                     to_torch, torch_dtype)
-from equivalence.modules import angular as t_ang
-from equivalence.modules import enhanced as t_enh
-from equivalence.modules import focused as t_foc
-from equivalence.modules import lisa as t_lisa
-from equivalence.modules import rala as t_rala
-from equivalence.modules import softmax as t_soft
+from refimpl.twins.modules import angular as t_ang
+from refimpl.twins.modules import enhanced as t_enh
+from refimpl.twins.modules import focused as t_foc
+from refimpl.twins.modules import lisa as t_lisa
+from refimpl.twins.modules import rala as t_rala
+from refimpl.twins.modules import softmax as t_soft
 from equivalence.strategies import generate
 from refimpl import config, ensemble, numerics, verdict
 from refimpl.attention import angular as r_ang
@@ -489,7 +489,7 @@ def setup_lisa(dt: str, quick: bool) -> Setup:
 # --- Castling ---------------------------------------------------------------------------------------
 
 def _castling_conv(v: torch.Tensor, cfg: Any, w: Any, b: Any, hw: Any) -> Any:
-    """The conv branch of castling_core_t (equivalence/modules/angular.py), for the wrappers below."""
+    """The conv branch of castling_core_t (refimpl/twins/modules/angular.py), for the wrappers below."""
     if cfg.conv == "tokens1d":
         kk = w.shape[2]
         return TF.conv2d(v, w, b, padding=(kk // 2, 0), groups=v.shape[1])

@@ -24,7 +24,7 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import equivalence.models as em  # noqa: E402
+import refimpl.twins.models as em  # noqa: E402
 import refimpl.models as rm  # noqa: E402
 from equivalence.assertions import load_numpy_state, naive, round_params, to_numpy, to_torch  # noqa: E402
 from equivalence.test_models import BATCH, SEED, _cases, image_hw, small_config  # noqa: E402

@@ -1,4 +1,4 @@
-"""Equivalence of the PyTorch twin (equivalence/modules/angular.py) with refimpl.attention.angular
+"""Equivalence of the PyTorch twin (refimpl/twins/modules/angular.py) with refimpl.attention.angular
 (Castling-ViT, CVPR 2023, Eq. 4-10), in float32 and float64 on every available device, through the error model.
 
 Inputs and weights are rounded to the tested dtype first, so both sides see identical values; the bound of
@@ -17,7 +17,7 @@ from hypothesis import given, strategies as st
 
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, to_torch,
                                     torch_dtype)
-from equivalence.modules.angular import (CastlingAttention, angular_attention_t, castling_core_t,
+from refimpl.twins.modules.angular import (CastlingAttention, angular_attention_t, castling_core_t,
                                          masked_softmax_branch_t)
 from equivalence.strategies import adversarial_arrays, grids
 from refimpl import config, numerics

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-import equivalence.models as em
+import refimpl.twins.models as em
 from equivalence import test_models as T
 from equivalence.assertions import load_numpy_state, round_params, to_numpy, to_torch, torch_dtype
 from refimpl import numerics

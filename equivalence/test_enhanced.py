@@ -1,4 +1,4 @@
-"""Equivalence of the PyTorch L2ViT modules (equivalence/modules/enhanced.py) with refimpl.attention.enhanced,
+"""Equivalence of the PyTorch L2ViT modules (refimpl/twins/modules/enhanced.py) with refimpl.attention.enhanced,
 in float32 and float64 on every available device, through the error model (refimpl.numerics).
 
 Inputs include the adversarial kinds of equivalence.strategies: all-negative pre-activations (dead ReLU
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from equivalence.assertions import assert_matches, load_numpy_state, naive, round_params, to_torch, torch_dtype
-from equivalence.modules import enhanced as TE
+from refimpl.twins.modules import enhanced as TE
 from equivalence.strategies import KINDS, generate
 from refimpl import numerics
 from refimpl.attention import enhanced as E

@@ -1,4 +1,4 @@
-"""FLatten-CSwin's twin (equivalence/models/flatten_cswin.py) against the reference (refimpl/models/flatten_cswin.py),
+"""FLatten-CSwin's twin (refimpl/twins/models/flatten_cswin.py) against the reference (refimpl/models/flatten_cswin.py),
 through the verdict, in float32 and float64, on every device.
 
 The registry-driven test (equivalence/test_models.py) runs every unit of the reduced network, its composition
@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import equivalence.models as em
+import refimpl.twins.models as em
 import refimpl.models as rm
 from equivalence.assertions import load_numpy_state, round_params, to_numpy, to_torch, torch_dtype
 from equivalence.test_models import BATCH, SEED, _check_parts, _check_stage

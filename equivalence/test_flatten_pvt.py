@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-import equivalence.models as em
+import refimpl.twins.models as em
 import refimpl.models as rm
 from equivalence.assertions import compare_matches, load_numpy_state, round_params, to_numpy, to_torch, torch_dtype
 from equivalence.test_models import SEED, BATCH, _check_stage

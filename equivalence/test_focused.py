@@ -1,4 +1,4 @@
-"""Equivalence of the PyTorch FLatten modules (equivalence/modules/focused.py) with refimpl.attention.focused,
+"""Equivalence of the PyTorch FLatten modules (refimpl/twins/modules/focused.py) with refimpl.attention.focused,
 in float32 and float64 on every available device, through the error model (refimpl.numerics).
 
 Inputs include the adversarial kinds of equivalence.strategies (all-negative pre-activations, i.e. dead ReLU
@@ -18,7 +18,7 @@ from hypothesis import given, settings, strategies as st
 
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, to_torch,
                                     torch_dtype)
-from equivalence.modules import focused as TF
+from refimpl.twins.modules import focused as TF
 from equivalence.strategies import KINDS, generate
 from refimpl import numerics
 from refimpl.attention import focused as F

@@ -1,4 +1,4 @@
-"""Equivalence of the shared layers: PyTorch (built-ins and equivalence/modules/layers.py) against
+"""Equivalence of the shared layers: PyTorch (built-ins and refimpl/twins/modules/layers.py) against
 refimpl.layers, one state_dict loaded into both sides, float32 and float64, every available device."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from torch import nn
 
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params,
                                     state_dict_to_numpy, to_numpy, to_torch, torch_dtype)
-from equivalence.modules import layers as tl
+from refimpl.twins.modules import layers as tl
 from equivalence.strategies import adversarial_arrays, conv_configs, window_configs
 from refimpl import layers, numerics
 

@@ -1,4 +1,4 @@
-"""Equivalence of generic kernelized linear attention: equivalence/modules/linear.py (PyTorch) against
+"""Equivalence of generic kernelized linear attention: refimpl/twins/modules/linear.py (PyTorch) against
 refimpl.attention.linear, float32 and float64, every available device, through the error model
 (refimpl.attention.linear.linear_attention_bound with the tested dtype)."""
 
@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, strategies as st
 
 from equivalence.assertions import assert_matches, naive, to_torch
-from equivalence.modules.linear import LinearAttention
+from refimpl.twins.modules.linear import LinearAttention
 from equivalence.strategies import adversarial_arrays
 from refimpl import analysis, numerics
 from refimpl.attention import linear as L

@@ -1,4 +1,4 @@
-"""Equivalence of the LiSA family: the torch.fft twins (equivalence/modules/lisa.py) against
+"""Equivalence of the LiSA family: the torch.fft twins (refimpl/twins/modules/lisa.py) against
 refimpl.attention.lisa, one state_dict loaded into both sides, float32 and float64, every available device.
 
 Grids are drawn odd, even, non-square and 1 x 1 (2-D), plus 1-D and 3-D (video) cases; D is drawn to
@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from equivalence.assertions import assert_matches, load_numpy_state, naive, round_params, to_torch, torch_dtype
-from equivalence.modules import lisa as tl
+from refimpl.twins.modules import lisa as tl
 from equivalence.strategies import adversarial_arrays
 from refimpl import numerics
 from refimpl.attention import lisa

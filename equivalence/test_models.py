@@ -1,5 +1,5 @@
 """Registry-driven equivalence of every registered network (refimpl.models) with its PyTorch twin
-(equivalence.models), on every device, in float32 and float64.
+(refimpl.twins.models), on every device, in float32 and float64.
 
 For each registered name and each attention preset the family's ``reduced(cfg)`` (same code path, every block
 type: see each family's docstring) is built on both sides from ONE state_dict (random, rounded to the tested
@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 import torch
 
-import equivalence.models as em
+import refimpl.twins.models as em
 import refimpl.models as rm
 from equivalence.assertions import assert_matches, compare_matches, load_numpy_state, naive, round_params, to_numpy, \
     to_torch, torch_dtype

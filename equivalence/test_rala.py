@@ -1,4 +1,4 @@
-"""Equivalence of the RALA twin (equivalence/modules/rala.py) with refimpl.attention.rala, float32 and
+"""Equivalence of the RALA twin (refimpl/twins/modules/rala.py) with refimpl.attention.rala, float32 and
 float64, every available device, through the error model (rala_core_bound, rala_attention_bound,
 ravlt_ffn_bound and the layers' bounds, each built for the tested dtype).
 
@@ -24,7 +24,7 @@ from hypothesis import assume, given, strategies as st
 
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, state_dict_to_numpy,
                                     to_numpy, to_torch)
-from equivalence.modules import rala as T
+from refimpl.twins.modules import rala as T
 from refimpl import config, layers, numerics
 from refimpl.attention import rala as R
 

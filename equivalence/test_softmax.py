@@ -1,4 +1,4 @@
-"""Equivalence of softmax attention and Swin window attention: equivalence/modules/softmax.py (PyTorch)
+"""Equivalence of softmax attention and Swin window attention: refimpl/twins/modules/softmax.py (PyTorch)
 against refimpl.attention.softmax, float32 and float64, every available device, through the error model
 (softmax_attention_bound / window_attention_bound: first-order running error coefficients)."""
 
@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, state_dict_to_numpy,
                                     to_torch, torch_dtype)
-from equivalence.modules.softmax import SoftmaxAttention, WindowAttention
+from refimpl.twins.modules.softmax import SoftmaxAttention, WindowAttention
 from equivalence.strategies import adversarial_arrays, benign_arrays, window_configs
 from refimpl import numerics
 from refimpl.attention import softmax as S

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 import torch
 
-import equivalence.models as em
+import refimpl.twins.models as em
 import refimpl.models as rm
 from equivalence.assertions import load_numpy_state, naive, round_params, to_numpy, to_torch, torch_dtype
 from equivalence.test_models import BATCH, SEED, image_hw, small_config
@@ -116,7 +116,7 @@ def test_arccos_near_parallel_float64_is_accepted():
     """The thorough-profile example that the naive-ratio floor failed: arccos near +-1 amplifies the
     dot product's rounding (1.3e-8 between torch and NumPy, bound 5.3e-8).  Other summation orders of the
     same dot products err as much; the verdict accepts it."""
-    from equivalence.modules.angular import angular_attention_t
+    from refimpl.twins.modules.angular import angular_attention_t
     from refimpl.attention import angular as A
 
     seed, n, m, d = 1658179366, 9, 10, 2
@@ -144,7 +144,7 @@ def test_planted_batch_state_bug_is_never_a_match_at_real_size(dtype_name):
     """FLatten-PVT stage 1 (C = 64, one head, 56 x 56 tokens, official preset): a port in which each batch item
     uses the next item's K^T V state (a 6.8% relative error) was passed in float16 and bfloat16 by the void
     bound.  Now it "diverges"; the correct output never "diverges"."""
-    from equivalence.modules.focused import FocusedLinearAttention
+    from refimpl.twins.modules.focused import FocusedLinearAttention
     from refimpl.attention import focused as F
 
     hw, c = (56, 56), 64

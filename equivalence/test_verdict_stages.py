@@ -23,12 +23,12 @@ import torch
 
 from equivalence.assertions import (QKV_PROJ_POINTS, capture, load_numpy_state, round_params, stage_ensemble, to_torch,
                                     torch_dtype)
-from equivalence.modules import angular as t_ang
-from equivalence.modules import enhanced as t_enh
-from equivalence.modules import focused as t_foc
-from equivalence.modules import lisa as t_lisa
-from equivalence.modules import rala as t_rala
-from equivalence.modules import softmax as t_soft
+from refimpl.twins.modules import angular as t_ang
+from refimpl.twins.modules import enhanced as t_enh
+from refimpl.twins.modules import focused as t_foc
+from refimpl.twins.modules import lisa as t_lisa
+from refimpl.twins.modules import rala as t_rala
+from refimpl.twins.modules import softmax as t_soft
 from refimpl import config, layers, numerics
 from refimpl import models
 from refimpl.attention import angular as r_ang

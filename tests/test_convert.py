@@ -21,9 +21,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from equivalence import models as twins  # noqa: E402
+from refimpl.twins import models as twins  # noqa: E402
 from equivalence.assertions import state_dict_to_numpy  # noqa: E402
-from equivalence.modules.layers import relative_position_index as loop_index  # noqa: E402
+from refimpl.twins.modules.layers import relative_position_index as loop_index  # noqa: E402
 from refimpl import models  # noqa: E402
 from refimpl.errors import (ArgumentError, ParameterKeyError, ParameterShapeError,  # noqa: E402
                             ParameterValueError)

@@ -181,6 +181,23 @@ def test_backends_import_nothing_above_them():
     assert not (PACKAGE / "backends" / "twins.py").exists()
 
 
+def test_twins_sit_above_the_numpy_side_and_below_verify():
+    """refimpl.twins (the PyTorch twins, shipped so that ``verify --grad`` works from a regular install) is
+    imported only by itself and the verify tool; it imports neither the verify tool nor the CLI, and the
+    twins reach the suite's helpers through nothing outside the package (no ``equivalence`` import)."""
+    g = import_graph()
+    into = [f"{m} -> {t} (line {ln})" for m, edges in g.items() for t, ln in edges.items()
+            if t.startswith("refimpl.twins") and not m.startswith(("refimpl.twins", "refimpl.verify"))]
+    assert not into, "modules below the twins import them:\n" + "\n".join(into)
+    up = [f"{m} -> {t} (line {ln})" for m, edges in g.items() if m.startswith("refimpl.twins")
+          for t, ln in edges.items() if t.startswith(("refimpl.verify", "refimpl.cli"))]
+    assert not up, "the twins import the verify tool or the CLI:\n" + "\n".join(up)
+    outside = [str(p.relative_to(ROOT)) for p in (PACKAGE / "twins").rglob("*.py")
+               if "import equivalence" in p.read_text(encoding="utf-8")
+               or "from equivalence" in p.read_text(encoding="utf-8")]
+    assert not outside, f"twins importing the source tree's equivalence package: {outside}"
+
+
 def test_feature_maps_sit_below_attention_and_backends():
     """refimpl.feature_maps (shared by the definitions and the kernels) imports neither side."""
     g = import_graph()

@@ -219,7 +219,7 @@ def _em_rope(em: Emulated, x: np.ndarray, ang: np.ndarray) -> np.ndarray:
 
 
 def _em_rala_core(em: Emulated, q, k, v, cfg, hw, acc: Emulated | None = None):
-    """The twin's core (equivalence/modules/rala.py: rala_core, official options) in emulated arithmetic; q, k, v
+    """The twin's core (refimpl/twins/modules/rala.py: rala_core, official options) in emulated arithmetic; q, k, v
     (T, B, h, N, d) or (B, h, N, d).  ``acc``: the accumulation format's arithmetic (mixed precision, as torch in
     float16: sums, products inside matrix products and the softmax in A, every operation's result stored in T)."""
     from refimpl.attention import rala

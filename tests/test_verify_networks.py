@@ -227,7 +227,7 @@ def sized(name: str, img_size=None, bug_unit: str | None = None, calls: list | N
     """The twin of the reduced ``name`` built for the image size ``img_size`` (H, W) (default: the reduced
     config's); with ``bug_unit`` that unit's output is off by 1e-6 relative at every size but the default one (a
     table computed for the default resolution).  ``calls`` collects the sizes it was built for."""
-    import equivalence.models as em
+    import refimpl.twins.models as em
     from refimpl.verify.networks import size_field
     base = network_config(name, None, {"reduced": True}, None)[0]
     cfg = network_config(name, None, {"reduced": True}, None if img_size is None else tuple(img_size))[0]
@@ -317,7 +317,7 @@ def _rewired(kind: str, stage: int = 1):
     input back ("residual_ok") or not ("residual")."""
     import types
 
-    from equivalence.models.flatten import SwinBlock
+    from refimpl.twins.models.flatten import SwinBlock
     m = twin("flatten_swin_t")
     blk1 = m.layers[stage].blocks[1]
     if kind.startswith("residual"):

@@ -388,7 +388,7 @@ def _core_sigma(q, sq, k, sk, v, sv, cfg: RALAConfig, hw, pr: _Prec) -> np.ndarr
     """sigma (units of u_T, (B, h, N, d)) of :func:`rala_core` computed in precision pr, for inputs whose entries
     carry sigmas sq, sk, sv from disjoint sets of roundings, one set per entry (exact inputs: 0; the module's
     projections: every entry its own inner product).  The tested code's operations are the twin's
-    (equivalence/modules/rala.py): kappa; Q_g = mean, times d^-1/2; logits Q_g kappa(K)^T; the softmax; kappa(K)
+    (refimpl/twins/modules/rala.py): kappa; Q_g = mean, times d^-1/2; logits Q_g kappa(K)^T; the softmax; kappa(K)
     softmax N; RoPE; K and V times N^-1/2 (token scaling "mean"); the numerator in either order; the normaliser
     kappa(Q) mean_j(alpha_j kappa(K_j)) (+ eps); num (1 / den) or num / den.
 

@@ -25,7 +25,7 @@ output before the conv branch is added, ...).  Both presets have the same parame
 **Resolutions**: the positional embedding is sized for ``img_size`` at construction (any multiple of the
 patch size, non-square included); images must have that size.
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/castling.py): "patch_embed.proj.weight",
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/castling.py): "patch_embed.proj.weight",
 "cls_token", "pos_embed", "blocks.3.attn.qkv.weight", "blocks.3.attn.dconv.weight", "norm.weight", "head.bias".
 
 References: Castling-ViT §3.2 (Eq. 8-10), §4.1-4.2 (Table 2); DeiT (Touvron et al. 2021).

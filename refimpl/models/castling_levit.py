@@ -71,7 +71,7 @@ and show that no variant of the paper's description reproduces all eight figures
 **Resolutions**: any (H, W) (the stem halves with ceiling four times); there is no positional table, so the
 config's ``img_size`` only fixes the token grids the stages are built for.
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/castling_levit.py): "stem.0.c.weight",
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/castling_levit.py): "stem.0.c.weight",
 "stem.0.bn.running_var", "stages.0.blocks.1.attn.qkv.c.weight", "stages.0.blocks.1.attn.dconv.weight",
 "stages.0.blocks.1.mlp.fc1.bn.bias", "stages.1.downsample.attn.kv.c.weight", "stages.1.downsample.attn.q.c.weight",
 "head.bn.weight", "head.l.weight", "head_dist.l.bias".

@@ -81,7 +81,7 @@ positions gives 24,173,320 / 34,870,216 / 51,472,744 parameters and 4.677 / 6.96
 **Resolutions**: any (H, W) (the patch embedding gives ((H - 1) // 4 + 1, ...), each stride-2 pooling
 ceil(. / 2)); there is no positional table, so ``img_size`` only fixes the grids the units check.
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/castling_mvitv2.py), MViTv2's names with the
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/castling_mvitv2.py), MViTv2's names with the
 blocks grouped by stage: "patch_embed.proj.weight", "stages.1.blocks.0.norm1.weight",
 "stages.1.blocks.0.attn.qkv.weight", "stages.1.blocks.0.attn.pool_q.weight", "stages.1.blocks.0.attn.norm_q.bias",
 "stages.1.blocks.0.attn.dconv.weight", "stages.1.blocks.0.attn.proj.bias", "stages.1.blocks.0.proj.weight" (the

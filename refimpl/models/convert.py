@@ -21,7 +21,7 @@ float64 NumPy arrays) for the state_dict of a released model, strictly:
   a training counter that no configuration determines: it is consumed and checked to be a non-negative
   integral scalar (eval-mode BatchNorm does not read it).
 
-``source="twin"``: the state_dict of the PyTorch twin (equivalence/models), whose keys are the reference's:
+``source="twin"``: the state_dict of the PyTorch twin (refimpl/twins/models), whose keys are the reference's:
 the identity (values converted to float64 NumPy) with the same strictness (:func:`refimpl.validation.
 check_params`; a derived-buffer key is refused, the twins keep them non-persistent; ``num_batches_tracked``
 is accepted, checked and dropped).

@@ -37,7 +37,7 @@ a learnable per-channel scale, the head-shared DWC bank, ...), and the softmax s
 "swin_official").  The paper's printed parameter counts are those of the released modules: they are
 reproduced with ``preset="official"`` (:data:`PAPER_COUNT_OVERRIDES`).
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/flatten.py), e.g. "blocks.3.attn.q.weight",
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/flatten.py), e.g. "blocks.3.attn.q.weight",
 "layers.0.blocks.1.attn.positional_encoding", "layers.2.blocks.1.attn.relative_position_bias_table",
 "layers.0.downsample.reduction.weight".
 

@@ -57,7 +57,7 @@ reproduced with ``preset="official"`` (:data:`PAPER_COUNT_OVERRIDES`); its FLOPs
 as in the released code); any (H, W) that is a multiple of 32 is accepted (the stem and the merges then tile
 exactly: grids H/4, H/8, H/16, H/32), non-square included; each stage's stripe width must divide its grid.
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/flatten_cswin.py) and the released module's names:
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/flatten_cswin.py) and the released module's names:
 "stage1_conv_embed.0.weight" (C, 3, 7, 7), "stage1_conv_embed.2.weight" (its LayerNorm), "stage1.0.norm1.weight",
 "stage1.0.qkv.weight" (3C, C), "stage1.0.proj.weight", "stage1.0.attns.0.get_v.weight" (C_b, 1, 3, 3),
 "stage1.0.attns.0.dwc.weight" (d, 1, 5, 5), "stage1.0.attns.0.scale" (1, 1, C_b),

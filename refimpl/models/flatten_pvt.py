@@ -47,7 +47,7 @@ is accepted, non-square included, so that every patch embedding tiles its grid e
 convolutions would silently drop a trailing row or column).  With ``sr_ratios`` > 1 each stage grid must be a
 multiple of its ratio.
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/flatten_pvt.py) and the released module's names:
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/flatten_pvt.py) and the released module's names:
 "patch_embed1.proj.weight", "patch_embed1.norm.weight", "pos_embed1", "block1.0.norm1.weight",
 "block1.0.attn.q.weight", "block1.0.attn.kv.weight", "block1.0.attn.dwc.weight", "block3.5.mlp.fc1.weight",
 "norm.weight", "head.weight".

@@ -45,7 +45,7 @@ scalar s dividing K^T V, init sqrt(C)) or "official" (the released per-head temp
 it, init d^-1/2).  The softmax blocks are DeiT's (scale d^-1/2, qkv bias).  ``order`` is the association
 order of the enhanced core ("linear": phi(K)^T V first, O(N); "quadratic": the N x N matrix, O(N^2)).
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/l2vit_deit.py): "patch_embed.proj.weight",
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/l2vit_deit.py): "patch_embed.proj.weight",
 "cls_token", "pos_embed", "blocks.0.attn.qkv.weight" (softmax), "blocks.1.attn.scale", "blocks.1.norm3.weight",
 "blocks.1.local_mp.conv1.weight", "blocks.1.local_mp.bn.running_var", "norm.weight", "head.bias".
 

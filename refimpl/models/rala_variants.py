@@ -44,7 +44,7 @@ rule (:func:`refimpl.models.common.swin_window`) and masking (``window_preset``:
 output projection, d^-1/2 and kappa(Q) in alpha, (HW)^-1/2 scaling, eps; channels-first 1 x 1 conv weights).
 ``attn_overrides``: further :class:`RALAConfig` fields (e.g. ``{"order": "quadratic"}``).
 
-Keys equal the PyTorch twin's state_dict (equivalence/models/rala_variants.py): DeiT "patch_embed.proj.weight",
+Keys equal the PyTorch twin's state_dict (refimpl/twins/models/rala_variants.py): DeiT "patch_embed.proj.weight",
 "pos_embed", "blocks.3.attn.qkv.weight", "blocks.3.attn.phi.weight", "norm.weight", "head.bias"; Swin
 "patch_embed.norm.weight", "layers.0.blocks.1.attn.phi.bias", "layers.2.blocks.1.attn.relative_position_bias_table",
 "layers.0.downsample.reduction.weight".

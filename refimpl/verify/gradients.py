@@ -1,8 +1,8 @@
 """Gradient verification (``--grad``): the foreign module's input gradient and parameter gradients for a random
 cotangent, judged against the gradients of refimpl's float64 PyTorch twin of the reference.
 
-Layer: the verify tool (torch; the twins of ``equivalence/modules`` imported inside the functions: they live in the
-source tree, not in the installed package).  What happens (docs/verify.md, "Gradients"):
+Layer: the verify tool (torch; the twins of ``refimpl.twins.modules`` imported inside the functions, so that
+verifying without ``--grad`` does not import them).  What happens (docs/verify.md, "Gradients"):
 
 1. the twin of the reference (:data:`TWINS`) is built from the inferred configuration, cast to float64 and loaded
    with the mapped weights (the values the foreign module computes with, strictly: every key both ways);
@@ -39,32 +39,32 @@ __all__ = ["TWINS", "GradientBound", "verify_gradients", "forward_relative_bound
 
 
 def _twin_focused(s: Any) -> tuple[Any, Callable]:
-    from equivalence.modules.focused import FocusedLinearAttention
+    from refimpl.twins.modules.focused import FocusedLinearAttention
     sr = s.cfg.sr_ratio
     m = FocusedLinearAttention(s.cfg, (s.hw[0] // sr) * (s.hw[1] // sr))
     return m, lambda x: m(x, tuple(s.hw))
 
 
 def _twin_enhanced(s: Any) -> tuple[Any, Callable]:
-    from equivalence.modules.enhanced import EnhancedLinearAttention
+    from refimpl.twins.modules.enhanced import EnhancedLinearAttention
     m = EnhancedLinearAttention(s.cfg)
     return m, lambda x: m(x)
 
 
 def _twin_rala(s: Any) -> tuple[Any, Callable]:
-    from equivalence.modules.rala import RALAttention
+    from refimpl.twins.modules.rala import RALAttention
     m = RALAttention(s.cfg)
     return m, lambda x: m(x)
 
 
 def _twin_castling(s: Any) -> tuple[Any, Callable]:
-    from equivalence.modules.angular import CastlingAttention
+    from refimpl.twins.modules.angular import CastlingAttention
     m = CastlingAttention(s.cfg)
     return m, lambda x: m(x, hw=tuple(s.hw))
 
 
 def _twin_lisa(s: Any) -> tuple[Any, Callable]:
-    from equivalence.modules.lisa import from_config
+    from refimpl.twins.modules.lisa import from_config
     m = from_config(s.cfg)
     return m, lambda x: m(x)
 
@@ -82,15 +82,7 @@ def _build_twin(name: str, s: Any, params: Mapping[str, np.ndarray]) -> tuple[An
     if name not in TWINS:
         raise VerifyError(f"argument 'grad': no PyTorch twin is registered for the reference {name!r} (twins: "
                           f"{sorted(TWINS)})")
-    try:
-        import equivalence.modules  # noqa: F401  (the source tree's twins)
-        m, fwd = TWINS[name](s)
-    except ImportError as exc:
-        raise VerifyError(
-            "argument 'grad': the reference gradients are computed by refimpl's float64 PyTorch twins, the "
-            "'equivalence' package of refimpl's source tree, which cannot be imported here "
-            f"({type(exc).__name__}: {exc}); run from a source checkout (pip install -e . in the repository, or "
-            "PYTHONPATH set to it), or verify without --grad") from exc
+    m, fwd = TWINS[name](s)
     m = m.to(dtype=torch.float64).eval()
     sd = m.state_dict()
     want = {k for k, v in sd.items() if v.is_floating_point()}

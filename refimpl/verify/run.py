@@ -328,8 +328,8 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     grad : also compare the module's input gradient and parameter gradients for a random cotangent (drawn from
         ``seed``, rounded to ``dtype``) with those of refimpl's float64 PyTorch twin of the reference, after
         checking that the twin's forward matches the NumPy reference (:mod:`refimpl.verify.gradients`; the
-        report's ``gradients``; a diverging gradient makes the verdict "diverges").  Layer references only; needs
-        the source tree's ``equivalence`` package (the twins).  The false-alarm budget is then split between the
+        report's ``gradients``; a diverging gradient makes the verdict "diverges").  Layer references only; the twins
+        ship with the package (:mod:`refimpl.twins`).  The false-alarm budget is then split between the
         forward and the gradients.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""

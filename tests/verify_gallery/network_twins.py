@@ -1,5 +1,5 @@
 """Whole networks for `refimpl verify --reference NETWORK`: the PyTorch twins of the registered networks
-(equivalence/models, the test suite's own PyTorch implementation), in the reduced configuration of the
+(refimpl/twins/models, the test suite's own PyTorch implementation), in the reduced configuration of the
 equivalence suite, optionally with a planted bug in one unit.
 
 ``twin(name, preset=None, reduced=True, bug_unit=None, bug_rel=1e-3)``: the twin of the registered network
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import equivalence.models as em
+import refimpl.twins.models as em
 from refimpl.verify.networks import network_config
 
 

@@ -2,7 +2,7 @@
 
 WindowAttention follows the structure of Swin's released WindowAttention + the padding/shift part of its
 SwinTransformerBlock (F.pad, torch.roll, window partition, additive or -inf masks), written here from the
-paper's description; windows are cut with equivalence/modules/layers.py's ``unfold``-based partition.
+paper's description; windows are cut with refimpl/twins/modules/layers.py's ``unfold``-based partition.
 state_dict keys: qkv.weight, qkv.bias, proj.weight, proj.bias, relative_position_bias_table (the
 relative-position index is a non-persistent buffer, so it is not in the state_dict).
 """
@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.modules.layers import relative_position_index, window_partition, window_reverse
+from refimpl.twins.modules.layers import relative_position_index, window_partition, window_reverse
 
 
 class SoftmaxAttention(nn.Module):

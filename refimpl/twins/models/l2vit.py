@@ -4,7 +4,7 @@ Transformer", §4.3, Table 13).
 Written in the structure of the released classification model: ``downsample_layers`` (the convolutional stem
 ``proj = ConvStem(proj = Sequential(conv, BN, ReLU, conv, BN))`` + LayerNorm, then LayerNorm + 2x2 stride-2 convs), each
 input zero-padded at the bottom/right to a multiple of the patch size as the released PatchEmbed does;
-``stages`` of alternating LWA / LGA blocks (equivalence.modules.enhanced, the attention helper's twins)
+``stages`` of alternating LWA / LGA blocks (refimpl.twins.modules.enhanced, the attention helper's twins)
 on tokens (B, N, C) with their grid size passed along; final LayerNorm, average pooling, Linear head.
 state_dict keys equal refimpl.models.l2vit.param_shapes.  Unit values (``run_unit``) are channels-first
 grids, as in the reference.
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.modules.enhanced import LGABlock, LWABlock
+from refimpl.twins.modules.enhanced import LGABlock, LWABlock
 from refimpl.models.l2vit import L2ViTNetConfig, block_config, unit_names
 
 CONFIG_TYPES = (L2ViTNetConfig,)

@@ -4,7 +4,7 @@ Written from the L2ViT paper (Eq. 4-8, Fig. 3 and 5, Appendix 7-12) and the depa
 L2ViTConfig, in the structure of the released modules: the scale multiplies (or divides) the K^T V buffer
 after it is formed (the reference applies it to V first), the normaliser is torch.clamp(q . sum k, C_min), the
 LCM and the blocks are nn.Modules with the released attribute names (cpe, norm1, attn, norm3, local_mp,
-norm2, mlp), and LWA's window attention is equivalence.modules.softmax.WindowAttention.
+norm2, mlp), and LWA's window attention is refimpl.twins.modules.softmax.WindowAttention.
 state_dict keys equal refimpl's parameter keys (refimpl.attention.enhanced.l2vit_param_shapes).
 """
 
@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.modules.layers import CPE, Mlp
-from equivalence.modules.softmax import WindowAttention
+from refimpl.twins.modules.layers import CPE, Mlp
+from refimpl.twins.modules.softmax import WindowAttention
 from refimpl.attention.enhanced import L2ViTConfig
 
 

@@ -1,7 +1,7 @@
 """PyTorch twin of refimpl.models.rala_variants: RALA in DeiT-T, Swin-T and Swin-S (RALA Table 8).
 
-The networks are FLatten's twins (equivalence/models/flatten.py: DeiT without a class token, mean-pooled;
-Swin stages with patch merging) with RALA's layer (equivalence.modules.rala.RALAttention, the twin of
+The networks are FLatten's twins (refimpl/twins/models/flatten.py: DeiT without a class token, mean-pooled;
+Swin stages with patch merging) with RALA's layer (refimpl.twins.modules.rala.RALAttention, the twin of
 refimpl.attention.rala.rala_attention) in place of the focused attention: the stem, head, unit and feature
 methods are inherited, only the blocks differ.  state_dict keys equal refimpl.models.rala_variants.param_shapes.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.flatten import DeiT, FlattenDeiT, FlattenSwin, PatchEmbed
-from equivalence.modules.layers import Mlp, PatchMerging
-from equivalence.modules.rala import RALAttention
-from equivalence.modules.softmax import WindowAttention
+from refimpl.twins.models.flatten import DeiT, FlattenDeiT, FlattenSwin, PatchEmbed
+from refimpl.twins.modules.layers import Mlp, PatchMerging
+from refimpl.twins.modules.rala import RALAttention
+from refimpl.twins.modules.softmax import WindowAttention
 from refimpl.attention.rala import RALAConfig
 from refimpl.models.rala_variants import RALADeiTConfig, RALASwinConfig
 

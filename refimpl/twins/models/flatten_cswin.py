@@ -6,7 +6,7 @@ Sequential of conv, token rearrangement and LayerNorm; ``stage{i}`` ModuleLists 
 ``head``), from the CSwin and FLatten papers and refimpl's configs, not from the NumPy reference: windows by
 view/permute of the channels-first image (the reference uses refimpl.layers.window_partition on channels-last
 grids), softmax attention with Q pre-scaled as written in CSwin Eq. 1, the focused features and normaliser of
-equivalence/modules/focused (``focused_function``, ``attend``), LePE and the DWC as ``nn.Conv2d``.
+refimpl/twins/modules/focused (``focused_function``, ``attend``), LePE and the DWC as ``nn.Conv2d``.
 state_dict keys equal refimpl.models.flatten_cswin.param_shapes (= the released names).  Tokens (B, N, C)
 between units; ``features`` returns channels-first maps.
 """
@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.modules.focused import attend, focused_function
-from equivalence.modules.layers import Mlp
+from refimpl.twins.modules.focused import attend, focused_function
+from refimpl.twins.modules.layers import Mlp
 from refimpl import config as _config
 from refimpl.models.flatten_cswin import FlattenCSwinConfig
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import Taps, capture, tap
+from refimpl.twins.taps import Taps, capture, tap
 from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
 
 __all__ = ["kappa", "rope_2d_tables", "apply_rope_2d", "rala_core", "RALAttention", "RAVLTFFN", "RAVLTBlock"]

@@ -5,8 +5,8 @@ Written in the structure of MViTv2's released model (facebookresearch/mvit ``mvi
 the normalised input), ``pool_skip`` (MaxPool2d(3, 2, 1)), ``norm2``, ``mlp``; ``MultiScaleAttention`` with
 ``qkv``, ``pool_q``, ``norm_q``, ``proj``; final ``norm`` and ``head.projection``), grouped by stage, with the
 attention changed as the reference's docstring describes: no K/V pooling, no relative positions, the Castling
-core (equivalence.modules.angular.castling_core_t) with the residual pooling connection (+ q), and in the
-stride-2 blocks the core evaluated for the pooled queries only (equivalence.models.castling_levit.
+core (refimpl.twins.modules.angular.castling_core_t) with the residual pooling connection (+ q), and in the
+stride-2 blocks the core evaluated for the pooled queries only (refimpl.twins.models.castling_levit.
 pooled_castling_core_t: the constant over all N keys, Q^ (K^^T V) with N' rows, the token conv taken at the
 stride-2 positions).  The reference evaluates the core at full resolution and keeps its stride-2 rows
 instead, so the two sides agree only because the core is row-wise in Q.
@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.castling_levit import TokenStagesNet, castling_dconv, pooled_castling_core_t
-from equivalence.modules.angular import castling_core_t
+from refimpl.twins.models.castling_levit import TokenStagesNet, castling_dconv, pooled_castling_core_t
+from refimpl.twins.modules.angular import castling_core_t
 from refimpl import config
 from refimpl.models.castling_mvitv2 import BlockSpec, CastlingMViTv2Config, block_specs, stage_grids, unit_names
 

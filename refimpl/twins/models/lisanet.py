@@ -2,7 +2,7 @@
 Table 2, Table 7, Table 8).
 
 Patch embeddings (``patch_embed.i``: a convolution, then LayerNorm for the hierarchical models or + the
-position embedding for the isotropic one), ``stages`` of LiSA blocks (equivalence.modules.lisa.LiSABlock,
+position embedding for the isotropic one), ``stages`` of LiSA blocks (refimpl.twins.modules.lisa.LiSABlock,
 the LiSA helper's twin, built for each stage's token grid; with cfg.operator != "lisa" the Table 3b operator's
 twin - SelfAttention or StructureAwareAttention - in an OperatorBlock), final LayerNorm, average pooling,
 Linear head.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.modules.lisa import LiSABlock, OperatorBlock, SelfAttention, StructureAwareAttention
+from refimpl.twins.modules.lisa import LiSABlock, OperatorBlock, SelfAttention, StructureAwareAttention
 from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names
 
 CONFIG_TYPES = (LiSANetConfig,)

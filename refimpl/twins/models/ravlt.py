@@ -5,7 +5,7 @@ Written in the structure of the released classification model: ``patch_embed.pro
 BatchNorm and GELU), ``layers`` of blocks (CPE ``pos``, ``norm1``, attention, ``norm2``, ``ffn``, optional
 layer scales ``gamma_1`` / ``gamma_2``) followed by a ``downsample`` (3x3 stride-2 conv ``reduction`` + BN
 ``norm``), then ``proj`` (1x1 conv), ``norm`` (BN), Swish, average pooling and a 1x1 conv ``head``.
-The RALA layers and FFNs are the attention helper's twins (equivalence.modules.rala); the released softmax
+The RALA layers and FFNs are the attention helper's twins (refimpl.twins.modules.rala); the released softmax
 layer of the later stages (``VanillaSelfAttention``) is :class:`RopeSoftmaxAttention` below.  state_dict keys
 equal refimpl.models.ravlt.param_shapes; unit values (``run_unit``) are channels-first grids.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.modules.rala import RALAttention, RAVLTFFN, apply_rope_2d, rope_2d_tables
+from refimpl.twins.modules.rala import RALAttention, RAVLTFFN, apply_rope_2d, rope_2d_tables
 from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
 from refimpl.models.ravlt import RAVLTNetConfig, block_config, unit_names
 

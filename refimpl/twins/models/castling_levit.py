@@ -3,7 +3,7 @@
 Written in the structure of LeViT's released model (Graham et al. 2021: ``Conv2d_BN`` / ``Linear_BN`` modules
 with submodules ``c`` and ``bn``, BatchNorm1d on the flattened tokens, Hardswish, BN + Linear heads ``bn`` /
 ``l``), with the attention changed as the reference's docstring describes: the Castling core
-(equivalence.modules.angular.castling_core_t) in the stage blocks, with Q/K at the value dim and the residual
+(refimpl.twins.modules.angular.castling_core_t) in the stage blocks, with Q/K at the value dim and the residual
 pooling connection (+ q); in the shrink blocks q is projected at every token and then subsampled (post-Q
 pooling: MViTv2's conv + LayerNorm, or the stride-2 selection), and the core is evaluated for the pooled queries only (the constant over all N keys, Q^ (K^^T V) with
 N' rows, the token conv taken at the kept positions).  The reference evaluates the core at full resolution
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.modules.angular import _features_t, castling_core_t, masked_softmax_branch_t, unit_rows_t
+from refimpl.twins.modules.angular import _features_t, castling_core_t, masked_softmax_branch_t, unit_rows_t
 from refimpl.attention.angular import CastlingConfig
 from refimpl.models.castling_levit import CastlingLeViTConfig, stage_grids, unit_names
 

@@ -12,7 +12,7 @@ Adding a family is one import line and one dict entry::
     from . import flatten, castling, l2vit          # <- import the twin module
     TWINS = {"flatten": flatten, "castling": castling, "l2vit": l2vit}   # <- refimpl family name -> twin
 
-Contract of a twin module (equivalence/models/<family>.py)
+Contract of a twin module (refimpl/twins/models/<family>.py)
 ----------------------------------------------------------
 - ``CONFIG_TYPES``: the refimpl config classes it builds;
 - ``build(cfg) -> nn.Module`` with ``forward(images) -> logits`` and ``features(images) -> list[Tensor]``
@@ -67,7 +67,7 @@ def twin_of(name_or_cfg: Any) -> ModuleType:
         fam = rm.family_of(name_or_cfg).__name__.rsplit(".", 1)[-1]
         if fam not in TWINS:
             raise KeyError(f"model {name_or_cfg!r}: family {fam!r} has no PyTorch twin registered in "
-                           f"equivalence.models.TWINS (have {sorted(TWINS)})")
+                           f"refimpl.twins.models.TWINS (have {sorted(TWINS)})")
         return TWINS[fam]
     for twin in TWINS.values():
         if isinstance(name_or_cfg, tuple(twin.CONFIG_TYPES)):

@@ -7,7 +7,7 @@ equivalence suite checks a second, independent route against the NumPy reference
 
 - f_p's norm ||x|| is taken directly (the reference uses max * ||x / max||);
 - the shifted-window mask is applied by zeroing masked scores in the quadratic order (the reference groups
-  queries by mask row in both orders), and Swin's mask comes from equivalence.modules.layers (derived from
+  queries by mask row in both orders), and Swin's mask comes from refimpl.twins.modules.layers (derived from
   the roll, the reference's from Swin's region slices);
 - resampling uses F.interpolate(align_corners=False).
 
@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import capture, tap
-from equivalence.modules.layers import shifted_window_mask, window_partition, window_reverse
+from refimpl.twins.taps import capture, tap
+from refimpl.twins.modules.layers import shifted_window_mask, window_partition, window_reverse
 from refimpl.attention.focused import FocusedConfig
 
 

@@ -22,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from equivalence.assertions import QKV_PROJ_POINTS, capture, tap
-from equivalence.modules.layers import Mlp
+from refimpl.twins.taps import QKV_PROJ_POINTS, capture, tap
+from refimpl.twins.modules.layers import Mlp
 
 
 def _prod(v: Sequence[int]) -> int:

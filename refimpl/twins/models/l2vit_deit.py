@@ -1,6 +1,6 @@
 """PyTorch twin of refimpl.models.l2vit_deit: DeiT-T with L2ViT's enhanced linear attention in some blocks
 (L2ViT Appendix 9, Table 11; Table 8).  timm-style DeiT (patch embedding, class token, positional embedding,
-blocks, LayerNorm, head on the class token); the enhanced blocks use equivalence.modules.enhanced's
+blocks, LayerNorm, head on the class token); the enhanced blocks use refimpl.twins.modules.enhanced's
 EnhancedLinearAttention and LCM (the LGA block's modules, without its CPE), the LCM on the patch tokens only
 (the class token's LCM residual is zero, the reference's reading).  state_dict keys equal
 refimpl.models.l2vit_deit.param_shapes.
@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.flatten import DeiT, PatchEmbed  # noqa: F401  (PatchEmbed: the frame's)
-from equivalence.modules.enhanced import LCM, EnhancedLinearAttention
-from equivalence.modules.layers import Mlp
-from equivalence.modules.softmax import SoftmaxAttention
+from refimpl.twins.models.flatten import DeiT, PatchEmbed  # noqa: F401  (PatchEmbed: the frame's)
+from refimpl.twins.modules.enhanced import LCM, EnhancedLinearAttention
+from refimpl.twins.modules.layers import Mlp
+from refimpl.twins.modules.softmax import SoftmaxAttention
 from refimpl.models.l2vit_deit import L2ViTDeiTConfig
 
 CONFIG_TYPES = (L2ViTDeiTConfig,)
@@ -76,7 +76,7 @@ class Block(nn.Module):
 
 class L2ViTDeiT(DeiT):
     """forward(images) -> logits; features(images) -> [patch tokens on the grid]; run_unit / run_unit_part
-    (equivalence.models.flatten.DeiT's frame, with a class token)."""
+    (refimpl.twins.models.flatten.DeiT's frame, with a class token)."""
 
     def __init__(self, cfg: L2ViTDeiTConfig):
         super().__init__(cfg, lambda: (Block(cfg, kind) for kind in cfg.kinds), cls_token=True)

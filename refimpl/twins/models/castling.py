@@ -1,6 +1,6 @@
-"""PyTorch twin of refimpl.models.castling: Castling-DeiT (timm-style DeiT with equivalence.modules.angular's
+"""PyTorch twin of refimpl.models.castling: Castling-DeiT (timm-style DeiT with refimpl.twins.modules.angular's
 CastlingAttention in every block).  state_dict keys equal refimpl.models.castling.param_shapes.  Built in
-eval mode by equivalence.models.build: the paper preset's auxiliary branch is then dropped, as the
+eval mode by refimpl.twins.models.build: the paper preset's auxiliary branch is then dropped, as the
 reference's inference forward does.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.models.flatten import DeiT, PatchEmbed  # noqa: F401  (PatchEmbed: the frame's)
-from equivalence.modules.angular import CastlingAttention
-from equivalence.modules.layers import Mlp
+from refimpl.twins.models.flatten import DeiT, PatchEmbed  # noqa: F401  (PatchEmbed: the frame's)
+from refimpl.twins.modules.angular import CastlingAttention
+from refimpl.twins.modules.layers import Mlp
 from refimpl.models.castling import CastlingDeiTConfig
 
 CONFIG_TYPES = (CastlingDeiTConfig,)
@@ -40,7 +40,7 @@ class Block(nn.Module):
 
 class CastlingDeiT(DeiT):
     """DeiT with Castling attention: patch embedding, class token, positional embedding, blocks, LayerNorm,
-    head on the class token (equivalence.models.flatten.DeiT's frame)."""
+    head on the class token (refimpl.twins.models.flatten.DeiT's frame)."""
 
     def __init__(self, cfg: CastlingDeiTConfig):
         super().__init__(cfg, lambda: (Block(cfg) for _ in range(cfg.depth)), cls_token=True)

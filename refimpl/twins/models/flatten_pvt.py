@@ -1,9 +1,9 @@
 """PyTorch twin of refimpl.models.flatten_pvt: FLatten-PVT-T/S/M/L and FLatten-PVTv2-B0..B4.
 
 Written as an ordinary PVT-style nn.Module (per-stage ``patch_embed{i}``, ``pos_embed{i}``, ``block{i}``
-ModuleLists, a final ``norm`` and ``head``), built from the attention twin of equivalence/modules
+ModuleLists, a final ``norm`` and ``head``), built from the attention twin of refimpl/twins/modules
 (focused.FocusedLinearAttention, which carries PVT's spatial reduction for sr > 1) and
-equivalence/modules/layers.Mlp.  state_dict keys equal refimpl.models.flatten_pvt.param_shapes.  Tokens are
+refimpl/twins/modules/layers.Mlp.  state_dict keys equal refimpl.models.flatten_pvt.param_shapes.  Tokens are
 (B, N, C) between units, as in the reference; ``features`` returns channels-first maps.  ``cfg.version == 2``
 (PVT v2): overlapping patch embeddings without positional embeddings, the convolutional feed-forward
 (``ConvMlp``: fc1 -> ``dwconv.dwconv`` 3x3 depthwise -> GELU -> fc2) and a LayerNorm ``norm{i}`` per stage.
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.modules.focused import FocusedLinearAttention
-from equivalence.modules.layers import Mlp
+from refimpl.twins.modules.focused import FocusedLinearAttention
+from refimpl.twins.modules.layers import Mlp
 from refimpl import config as _config
 from refimpl.models.flatten_pvt import FlattenPVTConfig
 

@@ -1,8 +1,8 @@
 """PyTorch twins of refimpl.models.flatten: FLatten-DeiT and FLatten-Swin.
 
 Written as ordinary nn.Modules (timm-style DeiT, Swin-style stages), built from the attention twins of
-equivalence/modules (focused.FocusedLinearAttention / FocusedWindowAttention, softmax.WindowAttention) and
-equivalence/modules/layers (Mlp, PatchMerging).  state_dict keys equal refimpl.models.flatten.param_shapes.
+refimpl/twins/modules (focused.FocusedLinearAttention / FocusedWindowAttention, softmax.WindowAttention) and
+refimpl/twins/modules/layers (Mlp, PatchMerging).  state_dict keys equal refimpl.models.flatten.param_shapes.
 Token layouts follow the reference: DeiT tokens (B, N, C), Swin grids channels-last (B, H, W, C); ``features``
 returns channels-first maps.
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from equivalence.modules.focused import FocusedLinearAttention, FocusedWindowAttention
-from equivalence.modules.layers import Mlp, PatchMerging
-from equivalence.modules.softmax import WindowAttention
+from refimpl.twins.modules.focused import FocusedLinearAttention, FocusedWindowAttention
+from refimpl.twins.modules.layers import Mlp, PatchMerging
+from refimpl.twins.modules.softmax import WindowAttention
 from refimpl.models.flatten import FlattenDeiTConfig, FlattenSwinConfig
 
 CONFIG_TYPES = (FlattenDeiTConfig, FlattenSwinConfig)
