@@ -119,3 +119,34 @@ def naive_sa_eq7_literal(q, k, v, ra_tilde, rb, bias_a, bias_b) -> np.ndarray:
                                 (rb[i, j, d] * v[j, kk] + bias_b[kk, d])
             y[i, kk] = acc
     return y
+
+
+def naive_lisa_local(q, k, v, wa, wb, bias_a, bias_b, grid, kernel) -> np.ndarray:
+    """LiSA Table 3c's local operator element by element for one batch and head, from its definition: Eq. 9 with
+    Ga[i, c, d] = sum over window offsets s (|s_a| <= (k - 1) / 2, i + s inside the grid) of Wa[s, c, d] Kb[i + s, c]
+    and Gb[i, v, d] = sum of Wb[s, d] V[i + s, v]; taps row-major over the k^r window.  q, k, v (N, c)."""
+    qb, kb = naive_l2(q), naive_l2(k)
+    toks = _tokens(grid)
+    index = {t: a for a, t in enumerate(toks)}
+    rad = kernel // 2
+    offsets = list(itertools.product(*[range(-rad, rad + 1) for _ in grid]))
+    n_tok, c = q.shape
+    d_lat = wb.shape[-1]
+    y = np.zeros((n_tok, v.shape[1]))
+    for a, i in enumerate(toks):
+        ga = np.zeros((c, d_lat))
+        gb = np.zeros((v.shape[1], d_lat))
+        for t, s in enumerate(offsets):
+            j = tuple(ii + ss for ii, ss in zip(i, s))
+            if j not in index:
+                continue
+            for cc in range(c):
+                for d in range(d_lat):
+                    ga[cc, d] += wa[t, cc, d] * kb[index[j], cc]
+            for kk in range(v.shape[1]):
+                for d in range(d_lat):
+                    gb[kk, d] += wb[t, d] * v[index[j], kk]
+        for kk in range(v.shape[1]):
+            y[a, kk] = sum(qb[a, cc] * (ga[cc, d] + bias_a[cc, d]) * (gb[kk, d] + bias_b[kk, d])
+                           for cc in range(c) for d in range(d_lat))
+    return y

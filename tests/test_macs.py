@@ -75,6 +75,11 @@ MACS = {
     "lisanet_i_t_sa_eq5": 3_916_328_448,          # Fig. 6's Kb Ra route (through Abar: 2.67G, see below)
     "lisanet_i_t_sa_eq5_bias": 3_916_328_448,
     "lisanet_i_t_sa_eq7": 3_916_328_448,
+    "lisanet_i_t_local3": 1_214_049_792,          # LiSA Table 3c: local k x k kernels, direct convolutions
+    "lisanet_i_t_local5": 1_445_260_800,
+    "lisanet_i_t_local7": 1_792_077_312,
+    "lisanet_i_t_dwconv": 831_558_144,            # LiSA Table 3a: convolution rows
+    "lisanet_i_t_gf": 810_462_720,                # without the filter's FFTs (817,340,088 with them)
     "ravlt_b": 9_456_239_616,
     "ravlt_l": 15_317_937_920,
     "ravlt_s": 4_312_459_520,
@@ -174,6 +179,11 @@ PAPER = {
     "lisanet_i_t_sa_eq5": (3.92, 2, "LiSA Table 3b (SA (Eq. 5))"),
     "lisanet_i_t_sa_eq5_bias": (3.92, 2, "LiSA Table 3b (+ bias term Ba)"),
     "lisanet_i_t_sa_eq7": (3.92, 2, "LiSA Table 3b (+ Hadamard corr)"),
+    "lisanet_i_t_local3": (1.22, 2, "LiSA Table 3c (Local - 3x3)"),
+    "lisanet_i_t_local5": (1.45, 2, "LiSA Table 3c (Local - 5x5)"),
+    "lisanet_i_t_local7": (1.80, 2, "LiSA Table 3c (Local - 7x7)"),
+    "lisanet_i_t_dwconv": (0.84, 2, "LiSA Table 3a (Depthwise conv (7x7))"),
+    "lisanet_i_t_gf": (0.82, 2, "LiSA Table 3a (GF layer)"),
     "ravlt_b": (9.9, 1, "RALA Table 1"),
     "ravlt_l": (16.0, 1, "RALA Table 1"),
     "ravlt_s": (4.6, 1, "RALA Table 1"),
@@ -212,6 +222,10 @@ GAPS = {
     "lisanet_h_t": "1.66G vs 1.8G",
     "lisanet_h_s": "2.77G vs 2.9G",
     "lisanet_h_b": "9.00G vs 9.6G",
+    "lisanet_i_t_local3": "1.214G vs 1.22G (tests/test_paper_counts.py, test_lisa_direct_flops_gap)",
+    "lisanet_i_t_local7": "1.792G vs 1.80G (test_lisa_direct_flops_gap)",
+    "lisanet_i_t_dwconv": "0.832G vs 0.84G (test_lisa_direct_flops_gap)",
+    "lisanet_i_t_gf": "0.810G MACs without the FFTs vs 0.82G (0.817G with them, tests/test_paper_counts.py)",
 }
 
 
@@ -389,7 +403,9 @@ _LISANET_PARTS = {"lisa": ("attn.spectral", "attn.contraction"), "selfattn": ("a
                   "selfattn_rpe": ("attn.qk", "attn.av"), "sa_eq4": ("attn.qk", "attn.av"),
                   "sa_eq5": ("attn.key_rpe", "attn.rpe_value", "attn.contraction"),
                   "sa_eq5_bias": ("attn.key_rpe", "attn.rpe_value", "attn.contraction"),
-                  "sa_eq7": ("attn.key_rpe", "attn.rpe_value", "attn.contraction")}
+                  "sa_eq7": ("attn.key_rpe", "attn.rpe_value", "attn.contraction"),
+                  "lisa_local": ("attn.local_a", "attn.local_b", "attn.contraction"),
+                  "dwconv": ("attn.dwconv",), "gf": ("attn.spectral",)}
 
 
 @pytest.mark.parametrize("name", sorted(n for n in MACS if n.startswith("lisanet")))
@@ -401,7 +417,8 @@ def test_lisanet_blocks_count_every_component(name):
     cfg = rm.create(name)[0]
     m = rm.family_of(name).macs(cfg, HW)
     blocks = {".".join(k.split(".")[:3]) for k in m if k.startswith("stages.")}      # "stages.i.j"
-    parts = ("attn.qkv",) + _LISANET_PARTS[cfg.operator] + ("attn.proj", "mlp")
+    qkv = () if cfg.operator in ("dwconv", "gf") else ("attn.qkv",)      # Table 3a's convolutions have no qkv
+    parts = qkv + _LISANET_PARTS[cfg.operator] + ("attn.proj", "mlp")
     for b in blocks:
         for part in parts:
             assert m[f"{b}.{part}"] > 0, f"{b}.{part}"

@@ -37,7 +37,10 @@ the arithmetic):
 Table 3b ablations.  ``operator`` (:data:`OPERATORS`) replaces LiSA in every block by softmax self-attention
 (with or without Eq. 3's Toeplitz RPE) or a structure-aware form (Eq. 4, 5, 5 + Ba, 7) computed directly with
 dense RPEs (refimpl.attention.lisa's cores); the registered ``lisanet_i_t_selfattn*`` / ``lisanet_i_t_sa_*``
-names are Table 3b's rows (docs/models_l2vit_ravlt_lisanet.md, "LiSA Table 3 variants").
+names are Table 3b's rows (docs/models_l2vit_ravlt_lisanet.md, "LiSA Table 3 variants").  Table 3c: operator
+"lisa_local" with ``local_kernel`` k is LiSA with its global kernels replaced by local k x k ones computed directly
+(refimpl.attention.lisa_local, where the reading and its evidence are); ``lisanet_i_t_local3/5/7``.  Table 3a:
+"dwconv", "gf" (lisanet_operators.CONV_OPERATORS); ``lisanet_i_t_dwconv``, ``lisanet_i_t_gf``.
 
 Resolution.  LiSA's kernels W_a, W_b live on the token grid of each stage, so the parameter shapes (and
 the count: Table 9, 6.36M at 224 vs 7.82M at 384) depend on ``image_size``.  :func:`forward` accepts any
@@ -58,7 +61,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention import lisa
+from ..attention import lisa, lisa_local
 from ..attention.focused import resample_linear
 from . import _netparts as nets
 from . import lisanet_operators as _ops
@@ -88,9 +91,13 @@ PRESETS = ("paper",)
 #:   "sa_eq5_bias"   "+ bias term Ba": Eq. 5 with Ba (c, D) in the first bracket, i.e. Eq. 7 with the same
 #:                   channel-constant Ra~ (lisa.sa_eq7)
 #:   "sa_eq7"        "+ Hadamard corr": Eq. 7, Ra~ (N, N, c, D) per channel, Ba, Bb (lisa.sa_eq7)
+#:   "lisa_local"    Table 3c "Local - k x k": Eq. 9 with local k x k kernels (k = ``local_kernel``) computed
+#:                   directly, no FFT (refimpl.attention.lisa_local.lisa_local_core)
+#:   "dwconv", "gf"  Table 3a "Depthwise conv (7 x 7)", "GF layer": lisanet_operators.CONV_OPERATORS
 #:
-#: Every RPE of these operators is the Toeplitz RPE of Eq. 2 on the (2H-1)(2W-1) relative offsets.
-OPERATORS = ("lisa", "selfattn", "selfattn_rpe", "sa_eq4", "sa_eq5", "sa_eq5_bias", "sa_eq7")
+#: Every RPE of the Table 3b operators is the Toeplitz RPE of Eq. 2 on the (2H-1)(2W-1) relative offsets.
+OPERATORS = ("lisa", "selfattn", "selfattn_rpe", "sa_eq4", "sa_eq5", "sa_eq5_bias", "sa_eq7", "lisa_local", "dwconv",
+             "gf")
 _SA_FORM = {"selfattn": "eq4", "selfattn_rpe": "eq4", "sa_eq4": "eq4", "sa_eq5": "eq5", "sa_eq5_bias": "eq5",
             "sa_eq7": "eq7"}
 
@@ -114,6 +121,7 @@ class LiSANetConfig:
     operator : the blocks' token mixer, one of :data:`OPERATORS` ("lisa": the paper's network; the others are
         the rows of Table 3b).
     rpe_per_head : "selfattn_rpe" and "sa_eq4" only: one RPE per head (Table 3b "w/ h RPEs").
+    local_kernel : "lisa_local" only (and required there): k, odd, of the local k x k kernels (Table 3c).
     num_classes, in_chans, ln_eps (the embeddings' and final LayerNorm's eps; the blocks use LiSAConfig's).
     """
 
@@ -134,6 +142,7 @@ class LiSANetConfig:
     ln_eps: float = config.LISANET_LN_EPS
     operator: str = "lisa"
     rpe_per_head: bool = False
+    local_kernel: int | None = None
 
     def __post_init__(self) -> None:
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
@@ -147,6 +156,11 @@ class LiSANetConfig:
         if self.rpe_per_head and self.operator not in ("selfattn_rpe", "sa_eq4"):
             raise ValueError(f"LiSANetConfig.rpe_per_head: only for operator 'selfattn_rpe' or 'sa_eq4' (Table 3b "
                              f"'w/ h RPEs'), got operator {self.operator!r}")
+        if (self.operator == "lisa_local") != (self.local_kernel is not None):
+            raise ValueError(f"LiSANetConfig.local_kernel: an odd kernel size for operator 'lisa_local' (Table 3c) "
+                             f"and None otherwise, got {self.local_kernel!r} with operator {self.operator!r}")
+        if self.local_kernel is not None:
+            object.__setattr__(self, "local_kernel", validation.check_kernel(self.local_kernel, "local_kernel"))
         if self.preset not in PRESETS:
             raise ValueError(f"LiSANetConfig.preset: expected 'paper' (LiSA has no released code, so no "
                              f"'official' preset), got {self.preset!r}")
@@ -193,13 +207,20 @@ def block_config(cfg: LiSANetConfig, stage: int, grid: tuple[int, int] | None = 
     return lisa.LiSAConfig.preset(cfg.preset, **kw)
 
 
-def sa_config(cfg: LiSANetConfig, stage: int, grid: tuple[int, int] | None = None) -> lisa.SAConfig:
+def sa_config(cfg: LiSANetConfig, stage: int, grid: tuple[int, int] | None = None) -> Any:
     """The :class:`refimpl.attention.lisa.SAConfig` of the operator of ``stage`` for cfg.operator != "lisa"
     (form "eq4" for the self-attention and Eq. 4 operators, "eq5" for both Eq. 5 rows, "eq7"; Toeplitz RPEs;
-    qkv bias and L2 eps from :func:`block_config`)."""
+    qkv bias and L2 eps from :func:`block_config`); for "lisa_local" the
+    :class:`refimpl.attention.lisa_local.LocalLiSAConfig` (kernel ``local_kernel``); for "dwconv", "gf" the
+    block's LiSAConfig (its dim and grid)."""
     if cfg.operator == "lisa":
         raise ValueError("sa_config: operator 'lisa' has no SAConfig (block_config is its configuration)")
     bc = block_config(cfg, stage, grid)
+    if cfg.operator in _ops.CONV_OPERATORS:
+        return bc
+    if cfg.operator == "lisa_local":
+        return lisa_local.LocalLiSAConfig(dim=bc.dim, num_heads=bc.num_heads, grid=bc.grid, kernel=cfg.local_kernel,
+                                          latent=bc.latent, qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
     return lisa.SAConfig(dim=bc.dim, num_heads=bc.num_heads, grid=bc.grid, latent=bc.latent,
                          form=_SA_FORM[cfg.operator], rpe="toeplitz", rpe_per_head=cfg.rpe_per_head,
                          qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
@@ -210,10 +231,15 @@ def attn_param_shapes(cfg: LiSANetConfig, stage: int) -> dict[str, tuple[int, ..
     (:func:`refimpl.attention.lisa.lisa_param_shapes`), or, P = (2H-1)(2W-1): "selfattn" qkv.*, proj.*;
     "selfattn_rpe" and "sa_eq4" + rpe (P,) or (P, h); "sa_eq5" + weight_a (P, D), weight_b (P, D), bias_b (c, D);
     "sa_eq5_bias" + bias_a (c, D); "sa_eq7" weight_a (P, c, D), weight_b, bias_a, bias_b
-    (:func:`refimpl.attention.lisa.sa_param_shapes`)."""
+    (:func:`refimpl.attention.lisa.sa_param_shapes`); "lisa_local" LiSA's keys with k^2 taps, weight_a (k^2, c, D),
+    weight_b (k^2, D) (:func:`refimpl.attention.lisa_local.local_param_shapes`)."""
     if cfg.operator == "lisa":
         return lisa.lisa_param_shapes(block_config(cfg, stage))
     sc = sa_config(cfg, stage)
+    if cfg.operator in _ops.CONV_OPERATORS:
+        return _ops.conv_operator_shapes(cfg.operator, sc.dim, sc.grid)
+    if cfg.operator == "lisa_local":
+        return lisa_local.local_param_shapes(sc)
     s = lisa.sa_param_shapes(sc)
     if cfg.operator == "selfattn":
         del s["rpe"]
@@ -509,9 +535,13 @@ def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Seq
         for j in range(cfg.depths[i]):
             pre = f"stages.{i}.{j}.attn."
             sub = {k[len(pre):]: v for k, v in params.items() if k.startswith(pre)}
-            if cfg.operator != "lisa":
+            if cfg.operator == "gf" and old_g[i] != new_g[i]:
+                raise ValueError("resize_params: the GF layer's filter lives on the grid; no resampling rule is "
+                                 "defined for it")
+            if cfg.operator != "lisa":      # "lisa_local", "dwconv": k x k taps, the same at every resolution
                 moved = {k: (lisa.resample_toeplitz_kernel(v, old_g[i], new_g[i])
-                             if k in ("rpe", "weight_a", "weight_b") else v) for k, v in sub.items()}
+                             if k in ("rpe", "weight_a", "weight_b") and cfg.operator in _SA_FORM else v)
+                         for k, v in sub.items()}
                 out.update({pre + k: v for k, v in moved.items()})
                 continue
             moved, _ = lisa.resize_lisa_params(sub, bc, new_g[i])
@@ -545,7 +575,9 @@ def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None, *, fft: bool
     product and the L2 normalisation are element ops; "sa_eq5", "sa_eq5_bias", "sa_eq7" (the Fig. 6 route:
     lisa.sa_eq6 / sa_eq7) "attn.key_rpe" (G_a = sum_n Kb_nc Ra~_incd: N^2 C D), "attn.rpe_value"
     (G_b = sum_j Rb_ijd V_jk: N^2 C D) and "attn.contraction" (S = sum_c Qb A, out = sum_d S Bv: 2 N C D).
-    They have no FFTs, so ``fft`` adds nothing."""
+    They have no FFTs, so ``fft`` adds nothing.  "lisa_local" (Table 3c, direct k x k convolutions):
+    "attn.local_a" (Ga, depth-wise: N C D k^2), "attn.local_b" (Gb: N C D k^2) and "attn.contraction".
+    "dwconv", "gf": no qkv (lisanet_operators.conv_operator_macs; the GF layer's FFTs with ``fft``)."""
     hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
     if stage_grids(cfg, hw) != stage_grids(cfg, cfg.image_size):
         raise ValueError(f"argument 'image_hw': {hw} does not give the stage grids of image_size={cfg.image_size}")
@@ -559,17 +591,26 @@ def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None, *, fft: bool
         freqs = gh * (gw // 2 + 1)
         for j in range(cfg.depths[i]):
             pre = f"stages.{i}.{j}"
+            if cfg.operator in _ops.CONV_OPERATORS:     # Table 3a: no qkv, no contraction
+                out.update({f"{pre}.{key}": v for key, v in
+                            _ops.conv_operator_macs(cfg.operator, c, (gh, gw), fft=fft).items()})
+                out[f"{pre}.mlp"] = counting.mlp_macs(n, c, bc.mlp_hidden)
+                continue
             out[f"{pre}.attn.qkv"] = counting.linear_macs(n, c, 3 * c)
             h, hd = cfg.num_heads[i], bc.head_dim
             if cfg.operator == "lisa":
                 out[f"{pre}.attn.spectral"] = 2 * 4 * freqs * c * d
+            elif cfg.operator == "lisa_local":
+                kk = (cfg.local_kernel, cfg.local_kernel)
+                out[f"{pre}.attn.local_a"] = counting.conv2d_macs((gh, gw), c, c * d, kk, groups=c)
+                out[f"{pre}.attn.local_b"] = counting.conv2d_macs((gh, gw), c, c * d, kk, groups=c)
             elif _SA_FORM[cfg.operator] == "eq4":
                 out[f"{pre}.attn.qk"] = counting.matmul_macs(h, n, hd, n)
                 out[f"{pre}.attn.av"] = counting.matmul_macs(h, n, n, hd)
             else:
                 out[f"{pre}.attn.key_rpe"] = counting.matmul_macs(h * hd * d, n, n, 1)
                 out[f"{pre}.attn.rpe_value"] = counting.matmul_macs(h * d, n, n, hd)
-            if cfg.operator == "lisa" or _SA_FORM[cfg.operator] != "eq4":
+            if cfg.operator in ("lisa", "lisa_local") or _SA_FORM[cfg.operator] != "eq4":
                 out[f"{pre}.attn.contraction"] = 2 * counting.matmul_macs(n * h, 1, hd, d)
             out[f"{pre}.attn.proj"] = counting.linear_macs(n, c, c)
             out[f"{pre}.mlp"] = counting.mlp_macs(n, c, bc.mlp_hidden)
@@ -598,20 +639,20 @@ def elementwise(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> di
             pre = f"stages.{i}.{j}"
             out[f"{pre}.norms"] = 2 * n * c
             op, h = cfg.operator, cfg.num_heads[i]
-            if not op.startswith("selfattn"):
+            if not op.startswith("selfattn") and op not in _ops.CONV_OPERATORS:
                 out[f"{pre}.attn.l2"] = 2 * n * c
             if op.startswith("selfattn"):
                 out[f"{pre}.attn.softmax"] = h * n * n
             if op in ("selfattn_rpe", "sa_eq4"):
                 out[f"{pre}.attn.rpe"] = h * n * n
-            if op in ("lisa", "sa_eq5_bias", "sa_eq7"):
+            if op in ("lisa", "lisa_local", "sa_eq5_bias", "sa_eq7"):
                 out[f"{pre}.attn.bias_sums"] = 2 * n * c * d
             elif op == "sa_eq5":
                 out[f"{pre}.attn.bias_sums"] = n * c * d
             out[f"{pre}.mlp.gelu"] = n * bc.mlp_hidden
             out[f"{pre}.residual"] = 2 * n * c
-            if op == "lisa":
-                fft += (2 * c + 2 * c * d) * n * np.log2(n) if n > 1 else 0.0
+            if op in ("lisa", "gf"):
+                fft += (2 * c + (2 * c * d if op == "lisa" else 0)) * n * np.log2(n) if n > 1 else 0.0
     out["norm_pool"] = 2 * grids[-1][0] * grids[-1][1] * cfg.dims[-1]
     out["fft"] = int(round(fft))
     return out
@@ -668,6 +709,17 @@ NAMED = {
                                 "LiSA Table 3b (+ bias term Ba)", 2),
     "lisanet_i_t_sa_eq7": (LiSANetConfig(**_IT, operator="sa_eq7"), 8.09,
                            "LiSA Table 3b (+ Hadamard corr: SA Eq. 7)", 2),
+    # LiSA Table 3c, "Impact of global interactions": LiSA with local k x k kernels (lisa_local; parameters as
+    # printed, FLOPs 1.214 / 1.445 / 1.792G vs 1.22 / 1.45 / 1.80G: tests/test_paper_counts.py).
+    "lisanet_i_t_local3": (LiSANetConfig(**_IT, operator="lisa_local", local_kernel=3), 5.75,
+                           "LiSA Table 3c (Local - 3x3)", 2),
+    "lisanet_i_t_local5": (LiSANetConfig(**_IT, operator="lisa_local", local_kernel=5), 5.80,
+                           "LiSA Table 3c (Local - 5x5)", 2),
+    "lisanet_i_t_local7": (LiSANetConfig(**_IT, operator="lisa_local", local_kernel=7), 5.88,
+                           "LiSA Table 3c (Local - 7x7)", 2),
+    # LiSA Table 3a, "Comparison with other basic operators": the convolution rows (lisanet_operators.CONV_OPERATORS)
+    "lisanet_i_t_dwconv": (LiSANetConfig(**_IT, operator="dwconv"), 4.49, "LiSA Table 3a (Depthwise conv (7x7))", 2),
+    "lisanet_i_t_gf": (LiSANetConfig(**_IT, operator="gf"), 4.90, "LiSA Table 3a (GF layer)", 2),
     "lisanet_h_t": (LiSANetConfig(**_HT), 12.7, "LiSA Table 8b (LiSANet-H-T, D = 8)", 1),
     "lisanet_h_s": (LiSANetConfig(**_HS), 19.0, "LiSA Table 4 (LiSANet-H-S)", 0),
     "lisanet_h_b": (LiSANetConfig(**_HB), 59.0, "LiSA Table 4 (LiSANet-H-B)", 0),

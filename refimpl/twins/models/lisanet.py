@@ -4,7 +4,9 @@ Table 2, Table 7, Table 8).
 Patch embeddings (``patch_embed.i``: a convolution, then LayerNorm for the hierarchical models or + the
 position embedding for the isotropic one), ``stages`` of LiSA blocks (refimpl.twins.modules.lisa.LiSABlock,
 the LiSA helper's twin, built for each stage's token grid; with cfg.operator != "lisa" the Table 3b operator's
-twin - SelfAttention or StructureAwareAttention - in an OperatorBlock), final LayerNorm, average pooling,
+twin - SelfAttention or StructureAwareAttention -, Table 3c's LocalLiSAAttention or Table 3a's ConvOperator in an
+OperatorBlock), final
+LayerNorm, average pooling,
 Linear head.
 state_dict keys equal refimpl.models.lisanet.param_shapes; unit values (``run_unit``) are channels-first
 grids, as in the reference.
@@ -15,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from refimpl.twins.modules.lisa import LiSABlock, OperatorBlock, SelfAttention, StructureAwareAttention
+from refimpl.twins.modules.lisa import ConvOperator, LiSABlock, LocalLiSAAttention, OperatorBlock, SelfAttention, \
+    StructureAwareAttention
 from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names
 
 CONFIG_TYPES = (LiSANetConfig,)
@@ -59,7 +62,12 @@ def _block(cfg: LiSANetConfig, bc) -> nn.Module:
         return LiSABlock(bc.dim, bc.num_heads, bc.grid, bc.latent, mlp_ratio=bc.mlp_ratio, ln_eps=bc.ln_eps,
                          exact_toeplitz=bc.exact_toeplitz, fft_lengths=bc.fft_lengths, transform=bc.transform,
                          qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
-    if cfg.operator in ("selfattn", "selfattn_rpe"):
+    if cfg.operator in ("dwconv", "gf"):
+        attn = ConvOperator(bc.dim, bc.grid, cfg.operator)
+    elif cfg.operator == "lisa_local":
+        attn = LocalLiSAAttention(bc.dim, bc.num_heads, bc.grid, bc.latent, kernel=cfg.local_kernel,
+                                  qkv_bias=bc.qkv_bias, l2_eps=bc.l2_eps)
+    elif cfg.operator in ("selfattn", "selfattn_rpe"):
         rpe = None if cfg.operator == "selfattn" else ("per_head" if cfg.rpe_per_head else "shared")
         attn = SelfAttention(bc.dim, bc.num_heads, bc.grid, rpe=rpe, qkv_bias=bc.qkv_bias)
     else:

@@ -4,6 +4,8 @@ reference with torch.fft.  State-dict keys equal the refimpl parameter keys:
 LiSAAttention            qkv.weight, qkv.bias, weight_a (P, c, D), weight_b (P, D), bias_a (c, D), bias_b (c, D),
                          proj.weight, proj.bias        (P = N circular, prod(2n - 1) exact_toeplitz)
 StructureAwareAttention  qkv.*, proj.*, and rpe (eq4) or weight_a, weight_b, bias_b[, bias_a] (eq5-eq7, eq5_bias)
+LocalLiSAAttention       LiSAAttention's keys with k^r taps: weight_a (k^r, c, D), weight_b (k^r, D) (Table 3c)
+ConvOperator             dwconv.weight (C, 1, 7, 7) or complex_weight (H, W // 2 + 1, C, 2), proj.weight (Table 3a)
 SelfAttention            qkv.*, proj.*[, rpe (P,) or (P, h)]   (softmax attention, Eq. 3 with a Toeplitz RPE)
 LiSABlock                norm1.*, attn.*, norm2.*, mlp.fc1.*, mlp.fc2.*
 OperatorBlock            the same keys, with any of the attentions above (LiSA Table 3b)
@@ -136,6 +138,73 @@ class LiSAAttention(_Projections):
         gb = tap(self.taps, "gb", gb.reshape(b, h, n, c, -1) + self.bias_b)
         out = torch.einsum("bhnc,bhncd,bhnvd->bhnv", q, ga, gb)
         return self.merge(out)
+
+
+def local_windows(x: torch.Tensor, grid: Sequence[int], kernel: int) -> torch.Tensor:
+    """x (B, h, *grid, c) -> (B, h, *grid, c, k^r): for every token i the values at i + s, s over the k^r window
+    offsets (row-major, s_a = t_a - (k - 1) / 2), zero where i + s leaves the grid."""
+    r, rad = len(grid), kernel // 2
+    lead = x.shape[:2]
+    xp = x.new_zeros(tuple(lead) + tuple(n + 2 * rad for n in grid) + tuple(x.shape[2 + r:]))
+    xp[(slice(None), slice(None)) + tuple(slice(rad, rad + n) for n in grid)] = x
+    views = []
+    for t in range(kernel ** r):
+        off = [(t // kernel ** (r - 1 - a)) % kernel for a in range(r)]
+        views.append(xp[(slice(None), slice(None)) + tuple(slice(o, o + n) for o, n in zip(off, grid))])
+    return torch.stack(views, dim=-1)
+
+
+class LocalLiSAAttention(_Projections):
+    """LiSA Eq. 9 with local k x k kernels (LiSA Table 3c "Local - k x k"): Ga = sum over the window of
+    Wa[s] Kb[i + s] (depth-wise), Gb = sum of Wb[s] V[i + s] (shared by the channels), zero outside the grid,
+    computed directly from gathered windows (no FFT); heads share Wa, Wb, Ba, Bb."""
+
+    def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, kernel: int,
+                 qkv_bias: bool = True, l2_eps: float = 1e-12):
+        super().__init__(dim, num_heads, qkv_bias)
+        self.grid, self.kernel, self.l2_eps = tuple(grid), int(kernel), l2_eps
+        c, p = dim // num_heads, int(kernel) ** len(self.grid)
+        self.weight_a = nn.Parameter(torch.zeros(p, c, latent))
+        self.weight_b = nn.Parameter(torch.zeros(p, latent))
+        self.bias_a = nn.Parameter(torch.zeros(c, latent))
+        self.bias_b = nn.Parameter(torch.zeros(c, latent))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.split(x)
+        b, h, n, c = q.shape
+        q = F.normalize(q, dim=-1, eps=self.l2_eps)
+        k = F.normalize(k, dim=-1, eps=self.l2_eps)
+        shape = [b, h] + list(self.grid) + [c]
+        wk = local_windows(k.reshape(shape), self.grid, self.kernel).reshape(b, h, n, c, -1)
+        wv = local_windows(v.reshape(shape), self.grid, self.kernel).reshape(b, h, n, c, -1)
+        ga = torch.einsum("bhnct,tcd->bhncd", wk, self.weight_a) + self.bias_a
+        gb = torch.einsum("bhnct,td->bhncd", wv, self.weight_b) + self.bias_b
+        out = torch.einsum("bhnc,bhncd,bhnvd->bhnv", q, ga, gb)
+        return self.merge(out)
+
+
+class ConvOperator(nn.Module):
+    """LiSA Table 3a's convolution rows in the LiSA block: a 7 x 7 depthwise convolution ("dwconv") or GFNet's
+    global filter ("gf": irfft2(rfft2(X) * K), K complex (H, W // 2 + 1, C)), then a C x C projection; no biases."""
+
+    def __init__(self, dim: int, grid: Sequence[int], op: str):
+        super().__init__()
+        self.grid, self.op = tuple(grid), op
+        if op == "dwconv":
+            self.dwconv = nn.Conv2d(dim, dim, 7, padding=3, groups=dim, bias=False)
+        else:
+            self.complex_weight = nn.Parameter(torch.zeros(self.grid[0], self.grid[1] // 2 + 1, dim, 2))
+        self.proj = nn.Linear(dim, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        h, w = self.grid
+        if self.op == "dwconv":
+            y = self.dwconv(x.transpose(1, 2).reshape(b, c, h, w)).flatten(2).transpose(1, 2)
+        else:
+            xf = torch.fft.rfft2(x.reshape(b, h, w, c), dim=(1, 2))
+            y = torch.fft.irfft2(xf * torch.view_as_complex(self.complex_weight), s=(h, w), dim=(1, 2)).reshape(b, n, c)
+        return self.proj(y)
 
 
 class StructureAwareAttention(_Projections):
