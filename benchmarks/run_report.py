@@ -200,7 +200,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {w['name']} | {w['dtype']} | " + " | ".join(cells) + " | " +
                          (f"{r['ratio']:.2f} ({r['backend']})" if r else "-") + " |")
         lines.append("")
-        lines.append(f"Targets of issue 6, {t} thread(s), computed from the table above (benchmarks/run.py, "
+        lines.append(f"Targets of issue 6, {t} thread(s), computed from the table above (benchmarks/run_report.py, "
                      f"`TARGETS`; each result lists the matching workloads in table order):")
         lines.append("")
         lines.append("| target | result | status |")

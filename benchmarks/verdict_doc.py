@@ -284,7 +284,7 @@ def markdown(result: dict) -> str:
         md_table(*table_tightness(result)), "",
         "## (b) Sensitivity to planted bugs",
         "",
-        "Planted bugs (wrappers, forward hooks and temporarily patched module globals in benchmarks/verdict.py; the "
+        "Planted bugs (wrappers, forward hooks and temporarily patched module globals in benchmarks/verdict_setups.py; the "
         "twins are not edited):",
         "",
     ]
