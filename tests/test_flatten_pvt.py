@@ -257,6 +257,26 @@ def test_units_are_their_parts_and_deterministic():
         np.testing.assert_array_equal(u, v)
 
 
+@pytest.mark.parametrize("version", [1, 2])
+def test_forward_bounds_cover_every_stage_and_parts_bound_their_unit(version):
+    """forward_bounds (models._netparts' interpreter along the units' error analyses) gives one bound per feature
+    map, shaped like it, and one for the logits; a block's part bounds restart the analysis at each part, so
+    the two parts' bounds are each at most the unit's (the unit's mlp part carries the attn part's error)."""
+    name = "flatten_pvt_t" if version == 1 else "flatten_pvt_v2_b0"
+    cfg = flatten_pvt.reduced(rm.create(name)[0])
+    params = flatten_pvt.init_params(cfg, SEED)
+    images = np.random.default_rng(SEED).standard_normal((1, 3, *cfg.img_size))
+    taps: dict = {}
+    logits, feats = flatten_pvt.run(params, images, cfg, taps=taps)
+    fb, lb = flatten_pvt.forward_bounds(params, images, cfg, dtype="float32")
+    assert [np.shape(b.scale) for b in fb] == [f.shape for f in feats]
+    assert np.shape(lb.scale) == logits.shape
+    x = taps["patch_embed1"]
+    unit = flatten_pvt.unit_bound(params, "block1.0", x, cfg, dtype="float32")
+    attn = flatten_pvt.unit_part_bound(params, "block1.0", "attn", x, cfg, dtype="float32")
+    assert np.all(attn.array("float32", x.shape) <= unit.array("float32", x.shape))
+
+
 # ===================================================================================================
 # Validation
 # ===================================================================================================

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from refimpl import models, numerics
+from refimpl.errors import ArgumentError
 from refimpl.attention import lisa, rala
 from refimpl.models import counting, l2vit, lisanet, ravlt
 
@@ -387,6 +388,24 @@ def test_run_is_the_composition_of_units_and_taps_record_them(name, preset, hw):
     np.testing.assert_array_equal(mod.forward(p, x, cfg), logits)
     for f, g in zip(mod.features(p, x, cfg), feats):
         np.testing.assert_array_equal(f, g)
+
+
+@pytest.mark.parametrize("name,preset,hw", CASES[:4])
+def test_forward_bounds_cover_every_stage_and_the_logits_and_units_are_checked(name, preset, hw):
+    """forward_bounds (models._netparts' interpreter along the units' error analyses) gives one bound per stage
+    feature map, shaped like it and described by stage, and one for the logits; run_unit and unit_bound refuse
+    a unit outside unit_names, naming it."""
+    mod, cfg, p = _reduced(name, preset=preset)
+    x = _images(cfg, hw, batch=1)
+    logits, feats = mod.run(p, x, cfg)
+    fb, lb = mod.forward_bounds(p, x, cfg, dtype="float32")
+    assert [np.shape(b.scale) for b in fb] == [f.shape for f in feats]
+    assert np.shape(lb.scale) == logits.shape
+    assert [b.note.split(":")[0].split(" ", 1)[1] for b in fb] == [f"stage {i + 1} features" for i in range(len(fb))]
+    for call in (lambda: mod.run_unit(p, "nope", feats[0], cfg),
+                 lambda: mod.unit_bound(p, "nope", feats[0], cfg, dtype="float32")):
+        with pytest.raises(ArgumentError, match="unknown unit 'nope'"):
+            call()
 
 
 @settings(max_examples=5)  # each example runs a whole (reduced) network; 5 keeps the file inside its budget

@@ -1,11 +1,13 @@
-"""Pieces shared by the L2ViT, RAVLT and LiSANet network references (models/l2vit.py, ravlt.py,
-lisanet.py) on top of :mod:`refimpl.models.common`: layout changes, bottom/right padding, image checks for
-any resolution, random initialisation with BatchNorm statistics, and the running-error stages that
-common.py does not have (BatchNorm, ReLU, Swish, depthwise conv, per-channel scale, channels-first
-LayerNorm) plus adapters to the attention modules' own error propagation; and the unit framework: the unit
-loops of these families (:func:`run_units`, :func:`bound_units`) and the interpreter of the token-stage networks
-Castling-LeViT and Castling-MViTv2 (:func:`run_stages`, :func:`bound_stages`, :func:`stage_feature_map`: the
-family declares unit_names, run_unit and stage_grids; one loop runs them).
+"""The network framework and the pieces the hierarchical networks share, on top of
+:mod:`refimpl.models.common`: layout changes, bottom/right padding, image checks for any resolution, random
+initialisation with BatchNorm statistics, and the running-error stages that common.py does not have
+(BatchNorm, ReLU, Swish, depthwise conv, per-channel scale, channels-first LayerNorm) plus adapters to the
+attention modules' own error propagation; and the interpreter of the networks declared as units: the family
+declares unit_names, run_unit, _e_unit, its unit inputs and feature maps (and its units' parts), and
+:func:`run_stages`, :func:`bound_network`, :func:`bound_unit`, :func:`run_part`, :func:`bound_part` give it
+its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound (RAVLT, L2ViT, FLatten-PVT; the
+Castling-LeViT and Castling-MViTv2 forwards and bounds through :func:`run_stages` / :func:`bound_stages`),
+beside the feature-unit loops :func:`run_units` / :func:`bound_units` that LiSANet still uses.
 
 Shapes: B batch, C channels, H x W grid, N = H W tokens (row-major).  Image tensors are channels-first
 (B, C, H, W) as in PyTorch; token tensors are (B, N, C).
@@ -26,13 +28,16 @@ from scipy.special import expit
 
 from .. import config, layers, numerics, validation
 from ..attention import focused_bounds as _focused_bounds
+from ..errors import ArgumentError
 from . import common
 from .common import Err
 
 __all__ = ["init_params_from_shapes", "tokens_to_grid", "grid_to_tokens", "pad_bottom_right", "check_images",
-           "e_batch_norm", "e_relu", "e_swish", "e_dwconv", "e_scale", "e_layer_norm", "e_layer_norm_cf", "e_tokens",
-           "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound", "run_units", "bound_units", "stage_end_units",
-           "stage_feature_map", "run_stages", "bound_stages"]
+           "check_grid_input", "e_batch_norm", "e_relu", "e_swish", "e_dwconv", "e_scale", "e_layer_norm",
+           "e_layer_norm_cf", "e_tokens", "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound",
+           "stage_end_units", "stage_feature_map",
+           "check_unit", "check_part", "run_stages", "bound_stages", "bound_network", "bound_unit", "run_part",
+           "bound_part", "run_units", "bound_units"]
 
 
 def init_params_from_shapes(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator, *,
@@ -75,6 +80,16 @@ def check_images(images: Any, in_chans: int) -> np.ndarray:
     images = numerics.as_float(images, "images")
     numerics.check_shapes(images=(images, "B C H W"), sizes={"C": in_chans})
     return images
+
+
+def check_grid_input(name: str, x: Any, in_chans: int, first: str) -> np.ndarray:
+    """The input of unit ``name`` of a network whose units carry channels-first grids (RAVLT, L2ViT): images
+    (B, in_chans, H, W) of any H, W for its first unit ``first``, else a (B, C, H, W) grid."""
+    if name == first:
+        return check_images(x, in_chans)
+    x = numerics.as_float(x, "x")
+    numerics.check_shapes(x=(x, "B C H W"))
+    return x
 
 
 def swish(x: np.ndarray) -> np.ndarray:
@@ -186,78 +201,141 @@ def from_abs(e: np.ndarray, dtype: Any) -> np.ndarray:
 
 
 def to_bound(t: Err, what: str) -> numerics.Bound:
-    """:func:`refimpl.models.common.to_bound` with NaN coefficients (inf - inf or 0 * inf inside a stage whose
-    input bound was already infinite) replaced by +inf: no bound is known there, which is what inf says."""
-    err = np.where(np.isnan(t.err), np.inf, t.err)
-    return common.to_bound(Err(t.value, err, t.depth), what)
+    """:func:`refimpl.models.common.to_bound`, which treats NaN coefficients (inf - inf or 0 * inf inside a stage
+    whose input bound was already infinite) as it treats +inf: no finite bound is known there."""
+    return common.to_bound(t, what)
 
 
 # ===================================================================================================
-# The unit protocol: a network is a sequence of named units (stem, blocks, downsamplings, head)
+# The network interpreter: a family declares its units, one interpreter runs them
 # ===================================================================================================
+#
+# A network is a sequence of named units (stem, blocks, downsamplings, head; the comparison points of the
+# equivalence suite and the stages the verify tool reports).  A family module declares:
+#
+#   unit_names(cfg)                        the units in execution order
+#   _check_params(params, cfg)             its common.check_network_params, returning the checked mapping
+#   run_unit(params, name, x, cfg, **kw)   one unit (kw: what the family's ``run`` passes on, e.g. taps)
+#   _e_unit(params, name, t, cfg, dtype)   the same unit with the running error analysis (common.Err)
+#   _unit_input(name, x, cfg[, part])      the checked input of a unit (images for the first unit) or of a part
+#   _feature_map(name, y, cfg)             the stage feature map after unit ``name`` (B, C_s, H_s, W_s), else
+#                                          None; a token-stage network may instead give stage_grids(cfg) and
+#                                          its config's depths, stage s closing with "stages.s.blocks.{d_s - 1}"
+#
+# and, where a unit is made of parts (a block's attention and MLP residual steps), unit_parts(cfg, name),
+# _part(params, name, part, x, cfg) and _e_part(params, name, part, t, cfg, dtype).  The interpreter gives
+# the family its run (:func:`run_stages`), forward_bounds (:func:`bound_network`), unit_bound
+# (:func:`bound_unit`), run_unit_part (:func:`run_part`) and unit_part_bound (:func:`bound_part`).  A bound's
+# description names the unit; with a family ``label`` it starts with it ("RAVLT unit stem").
+
+def stage_end_units(depths: Any) -> dict[str, int]:
+    """{unit name: stage} of the units that close a stage of a token-stage network: "stages.s.blocks.{d_s - 1}"."""
+    return {f"stages.{s}.blocks.{d - 1}": s for s, d in enumerate(depths)}
+
+
+def stage_feature_map(family: ModuleType, name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
+    """The feature map after unit ``name``: the family's ``_feature_map``, or for a token-stage network a
+    stage-closing unit's tokens on the stage's grid, channels-first (B, C_s, H_s, W_s); None for any other unit."""
+    if hasattr(family, "_feature_map"):
+        return family._feature_map(name, y, cfg)
+    s = stage_end_units(cfg.depths).get(name)
+    return None if s is None else tokens_to_grid(y, family.stage_grids(cfg)[s])
+
+
+def check_unit(family: ModuleType, name: Any, cfg: Any) -> None:
+    """``name`` is one of the family's units."""
+    if name not in family.unit_names(cfg):
+        raise ArgumentError(f"argument 'name': unknown unit {name!r}; units: {family.unit_names(cfg)}")
+
+
+def check_part(family: ModuleType, name: Any, part: Any, cfg: Any) -> None:
+    """``part`` is one of unit ``name``'s parts."""
+    parts = family.unit_parts(cfg, name)
+    if part not in parts:
+        raise ArgumentError(f"argument 'part': unit {name!r} has parts {parts}, got {part!r}")
+
+
+def _what(label: str | None, name: str) -> str:
+    return f"unit {name}" if label is None else f"{label} unit {name}"
+
+
+def run_stages(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any, taps: dict | None, *,
+               unit_taps: bool = False, **unit_kw: Any) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The family's ``run``: its units in order from the images (:func:`refimpl.models.common.run_feature_units`);
+    the logits and every stage's feature map in one pass; ``taps`` (dict or None) records every unit's output
+    and, with ``unit_taps``, the units' own taps under "<unit>.<tap>".  ``unit_kw`` goes to every run_unit."""
+    validation.check_taps(taps)
+    names = family.unit_names(cfg)
+    params = family._check_params(params, cfg)      # once: the units get the checked mapping
+    return common.run_feature_units(names, lambda name, x, **kw: family.run_unit(params, name, x, cfg, **kw, **unit_kw),
+                                    lambda name, x: stage_feature_map(family, name, x, cfg), images, taps,
+                                    unit_taps=unit_taps)
+
+
+def bound_stages(family: ModuleType, e_unit: Callable[[str, Err], Err], images: Any, cfg: Any, *,
+                 label: str | None = None) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """``e_unit(name, t)`` along the family's units from exact images (:func:`refimpl.models.common.chain_bounds`),
+    the bounds of the stages' feature maps and of the logits."""
+    with np.errstate(all="ignore"):
+        return common.chain_bounds(family.unit_names(cfg), e_unit,
+                                   lambda name, a: stage_feature_map(family, name, a, cfg), images, label=label)
+
+
+def bound_network(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any, dtype: Any, *,
+                  label: str | None = None) -> tuple[list[numerics.Bound], numerics.Bound]:
+    """The family's ``forward_bounds``: its parameters checked once, then :func:`bound_stages` with its
+    ``_e_unit`` in precision ``dtype``."""
+    params = family._check_params(params, cfg)
+    return bound_stages(family, lambda name, t: family._e_unit(params, name, t, cfg, dtype), images, cfg,
+                        label=label)
+
+
+def bound_unit(family: ModuleType, params: Mapping[str, Any], name: str, x: Any, cfg: Any, dtype: Any, *,
+               label: str | None = None) -> numerics.Bound:
+    """The family's ``unit_bound``: the error bound of run_unit computed in precision ``dtype`` from exact
+    (T-rounded) ``x`` and parameters (the analysis of forward_bounds, restarted at the unit)."""
+    check_unit(family, name, cfg)
+    x = family._unit_input(name, x, cfg)
+    params = family._check_params(params, cfg)
+    with np.errstate(all="ignore"):
+        return common.to_bound(family._e_unit(params, name, common.e_exact(x), cfg, dtype), _what(label, name))
+
+
+def run_part(family: ModuleType, params: Mapping[str, Any], name: str, part: str, x: Any, cfg: Any) -> np.ndarray:
+    """The family's ``run_unit_part``: one part of a unit (its unit_parts); the unit is its parts in order."""
+    check_part(family, name, part, cfg)
+    x = family._unit_input(name, x, cfg, part)
+    params = family._check_params(params, cfg)
+    return family._part(params, name, part, x, cfg)
+
+
+def bound_part(family: ModuleType, params: Mapping[str, Any], name: str, part: str, x: Any, cfg: Any, dtype: Any,
+               *, label: str | None = None) -> numerics.Bound:
+    """The family's ``unit_part_bound``: the error bound of :func:`run_part` in precision ``dtype`` from exact
+    (T-rounded) ``x`` and parameters."""
+    check_part(family, name, part, cfg)
+    x = family._unit_input(name, x, cfg, part)
+    params = family._check_params(params, cfg)
+    with np.errstate(all="ignore"):
+        return common.to_bound(family._e_part(params, name, part, common.e_exact(x), cfg, dtype),
+                               f"{_what(label, name)}, {part}")
+
+
+# Unit loops with a feature-unit table, for the families not yet declared to the interpreter (LiSANet): the
+# one forward and bound loop of refimpl.models.common, the feature maps being the feature units' outputs.
 
 def run_units(names: list[str], run_one: Callable[..., np.ndarray], feature_units: Mapping[str, int],
               x: np.ndarray, taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Run the units in order: ``run_one(name, x, taps=inner)`` for each name.  Returns the last output and
     the outputs of the ``feature_units`` (the per-stage feature maps).  With ``taps``, every unit's output
     is recorded under its name and the unit's own taps under "<unit>.<tap>"."""
-    feats = []
-    for name in names:
-        inner: dict | None = {} if taps is not None else None
-        x = run_one(name, x, taps=inner)
-        if name in feature_units:
-            feats.append(x)
-        if taps is not None:
-            taps[name] = x
-            taps.update({f"{name}.{k}": v for k, v in inner.items()})
-    return x, feats
+    return common.run_feature_units(names, run_one, lambda name, y: y if name in feature_units else None, x, taps,
+                                    unit_taps=True)
 
 
 def bound_units(names: list[str], e_one: Callable[[str, Err], Err], feature_units: Mapping[str, int],
                 t: Err, family: str) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """The running error analysis along the same units: ``e_one(name, t)`` carries the error through one
-    unit.  Returns the bounds of the feature maps and of the logits."""
-    fb = []
-    for name in names:
-        t = e_one(name, t)
-        if name in feature_units:
-            fb.append(to_bound(t, f"{family} stage {feature_units[name] + 1} features"))
-    return fb, to_bound(t, f"{family} logits")
-
-
-# ===================================================================================================
-# Token-stage networks (Castling-LeViT, Castling-MViTv2): the family declares its units, one interpreter runs
-# them.  A family module provides unit_names(cfg), run_unit(params, name, x, cfg), stage_grids(cfg) and
-# _check_params(params, cfg) (its common.check_network_params, returning the checked mapping), its config ``depths``; its units carry tokens (B, N, C) and stage s ends with unit "stages.s.blocks.{depth_s - 1}".
-# ===================================================================================================
-
-def stage_end_units(depths: Any) -> dict[str, int]:
-    """{unit name: stage} of the units that close a stage: "stages.s.blocks.{depths[s] - 1}"."""
-    return {f"stages.{s}.blocks.{d - 1}": s for s, d in enumerate(depths)}
-
-
-def stage_feature_map(family: ModuleType, name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
-    """The feature map after unit ``name``: a stage-closing unit's tokens on the stage's grid, channels-first
-    (B, C_s, H_s, W_s); None for any other unit."""
-    s = stage_end_units(cfg.depths).get(name)
-    return None if s is None else tokens_to_grid(y, family.stage_grids(cfg)[s])
-
-
-def run_stages(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any,
-               taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The family's ``run``: its units in order from the images (:func:`refimpl.models.common.run_feature_units`);
-    the logits and every stage's feature map in one pass; ``taps`` (dict or None) records every unit's output."""
-    validation.check_taps(taps)
-    names = family.unit_names(cfg)
-    params = family._check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: family.run_unit(params, name, x, cfg),
-                                    lambda name, x: stage_feature_map(family, name, x, cfg), images, taps)
-
-
-def bound_stages(family: ModuleType, e_unit: Callable[[str, Err], Err], images: Any, cfg: Any
-                 ) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """The family's ``forward_bounds`` after its checks: ``e_unit(name, t)`` along its units from exact images
-    (:func:`refimpl.models.common.chain_bounds`), the bounds of the stages' feature maps and of the logits."""
-    with np.errstate(all="ignore"):
-        return common.chain_bounds(family.unit_names(cfg), e_unit,
-                                   lambda name, a: stage_feature_map(family, name, a, cfg), images)
+    """The running error analysis along the same units from the exact input ``t``: ``e_one(name, t)`` carries
+    the error through one unit.  Returns the bounds of the feature maps and of the logits."""
+    return common.chain_bounds(names, e_one, lambda name, y: y if name in feature_units else None, t.value,
+                               label=family)

@@ -92,13 +92,16 @@ from .. import config, layers, numerics, validation
 from ..attention import focused_bounds as _focused_bounds
 from ..attention.focused import FocusedConfig, focused_linear_attention, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _netparts, common, counting
+from . import _netparts as nets, common, counting
 from .registry import register
 from .common import Err
 
 __all__ = ["FlattenPVTConfig", "param_shapes", "init_params", "forward", "features", "run", "unit_names",
            "unit_parts", "run_unit", "run_unit_part", "unit_bound", "unit_part_bound", "forward_bounds", "macs",
            "elementwise", "reduced", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS"]
+
+#: This module: the family the network interpreter (models._netparts) runs.
+_M = sys.modules[__name__]
 
 _PRESETS = ("paper", "official")
 
@@ -308,9 +311,10 @@ def _check_params(params: Any, cfg: FlattenPVTConfig) -> Mapping[str, Any]:
 #
 # A network is a chain of units: "patch_embed1" (images -> stage-1 tokens, positional embedding added),
 # "block1.0", ..., "patch_embed2" (stage-1 tokens -> stage-2 tokens), ..., "head" (stage-4 tokens -> logits);
-# PVT v2 adds its stage LayerNorm as a unit "norm{i}" after the last block of stage i.
-# The units are the comparison points of the equivalence suite (each twin unit is fed the reference's input
-# of that unit); forward / features / forward_bounds are their composition.  Every unit value is (B, N_i, C_i).
+# PVT v2 adds its stage LayerNorm as a unit "norm{i}" after the last block of stage i.  A block is made of the
+# parts "attn" and "mlp".  The units are the comparison points of the equivalence suite (each twin unit is fed
+# the reference's input of that unit); models._netparts' interpreter composes them into run, forward_bounds
+# and the unit and part bounds.  Every unit value is (B, N_i, C_i).
 
 def unit_names(cfg: FlattenPVTConfig) -> list[str]:
     """The units of the network in execution order."""
@@ -324,11 +328,6 @@ def unit_names(cfg: FlattenPVTConfig) -> list[str]:
     return out + ["head"]
 
 
-def _check_unit(name: Any, cfg: FlattenPVTConfig) -> None:
-    if name not in unit_names(cfg):
-        raise ArgumentError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-
-
 def _stage_of(name: str) -> int:
     """0-based stage of "patch_embed3" (2), "block2.1" (1) or "norm4" (3)."""
     head = name.split(".")[0]
@@ -338,8 +337,11 @@ def _stage_of(name: str) -> int:
     raise AssertionError(f"unit {name!r} has no stage")
 
 
-def _check_unit_input(x: Any, name: str, cfg: FlattenPVTConfig) -> np.ndarray:
-    """The tokens a unit takes: the previous stage's for "patch_embed2..4", the last stage's for "head"."""
+def _unit_input(name: str, x: Any, cfg: FlattenPVTConfig, part: str | None = None) -> np.ndarray:
+    """The input a unit (or a block's part) takes: images (B, in_chans, H, W) for "patch_embed1", the previous
+    stage's tokens for "patch_embed2..4", the last stage's for "head", else its stage's tokens (B, N_i, C_i)."""
+    if name == "patch_embed1":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
     x = numerics.as_float(x, "x")
     i = cfg.n_stages - 1 if name == "head" else _stage_of(name)
     if name.startswith("patch_embed"):
@@ -379,11 +381,11 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenPVTConfig
     block), Appendix D Tables 10-11.
     """
     _check_cfg(cfg)
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "patch_embed1":
-        return _patch_embed(params, 0, common.check_images(x, cfg.in_chans, cfg.img_size), cfg)
-    x = _check_unit_input(x, name, cfg)
+        return _patch_embed(params, 0, x, cfg)
     if name == "head":
         if cfg.applies_final_norm:
             x = layers.layer_norm(x, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps)
@@ -393,7 +395,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenPVTConfig
         return _patch_embed(params, i, _to_grid(x, cfg.stage_grids[i - 1]), cfg)
     if name.startswith("norm"):
         return layers.layer_norm(x, params[f"{name}.weight"], params[f"{name}.bias"], cfg.layer_norm_eps)
-    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+    return _part(params, name, "mlp", _part(params, name, "attn", x, cfg), cfg)
 
 
 def _patch_embed(params: Mapping[str, Any], i: int, grid: np.ndarray, cfg: FlattenPVTConfig) -> np.ndarray:
@@ -425,20 +427,16 @@ def unit_parts(cfg: FlattenPVTConfig, name: str) -> tuple[str, ...]:
     """The stages a unit is made of, in order, for stage-wise comparison: a block is "attn"
     (x + attn(LN1 x)) then "mlp" (x + MLP(LN2 x)); other units have no parts (())."""
     _check_cfg(cfg)
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if name.startswith("block") else ()
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: FlattenPVTConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: FlattenPVTConfig) -> np.ndarray:
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: FlattenPVTConfig) -> np.ndarray:
     """x + attn(LN1 x) ("attn", the focused attention over the stage grid, FLatten Eq. 12) or
     x + MLP(LN2 x) ("mlp"; PVT v2: the convolutional feed-forward, :func:`_conv_mlp`)."""
     eps = cfg.layer_norm_eps
@@ -470,12 +468,7 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and per-stage feature maps in one pass (see :func:`forward`, :func:`features`).
     taps : dict or None; records every unit's output under its name."""
-    _check_cfg(cfg)
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig) -> np.ndarray:
@@ -531,9 +524,9 @@ def _e_patch_embed(params: Mapping[str, Any], i: int, grid: Err, cfg: FlattenPVT
 
 def _e_conv_mlp(t: Err, p: Mapping[str, Any], hw: tuple[int, int]) -> Err:
     """:func:`_conv_mlp` with the running error analysis: fc1, the depthwise conv
-    (:func:`refimpl.models._netparts.e_dwconv`, 'same' zero padding), GELU, fc2."""
+    (:func:`refimpl.models.nets.e_dwconv`, 'same' zero padding), GELU, fc2."""
     h = common.e_linear(t, p["fc1.weight"], p["fc1.bias"])
-    h = _netparts.e_dwconv(_e_tokens(h, lambda a: np.ascontiguousarray(_to_grid(a, hw))), p["dwconv.dwconv.weight"],
+    h = nets.e_dwconv(_e_tokens(h, lambda a: np.ascontiguousarray(_to_grid(a, hw))), p["dwconv.dwconv.weight"],
                            p["dwconv.dwconv.bias"])
     h = common.e_gelu(_e_tokens(h, lambda a: np.ascontiguousarray(_to_tokens(a))))
     return common.e_linear(h, p["fc2.weight"], p["fc2.bias"])
@@ -561,8 +554,8 @@ def _e_focused(t: Err, p: Mapping[str, Any], fcfg: FocusedConfig, hw: tuple[int,
     return Err(out, eo, max(q.depth, kv.depth) + depth)
 
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: FlattenPVTConfig, dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: FlattenPVTConfig, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     i = _stage_of(name)
@@ -590,29 +583,20 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: FlattenPVTConfig,
         return _e_patch_embed(params, i, _e_tokens(t, lambda a: _to_grid(a, cfg.stage_grids[i - 1])), cfg)
     if name.startswith("norm"):
         return common.e_layer_norm(t, params[f"{name}.weight"], params[f"{name}.bias"], cfg.layer_norm_eps)
-    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+    return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenPVTConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and params:
     the running first-order analysis of refimpl.models.common, stage by stage through the unit."""
-    _check_cfg(cfg)
-    _check_unit(name, cfg)
-    if name != "patch_embed1":
-        x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: FlattenPVTConfig, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig, *,
@@ -621,10 +605,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenPVTConfig
     from exact images and params).  Rigorous to first order but loose (it compounds the absolute Jacobians of
     every unit), so the sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature
     bounds, logits bound)."""
-    _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================
@@ -752,7 +733,6 @@ V2_SIZES = {"flatten_pvt_v2_b0": ((32, 64, 160, 256), (2, 2, 2, 2)),
             "flatten_pvt_v2_b3": ((64, 128, 320, 512), (3, 4, 18, 3)),
             "flatten_pvt_v2_b4": ((64, 128, 320, 512), (3, 8, 27, 3))}
 
-_M = sys.modules[__name__]
 for _name, _paper_m in (("flatten_pvt_t", 12.2), ("flatten_pvt_s", 21.7), ("flatten_pvt_m", 37.2),
                         ("flatten_pvt_l", 50.6)):
     register(_name, FlattenPVTConfig(depths=DEPTHS[_name]), _M, paper_params_m=_paper_m,

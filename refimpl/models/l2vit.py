@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -52,6 +53,9 @@ from .common import Err
 __all__ = ["L2ViTNetConfig", "block_config", "param_shapes", "init_params", "stem", "downsample", "unit_names",
            "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds", "macs", "elementwise",
            "stage_grids", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS"]
+
+#: This module: the family the network interpreter (models._netparts) runs.
+_M = sys.modules[__name__]
 
 PRESETS = ("paper", "official")
 ORDERS = ("linear", "quadratic")
@@ -211,10 +215,10 @@ def _bn(x: np.ndarray, p: Mapping[str, np.ndarray], prefix: str, eps: float) -> 
                                p[prefix + ".running_var"], eps)
 
 
-# A network is a chain of units, the comparison points of the equivalence suite (each twin unit is fed the
-# reference's input of that unit): "stem" (images -> grid), one unit per block ("stages.i.j"),
-# "downsample_layers.i" (i >= 1) and "head" (grid -> logits).  Unit values between units are channels-first
-# grids (B, C_i, H_i, W_i), so a unit knows its grid whatever the image size.
+# The network as units (models._netparts' interpreter runs them; the equivalence suite's comparison points):
+# "stem" (images -> grid), one unit per block ("stages.i.j"), "downsample_layers.i" (i >= 1) and "head"
+# (grid -> logits).  Unit values between units are channels-first grids (B, C_i, H_i, W_i), so a unit knows
+# its grid whatever the image size.
 
 def unit_names(cfg: L2ViTNetConfig) -> list[str]:
     """The units of the network in execution order."""
@@ -226,9 +230,14 @@ def unit_names(cfg: L2ViTNetConfig) -> list[str]:
     return out + ["head"]
 
 
-def _feature_units(cfg: L2ViTNetConfig) -> dict[str, int]:
-    """Unit name -> stage index of the units whose output is a stage's feature map (its last block)."""
-    return {f"stages.{i}.{cfg.depths[i] - 1}": i for i in range(cfg.num_stages)}
+def _feature_map(name: str, y: np.ndarray, cfg: L2ViTNetConfig) -> np.ndarray | None:
+    """Stage i's feature map: the output of its last block "stages.i.{depth_i - 1}"; None elsewhere."""
+    return y if name in {f"stages.{i}.{d - 1}" for i, d in enumerate(cfg.depths)} else None
+
+
+def _unit_input(name: str, x: Any, cfg: L2ViTNetConfig) -> np.ndarray:
+    """The input of unit ``name``: images (B, in_chans, H, W) for "stem", else a channels-first grid."""
+    return nets.check_grid_input(name, x, cfg.in_chans, "stem")
 
 
 def stem(images: np.ndarray, params: Mapping[str, np.ndarray], cfg: L2ViTNetConfig, *,
@@ -281,12 +290,10 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, 
     taps : the stem's or the block's taps (enhanced.lwa_block / lga_block names).
     References: L2ViT §4.3, Fig. 3, Table 13; the released head.
     """
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
         return stem(x, params, cfg, taps=taps)
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B C H W"))
     params = _check_params(params, cfg)
     validation.check_taps(taps)
     if name == "head":
@@ -322,10 +329,7 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
     ----------
     L2ViT §4.3, Fig. 3, Table 13; the head as released (final LayerNorm, average pooling, Linear).
     """
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return nets.run_units(names, lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
-                          _feature_units(cfg), images, taps)
+    return nets.run_stages(_M, params, images, cfg, taps, unit_taps=True)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
@@ -451,7 +455,7 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTNetConfig, d
     """:func:`run_unit` with an input error (common.Err convention)."""
     if name == "stem":
         pre = "downsample_layers.0"
-        t = nets.e_pad(t, 4)
+        t = nets.e_pad(Err(nets.check_images(t.value, cfg.in_chans), t.err, t.depth), 4)
         t = common.e_conv2d(t, params[f"{pre}.proj.proj.0.weight"], params[f"{pre}.proj.proj.0.bias"], stride=2,
                             padding=1)
         t = nets.e_relu(nets.e_batch_norm(t, params, f"{pre}.proj.proj.1", cfg.batch_norm_eps))
@@ -478,11 +482,7 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTNetConfig, d
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the running first-order analysis of :func:`forward_bounds`, restarted at the unit)."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"L2ViT unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype, label="L2ViT")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, *,
@@ -496,10 +496,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, 
     capped by their range (_netparts.e_layer_norm) and the clamped normaliser by C_min, so it stays finite
     (and void past a few blocks).  :func:`unit_bound` restarts the analysis at each unit (the meaningful
     comparison points)."""
-    images = nets.check_images(images, cfg.in_chans)
-    params = _check_params(params, cfg)
-    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                            _feature_units(cfg), common.e_exact(images), "L2ViT")
+    return nets.bound_network(_M, params, images, cfg, dtype, label="L2ViT")
 
 
 # ===================================================================================================
@@ -629,10 +626,8 @@ COUNT_GAPS: dict[str, counting.CountGap] = {}
 
 
 def _register() -> None:
-    import sys
-    mod = sys.modules[__name__]
     for name, (c, m, src) in NAMED.items():
-        register(name, c, mod, paper_params_m=m, paper_source=src, paper_precision=0)
+        register(name, c, _M, paper_params_m=m, paper_source=src, paper_precision=0)
 
 
 _register()

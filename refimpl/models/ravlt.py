@@ -53,6 +53,7 @@ side rounding up (H -> ceil(H/2)): H_1 = ceil(ceil(H/2)/2), H_(i+1) = ceil(H_i/2
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Mapping
 
 import numpy as np
@@ -68,6 +69,9 @@ __all__ = ["RAVLTNetConfig", "block_config", "param_shapes", "init_params", "ste
            "ravlt_net_block", "unit_names", "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds",
            "macs", "elementwise", "stage_grids", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES",
            "COUNT_GAPS"]
+
+#: This module: the family the network interpreter (models._netparts) runs.
+_M = sys.modules[__name__]
 
 PRESETS = ("paper", "official")
 STAGE_ATTENTIONS = ("rala", "softmax")
@@ -397,10 +401,9 @@ def _to_cf(x: np.ndarray, layout: str) -> np.ndarray:
     return x if layout == "channels_first" else x.transpose(0, 3, 1, 2)
 
 
-# A network is a chain of units, the comparison points of the equivalence suite (each twin unit is fed the
-# reference's input of that unit): "stem" (images -> grid), one unit per block ("layers.i.blocks.j"),
-# "layers.i.downsample" and "head" (grid -> logits).  Unit values are channels-first grids (B, C_i, H_i, W_i)
-# whatever the blocks' layout.
+# The network as units (models._netparts' interpreter runs them; the equivalence suite's comparison points):
+# "stem" (images -> grid), "layers.i.blocks.j", "layers.i.downsample" and "head" (grid -> logits).  Unit
+# values are channels-first grids (B, C_i, H_i, W_i) whatever the blocks' layout.
 
 def unit_names(cfg: RAVLTNetConfig) -> list[str]:
     """The units of the network in execution order."""
@@ -412,8 +415,14 @@ def unit_names(cfg: RAVLTNetConfig) -> list[str]:
     return out + ["head"]
 
 
-def _feature_units(cfg: RAVLTNetConfig) -> dict[str, int]:
-    return {f"layers.{i}.blocks.{cfg.depths[i] - 1}": i for i in range(cfg.num_stages)}
+def _feature_map(name: str, y: np.ndarray, cfg: RAVLTNetConfig) -> np.ndarray | None:
+    """Stage i's feature map: the output of its last block "layers.i.blocks.{depth_i - 1}"; None elsewhere."""
+    return y if name in {f"layers.{i}.blocks.{d - 1}" for i, d in enumerate(cfg.depths)} else None
+
+
+def _unit_input(name: str, x: Any, cfg: RAVLTNetConfig) -> np.ndarray:
+    """The input of unit ``name``: images (B, in_chans, H, W) for "stem", else a channels-first grid."""
+    return nets.check_grid_input(name, x, cfg.in_chans, "stem")
 
 
 def _head_weight(params: Mapping[str, Any]) -> np.ndarray:
@@ -430,12 +439,10 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, 
     taps : the stem's or the block's taps.  max_elements : guard of the softmax stages.
     References: RALA §3.2-3.3, Table 1; released code (stem, head, layer scale, softmax stages).
     """
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
-        return stem(nets.check_images(x, cfg.in_chans), params, cfg, taps=taps)
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B C H W"))
+        return stem(x, params, cfg, taps=taps)
     params = _check_params(params, cfg)
     validation.check_taps(taps)
     if name == "head":
@@ -467,10 +474,7 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, t
     ----------
     RALA §3.2-3.3, Table 1; released code for the stem, the head and the layout.
     """
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return nets.run_units(unit_names(cfg), lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps,
-                                                                          max_elements=max_elements),
-                          _feature_units(cfg), images, taps)
+    return nets.run_stages(_M, params, images, cfg, taps, unit_taps=True, max_elements=max_elements)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, taps: dict | None = None,
@@ -610,6 +614,7 @@ def _e_block(t: Err, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, hw: tuple[
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: RAVLTNetConfig, dtype: Any) -> Err:
     """:func:`run_unit` with an input error (common.Err convention)."""
     if name == "stem":
+        t = Err(nets.check_images(t.value, cfg.in_chans), t.err, t.depth)
         for n_conv, (ci, bi, stride, _, _) in enumerate(_STEM):
             t = common.e_conv2d(t, params[f"patch_embed.proj.{ci}.weight"], params[f"patch_embed.proj.{ci}.bias"],
                                 stride=stride, padding=1)
@@ -635,11 +640,7 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: RAVLTNetConfig, d
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the analysis of :func:`forward_bounds`, restarted at the unit)."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    x = nets.check_images(x, cfg.in_chans) if name == "stem" else numerics.as_float(x, "x")
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"RAVLT unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype, label="RAVLT")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, *,
@@ -654,10 +655,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, 
     RoPE (official) no such cap exists and the bound is +inf once a normaliser's or an exponential's error
     bound blows up (float32 past stage 2 of the reduced model).  :func:`unit_bound` restarts the analysis at
     each unit (the meaningful comparison points)."""
-    images = nets.check_images(images, cfg.in_chans)
-    params = _check_params(params, cfg)
-    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                            _feature_units(cfg), common.e_exact(images), "RAVLT")
+    return nets.bound_network(_M, params, images, cfg, dtype, label="RAVLT")
 
 
 # ===================================================================================================
@@ -791,10 +789,8 @@ COUNT_GAPS: dict[str, counting.CountGap] = {}
 
 
 def _register() -> None:
-    import sys
-    mod = sys.modules[__name__]
     for name, (c, m, src) in NAMED.items():
-        register(name, c, mod, paper_params_m=m, paper_source=src, paper_precision=0)
+        register(name, c, _M, paper_params_m=m, paper_source=src, paper_precision=0)
 
 
 _register()
