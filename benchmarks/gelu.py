@@ -10,6 +10,9 @@ For each workload (the MLP hidden activations of a 56x56 / 28x28 / 14x14 stage: 
 - "c" / "numba": refimpl.layers.gelu under backends.use("c" / "numba") with config.C_KERNEL_THREADS_MAX set to
   the count: the dispatch path the networks take (as_float, the predicate, a fresh NaN-poisoned output);
 - "c raw": the C wrapper writing into a reused 64-byte aligned out= with threads= the count;
+- "c libm" / "numba libm" (exact form only): the plain versions kept beside the vectorised kernels
+  (refimpl.backends._c_elementwise.gelu_libm / _numba_elementwise.gelu_libm: libm's scalar erf, the kernels
+  as they were before the vectorisable erf of ckernels/erf_vec.h), with out= and threads= as "c raw";
 - "torch": torch.nn.functional.gelu on a float64 CPU tensor (torch.set_num_threads(count)).
 
 The variants are interleaved (one call of each per round, ``--reps`` rounds after two warm-up rounds), so a
@@ -34,7 +37,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 
 from refimpl import backends, config, layers, numerics  # noqa: E402
-from refimpl.backends import _c_elementwise  # noqa: E402
+from refimpl.backends import _c_elementwise, _numba_elementwise  # noqa: E402
 
 SHAPES = ((1, 3136, 256), (1, 784, 512), (1, 196, 768))
 THREADS = (1, 2)
@@ -52,6 +55,10 @@ def _variants(x: np.ndarray, threads: int, approximate: str) -> dict:
             v[name] = disp
     if status["c"].ok:
         v["c raw"] = lambda: _c_elementwise.gelu(x, approximate, out=out, threads=threads)
+        if approximate == "none":
+            v["c libm"] = lambda: _c_elementwise.gelu_libm(x, out=out, threads=threads)
+    if status["numba"].ok and approximate == "none":
+        v["numba libm"] = lambda: _numba_elementwise.gelu_libm(x, out=out, threads=threads)
     try:
         import torch
         tx = torch.from_numpy(x)

@@ -90,6 +90,7 @@ int refimpl_isa_supported(void);
 int refimpl_isa_in_use(void);
 int refimpl_set_max_isa(int level);
 int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, int64_t nthreads);
+int refimpl_erf_f64(double *out, const double *x, int64_t n, int impl);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

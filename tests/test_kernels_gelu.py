@@ -1,10 +1,10 @@
-"""GELU on the C and Numba backends (operation "gelu", issue 16 item 2) against its NumPy definition,
-refimpl.numerics.gelu, and the dispatch of refimpl.layers.gelu / layers.mlp to them.
+"""GELU on the C and Numba backends (operation "gelu") against its NumPy definition, refimpl.numerics.gelu,
+the dispatch of refimpl.layers.gelu / layers.mlp to them, and the vectorisable erf they use.
 
 The kernels (ckernels/gelu.c, refimpl/backends/_c_elementwise.py, _numba_elementwise.py) perform the
-definition's operations in its order with libm's erf / tanh in place of scipy.special.erf / np.tanh.  What is
-checked, on every backend available here (tests.kernel_helpers.available_backends; the NumPy backend checks
-the dispatch path itself):
+definition's operations in its order with the branch-free erf of ckernels/erf_vec.h (exact form) or libm's
+tanh in place of scipy.special.erf / np.tanh.  What is checked, on every backend available here
+(tests.kernel_helpers.available_backends; the NumPy backend checks the dispatch path itself):
 
 1. Every float64 (Hypothesis: any bit pattern's value, subnormals, +-Inf and NaN included, and ordinary
    activations): the kernel lies within layers.gelu_bound of the definition, NaN exactly where the definition
@@ -20,11 +20,19 @@ the dispatch path itself):
    poisoning (a C kernel that writes nothing returns all NaN).
 6. layers.mlp on the C / Numba backend lies within layers.mlp_bound of the NumPy backend; the default
    backend's bits are numerics.gelu's.
+7. The erf itself: its error in ulps against mpmath (50 digits) on a dense sweep of [-6.5, 6.5], the piece
+   boundaries, the saturation region, tiny and subnormal arguments, and (Hypothesis) any float64, is at most
+   config.ELEMENTARY_FUNCTION_ULPS (the budget gelu_bound charges for erf); special values exactly (+-0,
+   +-Inf -> +-1, NaN); odd symmetry bit for bit; the same bits at every instruction-set level and in C and
+   Numba; the two copies of the coefficients (C header, Numba module) equal; the plain libm versions
+   (gelu_libm) within gelu_bound of the vectorised ones.
 """
 
 from __future__ import annotations
 
 import math
+import re
+from pathlib import Path
 
 import mpmath
 import numpy as np
@@ -32,7 +40,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from refimpl import backends, config, layers, numerics
-from refimpl.backends import _c_elementwise
+from refimpl.backends import _c_elementwise, _numba_elementwise
 from tests.kernel_helpers import (agree_float64, available_backends, backend_available, c_kernel_that_writes_nothing,
                                   registered_kernel)
 
@@ -285,3 +293,172 @@ def test_mlp_on_each_backend_within_mlp_bound(approximate, seed, n, c, hd, scale
         with backends.use(name):
             got = layers.mlp(x, p, approximate)
         agree_float64(got, ref, bound, f"mlp[{name}]")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 7. The vectorisable erf (ckernels/erf_vec.h and its Numba twin)
+# ---------------------------------------------------------------------------------------------------
+
+BUDGET = config.ELEMENTARY_FUNCTION_ULPS
+
+
+def erf_impls() -> dict:
+    """The erf implementations available here: the C vectorised one, libm's (through C), the Numba twin."""
+    impls = {}
+    if backend_available("c", "gelu"):
+        impls["c"] = lambda x: _c_elementwise.erf(x)
+        impls["c libm"] = lambda x: _c_elementwise.erf(x, "libm")
+    if backend_available("numba", "gelu"):
+        impls["numba"] = lambda x: _numba_elementwise.erf(x, threads=1)
+    return impls
+
+
+def exact_erf(x: np.ndarray) -> tuple[list, list]:
+    """erf(x) (mpmath, 50 digits) and its ulp (that of the binade of the exact value; 2^-1074 in the
+    subnormal range), for finite x."""
+    values, ulps = [], []
+    with mpmath.workdps(50):
+        for xi in x.tolist():
+            e = mpmath.erf(mpmath.mpf(xi))
+            values.append(e)
+            ulps.append(mpmath.ldexp(1, max(mpmath.frexp(e)[1] - 53, -1074)) if e != 0 else mpmath.ldexp(1, -1074))
+    return values, ulps
+
+
+def ulp_errors(exact: tuple[list, list], y: np.ndarray) -> np.ndarray:
+    """|y - erf(x)| in ulps of erf(x), with ``exact`` = exact_erf(x)."""
+    with mpmath.workdps(50):
+        return np.array([float(abs(mpmath.mpf(yi) - e) / u) for yi, e, u in zip(y.tolist(), *exact)])
+
+
+def sweep_points() -> np.ndarray:
+    """A dense sweep of [-6.5, 6.5] (step ~1e-3), the piece boundaries 0.875 and 6 with their neighbours,
+    the saturation region, random points near the boundary where erfc matters most, tiny and subnormal x."""
+    rng = np.random.default_rng(2024)
+    edges = []
+    for b in (0.875, 6.0, 5.9, 5.9215871957945, 5.93):     # erfc(5.9215871957945) = 2^-54
+        edges += [b, np.nextafter(b, 0.0), np.nextafter(b, 10.0)]
+    tiny = [5e-324, 1e-320, 1e-310, TINY, np.nextafter(TINY, 0.0), 1e-300, 1e-200, 1e-160, 1e-100, 1e-20, 1e-9]
+    pos = np.concatenate([np.linspace(0.0, 6.5, 6501), rng.uniform(0.8, 1.6, 1000), rng.uniform(0.0, 0.875, 300),
+                          rng.uniform(5.5, 7.0, 100), edges, tiny])
+    return np.concatenate([pos, -pos])
+
+
+def test_erf_accuracy_sweep_against_mpmath():
+    x = sweep_points()
+    exact = exact_erf(x)
+    worst = {}
+    for name, f in erf_impls().items():
+        y = f(x)
+        u = ulp_errors(exact, y)
+        worst[name] = (float(u.max()), float(x[u.argmax()]))
+        assert u.max() <= BUDGET, f"erf[{name}]: {u.max():.3f} ulps at x = {x[u.argmax()]!r} > {BUDGET}"
+    print("erf max ulps (value, at x):", worst)
+
+
+def test_erf_special_values():
+    x = np.array([0.0, -0.0, math.inf, -math.inf, math.nan, -math.nan, 6.0, -6.0, 7.0, -1e300, MAXF, -MAXF,
+                  5.93, -5.93, 5e-324, -5e-324])
+    expected = np.array([0.0, -0.0, 1.0, -1.0, math.nan, math.nan, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0, 1.0, -1.0,
+                         5e-324, -5e-324])     # erf(5e-324) = 1.128 * 2^-1074 rounds to 2^-1074
+    for name, f in erf_impls().items():
+        same_bits_or_nan(f(x), expected)
+    for name in ACCEL:                        # the GELU kernels' own values for the same inputs
+        if backend_available(name, "gelu"):
+            with np.errstate(all="ignore"):
+                same_bits_or_nan(kernel(name)(x * math.sqrt(2.0)), definition(x * math.sqrt(2.0)))
+
+
+@settings(max_examples=80)
+@given(values=st.lists(st.one_of(ANY_FLOAT, st.floats(-7.0, 7.0, width=64),
+                                 st.floats(-1e-150, 1e-150, allow_subnormal=True, width=64)), min_size=1, max_size=32))
+def test_erf_any_float64_within_budget(values):
+    x = np.array(values, dtype=np.float64)
+    finite = np.isfinite(x)
+    exact = exact_erf(x[finite])
+    for name, f in erf_impls().items():
+        y = f(x)
+        np.testing.assert_array_equal(np.isnan(y), np.isnan(x))
+        np.testing.assert_array_equal(y[np.isinf(x)], np.sign(x[np.isinf(x)]))
+        u = ulp_errors(exact, y[finite])
+        assert u.size == 0 or u.max() <= BUDGET, f"erf[{name}]: {u.max():.3f} ulps at {x[finite][u.argmax()]!r}"
+        same_bits_or_nan(f(-x), -y)                                 # odd, bit for bit (the sign of 0 included)
+
+
+def test_erf_same_bits_everywhere():
+    """Every instruction-set level of the C kernel, and the Numba twin, return the same bits (the same IEEE
+    operations in the same order; no FMA contraction)."""
+    if not backend_available("c", "gelu"):
+        return
+    rng = np.random.default_rng(17)
+    x = np.concatenate([rng.standard_normal(3000) * 3, sweep_points()[::7], [math.nan, math.inf, -math.inf]])
+    lib = backends._c._load().lib
+    supported, before = lib.refimpl_isa_supported(), lib.refimpl_isa_in_use()
+    ref_erf, ref_gelu = _c_elementwise.erf(x), _c_elementwise.gelu(x)
+    try:
+        for level in range(supported + 1):
+            assert lib.refimpl_set_max_isa(level) == level
+            same_bits_or_nan(_c_elementwise.erf(x), ref_erf)
+            same_bits_or_nan(_c_elementwise.gelu(x), ref_gelu)
+    finally:
+        lib.refimpl_set_max_isa(before if before < supported else 2)
+    if backend_available("numba", "gelu"):
+        same_bits_or_nan(_numba_elementwise.erf(x), ref_erf)
+        same_bits_or_nan(_numba_elementwise.gelu(x), ref_gelu)
+
+
+def test_erf_coefficient_copies_agree():
+    """The constants of ckernels/erf_vec.h and of the Numba twin are the same doubles."""
+    header = (Path(__file__).resolve().parents[1] / "ckernels" / "erf_vec.h").read_text(encoding="utf-8")
+    defs = dict(re.findall(r"^#define (\w+) (\S+)", header, re.M))
+    ne = _numba_elementwise
+    for stem, values in (("ERF_P", ne._ERF_P), ("EXP_E", ne._EXP_E), ("ERF_R", ne._ERF_R)):
+        c_values = [float.fromhex(defs[f"{stem}{j}"]) for j in range(len(values))]
+        assert f"{stem}{len(values)}" not in defs and c_values == list(values), stem
+    for name in ("LN2_HI", "LN2_LO", "INV_LN2"):
+        assert float.fromhex(defs[name]) == getattr(ne, f"_{name}"), name
+    for name in ("ERF_A", "ERF_XMAX", "ERF_X0", "ERF_SHIFT"):
+        assert float(defs[name]) == getattr(ne, f"_{name}"), name
+
+
+@pytest.mark.parametrize("name", ACCEL)
+def test_plain_libm_version_agrees_within_bound(name):
+    """The plain version (libm's scalar erf) beside the vectorised one: both within gelu_bound of the
+    definition and of each other; the same special values."""
+    if not backend_available(name, "gelu"):
+        return
+    mod = _c_elementwise if name == "c" else _numba_elementwise
+    rng = np.random.default_rng(19)
+    x = np.concatenate([rng.standard_normal(5000) * 4, sweep_points()[::5] * math.sqrt(2.0)])
+    plain, fast = mod.gelu_libm(x), mod.gelu(x)
+    bound = layers.gelu_bound(x)
+    agree_float64(fast, plain, bound, f"gelu[{name}] vector vs libm")
+    agree_float64(plain, definition(x), bound, f"gelu[{name}] libm vs definition")
+    specials = np.array([s[0] for s in SPECIALS])
+    with np.errstate(all="ignore"):
+        same_bits_or_nan(mod.gelu_libm(specials), definition(specials))
+
+
+def test_erf_and_plain_wrappers_refuse_bad_input():
+    if backend_available("c", "gelu"):
+        with pytest.raises(ValueError, match="impl"):
+            _c_elementwise.erf(np.ones(3), "fast")
+        with pytest.raises(TypeError, match="float64"):
+            _c_elementwise.erf(np.ones(3, np.float32))
+        with pytest.raises(ValueError, match="non-empty"):
+            _c_elementwise.erf(np.ones(0))
+        with pytest.raises(ValueError, match="threads"):
+            _c_elementwise.gelu_libm(np.ones(3), threads=0)
+        lib, ffi = backends._c._load().lib, backends._c._load().ffi
+        x = np.ones(4)
+        out = np.full(4, 7.0)
+        px, po = ffi.from_buffer("double[]", x), ffi.from_buffer("double[]", out, require_writable=True)
+        assert lib.refimpl_gelu_f64(po, px, 4, 3, 1) != 0          # an unknown form
+        assert lib.refimpl_erf_f64(po, px, 4, 2) != 0              # an unknown impl
+        assert lib.refimpl_erf_f64(po, px, 0, 0) != 0              # an empty array
+        assert (out == 7.0).all()                                  # refused: nothing written
+    if backend_available("numba", "gelu"):
+        with pytest.raises(TypeError, match="float64"):
+            _numba_elementwise.erf(np.ones(3, np.float32))
+        with pytest.raises(ValueError, match="threads"):
+            _numba_elementwise.gelu_libm(np.ones(3), threads=0)

@@ -1,7 +1,12 @@
-"""Element-wise C kernels: the validated wrapper of ``refimpl_gelu_f64`` (ckernels/gelu.c).
+"""Element-wise C kernels: the validated wrappers of ``refimpl_gelu_f64`` and ``refimpl_erf_f64``
+(ckernels/gelu.c).
 
 - ``"gelu"``: ``gelu(x, approximate="none", *, out=None, threads=None)``, the C twin of
-  ``refimpl.numerics.gelu`` (the definition, registered by ``refimpl.layers``), float64 only.
+  ``refimpl.numerics.gelu`` (the definition, registered by ``refimpl.layers``), float64 only, with the
+  vectorisable erf of ckernels/erf_vec.h;
+- ``gelu_libm`` (not registered): the same with libm's scalar erf, the plain version kept beside the fast
+  one for tests and timing;
+- ``erf(x, impl="vector" | "libm")`` (not registered): the erf alone, for its accuracy tests.
 
 The same steps as every wrapper of refimpl.backends._c: validate (float64 in native byte order, non-empty,
 at least one dimension; a non-contiguous input is copied to C order; ``out`` refused unless usable as is),
@@ -23,6 +28,9 @@ from ._validate import empty_aligned
 
 #: approximate= codes of refimpl_gelu_f64 (GELU_ERF / GELU_TANH in ckernels/gelu.c).
 GELU_FORMS = {"none": 0, "tanh": 1}
+#: The code of the exact form with libm's erf (GELU_ERF_LIBM), and refimpl_erf_f64's impl codes.
+GELU_ERF_LIBM = 2
+ERF_IMPLS = {"vector": 0, "libm": 1}
 
 _F64 = np.dtype(np.float64)
 
@@ -64,7 +72,8 @@ def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = N
          threads: int | None = None) -> np.ndarray:
     """GELU in C: the C twin of ``refimpl.numerics.gelu`` (float64).
 
-    approximate="none": y = (0.5 x) (1 + erf(x / sqrt 2)) with libm's erf; "tanh": y = (0.5 x)
+    approximate="none": y = (0.5 x) (1 + erf(x / sqrt 2)) with the branch-free, vectorised erf of
+    ckernels/erf_vec.h (within about 1 ulp; ``gelu_libm`` uses libm's); "tanh": y = (0.5 x)
     (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) with libm's tanh.  The definition's operations in its order
     (ckernels/gelu.c), so the result differs from it only through erf (tanh), within
     ``refimpl.layers.gelu_bound``, and the IEEE special values are the definition's: +-0 -> +-0,
@@ -94,14 +103,44 @@ def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = N
     Hendrycks & Gimpel, "Gaussian Error Linear Units (GELUs)" (2016), Sec. 2 (exact form and the tanh
     approximation); PyTorch ``torch.nn.functional.gelu``.
     """
+    return _run(x, approximate, out, threads, None)
+
+
+def _run(x: Any, approximate: Any, out: Any, threads: Any, code: int | None) -> np.ndarray:
+    """Validate, allocate / poison the output, call refimpl_gelu_f64 with ``code`` (None: the code of
+    ``approximate``), check the status."""
     mod = _load()
     nthreads = _threads(threads)
     a, out = gelu_args(x, approximate, out, "C")
+    code = GELU_FORMS[approximate] if code is None else code
     result = out if out is not None else empty_aligned(a.shape, a.dtype)
     if not np.may_share_memory(result, a):   # (in place, the input is the poison's victim: no fill)
         result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
     ffi, lib = mod.ffi, mod.lib
     status = lib.refimpl_gelu_f64(ffi.from_buffer("double[]", result, require_writable=True),
-                                  ffi.from_buffer("double[]", a), a.size, GELU_FORMS[approximate], nthreads)
+                                  ffi.from_buffer("double[]", a), a.size, code, nthreads)
     _check_status(mod, status, "refimpl_gelu")
+    return result
+
+
+def gelu_libm(x: np.ndarray, *, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
+    """GELU (exact form) in C with libm's scalar erf: the plain version beside the vectorised ``gelu`` (for
+    tests and timing; not registered).  Arguments, results and errors as ``gelu``."""
+    return _run(x, "none", out, threads, GELU_ERF_LIBM)
+
+
+def erf(x: np.ndarray, impl: str = "vector") -> np.ndarray:
+    """erf(x), element-wise, float64: ``impl="vector"`` the branch-free erf of the GELU kernel
+    (ckernels/erf_vec.h, at the instruction-set level in use), ``"libm"`` libm's erf.  For the accuracy
+    tests; not registered.  x as ``gelu`` takes it; returns a new array of x's shape."""
+    if not isinstance(impl, str) or impl not in ERF_IMPLS:
+        raise ValueError(f"argument 'impl': expected 'vector' or 'libm', got {impl!r}")
+    mod = _load()
+    a, _ = gelu_args(x, "none", None, "C")
+    result = empty_aligned(a.shape, a.dtype)
+    result.fill(np.nan)
+    ffi, lib = mod.ffi, mod.lib
+    status = lib.refimpl_erf_f64(ffi.from_buffer("double[]", result, require_writable=True),
+                                 ffi.from_buffer("double[]", a), a.size, ERF_IMPLS[impl])
+    _check_status(mod, status, "refimpl_erf")
     return result
