@@ -18,13 +18,14 @@ What happens::
         inputs to it; a submodule fed something other than its predecessor's output is a wiring divergence
     shadow mode (``shadow=True``): each submodule computing a stage also run on the reference's own input to it
         (rounded to ``dtype``) and judged against that stage: an error located without propagation
-    gradients (``grad=True``, layer references): the input and parameter gradients for a random cotangent against
+    gradients (``grad=True``; for a network from its logits, :mod:`.network_gradients`): the input and parameter gradients for a random cotangent against
         those of refimpl's float64 PyTorch twin (its forward first checked against the NumPy reference),
         each against its bound (:mod:`.gradients`)
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
-what would).  Not yet built (issue 13): the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
-masked shifted windows, RALA's token layout; ``--grad`` for networks; configurations (heads, width) drawn by ``examples``; the torch ensemble
+what would).  Not yet built: the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
+masked shifted windows, RALA's token layout; ``--grad`` for networks judged unit by unit (whole-network gradient bounds are void in float32 at
+the tested depths: inconclusive) and with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 

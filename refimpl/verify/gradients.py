@@ -15,14 +15,19 @@ verifying without ``--grad`` does not import them).  What happens (docs/verify.m
    reshapes);
 4. each gradient tensor is judged by :func:`refimpl.verdict.compare` against :class:`GradientBound`: the last
    inner product that produces it (gamma_n of its length on the magnitudes of its terms, computed by autograd of
-   the twin on absolute values) plus ``config.VERIFY_GRAD_BACKWARD_FACTOR`` times the forward's propagated
-   relative bound on the same magnitudes; the ensemble is the twin's own gradient computed in T.
+   the twin on absolute values; a broadcast leaf of another call, such as a norm's weight and bias, by the terms
+   its backward sums, :func:`_broadcast_terms`) plus ``config.VERIFY_GRAD_BACKWARD_FACTOR`` times the forward's
+   propagated relative bound on the same magnitudes; the ensemble is the twin's own gradient computed in T.
+
+Whole registered networks: :mod:`refimpl.verify.network_gradients` (the network's twin, its logits bound), which
+judges its tensors with :func:`judge_tensors` as this module does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -35,7 +40,7 @@ from .mapping import map_weights
 from .report import _f
 from .steps import _to64, _torch_dtype
 
-__all__ = ["TWINS", "GradientBound", "verify_gradients", "forward_relative_bound"]
+__all__ = ["TWINS", "GradientBound", "verify_gradients", "forward_relative_bound", "judge_tensors"]
 
 
 def _twin_focused(s: Any) -> tuple[Any, Callable]:
@@ -147,6 +152,28 @@ def _multilinear() -> set:
             T.mm, torch.bmm, T.bmm, torch.einsum, torch.mul, T.mul, T.__mul__, T.__rmul__}
 
 
+def _broadcast_terms(func: Callable, a2: Any, k2: Any, c: Any, gbar: Any) -> Any:
+    """The magnitude of the terms a leaf's gradient sums over a broadcast in a call that is not multilinear (a
+    norm's weight and bias, a table added to every sample): sum_j |a_j| |gbar_j| over the outputs j reading c_i,
+    with a_j = d out_j / d c_i by forward mode (a tangent of ones; exact where each output reads one element of
+    c) and the sum by the call's backward on |gbar| sign(a).  None where forward mode does not run the call."""
+    import torch
+    from torch.utils._pytree import tree_map
+
+    def f(cc):
+        return func(*tree_map(lambda a: cc if a is c else a, a2), **tree_map(lambda a: cc if a is c else a, k2))
+    try:
+        with torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)     # torch.func's own import-time notices
+            base = c.detach()
+            _, a = torch.func.jvp(f, (base,), (torch.ones_like(base),))
+            leaf = base.clone().requires_grad_(True)
+            m = torch.autograd.grad(f(leaf), leaf, gbar.abs() * torch.sign(a), allow_unused=True)[0]
+    except Exception:       # a call forward mode does not support: the gradient's own magnitude stands
+        return None
+    return None if m is None else m.detach().abs()
+
+
 def _magnitudes(fwd: Callable, x64: Any, named: dict[str, Any], g64: Any) -> tuple[dict[str, np.ndarray],
                                                                                   dict[str, float]]:
     """Per leaf (``named``: name -> tensor, the input and the twin's parameters): (M, n), M the magnitude of the
@@ -184,8 +211,10 @@ def _magnitudes(fwd: Callable, x64: Any, named: dict[str, Any], g64: Any) -> tup
             y = fwd(x64)
         y = y[0] if isinstance(y, (tuple, list)) else y
         live = [(i, j) for i, u in enumerate(uses) for j, (_, c) in enumerate(u[4]) if c.requires_grad]
-        outs = [i for i, u in enumerate(uses) if u[0] in multi and isinstance(u[3], torch.Tensor)
-                and u[3].requires_grad]
+        # the calls whose output cotangent is needed: multilinear ones, and those reducing a leaf's gradient over
+        # a broadcast (a norm's weight and bias, an added table)
+        outs = [i for i, u in enumerate(uses) if isinstance(u[3], torch.Tensor) and u[3].requires_grad and (
+            u[0] in multi or any(c.numel() < u[3].numel() for _, c in u[4]))]
         if not live or not y.requires_grad:
             return {}, {}
         grads = torch.autograd.grad(y, [uses[i][4][j][1] for i, j in live] + [uses[i][3] for i in outs], g64,
@@ -202,7 +231,11 @@ def _magnitudes(fwd: Callable, x64: Any, named: dict[str, Any], g64: Any) -> tup
             m = None
             others = [t.numel() for t in tree_leaves((a2, k2)) if isinstance(t, torch.Tensor) and t is not c]
             n = max([out.numel() if isinstance(out, torch.Tensor) else c.numel()] + others)
-            if i in g_out and g_out[i] is not None:
+            if i in g_out and g_out[i] is not None and func not in multi:
+                if c.numel() < out.numel():
+                    m = _broadcast_terms(func, a2, k2, c, g_out[i])
+                    m = None if m is None else torch.maximum(m, g.detach().abs())
+            elif i in g_out and g_out[i] is not None:
                 def absed(a, c=c):
                     if a is c:
                         return c_abs
@@ -277,6 +310,51 @@ def _twin_in(name: str, s: Any, params: Mapping[str, np.ndarray], x: np.ndarray,
             for k, t in zip(names, gr)}
 
 
+def judge_tensors(section: dict[str, Any], names: list[str], refg: Mapping[str, np.ndarray],
+                  got: Mapping[str, np.ndarray], source: Mapping[str, str], mag: Mapping[str, np.ndarray],
+                  length: Mapping[str, float], member: Mapping[str, np.ndarray] | None, rho: float, dtype: str,
+                  p_false_alarm: float, none: Mapping[str, str]) -> None:
+    """Judge each gradient tensor (``names``: "input", then reference keys) of the foreign module (``got``, in the
+    reference's keys and shapes where sizes agree) against the twin's float64 gradient (``refg``) with a
+    :class:`GradientBound` (``mag`` / ``length`` from :func:`_magnitudes`, ``rho`` the propagated part) and the
+    twin's gradient in ``dtype`` as the ensemble (``member``; None: no member); fill ``section``'s "tensors",
+    "verdict" and "first_divergence".  ``none``: reference key -> why it has no foreign gradient ("not
+    compared"); ``source``: reference key -> the foreign tensor it was read from."""
+    p_each = p_false_alarm / max(len(names), 1)
+    verdicts = []
+    for k in names:
+        r = refg[k]
+        a = got[k]
+        where = "input" if k == "input" else source.get(k, "")
+        if k in none:
+            section["tensors"].append({"name": k, "foreign": where, "verdict": "not compared", "ok": False,
+                                       "max_abs_err": None, "max_rel_err": None, "bound": None,
+                                       "err_over_bound": None, "detail": none[k]})
+            continue
+        if a.shape != r.shape:
+            a = a.reshape(r.shape) if a.size == r.size else a
+        m_top = float(np.max(np.maximum(mag.get(k, np.abs(r)), np.abs(r)), initial=0.0))
+        bound = GradientBound(np.float64(m_top), max(length.get(k, 1.0), 1.0),
+                              f"gradient of {k}: last inner product on magnitudes + F_bwd x forward bound",
+                              accumulation=True, rho=rho)
+        ens = None if member is None else {f"twin in {dtype}": member[k]}
+        rep = _verdict.compare(a, r, bound, dtype, ensemble=ens, name=f"d/d {k}", p_false_alarm=p_each)
+        verdicts.append(rep.verdict)
+        bnd = float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0))
+        section["tensors"].append({
+            "name": k, "foreign": where, "verdict": rep.verdict, "ok": rep.verdict == _verdict.MATCH,
+            "max_abs_err": _f(np.max(np.abs(a - r), initial=0.0)), "max_rel_err": _f(rep.rel_err),
+            "bound": _f(bnd), "err_over_bound": _f(rep.max_err_over_bound),
+            "detail": "" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)})
+    section["verdict"] = (_verdict.DIVERGES if _verdict.DIVERGES in verdicts else
+                          _verdict.MATCH if verdicts and all(v == _verdict.MATCH for v in verdicts) else
+                          _verdict.INCONCLUSIVE)
+    first = next((t for t in section["tensors"] if t["verdict"] == _verdict.DIVERGES), None)
+    section["first_divergence"] = None if first is None else {
+        "tensor": first["name"], "why": first["detail"], "max_abs_err": first["max_abs_err"],
+        "err_over_bound": first["err_over_bound"]}
+
+
 def verify_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, state: Mapping[str, np.ndarray],
                      user_map: Any, call: Any, dtype: str, device: str, seed: int, want: np.ndarray,
                      fwd_bound: Any, p_false_alarm: float) -> dict[str, Any]:
@@ -329,38 +407,7 @@ def verify_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, stat
                                                 forward_relative_bound(b64, want, "float64"))
     section["forward_relative_bound"] = _f(rho / config.VERIFY_GRAD_BACKWARD_FACTOR)
     got = {"input": dx, **gm.values}
-    p_each = p_false_alarm / max(len(names), 1)
-    verdicts = []
-    for k in names:
-        r = refg[k]
-        a = got[k]
-        where = "input" if k == "input" else gm.source.get(k, "")
-        if a.shape != r.shape:
-            a = a.reshape(r.shape) if a.size == r.size else a
-        if np.any(np.isnan(a)) and k != "input":
-            section["tensors"].append({"name": k, "foreign": where, "verdict": "not compared", "ok": False,
-                                       "max_abs_err": None, "max_rel_err": None, "bound": None,
-                                       "err_over_bound": None,
-                                       "detail": "filled from a buffer of the module: no gradient"})
-            continue
-        m_top = float(np.max(np.maximum(mag.get(k, np.abs(r)), np.abs(r)), initial=0.0))
-        bound = GradientBound(np.float64(m_top), max(length.get(k, 1.0), 1.0),
-                              f"gradient of {k}: last inner product on magnitudes + F_bwd x forward bound",
-                              accumulation=True, rho=rho)
-        ens = None if member is None else {f"twin in {dtype}": member[k]}
-        rep = _verdict.compare(a, r, bound, dtype, ensemble=ens, name=f"d/d {k}", p_false_alarm=p_each)
-        verdicts.append(rep.verdict)
-        bnd = float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0))
-        section["tensors"].append({
-            "name": k, "foreign": where, "verdict": rep.verdict, "ok": rep.verdict == _verdict.MATCH,
-            "max_abs_err": _f(np.max(np.abs(a - r), initial=0.0)), "max_rel_err": _f(rep.rel_err),
-            "bound": _f(bnd), "err_over_bound": _f(rep.max_err_over_bound),
-            "detail": "" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)})
-    section["verdict"] = (_verdict.DIVERGES if _verdict.DIVERGES in verdicts else
-                          _verdict.MATCH if verdicts and all(v == _verdict.MATCH for v in verdicts) else
-                          _verdict.INCONCLUSIVE)
-    first = next((t for t in section["tensors"] if t["verdict"] == _verdict.DIVERGES), None)
-    section["first_divergence"] = None if first is None else {
-        "tensor": first["name"], "why": first["detail"], "max_abs_err": first["max_abs_err"],
-        "err_over_bound": first["err_over_bound"]}
+    none = {k: "filled from a buffer of the module: no gradient" for k in names[1:] if np.any(np.isnan(got[k]))}
+    judge_tensors(section, names, refg, got, {k: gm.source.get(k, "") for k in names[1:]}, mag, length, member,
+                  rho, dtype, p_false_alarm, none)
     return section

@@ -547,12 +547,13 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                    weights: Any = None, map: Mapping[str, Any] | None = None, input: Any = None,
                    hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
                    device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-                   progress: bool = False, shadow: bool = False) -> Report:
+                   progress: bool = False, shadow: bool = False, grad: bool = False) -> Report:
     """Verify the foreign network ``module`` against the registered network ``reference`` unit by unit (see the
     module docstring); arguments as :func:`refimpl.verify.verify` (``hw``: the image size; ``input``: images
     (B, C, H, W); ``batch`` default 1; ``config`` may hold ``"reduced": true``).  ``progress``: a rich progress
     bar over the units on stderr.  ``shadow``: also each unit's submodule on the reference's own input to the unit
-    (:func:`_shadow_units`)."""
+    (:func:`_shadow_units`).  ``grad``: also the network's input and parameter gradients against its float64
+    twin's (:mod:`refimpl.verify.network_gradients`; the false-alarm budget then split in half)."""
     import torch
 
     from .steps import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
@@ -619,7 +620,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
         findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got_logits)))} non-finite "
                                                           f"logit(s) on finite images"})
 
-    p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1) / (2 if shadow else 1)
+    p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1) / (2 if shadow else 1) / (2 if grad else 1)
     results: list[StageResult] = []
     prev = x
     with _progress(progress) as prog:
@@ -679,6 +680,13 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
     shadowed = (_shadow_units(module, fam, params, cfg, units, mods, run, x, taps, sizes, dtype, device, p_unit)
                 if shadow else None)
     verdict = _with_shadow(verdict, shadowed)
+    gradients = None
+    if grad:
+        from .network_gradients import verify_network_gradients
+        from .steps import _with_gradients
+        gradients = verify_network_gradients(module, fam, cfg, params, mnaming.source, x, want, taps, lbound, dtype,
+                                             device, call, seed, _verdict.config.VERDICT_FALSE_ALARM / 2)
+        verdict = _with_gradients(verdict, gradients)
     cfg_dict = {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(cfg).items()}
     return Report(
         verdict=verdict, reference=reference, preset=preset, dtype=dtype, config={**cfg_dict, "hw": list(image)},
@@ -692,5 +700,6 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                  "weights_naming": "random (init_params)" if weights is None else naming.naming,
                  "module_naming": mnaming.naming, "renames": dict(naming.renames),
                  "module_renames": dict(mnaming.renames), "observed_at": dict(mods)},
-        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed))
+        shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed),
+        gradients=gradients)
 

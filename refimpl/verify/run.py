@@ -328,17 +328,18 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     grad : also compare the module's input gradient and parameter gradients for a random cotangent (drawn from
         ``seed``, rounded to ``dtype``) with those of refimpl's float64 PyTorch twin of the reference, after
         checking that the twin's forward matches the NumPy reference (:mod:`refimpl.verify.gradients`; the
-        report's ``gradients``; a diverging gradient makes the verdict "diverges").  Layer references only; the twins
+        report's ``gradients``; a diverging gradient makes the verdict "diverges").  For a registered network the
+        twin is the network's (:mod:`refimpl.verify.network_gradients`); the twins
         ship with the package (:mod:`refimpl.twins`).  The false-alarm budget is then split between the
         forward and the gradients.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     from .networks import is_network, verify_network
-    _check_grad(grad, is_network(reference))
+    _check_grad(grad, False)            # a registered network's gradients: verify_network(grad=True)
     if is_network(reference):
         return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                               input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
-                              progress=progress, shadow=shadow)
+                              progress=progress, shadow=shadow, grad=grad)
     batch = 2 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     ref = get_reference(reference)

@@ -51,14 +51,13 @@ def _check_arguments(dtype: str, batch: Any, seed: Any, hw: Any, device: str) ->
 
 
 def _check_grad(grad: Any, network: bool) -> None:
-    """``grad`` is a bool, and True only for a layer reference (gradients of whole networks are not built)."""
+    """``grad`` is a bool; with ``network`` (examples drawn for a registered network, ``verify_examples``) it must
+    be False: the examples are drawn without gradients (``--grad`` on one network input is built)."""
     if not isinstance(grad, bool):
         raise VerifyError(f"argument 'grad': expected True or False, got {grad!r}")
     if grad and network:
-        raise VerifyError("argument 'grad': gradient verification (--grad) is for the layer references (refimpl "
-                          "verify --list: flatten.attention, l2vit.attention, rala.attention, castling.attention, "
-                          "lisa.attention), got a registered network; verify the network without --grad, or its "
-                          "attention layer with --grad")
+        raise VerifyError("argument 'grad': examples of a registered network are drawn without gradients; verify "
+                          "the network once with --grad (no --examples), or the examples without --grad")
 
 
 def _example_factory(module: Any) -> Any:
