@@ -1,6 +1,7 @@
 """DeiT's network frame, shared by the DeiT networks (Castling-DeiT, L2ViT-DeiT, RALA-DeiT, FLatten-DeiT): the
-stem and the head with their parameter shapes and running error analysis, the unit names, the feature map and
-the unit loops of ``run`` / ``forward_bounds``.  A network supplies its blocks.
+stem and the head with their parameter shapes and running error analysis, the unit names, the units' inputs and
+the feature map.  A network supplies its blocks and declares its units to the interpreter of
+:mod:`refimpl.models._netparts` (run_stages, bound_network, bound_unit, run_part, bound_part), which runs them.
 
 ``cfg`` is any config with embed_dim, depth, in_chans, img_size, patch_size, num_classes, layer_norm_eps and
 grid.  With a class token (DeiT: Castling-DeiT, L2ViT-DeiT) the head reads the class token; without one
@@ -12,18 +13,18 @@ References: DeiT (Touvron et al. 2021).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from .. import layers, numerics, validation
+from .. import layers, numerics
 from . import _netparts as nets
 from . import common
 from .common import Err
 
 __all__ = ["DeiTGeometry", "DeiTClassTokenGeometry", "deit_stem_shapes", "block_shapes", "deit_head_shapes",
            "deit_stem", "deit_head", "e_deit_stem", "e_deit_head",
-           "deit_unit_names", "deit_feature_map", "run_network", "network_bounds"]
+           "deit_unit_names", "deit_unit_input", "deit_feature_map"]
 
 
 class DeiTGeometry:
@@ -139,6 +140,20 @@ def deit_unit_names(cfg: Any) -> list[str]:
     return ["stem"] + [f"blocks.{i}" for i in range(cfg.depth)] + ["head"]
 
 
+def deit_unit_input(name: str, x: Any, cfg: Any, *, cls_token: bool) -> np.ndarray:
+    """The checked input of unit ``name`` (or of a block's part): images (B, in_chans, H, W), (H, W) = cfg.img_size,
+    for "stem", else tokens (B, T, C), T = N + 1 with a class token, (B, N, C) without (N = the patch grid's)."""
+    if name == "stem":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
+    x = numerics.as_float(x, "x")
+    n = cfg.grid[0] * cfg.grid[1]
+    if cls_token:
+        numerics.check_shapes(x=(x, "B T C"), sizes={"T": n + 1, "C": cfg.embed_dim})
+    else:
+        numerics.check_shapes(x=(x, "B N C"), sizes={"N": n, "C": cfg.embed_dim})
+    return x
+
+
 def deit_feature_map(name: str, y: np.ndarray, cfg: Any, *, cls_token: bool) -> np.ndarray | None:
     """The single stage's feature map (B, C, H, W) after the last block (its patch tokens on the grid, the class
     token dropped), else None."""
@@ -146,27 +161,3 @@ def deit_feature_map(name: str, y: np.ndarray, cfg: Any, *, cls_token: bool) -> 
         return None
     b, _, c = y.shape
     return (y[:, 1:] if cls_token else y).transpose(0, 2, 1).reshape(b, c, *cfg.grid)
-
-
-def run_network(params: Mapping[str, Any], images: Any, cfg: Any, taps: dict | None, *,
-                unit_names: Callable[[Any], list[str]], check_params: Callable[[Any, Any], Mapping[str, Any]],
-                run_unit: Callable[..., np.ndarray],
-                feature_map: Callable[[str, np.ndarray, Any], np.ndarray | None]) -> tuple[np.ndarray, list]:
-    """A network's ``run``: the taps checked, the parameters checked once (the units get the checked mapping),
-    then :func:`refimpl.models.common.run_feature_units` over ``unit_names(cfg)``."""
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = check_params(params, cfg)
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: feature_map(name, x, cfg), images, taps)
-
-
-def network_bounds(params: Mapping[str, Any], images: Any, cfg: Any, dtype: Any, *,
-                   unit_names: Callable[[Any], list[str]], check_params: Callable[[Any, Any], Mapping[str, Any]],
-                   e_unit: Callable[..., Err], feature_map: Callable[[str, np.ndarray, Any], np.ndarray | None]
-                   ) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """A network's ``forward_bounds``: the parameters checked once, then
-    :func:`refimpl.models.common.chain_bounds` over ``unit_names(cfg)``."""
-    params = check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: feature_map(name, a, cfg), images)

@@ -5,9 +5,9 @@ initialisation with BatchNorm statistics, and the running-error stages that comm
 attention modules' own error propagation; and the interpreter of the networks declared as units: the family
 declares unit_names, run_unit, _e_unit, its unit inputs and feature maps (and its units' parts), and
 :func:`run_stages`, :func:`bound_network`, :func:`bound_unit`, :func:`run_part`, :func:`bound_part` give it
-its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound (RAVLT, L2ViT, FLatten-PVT; the
-Castling-LeViT and Castling-MViTv2 forwards and bounds through :func:`run_stages` / :func:`bound_stages`),
-beside the feature-unit loops :func:`run_units` / :func:`bound_units` that LiSANet still uses.
+its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound (RAVLT, L2ViT, FLatten-PVT, LiSANet,
+Castling-LeViT, Castling-MViTv2, and the DeiT and Swin networks on models._deit's and flatten.py's frames:
+Castling-DeiT, L2ViT-DeiT, RALA-DeiT / -Swin, FLatten-DeiT / -Swin).
 
 Shapes: B batch, C channels, H x W grid, N = H W tokens (row-major).  Image tensors are channels-first
 (B, C, H, W) as in PyTorch; token tensors are (B, N, C).
@@ -37,7 +37,7 @@ __all__ = ["init_params_from_shapes", "tokens_to_grid", "grid_to_tokens", "pad_b
            "e_layer_norm_cf", "e_tokens", "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound",
            "stage_end_units", "stage_feature_map",
            "check_unit", "check_part", "run_stages", "bound_stages", "bound_network", "bound_unit", "run_part",
-           "bound_part", "run_units", "bound_units"]
+           "bound_part"]
 
 
 def init_params_from_shapes(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Generator, *,
@@ -319,23 +319,3 @@ def bound_part(family: ModuleType, params: Mapping[str, Any], name: str, part: s
     with np.errstate(all="ignore"):
         return common.to_bound(family._e_part(params, name, part, common.e_exact(x), cfg, dtype),
                                f"{_what(label, name)}, {part}")
-
-
-# Unit loops with a feature-unit table, for the families not yet declared to the interpreter (LiSANet): the
-# one forward and bound loop of refimpl.models.common, the feature maps being the feature units' outputs.
-
-def run_units(names: list[str], run_one: Callable[..., np.ndarray], feature_units: Mapping[str, int],
-              x: np.ndarray, taps: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Run the units in order: ``run_one(name, x, taps=inner)`` for each name.  Returns the last output and
-    the outputs of the ``feature_units`` (the per-stage feature maps).  With ``taps``, every unit's output
-    is recorded under its name and the unit's own taps under "<unit>.<tap>"."""
-    return common.run_feature_units(names, run_one, lambda name, y: y if name in feature_units else None, x, taps,
-                                    unit_taps=True)
-
-
-def bound_units(names: list[str], e_one: Callable[[str, Err], Err], feature_units: Mapping[str, int],
-                t: Err, family: str) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """The running error analysis along the same units from the exact input ``t``: ``e_one(name, t)`` carries
-    the error through one unit.  Returns the bounds of the feature maps and of the logits."""
-    return common.chain_bounds(names, e_one, lambda name, y: y if name in feature_units else None, t.value,
-                               label=family)

@@ -42,8 +42,9 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..attention.angular import CastlingConfig, castling_attention
 from . import common, counting
+from . import _netparts as nets
 from ._deit import (DeiTClassTokenGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
-                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
+                    deit_stem_shapes, deit_unit_input, deit_unit_names, e_deit_head, e_deit_stem)
 from .registry import register
 from .common import Err
 
@@ -154,37 +155,34 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConf
     ----------
     Castling-ViT Eq. 9 (inference: no auxiliary branch unless the config keeps it); DeiT.
     """
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
         return deit_stem(params, x, cfg, cls_token=True)
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
     if name == "head":
         return deit_head(params, x, cfg, cls_token=True)
-    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+    return _part(params, name, "mlp", _part(params, name, "attn", x, cfg), cfg)
 
 
 def unit_parts(cfg: CastlingDeiTConfig, name: str) -> tuple[str, ...]:
     """The stages a unit is made of, for stage-wise comparison: a block is "attn" (x + attn(LN1 x)) then
     "mlp" (x + MLP(LN2 x)); the stem and the head have no parts (())."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if name.startswith("blocks.") else ()
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingDeiTConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarray:
+def _unit_input(name: str, x: Any, cfg: CastlingDeiTConfig, part: str | None = None) -> np.ndarray:
+    """Images for "stem", else the tokens (B, T, C) with the class token first."""
+    return deit_unit_input(name, x, cfg, cls_token=True)
+
+
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarray:
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -200,8 +198,7 @@ def _feature_map(name: str, y: np.ndarray, cfg: CastlingDeiTConfig) -> np.ndarra
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
-    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
-                       run_unit=run_unit, feature_map=_feature_map)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig) -> np.ndarray:
@@ -244,12 +241,11 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingDeiTConfi
         return e_deit_stem(params, t, cfg, cls_token=True)
     if name == "head":
         return e_deit_head(params, t, cfg, dtype, cls_token=True, capped=False)
-    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+    return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: CastlingDeiTConfig,
-                  dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: CastlingDeiTConfig, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -262,28 +258,20 @@ def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingDeiTConfig, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_block_part(params, name, part, common.e_exact(numerics.as_float(x, "x")), cfg, dtype),
-                           f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingDeiTConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingDeiTConfig, *,
                    dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and
     params (rigorous to first order, loose through depth; see flatten.forward_bounds)."""
-    _check_cfg(cfg)
-    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
-                          e_unit=_e_unit, feature_map=_feature_map)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================

@@ -420,25 +420,25 @@ def _unit_stage(name: str) -> int:
     return int(name.split(".")[1])
 
 
-def _unit_input(name: str, x: Any, cfg: CastlingLeViTConfig) -> np.ndarray:
+def _unit_input(name: str, x: Any, cfg: CastlingLeViTConfig, part: str | None = None) -> np.ndarray:
+    """The input of unit ``name`` (or of its ``part``): images (B, in_chans, H, W), (H, W) = cfg.img_size, for
+    "stem", else tokens (B, N_s, C_s) of the stage the unit reads - the previous stage for a shrink block's
+    "attn" part (and the whole block), its own stage (the reduced grid) for the shrink block's "mlp" part."""
+    if name == "stem":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
     x = numerics.as_float(x, "x")
     s = _unit_stage(name) if name != "head" else len(cfg.embed_dims) - 1
-    if name.endswith("downsample"):
+    if name.endswith("downsample") and part != "mlp":
         s -= 1
     hw = stage_grids(cfg)[s]
     numerics.check_shapes(x=(x, "B N C"), sizes={"N": hw[0] * hw[1], "C": cfg.embed_dims[s]})
     return x
 
 
-def _check_unit(name: str, cfg: CastlingLeViTConfig) -> None:
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-
-
 def unit_parts(cfg: CastlingLeViTConfig, name: str) -> tuple[str, ...]:
     """A stage block is "attn" (x + Attn(x)) then "mlp" (x + MLP(x)); a shrink block "attn" (Attn(x), no
     residual, N -> N') then "mlp"; the stem and the head have no parts."""
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if name.startswith("stages.") else ()
 
 
@@ -454,14 +454,7 @@ def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: C
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingLeViTConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order.  The "mlp" part
     of a shrink block takes the (B, N', C_s) output of its "attn" part."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    params = _check_params(params, cfg)
-    if part == "mlp" and name.endswith("downsample"):
-        x = _unit_input(f"stages.{_unit_stage(name)}.blocks.0", x, cfg)
-    else:
-        x = _unit_input(name, x, cfg)
-    return _part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
 def _stem(params: Mapping[str, Any], images: np.ndarray, cfg: CastlingLeViTConfig) -> np.ndarray:
@@ -490,11 +483,11 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTCon
 
     References: LeViT (stem, Linear_BN, heads); Castling-ViT Eq. 9 in every attention (inference).
     """
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
-    if name == "stem":
-        return _stem(params, common.check_images(x, cfg.in_chans, cfg.img_size), cfg)
     x = _unit_input(name, x, cfg)
+    if name == "stem":
+        return _stem(params, x, cfg)
     if name == "head":
         return _head(params, x, cfg)
     y = _part(params, name, "attn", x, cfg)
@@ -504,7 +497,7 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTCon
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the three stages' feature maps in one pass; taps (dict or None) records every unit's output."""
-    return nets.run_stages(sys.modules[__name__], params, images, cfg, taps)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTConfig) -> np.ndarray:
@@ -622,32 +615,20 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingLeViTConf
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingLeViTConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    _check_unit(name, cfg)
-    params = _check_params(params, cfg)
-    x = numerics.as_float(x, "x") if name == "stem" else _unit_input(name, x, cfg)
-    with np.errstate(all="ignore"):
-        return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingLeViTConfig, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    params = _check_params(params, cfg)
-    src = f"stages.{_unit_stage(name)}.blocks.0" if (part == "mlp" and name.endswith("downsample")) else name
-    x = _unit_input(src, x, cfg)
-    with np.errstate(all="ignore"):
-        return nets.to_bound(_e_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingLeViTConfig, *,
                    dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
-    _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================

@@ -347,15 +347,10 @@ def unit_names(cfg: CastlingMViTv2Config) -> list[str]:
     return ["patch_embed"] + [b.name for b in block_specs(cfg)] + ["head"]
 
 
-def _check_unit(name: str, cfg: CastlingMViTv2Config) -> None:
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-
-
 def unit_parts(cfg: CastlingMViTv2Config, name: str) -> tuple[str, ...]:
     """A block is "attn" (pool_skip(x or proj(LN1 x)) + Attn(LN1 x)) then "mlp" (x + MLP(LN2 x)); the patch
     embedding and the head have no parts."""
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if name.startswith("stages.") else ()
 
 
@@ -365,8 +360,21 @@ def _tokens_in(x: Any, hw: tuple[int, int], c: int) -> np.ndarray:
     return x
 
 
-def _part(params: Mapping[str, Any], b: BlockSpec, part: str, x: np.ndarray, cfg: CastlingMViTv2Config
-          ) -> np.ndarray:
+def _unit_input(name: str, x: Any, cfg: CastlingMViTv2Config, part: str | None = None) -> np.ndarray:
+    """The input of unit ``name`` (or of its ``part``): images (B, in_chans, H, W), (H, W) = cfg.img_size, for
+    "patch_embed"; the last stage's tokens for "head"; a block's input tokens (B, N, C_in) for the block and
+    its "attn" part, its output tokens (B, N', C_s) for its "mlp" part (a transition block's reduced grid)."""
+    if name == "patch_embed":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
+    if name == "head":
+        s = len(cfg.depths) - 1
+        return _tokens_in(x, stage_grids(cfg)[s], cfg.dim(s))
+    b = _spec(cfg, name)
+    return _tokens_in(x, b.hw_out, b.dim_out) if part == "mlp" else _tokens_in(x, b.hw_in, b.dim_in)
+
+
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: CastlingMViTv2Config) -> np.ndarray:
+    b = _spec(cfg, name)
     p = layers.subparams(params, b.name)
     if part == "mlp":
         return x + common.mlp2d(layers.layer_norm(x, p["norm2.weight"], p["norm2.bias"], cfg.ln_eps),
@@ -382,12 +390,7 @@ def _part(params: Mapping[str, Any], b: BlockSpec, part: str, x: np.ndarray, cfg
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingMViTv2Config) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order.  The "mlp" part of
     a transition block takes the (B, N', C_s) output of its "attn" part."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    params = _check_params(params, cfg)
-    b = _spec(cfg, name)
-    x = _tokens_in(x, b.hw_out, b.dim_out) if part == "mlp" else _tokens_in(x, b.hw_in, b.dim_in)
-    return _part(params, b, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
 def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Config) -> np.ndarray:
@@ -397,27 +400,23 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Co
 
     References: MViTv2 (patch embedding, blocks, head); Castling-ViT Eq. 9 in every attention (inference).
     """
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "patch_embed":
-        images = common.check_images(x, cfg.in_chans, cfg.img_size)
-        y = layers.conv2d(images, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
+        y = layers.conv2d(x, params["patch_embed.proj.weight"], params["patch_embed.proj.bias"],
                           stride=config.MVITV2_PATCH_STRIDE, padding=config.MVITV2_PATCH_PADDING)
         return nets.grid_to_tokens(y)
     if name == "head":
-        s = len(cfg.depths) - 1
-        x = _tokens_in(x, stage_grids(cfg)[s], cfg.dim(s))
         y = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], cfg.ln_eps), axis=1)
         return layers.linear(y, params["head.projection.weight"], params["head.projection.bias"])
-    b = _spec(cfg, name)
-    y = _part(params, b, "attn", _tokens_in(x, b.hw_in, b.dim_in), cfg)
-    return _part(params, b, "mlp", y, cfg)
+    return _part(params, name, "mlp", _part(params, name, "attn", x, cfg), cfg)
 
 
 def run(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Config, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the four stages' feature maps in one pass; taps (dict or None) records every unit's output."""
-    return nets.run_stages(sys.modules[__name__], params, images, cfg, taps)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Config) -> np.ndarray:
@@ -456,8 +455,9 @@ def _e_max_pool(t: Err, hw: tuple[int, int]) -> Err:
     return Err(max_pool_tokens(t.value, hw), max_pool_tokens(t.err, hw), t.depth)
 
 
-def _e_part(params: Mapping[str, Any], b: BlockSpec, part: str, t: Err, cfg: CastlingMViTv2Config, dtype: Any
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: CastlingMViTv2Config, dtype: Any
             ) -> Err:
+    b = _spec(cfg, name)
     p = layers.subparams(params, b.name)
     if part == "mlp":
         h = nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], cfg.ln_eps, dtype)
@@ -490,46 +490,26 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingMViTv2Con
     if name == "head":
         y = nets.e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, dtype)
         return common.e_linear(common.e_mean(y, 1), params["head.projection.weight"], params["head.projection.bias"])
-    b = _spec(cfg, name)
-    return _e_part(params, b, "mlp", _e_part(params, b, "attn", t, cfg, dtype), cfg, dtype)
+    return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: CastlingMViTv2Config, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    _check_unit(name, cfg)
-    params = _check_params(params, cfg)
-    if name == "patch_embed":
-        x = numerics.as_float(x, "x")
-    elif name == "head":
-        s = len(cfg.depths) - 1
-        x = _tokens_in(x, stage_grids(cfg)[s], cfg.dim(s))
-    else:
-        b = _spec(cfg, name)
-        x = _tokens_in(x, b.hw_in, b.dim_in)
-    with np.errstate(all="ignore"):
-        return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: CastlingMViTv2Config, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    params = _check_params(params, cfg)
-    b = _spec(cfg, name)
-    x = _tokens_in(x, b.hw_out, b.dim_out) if part == "mlp" else _tokens_in(x, b.hw_in, b.dim_in)
-    with np.errstate(all="ignore"):
-        return nets.to_bound(_e_part(params, b, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: CastlingMViTv2Config, *,
                    dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, void through depth; the equivalence suite's conclusive check is unit-wise)."""
-    _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return nets.bound_stages(sys.modules[__name__], lambda name, t: _e_unit(params, name, t, cfg, dtype), images, cfg)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================

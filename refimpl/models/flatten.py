@@ -60,7 +60,7 @@ from ..attention.softmax import WINDOW_PRESETS, window_attention
 from . import _netparts as nets
 from . import common, counting
 from ._deit import (DeiTGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
-                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
+                    deit_stem_shapes, deit_unit_input, deit_unit_names, e_deit_head, e_deit_stem)
 from .registry import register
 from .common import Err
 
@@ -329,17 +329,19 @@ def _parse(name: str) -> tuple[int, int]:
     return int(parts[1]), int(parts[3]) if len(parts) > 3 else -1
 
 
-def _check_unit_input(x: Any, name: str, cfg: Any) -> np.ndarray:
-    x = numerics.as_float(x, "x")
+def _unit_input(name: str, x: Any, cfg: Any, part: str | None = None) -> np.ndarray:
+    """Images for "stem", else DeiT tokens (B, N, C) / the Swin grid of the unit's stage (B, H_i, W_i, C_i)."""
     if isinstance(cfg, FlattenDeiTConfig):
-        gh, gw = cfg.grid
-        numerics.check_shapes(x=(x, "B N C"), sizes={"N": gh * gw, "C": cfg.embed_dim})
-        return x
-    return _check_swin_input(x, name, cfg)
+        return deit_unit_input(name, x, cfg, cls_token=False)
+    return _swin_unit_input(name, x, cfg)
 
 
-def _check_swin_input(x: np.ndarray, name: str, cfg: Any) -> np.ndarray:
-    """A Swin unit's input: the grid (B, H_i, W_i, C_i) of its stage (the last stage's for "head")."""
+def _swin_unit_input(name: str, x: Any, cfg: Any) -> np.ndarray:
+    """A Swin unit's input: images (B, in_chans, H, W), (H, W) = cfg.img_size, for "stem", else the grid
+    (B, H_i, W_i, C_i) of its stage (the last stage's for "head")."""
+    if name == "stem":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
+    x = numerics.as_float(x, "x")
     i = cfg.n_stages - 1 if name == "head" else _parse(name)[0]
     (gh, gw), c = cfg.stage_grids[i], cfg.stage_dim(i)
     numerics.check_shapes(x=(x, "B H W C"), sizes={"H": gh, "W": gw, "C": c})
@@ -387,20 +389,18 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any,
     ----------
     FLatten §4.3 (Eq. 12 in the focused blocks), Appendix D Tables 9, 14; DeiT; Swin §3 (blocks, merging).
     """
-    _check_cfg(cfg)
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     eps = cfg.layer_norm_eps
     params = _check_params(params, cfg)
     deit = isinstance(cfg, FlattenDeiTConfig)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
         return deit_stem(params, x, cfg, cls_token=False) if deit else _swin_stem(params, x, cfg)
-    x = _check_unit_input(x, name, cfg)
     if name == "head":
         return deit_head(params, x, cfg, cls_token=False) if deit else _swin_head(params, x, cfg)
     if name.endswith("downsample"):
         return common.patch_merging2d(x, layers.subparams(params, name), eps)
-    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+    return _part(params, name, "mlp", _part(params, name, "attn", x, cfg), cfg)
 
 
 def _swin_stem(params: Mapping[str, Any], images: Any, cfg: Any) -> np.ndarray:
@@ -444,23 +444,17 @@ def _e_swin_head(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, cap
 def unit_parts(cfg: FlattenDeiTConfig | FlattenSwinConfig, name: str) -> tuple[str, ...]:
     """The stages a unit is made of, in order, for stage-wise comparison: a block is "attn"
     (x + attn(LN1 x)) then "mlp" (x + MLP(LN2 x)); other units have no parts (())."""
-    _check_cfg(cfg)
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if ".blocks." in f".{name}" and not name.endswith("downsample") else ()
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
                   cfg: FlattenDeiTConfig | FlattenSwinConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "mlp":
@@ -494,9 +488,7 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | Flatten
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and per-stage feature maps in one pass (see :func:`forward`, :func:`features`).
     taps : dict or None; records every unit's output under its name."""
-    _check_cfg(cfg)
-    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
-                       run_unit=run_unit, feature_map=_feature_map)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig) -> np.ndarray:
@@ -548,11 +540,11 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) 
         return _e_swin_head(params, t, cfg, dtype, capped=False)
     if name.endswith("downsample"):
         return common.e_patch_merging(t, layers.subparams(params, name), eps)
-    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+    return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "mlp":
@@ -576,22 +568,14 @@ def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any,
                     cfg: FlattenDeiTConfig | FlattenSwinConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and params:
     the running first-order analysis of refimpl.models.common, stage by stage through the unit."""
-    _check_cfg(cfg)
-    if name != "stem":
-        x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfig | FlattenSwinConfig, *,
@@ -600,9 +584,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenDeiTConfi
     from exact images and params).  Rigorous to first order but loose: the coefficient compounds the
     absolute Jacobians of every stage (see docs/models_flatten_castling.md for measured sizes), so the
     sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature bounds, logits bound)."""
-    _check_cfg(cfg)
-    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
-                          e_unit=_e_unit, feature_map=_feature_map)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================

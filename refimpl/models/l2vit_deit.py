@@ -70,7 +70,7 @@ from ..attention import enhanced
 from ..attention import softmax as _softmax
 from . import _netparts as nets
 from ._deit import (DeiTClassTokenGeometry, deit_feature_map, deit_head, deit_head_shapes, deit_stem, deit_stem_shapes,
-                    deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
+                    deit_unit_input, deit_unit_names, e_deit_head, e_deit_stem)
 from . import common, counting
 from .common import Err
 from .l2vit import _e_enhanced_attention
@@ -228,17 +228,15 @@ def _kind(name: str, cfg: L2ViTDeiTConfig) -> str:
 def unit_parts(cfg: L2ViTDeiTConfig, name: str) -> tuple[str, ...]:
     """The residual branches a block unit is made of, in order: "attn" (x + attn(LN1 x)), for an enhanced
     block "lcm" (x + LCM(LN3 x) on the patch tokens), then "mlp" (x + MLP(LN2 x)); stem and head: ()."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     if not name.startswith("blocks."):
         return ()
     return ("attn", "lcm", "mlp") if _kind(name, cfg) == "E" else ("attn", "mlp")
 
 
-def _check_tokens(x: Any, cfg: L2ViTDeiTConfig) -> np.ndarray:
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B T C"), sizes={"T": cfg.tokens, "C": cfg.embed_dim})
-    return x
+def _unit_input(name: str, x: Any, cfg: L2ViTDeiTConfig, part: str | None = None) -> np.ndarray:
+    """Images for "stem", else the tokens (B, T, C) with the class token first."""
+    return deit_unit_input(name, x, cfg, cls_token=True)
 
 
 def _softmax_attention(y: np.ndarray, p: Mapping[str, Any], heads: int) -> np.ndarray:
@@ -250,7 +248,7 @@ def _softmax_attention(y: np.ndarray, p: Mapping[str, Any], heads: int) -> np.nd
     return layers.linear(o.transpose(0, 2, 1, 3).reshape(b, n, c), p["proj.weight"], p["proj.bias"])
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: L2ViTDeiTConfig) -> np.ndarray:
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: L2ViTDeiTConfig) -> np.ndarray:
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -275,26 +273,21 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTDeiTConfig)
     ----------
     L2ViT Eq. 4-8, Appendix 9 (Table 11), §5.4 (Table 8); DeiT.
     """
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
         return deit_stem(params, x, cfg, cls_token=True)
-    x = _check_tokens(x, cfg)
     if name == "head":
         return deit_head(params, x, cfg, cls_token=True)
     for part in unit_parts(cfg, name):
-        x = _block_part(params, name, part, x, cfg)
+        x = _part(params, name, part, x, cfg)
     return x
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: L2ViTDeiTConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_tokens(x, cfg)
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
 def _feature_map(name: str, y: np.ndarray, cfg: L2ViTDeiTConfig) -> np.ndarray | None:
@@ -304,8 +297,7 @@ def _feature_map(name: str, y: np.ndarray, cfg: L2ViTDeiTConfig) -> np.ndarray |
 def run(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and the feature map in one pass; taps (dict or None) records every unit's output."""
-    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
-                       run_unit=run_unit, feature_map=_feature_map)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig) -> np.ndarray:
@@ -358,9 +350,8 @@ def _e_softmax_attention(t: Err, p: Mapping[str, Any], heads: int) -> Err:
     return common.e_linear(Err(merge(o), merge(eo), qkv.depth + depth), p["proj.weight"], p.get("proj.bias"))
 
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTDeiTConfig,
-                  dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTDeiTConfig, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -386,36 +377,26 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTDeiTConfig, 
     if name == "head":
         return e_deit_head(params, t, cfg, dtype, cls_token=True)
     for part in unit_parts(cfg, name):
-        t = _e_block_part(params, name, part, t, cfg, dtype)
+        t = _e_part(params, name, part, t, cfg, dtype)
     return t
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: L2ViTDeiTConfig, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_tokens(x, cfg)
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTDeiTConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    x = numerics.as_float(x, "x") if name == "stem" else _check_tokens(x, cfg)
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTDeiTConfig, *,
                    dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, loose through depth; :func:`unit_bound` restarts at each unit)."""
-    _check_cfg(cfg)
-    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
-                          e_unit=_e_unit, feature_map=_feature_map)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================

@@ -56,6 +56,7 @@ remainder at the bottom/right (H_1 = floor(H / p)), as a kernel = stride convolu
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -77,6 +78,7 @@ __all__ = ["LiSANetConfig", "block_config", "param_shapes", "init_params", "stag
 KINDS = ("isotropic", "hierarchical")
 EMBEDS = ("patch", "overlap")
 PRESETS = ("paper",)
+_M = sys.modules[__name__]
 
 #: The token mixer of every block (LiSA Table 3b, "Effectiveness of LiSA components"; the other operators
 #: replace LiSA inside the same LN -> operator -> LN -> MLP block, §5.2 "we only replace our operator"):
@@ -362,9 +364,10 @@ def _check_grids(cfg: LiSANetConfig, images: np.ndarray) -> list[tuple[int, int]
     return want
 
 
-# A network is a chain of units, the comparison points of the equivalence suite (each twin unit is fed the
-# reference's input of that unit): "patch_embed.i" (grid or images -> grid), one unit per block
-# ("stages.i.j") and "head" (grid -> logits).  Unit values are channels-first grids (B, C_i, H_i, W_i).
+# The network as units (models._netparts' interpreter runs them; the comparison points of the equivalence suite,
+# each twin unit being fed the reference's input of that unit): "patch_embed.i" (grid or images -> grid), one
+# unit per block ("stages.i.j") and "head" (grid -> logits).  Unit values are channels-first grids
+# (B, C_i, H_i, W_i).
 
 def unit_names(cfg: LiSANetConfig) -> list[str]:
     """The units of the network in execution order."""
@@ -375,9 +378,15 @@ def unit_names(cfg: LiSANetConfig) -> list[str]:
     return out + ["head"]
 
 
-def _feature_units(cfg: LiSANetConfig) -> dict[str, int]:
-    return {(f"stages.{i}.{cfg.depths[i] - 1}" if cfg.depths[i] else f"patch_embed.{i}"): i
-            for i in range(cfg.num_stages)}
+def _feature_map(name: str, y: np.ndarray, cfg: LiSANetConfig) -> np.ndarray | None:
+    """Stage i's feature map: the output of its last block "stages.i.{depth_i - 1}" (every stage has a block:
+    LiSANetConfig refuses a depth < 1); None elsewhere."""
+    return y if name in {f"stages.{i}.{d - 1}" for i, d in enumerate(cfg.depths)} else None
+
+
+def _unit_input(name: str, x: Any, cfg: LiSANetConfig) -> np.ndarray:
+    """The input of unit ``name``: images (B, in_chans, H, W) for "patch_embed.0", else a channels-first grid."""
+    return nets.check_grid_input(name, x, cfg.in_chans, "patch_embed.0")
 
 
 def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *,
@@ -386,14 +395,11 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *
     grids must be those of cfg.image_size), "stages.i.j" (a LiSA block on the grid's tokens, row-major) or
     "head" (LayerNorm, mean over the tokens, Linear).  taps : the block's taps.
     References: LiSA §5.1, Table 7, Fig. 3."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "patch_embed.0":
-        images = nets.check_images(x, cfg.in_chans)
-        _check_grids(cfg, images)
-        return embed(images, params, 0, cfg)
-    x = numerics.as_float(x, "x")
-    numerics.check_shapes(x=(x, "B C H W"))
+        _check_grids(cfg, x)
+        return embed(x, params, 0, cfg)
     params = _check_params(params, cfg)
     validation.check_taps(taps)
     if name == "head":
@@ -428,10 +434,7 @@ def run(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
     ----------
     LiSA §5.1, Table 2, Table 7 ("Global Average Pooling, Linear"), Appendix A.1.
     """
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return nets.run_units(names, lambda name, x, taps: run_unit(params, name, x, cfg, taps=taps),
-                          _feature_units(cfg), images, taps)
+    return nets.run_stages(_M, params, images, cfg, taps, unit_taps=True)
 
 
 def features(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
@@ -492,11 +495,7 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: LiSANetConfig, dt
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the analysis of :func:`forward_bounds`, restarted at the unit)."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    x = nets.check_images(x, cfg.in_chans) if name == "patch_embed.0" else numerics.as_float(x, "x")
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"LiSANet unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype, label="LiSANet")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *,
@@ -509,9 +508,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *
     their range, _netparts.e_layer_norm).  :func:`unit_bound` restarts the analysis at each unit."""
     images = nets.check_images(images, cfg.in_chans)
     _check_grids(cfg, images)
-    params = _check_params(params, cfg)
-    return nets.bound_units(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                            _feature_units(cfg), common.e_exact(images), "LiSANet")
+    return nets.bound_network(_M, params, images, cfg, dtype, label="LiSANet")
 
 
 def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Sequence[int]
@@ -767,10 +764,8 @@ COUNT_GAPS: dict[str, counting.CountGap] = {
 
 
 def _register() -> None:
-    import sys
-    mod = sys.modules[__name__]
     for name, (c, m, src, prec) in NAMED.items():
-        register(name, c, mod, paper_params_m=m, paper_source=src, paper_precision=prec)
+        register(name, c, _M, paper_params_m=m, paper_source=src, paper_precision=prec)
 
 
 _register()

@@ -70,7 +70,7 @@ from . import common, counting
 from .common import Err
 from . import flatten as _flatten
 from ._deit import (DeiTGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
-                    deit_stem_shapes, deit_unit_names, e_deit_head, e_deit_stem, network_bounds, run_network)
+                    deit_stem_shapes, deit_unit_input, deit_unit_names, e_deit_head, e_deit_stem)
 from .ravlt import _e_attention as _e_rala_attention
 from .registry import register
 
@@ -211,18 +211,15 @@ def unit_names(cfg: RALADeiTConfig | RALASwinConfig) -> list[str]:
 def unit_parts(cfg: RALADeiTConfig | RALASwinConfig, name: str) -> tuple[str, ...]:
     """The residual branches of a block unit, in order: "attn" (x + attn(LN1 x)), "mlp" (x + MLP(LN2 x));
     other units: ()."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if ".blocks." in f".{name}" else ()
 
 
-def _check_unit_input(x: Any, name: str, cfg: Any) -> np.ndarray:
-    x = numerics.as_float(x, "x")
+def _unit_input(name: str, x: Any, cfg: Any, part: str | None = None) -> np.ndarray:
+    """Images for "stem", else DeiT tokens (B, N, C) / the Swin grid of the unit's stage (B, H_i, W_i, C_i)."""
     if isinstance(cfg, RALADeiTConfig):
-        gh, gw = cfg.grid
-        numerics.check_shapes(x=(x, "B N C"), sizes={"N": gh * gw, "C": cfg.embed_dim})
-        return x
-    return _flatten._check_swin_input(x, name, cfg)
+        return deit_unit_input(name, x, cfg, cls_token=False)
+    return _flatten._swin_unit_input(name, x, cfg)
 
 
 def _rala_on_grid(y: np.ndarray, p: Mapping[str, Any], acfg: rala.RALAConfig) -> np.ndarray:
@@ -244,7 +241,7 @@ def _attention(y: np.ndarray, p: Mapping[str, Any], name: str, cfg: Any) -> np.n
     return _flatten._softmax_window(y, p, cfg, i, ws, sh if j % 2 else 0)
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: Any) -> np.ndarray:
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -263,14 +260,13 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RALADeiTConfig |
     RALA Eq. 2-6, §4.5 (Table 8); DeiT; Swin §3; FLatten Appendix D (the DeiT layout, the stages with linear
     attention).
     """
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     if name == "stem":
         if isinstance(cfg, RALADeiTConfig):
             return deit_stem(params, x, cfg, cls_token=False)
         return _flatten._swin_stem(params, x, cfg)
-    x = _check_unit_input(x, name, cfg)
     if name == "head":
         if isinstance(cfg, RALADeiTConfig):
             return deit_head(params, x, cfg, cls_token=False)
@@ -278,18 +274,14 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RALADeiTConfig |
     if name.endswith("downsample"):
         return common.patch_merging2d(x, layers.subparams(params, name), cfg.layer_norm_eps)
     for part in unit_parts(cfg, name):
-        x = _block_part(params, name, part, x, cfg)
+        x = _part(params, name, part, x, cfg)
     return x
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any,
                   cfg: RALADeiTConfig | RALASwinConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
 def _feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
@@ -302,9 +294,7 @@ def _feature_map(name: str, y: np.ndarray, cfg: Any) -> np.ndarray | None:
 def run(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALASwinConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and per-stage feature maps in one pass; taps (dict or None) records every unit's output."""
-    _check_cfg(cfg)
-    return run_network(params, images, cfg, taps, unit_names=unit_names, check_params=_check_params,
-                       run_unit=run_unit, feature_map=_feature_map)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALASwinConfig) -> np.ndarray:
@@ -347,8 +337,8 @@ def _e_attention(y: Err, p: Mapping[str, Any], name: str, cfg: Any, dtype: Any) 
     return _flatten._e_softmax_window(y, p, cfg, i, ws, sh if j % 2 else 0)
 
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
@@ -372,37 +362,27 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: Any, dtype: Any) 
     if name.endswith("downsample"):
         return common.e_patch_merging(t, layers.subparams(params, name), eps)
     for part in unit_parts(cfg, name):
-        t = _e_block_part(params, name, part, t, cfg, dtype)
+        t = _e_part(params, name, part, t, cfg, dtype)
     return t
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any,
                     cfg: RALADeiTConfig | RALASwinConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ValueError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: RALADeiTConfig | RALASwinConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if name not in unit_names(cfg):
-        raise ValueError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-    x = numerics.as_float(x, "x") if name == "stem" else _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return nets.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALASwinConfig, *,
                    dtype: Any) -> tuple[list[numerics.Bound], numerics.Bound]:
     """Running first-order error bounds of :func:`features` and :func:`forward` from exact images and params
     (rigorous to first order, loose through depth; :func:`unit_bound` restarts at each unit)."""
-    _check_cfg(cfg)
-    return network_bounds(params, images, cfg, dtype, unit_names=unit_names, check_params=_check_params,
-                          e_unit=_e_unit, feature_map=_feature_map)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================
