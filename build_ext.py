@@ -50,12 +50,14 @@ No ``-march``
 
 Threads
 -------
-``-pthread`` (compile and link).  The fused linear attention (ckernels/linattn.c) runs its work items on
-POSIX threads created per pass and joined at its end, the thread count being an argument of each call
-(``threads=`` in refimpl.backends._c, default ``config.C_KERNEL_THREADS``).  Not OpenMP: a process that
-also imports torch would then hold two OpenMP runtimes, and OpenMP's thread count is process-wide state.
-The reduction order is fixed by the problem sizes, never by the thread count (work items with their own
-partial sums, reduced in item order), so every thread count returns the same bits.
+``-pthread`` (compile and link).  The threaded kernels (ckernels/linattn.c: linear attention, RALA's
+alpha, window attention) run their work items through the parallel runtime of ckernels/parallel.h: a team
+of POSIX threads created per call, claiming items from an atomic counter, phases separated by a barrier,
+the thread count being an argument of each call (``threads=`` in refimpl.backends._c, default
+``config.C_KERNEL_THREADS``).  Not OpenMP: a process that also imports torch would then hold two OpenMP
+runtimes, and OpenMP's thread count is process-wide state.  The reduction order is fixed by the problem
+sizes, never by the thread count (work items with their own partial sums, reduced in item order), so
+every thread count returns the same bits.
 
 Sanitizers
 ----------
@@ -88,7 +90,7 @@ _HEADER = os.path.join(_CKERNELS, "refimpl_kernels.h")
 #: Optimisation and floating-point flags (see the module docstring for each).
 FP_FLAGS = ["-std=c99", "-O3", "-fno-fast-math", "-ffp-contract=off", "-fno-math-errno"]
 WARNING_FLAGS = ["-Wall", "-Wextra", "-Wno-unused-parameter"]
-#: POSIX threads for the multi-threaded kernels (ckernels/linattn.c; see "Threads" in the docstring).
+#: POSIX threads for the multi-threaded kernels (ckernels/parallel.h; see "Threads" in the docstring).
 THREAD_FLAGS = ["-pthread"]
 #: Added when REFIMPL_SANITIZE=1 (AddressSanitizer + UndefinedBehaviorSanitizer; -O1 -g for usable reports).
 SANITIZE_COMPILE = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",

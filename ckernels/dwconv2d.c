@@ -14,7 +14,8 @@
  *
  * The mapping to the NumPy definition, the exact order of operations and why the result is bitwise that
  * definition evaluated in the same precision are described at the top of dwconv2d_body.h.
- * Single-threaded: (b, c) planes are independent, so threading them later (issue 6) cannot change a bit.
+ * Single-threaded: (b, c) planes are independent, so threading them (ckernels/parallel.h) could not
+ * change a bit.
  */
 #include <math.h>
 #include <stddef.h>

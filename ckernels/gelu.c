@@ -10,7 +10,7 @@
  *   approximate  0 (GELU_ERF): the exact form with the vectorised erf of ckernels/erf_vec.h, 1 (GELU_TANH):
  *                the tanh form, or 2 (GELU_ERF_LIBM): the exact form with libm's scalar erf (the plain
  *                version, kept beside the fast one for testing and timing)
- *   nthreads     threads to use (>= 1; capped at GELU_MAX_THREADS and at the number of work items)
+ *   nthreads     threads to use (>= 1; capped at PAR_MAX_THREADS and at the number of work items)
  *   impl         refimpl_erf_f64 only: 0 the vectorised erf (ri_erf), 1 libm's erf; out = erf(x), for the
  *                accuracy tests of the erf itself
  *
@@ -38,27 +38,26 @@
  * into a local buffer (restrict-qualified pointers that cannot alias; copied to out afterwards), which keeps
  * the in-place call (out == x) on the vector path.
  *
- * Threading.  Work items are blocks of GELU_BLOCK elements, claimed one at a time from an atomic counter by
- * POSIX threads created for the call and joined at its end (the pattern of ckernels/linattn.c); a thread
- * that cannot be created claims nothing.  The map is element-wise, so the result does not depend on the
+ * Threading.  Work items are blocks of GELU_BLOCK elements, run by the package's one parallel runtime
+ * (ckernels/parallel.h, par_run: one phase, items claimed from an atomic counter; a worker that cannot be
+ * created claims nothing).  The map is element-wise, so the result does not depend on the
  * thread count or on which thread ran which block.  Calls under GELU_PARALLEL_MIN elements run on the
  * calling thread (creating a thread costs some 10-50 us; an element costs a few ns with ri_erf, some
  * 10-20 ns with libm's erf).
  */
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "erf_vec.h"
+#include "parallel.h"
 #include "refimpl_kernels.h"
 
 #define GELU_ERF 0   /* approximate="none" */
 #define GELU_TANH 1  /* approximate="tanh" */
 #define GELU_ERF_LIBM 2  /* approximate="none" with libm's erf: the plain version */
 #define GELU_CHUNK 256   /* elements per call of the vectorised loop (a local buffer of 2 KiB) */
-#define GELU_MAX_THREADS 64
 #define GELU_BLOCK 16384
 #define GELU_PARALLEL_MIN 32768
 
@@ -159,7 +158,6 @@ struct gelu_job {
     int64_t items;
     int approximate;
     gelu_chunk_fn chunk;  /* GELU_ERF: the vectorised loop of the level in use */
-    int64_t next;
 };
 
 static void gelu_block(const struct gelu_job *j, int64_t it)
@@ -174,16 +172,11 @@ static void gelu_block(const struct gelu_job *j, int64_t it)
         chunked_run(j->chunk, j->out + i0, j->x + i0, len);
 }
 
-static void *gelu_thread(void *p)
+static void gelu_item(void *ctx, int64_t phase, int64_t it, int64_t tid)
 {
-    struct gelu_job *j = (struct gelu_job *)p;
-    for (;;) {
-        const int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= j->items)
-            break;
-        gelu_block(j, it);
-    }
-    return 0;
+    (void)phase;
+    (void)tid;
+    gelu_block((const struct gelu_job *)ctx, it);
 }
 
 int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, int64_t nthreads)
@@ -203,20 +196,12 @@ int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, i
     j.items = (n + GELU_BLOCK - 1) / GELU_BLOCK;
     j.approximate = approximate;
     j.chunk = PICK(gelu_erf_chunk);
-    j.next = 0;
-    int64_t nt = nthreads < 1 ? 1 : (nthreads > GELU_MAX_THREADS ? GELU_MAX_THREADS : nthreads);
+    int64_t nt = nthreads < 1 ? 1 : nthreads;   /* par_run caps it at PAR_MAX_THREADS */
     if (nt > j.items)
         nt = j.items;
     if (n < GELU_PARALLEL_MIN)
         nt = 1;
-    pthread_t th[GELU_MAX_THREADS];
-    int started[GELU_MAX_THREADS];
-    for (int64_t t = 1; t < nt; ++t)
-        started[t] = pthread_create(&th[t], 0, gelu_thread, &j) == 0;
-    gelu_thread(&j);
-    for (int64_t t = 1; t < nt; ++t)
-        if (started[t])
-            pthread_join(th[t], 0);
+    par_run(&j, 1, &j.items, gelu_item, 0, nt);
     return REFIMPL_OK;
 }
 

@@ -1,25 +1,27 @@
 /*
  * Fused kernelized linear attention forward (float64 and float32), and windowed softmax attention
- * (winattn_body.h / winattn_entry.h, included here to share the vector exp and the thread setup).  C99 plus, with GCC or Clang, vector
- * extensions and per-function target attributes; POSIX threads; no allocation of buffers (the caller
- * passes the workspace); int status return.
+ * (winattn_body.h / winattn_entry.h, included here to share the vector exp and the workspace sizes).  C99
+ * plus, with GCC or Clang, vector extensions and per-function target attributes; POSIX threads (through
+ * parallel.h); no allocation of buffers (the caller passes the workspace); int status return.
  *
- *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, v_scale, v_scale_divide,
- *                                    feature_map, power, clamp, clamp_min, eps, eps_policy, kv_scale, BH, N,
- *                                    M, d, e, workspace_len, nthreads)
+ *   int refimpl_linear_attention_f64(out, workspace, q, k, v, key_weight, v_scale, options, BH, N, M, d, e,
+ *                                    workspace_len, nthreads)
  *   (and _f32)
  *
  *   out        (BH, N, e)   written completely on success, untouched on a nonzero status
  *   workspace  workspace_len >= refimpl_linear_attention_workspace(BH, M, d, e, nthreads) elements
  *   q (BH, N, d), k (BH, M, d), v (BH, M, e)     BH = batch x heads, packed C order
  *   key_weight   (BH, M) or NULL: w_j multiplies phi(K_j) (RALA Eq. 3's alpha_j)
- *   v_scale      (BH) or NULL: head bh uses v / v_scale[bh] (v_scale_divide != 0) or v * v_scale[bh] in
- *                place of v (L2ViT's gain, the definition's rounded v_eff), applied as V rows are staged
- *   kv_scale     s multiplies KV and the key sum after the sum (1: none; RALA's 1/N token scaling)
- *   feature_map  LA_MAP_RELU (0), LA_MAP_ELU1 (1) or LA_MAP_FOCUSED (2)
- *   power        LA_MAP_FOCUSED: the focusing factor p (finite, >= 1); ignored by the other maps
- *   clamp        nonzero: den -> max(den, clamp_min) first (L2ViT Appendix 8)
- *   eps_policy   0: den + eps (skipped when eps == 0), 1: max(den, eps)
+ *   v_scale      (BH) or NULL: head bh uses v / v_scale[bh] (options->v_scale_divide != 0) or
+ *                v * v_scale[bh] in place of v (L2ViT's gain, the definition's rounded v_eff), applied as V
+ *                rows are staged
+ *   options      struct refimpl_la_options (refimpl_kernels.h), the scalar options:
+ *     feature_map  LA_MAP_RELU (0), LA_MAP_ELU1 (1) or LA_MAP_FOCUSED (2)
+ *     power        LA_MAP_FOCUSED: the focusing factor p (finite, >= 1); ignored by the other maps
+ *     clamp        nonzero: den -> max(den, clamp_min) first (L2ViT Appendix 8)
+ *     eps_policy   0: den + eps (skipped when eps == 0), 1: max(den, eps)
+ *     clamp_min, eps  the normaliser's constants (used in REAL)
+ *     kv_scale     s multiplies KV and the key sum after the sum (1: none; RALA's 1/N token scaling)
  *   nthreads     threads to use (>= 1; capped at LA_MAX_THREADS and at the number of work items)
  *
  * What is computed, and in which order, is described at the top of linattn_body.h.
@@ -44,25 +46,21 @@
  * Threading and determinism.  Work is cut into items whose boundaries depend on the problem sizes only,
  * never on the thread count: pass 1 items are (head, chunk of keys) with NC = refimpl_linear_attention_
  * chunks(M) chunks per head, each writing its own partial KV and key sum into the workspace; the partials
- * are reduced in chunk order by the calling thread; pass 2 items are (head, block of LA_QB queries), each
- * writing its own rows of out.  Threads claim items one at a time from an atomic counter (so a thread that
- * the OS schedules late, on a loaded machine, delays nothing: the others take its items).  Which thread
- * runs an item does not matter: every output element sees the same operations in the same order for any
- * thread count, any assignment of items to threads (and any vector level), so the result is bitwise
- * identical across runs and thread counts (tests/test_kernels_linear.py).
- * Threads are POSIX threads created for each pass and joined at its end (two create/join rounds per
- * call, some 10-50 us); a thread that cannot be created claims no items (the others claim them all), so a
- * failure changes the speed, not the result.  Calls too small to pay for that (fewer than
- * LA_PARALLEL_MIN multiply-adds) run on the calling thread.  Why pthreads and not OpenMP: no second
- * OpenMP runtime in a process that may also hold torch's, and a thread count that is an argument of the
- * call rather than a process-wide setting.
+ * are reduced in chunk order by one thread between the passes; pass 2 items are (head, block of LA_QB
+ * queries), each writing its own rows of out.  The two passes are two phases of the parallel runtime
+ * (parallel.h: one team of POSIX threads per call claiming items from an atomic counter, a barrier
+ * between phases, a thread that cannot be created claiming nothing).  Which thread runs an item does not
+ * matter: every output element sees the same operations in the same order for any thread count, any
+ * assignment of items to threads (and any vector level), so the result is bitwise identical across runs
+ * and thread counts (tests/test_kernels_linear.py, tests/test_kernels_parallel.py).  Calls too small to
+ * pay for the threads (fewer than LA_PARALLEL_MIN multiply-adds) run on the calling thread.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
+#include "parallel.h"
 #include "refimpl_kernels.h"
 
 #if !defined(__GNUC__) && !defined(__clang__)
@@ -88,10 +86,10 @@
 /* At most this many key chunks per head (and at least LA_CHUNK_MIN keys per chunk). */
 #define LA_MAX_CHUNKS 16
 #define LA_CHUNK_MIN 64
-#define LA_MAX_THREADS 64
-/* Below this many multiply-adds (BH (N + M) d e) a call runs on one thread: measured here, two threads
- * (two pthread create/join rounds, and a second core that other processes often hold) lost at N = 196,
- * d = 64, 3 heads (4.8M: 0.15 ms on one thread, 0.22 ms on two) and won from N = 16384. */
+#define LA_MAX_THREADS PAR_MAX_THREADS
+/* Below this many multiply-adds (BH (N + M) d e) a call runs on one thread: measured here (when each pass
+ * had its own pthread create/join round; a second core that other processes often hold), two threads lost
+ * at N = 196, d = 64, 3 heads (4.8M: 0.15 ms on one thread, 0.22 ms on two) and won from N = 16384. */
 #define LA_PARALLEL_MIN ((int64_t)1 << 23)
 
 /* 1 / pi rounded to double (Python's 1.0 / math.pi). */

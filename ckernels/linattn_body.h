@@ -14,7 +14,7 @@
  *   phi(x)   = max(x, 0)                      (LA_MAP_RELU; NaN stays NaN)
  *            = x + 1 (x > 0), exp(x) (x <= 0) (LA_MAP_ELU1; the reference's exp form of ELU(x) + 1)
  *            = f_p(ReLU(x)) per row of d      (LA_MAP_FOCUSED; FLatten Eq. 6, the twin
- *              refimpl.attention.focused.focused_feature_map(x, p, power_scaling="max"); see la_stage)
+ *              refimpl.attention.focused.focused_feature_map(x, p, power_scaling="max"); see la_map_focused_row)
  *   KV       = s sum_j w_j phi(K_j)^T V_j     (d x e),     ksum = s sum_j w_j phi(K_j)   (d)
  *            (w_j the optional key weights, RALA's alpha_j of Eq. 3, the product w_j phi(K_j) rounded
  *            once; s the optional scale kv_scale, applied once after the sum; w = 1, s = 1 otherwise)
@@ -120,203 +120,253 @@ static REFIMPL_INLINE float LA_FN(la_expf_core)(float x)
 
 #define LA_IS_FLOAT (sizeof(REAL) == sizeof(float))
 
-/* dst[t*d + i] = phi(src[t*ld + i]) for t < T, i < d. */
+/* ----- The feature maps, phi applied to the rows of a token block (la_stage at the end) ----- */
+
+/* LA_MAP_RELU: dst[k] = max(src[k], 0) for k < n, NaN kept (as np.maximum). */
+LA_TARGET static REFIMPL_INLINE void LA_FN(la_map_relu)(REAL *restrict dst, const REAL *restrict src, int64_t n)
+{
+    for (int64_t k = 0; k < n; ++k) {
+        const REAL x = src[k];
+        dst[k] = (x > 0 || x != x) ? x : (REAL)0;
+    }
+}
+
+/* LA_MAP_ELU1: dst[k] = ELU(src[k]) + 1 = x + 1 (x > 0), exp(x) (x <= 0) for k < n.  exp is the vector exp
+ * above; below its range (a subnormal or zero result) and for NaN, libm's (rare: a second pass). */
+LA_TARGET static REFIMPL_INLINE void LA_FN(la_map_elu1)(REAL *restrict dst, const REAL *restrict src, int64_t n)
+{
+    const REAL lo = LA_IS_FLOAT ? (REAL)-87.0 : (REAL)-708.0;
+    int rare = 0;
+    for (int64_t k = 0; k < n; ++k) {
+        const REAL x = src[k];
+        const REAL ex = LA_IS_FLOAT ? (REAL)LA_FN(la_expf_core)((float)x) : (REAL)LA_FN(la_exp_core)((double)x);
+        dst[k] = x > 0 ? x + (REAL)1 : ex;
+        rare |= !(x > 0) & !(x >= lo);
+    }
+    if (rare) {
+        for (int64_t k = 0; k < n; ++k) {
+            const REAL x = src[k];
+            if (!(x > 0) && !(x >= lo))
+                dst[k] = LA_EXP(x);
+        }
+    }
+}
+
+/* LA_MAP_UNIT, one row: y = x / max(||x||, eps), numerics.l2_normalize(x, eps, policy="clamp"):
+ *   m = max_i |x_i|                  (NaN if any x_i is NaN)
+ *   ||x|| = m sqrt(sum_i (x_i / m')^2),  m' = m if m > 0 else 1;  ||x|| = inf if m is inf
+ * The max is exact in any order; the sum of squares uses 8 interleaved partial sums (element i into lane
+ * i mod 8 in increasing i, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the d mod 8 tail in
+ * order): a fixed order, so the same bits at every vector width, without the latency chain of one serial
+ * sum.  NumPy's pairwise sum uses another order; both lie within the gamma_d bound of a sum of
+ * non-negative terms. */
+LA_TARGET static REFIMPL_INLINE void LA_FN(la_map_unit_row)(REAL *restrict y, const REAL *restrict x, int64_t d,
+                                                             REAL eps)
+{
+    const int64_t d8 = d - d % 8;
+    REAL ml[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int nan = 0;
+    for (int64_t i0 = 0; i0 < d8; i0 += 8)
+        for (int l = 0; l < 8; ++l) {
+            const REAL a = x[i0 + l] < 0 ? -x[i0 + l] : x[i0 + l];
+            ml[l] = a > ml[l] ? a : ml[l];
+            nan |= a != a;
+        }
+    REAL m = 0;
+    for (int l = 0; l < 8; ++l)
+        m = ml[l] > m ? ml[l] : m;
+    for (int64_t i = d8; i < d; ++i) {
+        const REAL a = x[i] < 0 ? -x[i] : x[i];
+        m = a > m ? a : m;
+        nan |= a != a;
+    }
+    if (nan)
+        m = (REAL)NAN;
+    const REAL sm = m > 0 ? m : (REAL)1;
+    REAL sl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t i0 = 0; i0 < d8; i0 += 8)
+        for (int l = 0; l < 8; ++l) {
+            const REAL s = x[i0 + l] / sm;
+            sl[l] += s * s;
+        }
+    REAL ssq = ((sl[0] + sl[1]) + (sl[2] + sl[3])) + ((sl[4] + sl[5]) + (sl[6] + sl[7]));
+    for (int64_t i = d8; i < d; ++i) {
+        const REAL s = x[i] / sm;
+        ssq += s * s;
+    }
+    REAL nrm = m * (REAL)sqrt((double)ssq);
+    if (m == (REAL)INFINITY)
+        nrm = (REAL)INFINITY;
+    if (!(nrm != nrm) && nrm < eps)
+        nrm = eps;
+    for (int64_t i = 0; i < d; ++i)
+        y[i] = x[i] / nrm;
+}
+
+/* LA_MAP_FOCUSED: FLatten's phi_p(x) = f_p(ReLU(x)) (Eq. 6), row by row, with the operations of
+ * refimpl.attention.focused.focused_function(power_scaling="max") (the max-scaled form), one step each:
+ *   a_i = ReLU(x_i)                    (x_i if x_i > 0 or NaN, else +0)           la_focused_relu_max
+ *   m   = max_i a_i                    (NaN if any a_i is NaN)                     la_focused_relu_max
+ *   r_i = a_i / s,  s = m if m > 0 else 1        (one rounded division; r in [0, 1])     la_focused_ratio
+ *   ||a|| = m * sqrt(sum_i r_i^2)      (each r_i^2 rounded, then the sum; sqrt correctly rounded)  ditto
+ *   t_i = r_i^p                        (p - 1 sequential products r * r * ... * r for an integer
+ *                                       p <= LA_FOCUSED_MUL_MAX, else libm pow, in double also for
+ *                                       float, rounded once; see LA_FOCUSED_MUL_MAX in linattn.c)  la_focused_power
+ *   f_i = ||a|| * (t_i / sqrt(sum_j t_j^2))       (quotient first, then the product)   la_focused_rescale
+ *   f   = 0 for a row with m == 0      (no positive feature: the limit, ||f|| = ||a|| = 0)
+ * A NaN anywhere in the row (or +Inf, through Inf / Inf) makes the whole row NaN, as in the reference;
+ * -Inf is a dead feature.  Both sums use the 8-lane order of la_map_unit_row (element i into lane i mod 8
+ * in increasing i, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then the d mod 8 tail in
+ * order) and the max is exact in any order, so every vector width and thread count gives the same bits.
+ * NumPy's pairwise sums use another order; both lie within the gamma_d of a sum of non-negative terms
+ * that focused_function_error budgets.  The 8 lanes are one 8-element GCC vector (split into the target's
+ * registers) and ReLU / max are branch-free selects: written with scalar branches (the signs of x are
+ * unpredictable) the map took 5x longer (18 ms against 3.6 ms for 98304 rows of 32 doubles, one thread). */
+
+/* y = a = ReLU(x); returns m = max_i a_i (NaN if any a_i is NaN). */
+LA_TARGET static REFIMPL_INLINE REAL LA_FN(la_focused_relu_max)(REAL *restrict y, const REAL *restrict x, int64_t d)
+{
+    typedef LA_FN(v8) v8;
+    typedef LA_FN(m8) m8;
+    const int64_t d8 = d - d % 8;
+    v8 ml = {0};
+    m8 nanm = {0};
+    for (int64_t i0 = 0; i0 < d8; i0 += 8) {
+        v8 v;
+        memcpy(&v, x + i0, sizeof v);
+        const m8 keep = (v > 0) | (v != v);
+        const v8 a = (v8)((m8)v & keep);
+        memcpy(y + i0, &a, sizeof a);
+        const m8 gt = a > ml;
+        ml = (v8)(((m8)a & gt) | ((m8)ml & ~gt));
+        nanm |= a != a;
+    }
+    REAL m = 0;
+    int nan = 0;
+    for (int l = 0; l < 8; ++l) {
+        m = ml[l] > m ? ml[l] : m;
+        nan |= nanm[l] != 0;
+    }
+    for (int64_t i = d8; i < d; ++i) {
+        const REAL v = x[i];
+        const REAL a = (v > 0 || v != v) ? v : (REAL)0;
+        y[i] = a;
+        m = a > m ? a : m;
+        nan |= a != a;
+    }
+    return nan ? (REAL)NAN : m;
+}
+
+/* y = r = a / s in place (s = m if m > 0 else 1); returns ||a|| = m sqrt(sum_i r_i^2). */
+LA_TARGET static REFIMPL_INLINE REAL LA_FN(la_focused_ratio)(REAL *restrict y, int64_t d, REAL m)
+{
+    typedef LA_FN(v8) v8;
+    const int64_t d8 = d - d % 8;
+    const REAL sc = m > 0 ? m : (REAL)1;
+    v8 sl = {0};
+    for (int64_t i0 = 0; i0 < d8; i0 += 8) {
+        v8 r;
+        memcpy(&r, y + i0, sizeof r);
+        r = r / sc;
+        memcpy(y + i0, &r, sizeof r);
+        sl += r * r;
+    }
+    REAL ssq = ((sl[0] + sl[1]) + (sl[2] + sl[3])) + ((sl[4] + sl[5]) + (sl[6] + sl[7]));
+    for (int64_t i = d8; i < d; ++i) {
+        const REAL r = y[i] / sc;
+        y[i] = r;
+        ssq += r * r;
+    }
+    return m * (LA_IS_FLOAT ? (REAL)sqrtf((float)ssq) : (REAL)sqrt((double)ssq));
+}
+
+/* y = t = r^p in place (ip > 0: ip - 1 products; else pow(r, pw)); returns ||t|| = sqrt(sum_i t_i^2). */
+LA_TARGET static REFIMPL_INLINE REAL LA_FN(la_focused_power)(REAL *restrict y, int64_t d, int ip, double pw)
+{
+    typedef LA_FN(v8) v8;
+    const int64_t d8 = d - d % 8;
+    v8 tl = {0};
+    for (int64_t i0 = 0; i0 < d8; i0 += 8) {
+        v8 tt;
+        if (ip > 0) {
+            v8 r;
+            memcpy(&r, y + i0, sizeof r);
+            tt = r;
+            for (int k = 1; k < ip; ++k)
+                tt = tt * r;
+        } else {
+            for (int l = 0; l < 8; ++l)
+                tt[l] = (REAL)pow((double)y[i0 + l], pw);
+        }
+        memcpy(y + i0, &tt, sizeof tt);
+        tl += tt * tt;
+    }
+    REAL sst = ((tl[0] + tl[1]) + (tl[2] + tl[3])) + ((tl[4] + tl[5]) + (tl[6] + tl[7]));
+    for (int64_t i = d8; i < d; ++i) {
+        REAL tt;
+        if (ip > 0) {
+            tt = y[i];
+            for (int k = 1; k < ip; ++k)
+                tt = tt * y[i];
+        } else {
+            tt = (REAL)pow((double)y[i], pw);
+        }
+        y[i] = tt;
+        sst += tt * tt;
+    }
+    return LA_IS_FLOAT ? (REAL)sqrtf((float)sst) : (REAL)sqrt((double)sst);
+}
+
+/* y = f = ||a|| (t / ||t||) in place. */
+LA_TARGET static REFIMPL_INLINE void LA_FN(la_focused_rescale)(REAL *restrict y, int64_t d, REAL nx, REAL nt)
+{
+    typedef LA_FN(v8) v8;
+    const int64_t d8 = d - d % 8;
+    for (int64_t i0 = 0; i0 < d8; i0 += 8) {
+        v8 tt;
+        memcpy(&tt, y + i0, sizeof tt);
+        tt = nx * (tt / nt);
+        memcpy(y + i0, &tt, sizeof tt);
+    }
+    for (int64_t i = d8; i < d; ++i)
+        y[i] = nx * (y[i] / nt);
+}
+
+/* One row of the focused map: the steps above in order. */
+LA_TARGET static REFIMPL_INLINE void LA_FN(la_map_focused_row)(REAL *restrict y, const REAL *restrict x, int64_t d,
+                                                                const struct la_policy *pol)
+{
+    const REAL m = LA_FN(la_focused_relu_max)(y, x, d);          /* a = ReLU(x), m = max a */
+    if (m == 0) {                                                /* no positive feature: f = 0 */
+        for (int64_t i = 0; i < d; ++i)
+            y[i] = 0;
+        return;
+    }
+    const REAL nx = LA_FN(la_focused_ratio)(y, d, m);            /* r = a / m, ||a|| */
+    const REAL nt = LA_FN(la_focused_power)(y, d, pol->ipow, pol->power);   /* t = r^p, ||t|| */
+    LA_FN(la_focused_rescale)(y, d, nx, nt);                     /* f = ||a|| (t / ||t||) */
+}
+
+/* dst[t*d + i] = phi(src[t*d + i]) for t < T, i < d: the staging of a block of T tokens (keys in pass 1,
+ * queries in pass 2), phi the policy's map. */
 LA_TARGET static void LA_FN(la_stage)(REAL *restrict dst, const REAL *restrict src, int64_t T, int64_t d,
                                       const struct la_policy *pol)
 {
-    const int64_t n = T * d;
-    const int map = pol->map;
-    if (map == LA_MAP_FOCUSED) {
-        /* FLatten's phi_p(x) = f_p(ReLU(x)) (Eq. 6), row by row, with the operations of
-         * refimpl.attention.focused.focused_function(power_scaling="max") (the max-scaled form):
-         *   a_i = ReLU(x_i)                    (x_i if x_i > 0 or NaN, else +0)
-         *   m   = max_i a_i                    (NaN if any a_i is NaN)
-         *   r_i = a_i / s,  s = m if m > 0 else 1        (one rounded division; r in [0, 1])
-         *   ||a|| = m * sqrt(sum_i r_i^2)      (each r_i^2 rounded, then the sum; sqrt correctly rounded)
-         *   t_i = r_i^p                        (p - 1 sequential products r * r * ... * r for an integer
-         *                                       p <= LA_FOCUSED_MUL_MAX, else libm pow, in double also for
-         *                                       float, rounded once; see LA_FOCUSED_MUL_MAX in linattn.c)
-         *   f_i = ||a|| * (t_i / sqrt(sum_j t_j^2))       (quotient first, then the product)
-         *   f   = 0 for a row with m == 0      (no positive feature: the limit, ||f|| = ||a|| = 0)
-         * A NaN anywhere in the row (or +Inf, through Inf / Inf) makes the whole row NaN, as in the
-         * reference; -Inf is a dead feature.  Both sums use the 8-lane order of LA_MAP_UNIT below (element
-         * i into lane i mod 8 in increasing i, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)),
-         * then the d mod 8 tail in order) and the max is exact in any order, so every vector width and
-         * thread count gives the same bits.  NumPy's pairwise sums use another order; both lie within the
-         * gamma_d of a sum of non-negative terms that focused_function_error budgets.  The 8 lanes are one
-         * 8-element GCC vector (split into the target's registers) and ReLU / max are branch-free selects:
-         * written with scalar branches (the signs of x are unpredictable) the map took 5x longer (18 ms
-         * against 3.6 ms for 98304 rows of 32 doubles, one thread). */
-        const int ip = pol->ipow;
-        const double pw = pol->power;
-        const int64_t d8 = d - d % 8;
-        typedef LA_FN(v8) v8;
-        typedef LA_FN(m8) m8;
-        for (int64_t t = 0; t < T; ++t) {
-            const REAL *x = src + t * d;
-            REAL *y = dst + t * d;
-            /* a = ReLU(x) into y; lane maxima and a NaN flag (branch-free: signs are unpredictable) */
-            v8 ml = {0};
-            m8 nanm = {0};
-            for (int64_t i0 = 0; i0 < d8; i0 += 8) {
-                v8 v;
-                memcpy(&v, x + i0, sizeof v);
-                const m8 keep = (v > 0) | (v != v);
-                const v8 a = (v8)((m8)v & keep);
-                memcpy(y + i0, &a, sizeof a);
-                const m8 gt = a > ml;
-                ml = (v8)(((m8)a & gt) | ((m8)ml & ~gt));
-                nanm |= a != a;
-            }
-            REAL m = 0;
-            int nan = 0;
-            for (int l = 0; l < 8; ++l) {
-                m = ml[l] > m ? ml[l] : m;
-                nan |= nanm[l] != 0;
-            }
-            for (int64_t i = d8; i < d; ++i) {
-                const REAL v = x[i];
-                const REAL a = (v > 0 || v != v) ? v : (REAL)0;
-                y[i] = a;
-                m = a > m ? a : m;
-                nan |= a != a;
-            }
-            if (nan)
-                m = (REAL)NAN;
-            if (m == 0) {
-                for (int64_t i = 0; i < d; ++i)
-                    y[i] = 0;
-                continue;
-            }
-            v8 sl = {0}, tl = {0};
-            REAL ssq, sst;
-            /* r = a / s, ||a|| = m sqrt(sum r^2) */
-            const REAL sc = m > 0 ? m : (REAL)1;
-            for (int64_t i0 = 0; i0 < d8; i0 += 8) {
-                v8 r;
-                memcpy(&r, y + i0, sizeof r);
-                r = r / sc;
-                memcpy(y + i0, &r, sizeof r);
-                sl += r * r;
-            }
-            ssq = ((sl[0] + sl[1]) + (sl[2] + sl[3])) + ((sl[4] + sl[5]) + (sl[6] + sl[7]));
-            for (int64_t i = d8; i < d; ++i) {
-                const REAL r = y[i] / sc;
-                y[i] = r;
-                ssq += r * r;
-            }
-            const REAL nx = m * (LA_IS_FLOAT ? (REAL)sqrtf((float)ssq) : (REAL)sqrt((double)ssq));
-            /* t = r^p, ||t|| */
-            for (int64_t i0 = 0; i0 < d8; i0 += 8) {
-                v8 tt;
-                if (ip > 0) {
-                    v8 r;
-                    memcpy(&r, y + i0, sizeof r);
-                    tt = r;
-                    for (int k = 1; k < ip; ++k)
-                        tt = tt * r;
-                } else {
-                    for (int l = 0; l < 8; ++l)
-                        tt[l] = (REAL)pow((double)y[i0 + l], pw);
-                }
-                memcpy(y + i0, &tt, sizeof tt);
-                tl += tt * tt;
-            }
-            sst = ((tl[0] + tl[1]) + (tl[2] + tl[3])) + ((tl[4] + tl[5]) + (tl[6] + tl[7]));
-            for (int64_t i = d8; i < d; ++i) {
-                REAL tt;
-                if (ip > 0) {
-                    tt = y[i];
-                    for (int k = 1; k < ip; ++k)
-                        tt = tt * y[i];
-                } else {
-                    tt = (REAL)pow((double)y[i], pw);
-                }
-                y[i] = tt;
-                sst += tt * tt;
-            }
-            const REAL nt = LA_IS_FLOAT ? (REAL)sqrtf((float)sst) : (REAL)sqrt((double)sst);
-            /* f = ||a|| (t / ||t||) */
-            for (int64_t i0 = 0; i0 < d8; i0 += 8) {
-                v8 tt;
-                memcpy(&tt, y + i0, sizeof tt);
-                tt = nx * (tt / nt);
-                memcpy(y + i0, &tt, sizeof tt);
-            }
-            for (int64_t i = d8; i < d; ++i)
-                y[i] = nx * (y[i] / nt);
-        }
-    } else if (map == LA_MAP_UNIT) {
-        /* numerics.l2_normalize(x, eps, policy="clamp"): m = max|x| (NaN propagates), norm =
-         * m sqrt(sum_i (x_i / m')^2) with m' = m if m > 0 else 1, inf if m is inf; x / max(norm, eps). */
-        /* The max is exact in any order; the sum of squares uses 8 interleaved partial sums (element i
-         * into lane i mod 8 in increasing i, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then
-         * the d mod 8 tail in order): a fixed order, so the same bits at every vector width, without the
-         * latency chain of one serial sum.  NumPy's pairwise sum uses another order; both lie within the
-         * gamma_d bound of a sum of non-negative terms. */
-        for (int64_t t = 0; t < T; ++t) {
-            const REAL *x = src + t * d;
-            const int64_t d8 = d - d % 8;
-            REAL ml[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            int nan = 0;
-            for (int64_t i0 = 0; i0 < d8; i0 += 8)
-                for (int l = 0; l < 8; ++l) {
-                    const REAL a = x[i0 + l] < 0 ? -x[i0 + l] : x[i0 + l];
-                    ml[l] = a > ml[l] ? a : ml[l];
-                    nan |= a != a;
-                }
-            REAL m = 0;
-            for (int l = 0; l < 8; ++l)
-                m = ml[l] > m ? ml[l] : m;
-            for (int64_t i = d8; i < d; ++i) {
-                const REAL a = x[i] < 0 ? -x[i] : x[i];
-                m = a > m ? a : m;
-                nan |= a != a;
-            }
-            if (nan)
-                m = (REAL)NAN;
-            const REAL sm = m > 0 ? m : (REAL)1;
-            REAL sl[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int64_t i0 = 0; i0 < d8; i0 += 8)
-                for (int l = 0; l < 8; ++l) {
-                    const REAL y = x[i0 + l] / sm;
-                    sl[l] += y * y;
-                }
-            REAL ssq = ((sl[0] + sl[1]) + (sl[2] + sl[3])) + ((sl[4] + sl[5]) + (sl[6] + sl[7]));
-            for (int64_t i = d8; i < d; ++i) {
-                const REAL y = x[i] / sm;
-                ssq += y * y;
-            }
-            REAL nrm = m * (REAL)sqrt((double)ssq);
-            if (m == (REAL)INFINITY)
-                nrm = (REAL)INFINITY;
-            if (!(nrm != nrm) && nrm < (REAL)pol->map_eps)
-                nrm = (REAL)pol->map_eps;
-            for (int64_t i = 0; i < d; ++i)
-                dst[t * d + i] = x[i] / nrm;
-        }
-    } else if (map == LA_MAP_RELU) {
-        for (int64_t k = 0; k < n; ++k) {
-            const REAL x = src[k];
-            dst[k] = (x > 0 || x != x) ? x : (REAL)0;
-        }
-    } else {
-        /* exp below this (subnormal or 0) and NaN go to libm (rare) */
-        const REAL lo = LA_IS_FLOAT ? (REAL)-87.0 : (REAL)-708.0;
-        int rare = 0;
-        for (int64_t k = 0; k < n; ++k) {
-            const REAL x = src[k];
-            const REAL ex = LA_IS_FLOAT ? (REAL)LA_FN(la_expf_core)((float)x) : (REAL)LA_FN(la_exp_core)((double)x);
-            dst[k] = x > 0 ? x + (REAL)1 : ex;
-            rare |= !(x > 0) & !(x >= lo);
-        }
-        if (rare) {
-            for (int64_t k = 0; k < n; ++k) {
-                const REAL x = src[k];
-                if (!(x > 0) && !(x >= lo))
-                    dst[k] = LA_EXP(x);
-            }
-        }
+    switch (pol->map) {
+    case LA_MAP_FOCUSED:
+        for (int64_t t = 0; t < T; ++t)
+            LA_FN(la_map_focused_row)(dst + t * d, src + t * d, d, pol);
+        break;
+    case LA_MAP_UNIT:
+        for (int64_t t = 0; t < T; ++t)
+            LA_FN(la_map_unit_row)(dst + t * d, src + t * d, d, (REAL)pol->map_eps);
+        break;
+    case LA_MAP_RELU:
+        LA_FN(la_map_relu)(dst, src, T * d);
+        break;
+    default:
+        LA_FN(la_map_elu1)(dst, src, T * d);
+        break;
     }
 }
 

@@ -1,7 +1,8 @@
 /*
- * Fused linear attention forward: the public entry point for one floating type, with its thread pool
- * logic.  Included by linattn.c once per type with REAL and TSUF (f64 / f32) defined, after the per-ISA
- * work items of linattn_body.h (la_pass1_<ISA>_<TSUF>, la_pass2_...) have been defined.
+ * Fused linear attention forward: the public entry point for one floating type.  Included by linattn.c
+ * once per type with REAL and TSUF (f64 / f32) defined, after the per-ISA work items of linattn_body.h
+ * (la_pass1_<ISA>_<TSUF>, la_pass2_...) have been defined.  The two passes are the two phases of one
+ * par_run (parallel.h), with the chunk reduction between them.
  */
 
 #define LE_CAT2(a, b) a##_##b
@@ -18,75 +19,57 @@ typedef void (*LE_FN(la_pass2_fn))(REAL *restrict, REAL *restrict, const REAL *r
 struct LE_FN(la_job) {
     REAL *out, *ws, *scratch0;
     const REAL *q, *k, *v, *kw, *vs;
-    int64_t BH, N, M, d, e, nc, nqb, nthreads, scratch_len;
-    int64_t next;  /* the current pass's next unclaimed item (atomic; reset before each pass) */
-    int pass;
+    int64_t BH, N, M, d, e, nc, nqb, scratch_len;
+    REAL kv_scale;
     struct la_policy pol;
     LE_FN(la_pass1_fn) pass1;
     LE_FN(la_pass2_fn) pass2;
 };
 
-struct LE_FN(la_arg) {
-    struct LE_FN(la_job) *job;
-    int64_t tid;
-};
-
-/* Claim the current pass's items one at a time from the shared counter until none is left.  Which thread
- * runs an item changes nothing in the result: an item writes only its own partial sums (pass 1) or its own
- * rows of out (pass 2), and tid only selects the staging scratch, which an item writes before it reads.
- * Dynamic claiming (rather than fixed ranges per thread) means that a thread the OS does not schedule
- * soon, on a loaded or shared machine, holds up nothing: the running threads take its items. */
-static void LE_FN(la_run)(struct LE_FN(la_job) *j, int64_t tid)
+/* One work item (parallel.h): phase 0 is pass 1, item (head bh, key chunk c) -> that chunk's partial KV,
+ * key sum and value sum in its own workspace slot; phase 1 is pass 2, item (head bh, block b of LA_QB
+ * queries) -> those rows of out.  tid selects only the staging scratch, which an item writes before it
+ * reads, so which thread runs an item changes nothing. */
+static void LE_FN(la_item)(void *ctx, int64_t phase, int64_t it, int64_t tid)
 {
-    const int64_t items = j->pass == 1 ? j->BH * j->nc : j->BH * j->nqb;
+    const struct LE_FN(la_job) *j = (const struct LE_FN(la_job) *)ctx;
     REAL *scratch = j->scratch0 + tid * j->scratch_len;
     const int64_t slot = j->d * (j->e + 1) + j->e;
-    for (;;) {
-        const int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= items)
-            break;
-        if (j->pass == 1) {
-            const int64_t bh = it / j->nc, c = it % j->nc;
-            const int64_t t0 = j->M * c / j->nc, t1 = j->M * (c + 1) / j->nc;
-            REAL *kvp = j->ws + (bh * j->nc + c) * slot;
-            j->pass1(kvp, kvp + j->d * j->e, kvp + j->d * (j->e + 1), scratch, j->k + (bh * j->M + t0) * j->d,
-                     j->v + (bh * j->M + t0) * j->e, j->kw ? j->kw + bh * j->M + t0 : 0, j->vs ? j->vs + bh : 0,
-                     t1 - t0, j->d, j->e, &j->pol);
-        } else {
-            const int64_t bh = it / j->nqb, b = it % j->nqb;
-            const int64_t t0 = b * LA_QB, t1 = (t0 + LA_QB < j->N) ? t0 + LA_QB : j->N;
-            const REAL *kv = j->ws + bh * j->nc * slot;
-            j->pass2(j->out + (bh * j->N + t0) * j->e, scratch, j->q + (bh * j->N + t0) * j->d, kv,
-                     kv + j->d * j->e, kv + j->d * (j->e + 1), j->v + (bh * j->M + t0) * j->e, t1 - t0, j->d,
-                     j->e, &j->pol);
+    if (phase == 0) {
+        const int64_t bh = it / j->nc, c = it % j->nc;
+        const int64_t t0 = j->M * c / j->nc, t1 = j->M * (c + 1) / j->nc;
+        REAL *kvp = j->ws + (bh * j->nc + c) * slot;
+        j->pass1(kvp, kvp + j->d * j->e, kvp + j->d * (j->e + 1), scratch, j->k + (bh * j->M + t0) * j->d,
+                 j->v + (bh * j->M + t0) * j->e, j->kw ? j->kw + bh * j->M + t0 : 0, j->vs ? j->vs + bh : 0,
+                 t1 - t0, j->d, j->e, &j->pol);
+    } else {
+        const int64_t bh = it / j->nqb, b = it % j->nqb;
+        const int64_t t0 = b * LA_QB, t1 = (t0 + LA_QB < j->N) ? t0 + LA_QB : j->N;
+        const REAL *kv = j->ws + bh * j->nc * slot;
+        j->pass2(j->out + (bh * j->N + t0) * j->e, scratch, j->q + (bh * j->N + t0) * j->d, kv,
+                 kv + j->d * j->e, kv + j->d * (j->e + 1), j->v + (bh * j->M + t0) * j->e, t1 - t0, j->d,
+                 j->e, &j->pol);
+    }
+}
+
+/* Between the passes, on one thread: KV = ((KV_0 + KV_1) + KV_2) + ... per head in chunk order (likewise
+ * the key and value sums), into chunk 0's slot; then s * KV (RALA's token scaling, rounded once). */
+static void LE_FN(la_reduce)(void *ctx, int64_t phase)
+{
+    const struct LE_FN(la_job) *j = (const struct LE_FN(la_job) *)ctx;
+    (void)phase;
+    const int64_t slot = j->d * (j->e + 1) + j->e;
+    for (int64_t bh = 0; bh < j->BH; ++bh) {
+        REAL *acc = j->ws + bh * j->nc * slot;
+        for (int64_t c = 1; c < j->nc; ++c) {
+            const REAL *p = acc + c * slot;
+            for (int64_t x = 0; x < slot; ++x)
+                acc[x] += p[x];
         }
+        if (j->kv_scale != 1)
+            for (int64_t x = 0; x < slot; ++x)
+                acc[x] = j->kv_scale * acc[x];
     }
-}
-
-static void *LE_FN(la_thread)(void *p)
-{
-    struct LE_FN(la_arg) *a = (struct LE_FN(la_arg) *)p;
-    LE_FN(la_run)(a->job, a->tid);
-    return 0;
-}
-
-/* One pass on j->nthreads threads (the caller is thread 0).  The caller returns from la_run only when
- * every item is claimed, so a thread that could not be created simply claims none. */
-static void LE_FN(la_parallel)(struct LE_FN(la_job) *j)
-{
-    pthread_t th[LA_MAX_THREADS];
-    struct LE_FN(la_arg) args[LA_MAX_THREADS];
-    int started[LA_MAX_THREADS];
-    j->next = 0;
-    for (int64_t t = 1; t < j->nthreads; ++t) {
-        args[t].job = j;
-        args[t].tid = t;
-        started[t] = pthread_create(&th[t], 0, LE_FN(la_thread), &args[t]) == 0;
-    }
-    LE_FN(la_run)(j, 0);
-    for (int64_t t = 1; t < j->nthreads; ++t)
-        if (started[t])
-            pthread_join(th[t], 0);
 }
 
 /* The focused map's policy: p (finite, >= 1, else 0 is returned) and how r^p is formed (LA_FOCUSED_MUL_MAX
@@ -141,6 +124,7 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
     j.nqb = (N + LA_QB - 1) / LA_QB;
     j.scratch0 = workspace + BH * j.nc * (d * (e + 1) + e);
     j.scratch_len = LA_TB * (d + e) + LA_TB;
+    j.kv_scale = (REAL)kv_scale;
     j.pol = pol;
     j.pol.M = M;
     j.pass1 = LE_FN(la_pass1_base);
@@ -158,54 +142,34 @@ static int LE_FN(la_run_all)(REAL *out, REAL *workspace, const REAL *q, const RE
     }
 #endif
     const int small = BH * (N + M) <= LA_PARALLEL_MIN / d / e;
-
-    /* pass 1: per-chunk partials */
-    j.pass = 1;
-    j.nthreads = small ? 1 : (threads < BH * j.nc ? threads : BH * j.nc);
-    LE_FN(la_parallel)(&j);
-
-    /* reduce the partials of each head in chunk order, into chunk 0's slot */
-    const int64_t slot = d * (e + 1) + e;
-    for (int64_t bh = 0; bh < BH; ++bh) {
-        REAL *acc = workspace + bh * j.nc * slot;
-        for (int64_t c = 1; c < j.nc; ++c) {
-            const REAL *p = acc + c * slot;
-            for (int64_t x = 0; x < slot; ++x)
-                acc[x] += p[x];
-        }
-        if ((REAL)kv_scale != 1)                   /* RALA's token scaling: s * (sum ...), rounded once */
-            for (int64_t x = 0; x < slot; ++x)
-                acc[x] = (REAL)kv_scale * acc[x];
-    }
-
-    /* pass 2: outputs */
-    j.pass = 2;
-    j.nthreads = small ? 1 : (threads < BH * j.nqb ? threads : BH * j.nqb);
-    LE_FN(la_parallel)(&j);
+    const int64_t items[2] = {BH * j.nc, BH * j.nqb};   /* pass 1, pass 2 */
+    const int64_t most = items[0] > items[1] ? items[0] : items[1];
+    par_run(&j, 2, items, LE_FN(la_item), LE_FN(la_reduce), small ? 1 : (threads < most ? threads : most));
     return REFIMPL_OK;
 }
 
 int LE_FN(refimpl_linear_attention)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
-                                    const REAL *key_weight, const REAL *v_scale, int v_scale_divide,
-                                    int feature_map, double power, int clamp, double clamp_min, double eps,
-                                    int eps_policy, double kv_scale, int64_t BH,
-                                    int64_t N, int64_t M, int64_t d, int64_t e,
-                                    int64_t workspace_len, int64_t nthreads)
+                                    const REAL *key_weight, const REAL *v_scale,
+                                    const struct refimpl_la_options *options, int64_t BH, int64_t N, int64_t M,
+                                    int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads)
 {
-    if ((feature_map != LA_MAP_RELU && feature_map != LA_MAP_ELU1 && feature_map != LA_MAP_FOCUSED) ||
-        (eps_policy != 0 && eps_policy != 1))
+    if (!options)
+        return REFIMPL_ERR_NULL;
+    const struct refimpl_la_options o = *options;
+    if ((o.feature_map != LA_MAP_RELU && o.feature_map != LA_MAP_ELU1 && o.feature_map != LA_MAP_FOCUSED) ||
+        (o.eps_policy != 0 && o.eps_policy != 1))
         return REFIMPL_ERR_OPTION;
     struct la_policy pol;
     memset(&pol, 0, sizeof pol);
-    if (feature_map == LA_MAP_FOCUSED && !LE_FN(la_focused_policy)(&pol, power))
+    if (o.feature_map == LA_MAP_FOCUSED && !LE_FN(la_focused_policy)(&pol, o.power))
         return REFIMPL_ERR_OPTION;
-    pol.map = feature_map;
-    pol.clamp = clamp != 0;
-    pol.clamp_min = clamp_min;
-    pol.eps = eps;
-    pol.eps_clamp = eps_policy == 1;
-    pol.v_divide = v_scale_divide != 0;
-    return LE_FN(la_run_all)(out, workspace, q, k, v, key_weight, v_scale, pol, kv_scale, BH, N, M, d, e,
+    pol.map = o.feature_map;
+    pol.clamp = o.clamp != 0;
+    pol.clamp_min = o.clamp_min;
+    pol.eps = o.eps;
+    pol.eps_clamp = o.eps_policy == 1;
+    pol.v_divide = o.v_scale_divide != 0;
+    return LE_FN(la_run_all)(out, workspace, q, k, v, key_weight, v_scale, pol, o.kv_scale, BH, N, M, d, e,
                              workspace_len, nthreads);
 }
 

@@ -12,10 +12,10 @@
  *   kappa_q     nonzero: Q_g is the mean of kappa(Q) (global_query "kappa_q"), else of Q
  *   scale       the logits' factor (d^-1/2 for alpha_scale "head_dim", 1 otherwise), rounded to REAL
  *
- * Four phases, each over (head, chunk) items claimed from an atomic counter as in linattn_entry.h (which
- * thread runs an item changes nothing: an item writes only its own partial result and its own elements
- * of alpha; tid selects only the staging scratch).  Between phases the calling thread combines the
- * partials of each head in chunk order:
+ * Four phases of one par_run (parallel.h), each over (head, chunk) items (which thread runs an item
+ * changes nothing: an item writes only its own partial result and its own elements of alpha; tid selects
+ * only the staging scratch).  Between phases one thread combines the partials of each head in chunk
+ * order:
  *   1. partial sums of Q (or kappa(Q)) over the chunk's tokens       -> Q_g = (sum of partials) / N
  *   2. logits l_j (into alpha) and the chunk's max (NaN if any is)     -> m = max of the chunk maxima
  *   3. e_j = exp(l_j - m) (in alpha) and the chunk's sum             -> S = sum of the chunk sums
@@ -28,8 +28,9 @@
 #define RE_CAT(a, b) RE_CAT2(a, b)
 #define RE_FN(name) RE_CAT(name, TSUF)
 
-/* Below this many multiply-adds (BH (N + M) d) a call runs on the calling thread: four create/join rounds
- * (some 10-50 us each) are not worth it at N = 3136 and below. */
+/* Below this many multiply-adds (BH (N + M) d) a call runs on the calling thread: a create/join round and
+ * three barriers are not worth it at N = 3136 and below (measured with four create/join rounds, some 10-50
+ * us each). */
 #define RA_PARALLEL_MIN ((int64_t)1 << 20)
 
 struct RE_FN(ra_isa) {
@@ -45,71 +46,73 @@ struct RE_FN(ra_job) {
     REAL *alpha, *qpart, *qg, *cmax, *csum, *scratch0;
     const REAL *q, *k;
     int64_t BH, N, M, d, ncq, nck, scratch_len;
-    int64_t next;  /* the current phase's next unclaimed item (atomic; reset before each phase) */
-    int phase, kappa_q;
+    int kappa_q;
     REAL scale, Mr;
     struct la_policy pol;
     struct RE_FN(ra_isa) f;
 };
 
-struct RE_FN(ra_arg) {
-    struct RE_FN(ra_job) *job;
-    int64_t tid;
-};
-
-static void RE_FN(ra_run)(struct RE_FN(ra_job) *j, int64_t tid)
+/* One work item (parallel.h) of phase p = 0..3 (steps 1-4 above): item it is (head bh, chunk c) of the
+ * head's ncq query chunks (step 1) or nck key chunks (steps 2-4).  It writes only its own partial (qpart,
+ * cmax, csum slot it) and its own elements of alpha; tid selects only the staging scratch. */
+static void RE_FN(ra_item)(void *ctx, int64_t phase, int64_t it, int64_t tid)
 {
-    const int64_t nc = j->phase == 1 ? j->ncq : j->nck;
-    const int64_t items = j->BH * nc;
+    const struct RE_FN(ra_job) *j = (const struct RE_FN(ra_job) *)ctx;
+    const int64_t nc = phase == 0 ? j->ncq : j->nck;
     REAL *scratch = j->scratch0 + tid * j->scratch_len;
-    for (;;) {
-        const int64_t it = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (it >= items)
-            break;
-        const int64_t bh = it / nc, c = it % nc;
-        if (j->phase == 1) {
-            const int64_t t0 = j->N * c / nc, t1 = j->N * (c + 1) / nc;
-            j->f.qsum(j->qpart + it * j->d, scratch, j->q + (bh * j->N + t0) * j->d, t1 - t0, j->d, j->kappa_q,
-                      &j->pol);
-            continue;
+    const int64_t bh = it / nc, c = it % nc;
+    if (phase == 0) {
+        const int64_t t0 = j->N * c / nc, t1 = j->N * (c + 1) / nc;
+        j->f.qsum(j->qpart + it * j->d, scratch, j->q + (bh * j->N + t0) * j->d, t1 - t0, j->d, j->kappa_q,
+                  &j->pol);
+        return;
+    }
+    const int64_t t0 = j->M * c / nc, t1 = j->M * (c + 1) / nc;
+    REAL *a = j->alpha + bh * j->M + t0;
+    if (phase == 1)
+        j->cmax[it] = j->f.logits(a, scratch, j->k + (bh * j->M + t0) * j->d, j->qg + bh * j->d, t1 - t0, j->d,
+                                  j->scale, &j->pol);
+    else if (phase == 2)
+        j->csum[it] = j->f.exps(a, t1 - t0, j->cmax[bh * nc]);
+    else
+        j->f.scale(a, t1 - t0, j->Mr, j->csum[bh * nc]);
+}
+
+/* Between the phases, on one thread: each head's partials combined in chunk order. */
+static void RE_FN(ra_combine)(void *ctx, int64_t phase)
+{
+    const struct RE_FN(ra_job) *j = (const struct RE_FN(ra_job) *)ctx;
+    const int64_t d = j->d;
+    if (phase == 0) {            /* 1. Q_g = (sum of the chunk partials in chunk order) / N */
+        for (int64_t bh = 0; bh < j->BH; ++bh) {
+            REAL *g = j->qg + bh * d;
+            const REAL *p = j->qpart + bh * j->ncq * d;
+            for (int64_t i = 0; i < d; ++i)
+                g[i] = p[i];
+            for (int64_t c = 1; c < j->ncq; ++c)
+                for (int64_t i = 0; i < d; ++i)
+                    g[i] += p[c * d + i];
+            for (int64_t i = 0; i < d; ++i)
+                g[i] = g[i] / (REAL)j->N;
         }
-        const int64_t t0 = j->M * c / nc, t1 = j->M * (c + 1) / nc;
-        REAL *a = j->alpha + bh * j->M + t0;
-        if (j->phase == 2)
-            j->cmax[it] = j->f.logits(a, scratch, j->k + (bh * j->M + t0) * j->d, j->qg + bh * j->d, t1 - t0, j->d,
-                                      j->scale, &j->pol);
-        else if (j->phase == 3)
-            j->csum[it] = j->f.exps(a, t1 - t0, j->cmax[bh * nc]);
-        else
-            j->f.scale(a, t1 - t0, j->Mr, j->csum[bh * nc]);
+    } else if (phase == 1) {     /* 2. m = max_j l_j (NaN if any is NaN), into chunk 0's slot */
+        for (int64_t bh = 0; bh < j->BH; ++bh) {
+            REAL *mx = j->cmax + bh * j->nck;
+            int nan = mx[0] != mx[0];
+            for (int64_t c = 1; c < j->nck; ++c) {
+                mx[0] = mx[c] > mx[0] ? mx[c] : mx[0];
+                nan |= mx[c] != mx[c];
+            }
+            if (nan)
+                mx[0] = (REAL)NAN;
+        }
+    } else {                     /* 3. S = sum of the chunk sums in chunk order, into chunk 0's slot */
+        for (int64_t bh = 0; bh < j->BH; ++bh) {
+            REAL *s = j->csum + bh * j->nck;
+            for (int64_t c = 1; c < j->nck; ++c)
+                s[0] += s[c];
+        }
     }
-}
-
-static void *RE_FN(ra_thread)(void *p)
-{
-    struct RE_FN(ra_arg) *a = (struct RE_FN(ra_arg) *)p;
-    RE_FN(ra_run)(a->job, a->tid);
-    return 0;
-}
-
-/* One phase on nthreads threads (the caller is thread 0; a thread that could not be created claims no
- * items, the caller returns from ra_run only when every item is claimed). */
-static void RE_FN(ra_parallel)(struct RE_FN(ra_job) *j, int phase, int64_t nthreads)
-{
-    pthread_t th[LA_MAX_THREADS];
-    struct RE_FN(ra_arg) args[LA_MAX_THREADS];
-    int started[LA_MAX_THREADS];
-    j->phase = phase;
-    j->next = 0;
-    for (int64_t t = 1; t < nthreads; ++t) {
-        args[t].job = j;
-        args[t].tid = t;
-        started[t] = pthread_create(&th[t], 0, RE_FN(ra_thread), &args[t]) == 0;
-    }
-    RE_FN(ra_run)(j, 0);
-    for (int64_t t = 1; t < nthreads; ++t)
-        if (started[t])
-            pthread_join(th[t], 0);
 }
 
 int RE_FN(refimpl_rala_alpha)(REAL *alpha, REAL *workspace, const REAL *q, const REAL *k, int feature_map,
@@ -176,43 +179,9 @@ int RE_FN(refimpl_rala_alpha)(REAL *alpha, REAL *workspace, const REAL *q, const
     }
 #endif
     const int small = BH * (N + M) <= RA_PARALLEL_MIN / d;
-    const int64_t nq = small ? 1 : (threads < BH * j.ncq ? threads : BH * j.ncq);
-    const int64_t nk = small ? 1 : (threads < BH * j.nck ? threads : BH * j.nck);
-
-    /* 1. Q_g = (sum of the chunk partials in chunk order) / N */
-    RE_FN(ra_parallel)(&j, 1, nq);
-    for (int64_t bh = 0; bh < BH; ++bh) {
-        REAL *g = j.qg + bh * d;
-        const REAL *p = j.qpart + bh * j.ncq * d;
-        for (int64_t i = 0; i < d; ++i)
-            g[i] = p[i];
-        for (int64_t c = 1; c < j.ncq; ++c)
-            for (int64_t i = 0; i < d; ++i)
-                g[i] += p[c * d + i];
-        for (int64_t i = 0; i < d; ++i)
-            g[i] = g[i] / (REAL)N;
-    }
-    /* 2. logits and m = max_j l_j (NaN if any is NaN), into chunk 0's slot */
-    RE_FN(ra_parallel)(&j, 2, nk);
-    for (int64_t bh = 0; bh < BH; ++bh) {
-        REAL *mx = j.cmax + bh * j.nck;
-        int nan = mx[0] != mx[0];
-        for (int64_t c = 1; c < j.nck; ++c) {
-            mx[0] = mx[c] > mx[0] ? mx[c] : mx[0];
-            nan |= mx[c] != mx[c];
-        }
-        if (nan)
-            mx[0] = (REAL)NAN;
-    }
-    /* 3. exponentials and S = sum of the chunk sums in chunk order, into chunk 0's slot */
-    RE_FN(ra_parallel)(&j, 3, nk);
-    for (int64_t bh = 0; bh < BH; ++bh) {
-        REAL *s = j.csum + bh * j.nck;
-        for (int64_t c = 1; c < j.nck; ++c)
-            s[0] += s[c];
-    }
-    /* 4. alpha = M (e / S) */
-    RE_FN(ra_parallel)(&j, 4, nk);
+    const int64_t items[4] = {BH * j.ncq, BH * j.nck, BH * j.nck, BH * j.nck};   /* steps 1-4 */
+    const int64_t most = items[0] > items[1] ? items[0] : items[1];
+    par_run(&j, 4, items, RE_FN(ra_item), RE_FN(ra_combine), small ? 1 : (threads < most ? threads : most));
     return REFIMPL_OK;
 }
 

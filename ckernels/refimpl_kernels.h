@@ -36,6 +36,9 @@
 #define REFIMPL_ISA_AVX2 1     /* x86-64-v3: 32-byte vectors */
 #define REFIMPL_ISA_AVX512 2   /* x86-64-v4: 64-byte vectors */
 
+/* Threaded kernels take nthreads (>= 1): the speed changes with it, never a bit (ckernels/parallel.h).
+ * refimpl_parallel_selftest (ckernels/parallel.c) is not a kernel: it checks that runtime's contract for
+ * tests/test_kernels_parallel.py. */
 /* CFFI-CDEF-BEGIN */
 int refimpl_dwconv2d_f64(double *out, const double *x, const double *weight, const double *bias,
                          int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
@@ -45,16 +48,24 @@ int refimpl_dwconv2d_f32(float *out, const float *x, const float *weight, const 
                          int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
                          int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                          int64_t OH, int64_t OW);
+struct refimpl_la_options {
+    int feature_map;     /* REFIMPL_LA_MAP_RELU, _ELU1 or _FOCUSED */
+    int eps_policy;      /* 0: den + eps (skipped when eps == 0), 1: max(den, eps) */
+    int clamp;           /* nonzero: den -> max(den, clamp_min) first (L2ViT Appendix 8) */
+    int v_scale_divide;  /* with a v_scale: v / s (nonzero) or v * s (0) */
+    double power;        /* REFIMPL_LA_MAP_FOCUSED: the focusing factor p (finite, >= 1); else ignored */
+    double clamp_min;
+    double eps;
+    double kv_scale;     /* s multiplies KV and the key sum after the sum (1: none; RALA's 1/N) */
+};
 int refimpl_linear_attention_f64(double *out, double *workspace, const double *q, const double *k,
                                  const double *v, const double *key_weight, const double *v_scale,
-                                 int v_scale_divide, int feature_map, double power, int clamp,
-                                 double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
-                                 int64_t workspace_len, int64_t nthreads);
+                                 const struct refimpl_la_options *options, int64_t BH, int64_t N, int64_t M,
+                                 int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_attention_f32(float *out, float *workspace, const float *q, const float *k,
                                  const float *v, const float *key_weight, const float *v_scale,
-                                 int v_scale_divide, int feature_map, double power, int clamp,
-                                 double clamp_min, double eps, int eps_policy, double kv_scale, int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e,
-                                 int64_t workspace_len, int64_t nthreads);
+                                 const struct refimpl_la_options *options, int64_t BH, int64_t N, int64_t M,
+                                 int64_t d, int64_t e, int64_t workspace_len, int64_t nthreads);
 int refimpl_linear_angular_f64(double *out, double *workspace, const double *q, const double *k,
                                const double *v, double unit_eps, int constant_own, int similarity_sum,
                                int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len,
@@ -91,6 +102,8 @@ int refimpl_isa_in_use(void);
 int refimpl_set_max_isa(int level);
 int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, int64_t nthreads);
 int refimpl_erf_f64(double *out, const double *x, int64_t n, int impl);
+int refimpl_parallel_selftest(int64_t *runs, int64_t runs_len, const int64_t *items, int64_t nphases,
+                              int64_t nthreads, int64_t fail_mask, int64_t *report);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

@@ -11,10 +11,9 @@
  *   mask  NULL or (mask_count, N, M) bytes, nonzero = may attend: item bh uses mask[(bh / H) % mask_count]
  *         (windows batch-major: window w of image b is item (b nW + w) H + head).
  *   Work items are the BH (window, head) pairs, each independent and written by one thread into its own
- *   rows of out, so the result does not depend on the thread count or on which thread runs an item.
- *   Threads take items dynamically from a shared atomic counter (GCC/Clang __atomic builtins), so a thread
- *   that the OS does not schedule (a shared or loaded machine) delays nothing: the others take its items.
- *   A thread's scratch (its tid's slice of the workspace) is written before it is read within each item.
+ *   rows of out, so the result does not depend on the thread count or on which thread runs an item; they
+ *   run as one phase of par_run (parallel.h: threads claim items from an atomic counter).  A thread's
+ *   scratch (its tid's slice of the workspace) is written before it is read within each item.
  */
 
 #define WE_CAT2(a, b) a##_##b
@@ -30,36 +29,19 @@ struct WE_FN(wa_job) {
     const REAL *q, *k, *v, *bias;
     const unsigned char *mask;
     REAL scale;
-    int64_t BH, H, N, M, d, e, bias_count, mask_count, nthreads, scratch_len;
-    int64_t next;  /* the next unclaimed item (atomic) */
+    int64_t BH, H, N, M, d, e, bias_count, mask_count, scratch_len;
     WE_FN(wa_item_fn) item;
 };
 
-struct WE_FN(wa_arg) {
-    struct WE_FN(wa_job) *job;
-    int64_t tid;
-};
-
-/* Claim items one at a time until none is left; tid selects the scratch slice only. */
-static void WE_FN(wa_run)(struct WE_FN(wa_job) *j, int64_t tid)
+/* One work item (parallel.h): the (window, head) pair bh; tid selects the scratch slice only. */
+static void WE_FN(wa_run_item)(void *ctx, int64_t phase, int64_t bh, int64_t tid)
 {
+    const struct WE_FN(wa_job) *j = (const struct WE_FN(wa_job) *)ctx;
     const int64_t nm = j->N * j->M;
-    for (;;) {
-        const int64_t bh = __atomic_fetch_add(&j->next, 1, __ATOMIC_RELAXED);
-        if (bh >= j->BH)
-            break;
-        j->item(j->out + bh * j->N * j->e, j->ws + tid * j->scratch_len, j->q + bh * j->N * j->d,
-                j->k + bh * j->M * j->d, j->v + bh * j->M * j->e,
-                j->bias ? j->bias + (bh % j->bias_count) * nm : 0,
-                j->mask ? j->mask + ((bh / j->H) % j->mask_count) * nm : 0, j->scale, j->N, j->M, j->d, j->e);
-    }
-}
-
-static void *WE_FN(wa_thread)(void *p)
-{
-    struct WE_FN(wa_arg) *a = (struct WE_FN(wa_arg) *)p;
-    WE_FN(wa_run)(a->job, a->tid);
-    return 0;
+    (void)phase;
+    j->item(j->out + bh * j->N * j->e, j->ws + tid * j->scratch_len, j->q + bh * j->N * j->d,
+            j->k + bh * j->M * j->d, j->v + bh * j->M * j->e, j->bias ? j->bias + (bh % j->bias_count) * nm : 0,
+            j->mask ? j->mask + ((bh / j->H) % j->mask_count) * nm : 0, j->scale, j->N, j->M, j->d, j->e);
 }
 
 int WE_FN(refimpl_window_attention)(REAL *out, REAL *workspace, const REAL *q, const REAL *k, const REAL *v,
@@ -100,7 +82,6 @@ int WE_FN(refimpl_window_attention)(REAL *out, REAL *workspace, const REAL *q, c
     j.bias_count = bias_count;
     j.mask_count = mask_count;
     j.scratch_len = d * M + N * M + N * d + M + N;
-    j.next = 0;
     j.item = WE_FN(wa_item_base);
 #if LA_X86_DISPATCH
     {
@@ -112,19 +93,7 @@ int WE_FN(refimpl_window_attention)(REAL *out, REAL *workspace, const REAL *q, c
     }
 #endif
     const int small = BH * N * M <= LA_PARALLEL_MIN / (d + e);
-    j.nthreads = small ? 1 : (threads < BH ? threads : BH);
-    pthread_t th[LA_MAX_THREADS];
-    struct WE_FN(wa_arg) args[LA_MAX_THREADS];
-    int started[LA_MAX_THREADS];
-    for (int64_t t = 1; t < j.nthreads; ++t) {
-        args[t].job = &j;
-        args[t].tid = t;
-        started[t] = pthread_create(&th[t], 0, WE_FN(wa_thread), &args[t]) == 0;
-    }
-    WE_FN(wa_run)(&j, 0);  /* returns when every item is claimed; a thread not created claims none */
-    for (int64_t t = 1; t < j.nthreads; ++t)
-        if (started[t])
-            pthread_join(th[t], 0);
+    par_run(&j, 1, &BH, WE_FN(wa_run_item), 0, small ? 1 : (threads < BH ? threads : BH));
     return REFIMPL_OK;
 }
 

@@ -1,6 +1,6 @@
 """The backend switch and the compiled depthwise-conv kernels (C and Numba) against their NumPy definition.
 
-What is checked (issue 2, "First compiled path"; issue 6 items 4-5):
+What is checked:
 
 1. Agreement: on every Hypothesis draw, float64 and float32, the C and Numba depthwise convolutions lie
    within the error model's bound of the float64 NumPy definition (refimpl.layers._depthwise_conv2d_numpy
@@ -336,7 +336,7 @@ def test_output_is_nan_poisoned_before_the_kernel_runs(backend, monkeypatch):
     """With the compiled kernel replaced by one that writes nothing, the wrapper returns all NaN (also into
     a caller's zero-filled out=), so an output element a kernel never writes cannot pass a comparison."""
     if backend == "c":
-        monkeypatch.setattr(_c_depthwise, "_call", lambda mod, result, a: None)
+        monkeypatch.setattr(_c_depthwise, "_call", lambda result, a: None)
     elif backend == "numba":
         monkeypatch.setattr(_numba_depthwise, "_dwconv2d_compiled", lambda dtype: (lambda *args: None))
     else:
@@ -361,7 +361,7 @@ def test_refused_c_call_leaves_the_poisoned_output():
     bad = _validate.DepthwiseArgs(**{**a.__dict__, "stride": (0, 1)})
     out = np.full(a.out_shape, np.nan)
     with pytest.raises(RuntimeError, match="status 2"):
-        _c_depthwise._call(mod, out, bad)
+        _c_depthwise._call(out, bad)
     assert np.isnan(out).all()
     ffi, lib = mod.ffi, mod.lib
     sentinel = np.full(4, 7.0)
@@ -652,7 +652,7 @@ def test_the_auto_table_is_package_data():
 
 
 def test_call_runs_a_kernel_only_where_its_predicate_holds(monkeypatch):
-    """backends.call (architecture issue 12): the caller names the operation; the registry runs the selected
+    """backends.call: the caller names the operation; the registry runs the selected
     backend's kernel where its ``supports`` predicate holds, and elsewhere the NumPy computation (the caller's
     ``otherwise`` if given, else the definition), silently; "auto" skips a kernel that refuses the call; a
     backend without a kernel falls back to the definition with the warning, as get() does."""

@@ -2,7 +2,7 @@
 
 The twin is refimpl.attention.linear._linear_attention_numpy (linear_attention in linear order,
 normalised, ReLU or ELU + 1 feature map, the L2ViT clamp and the eps policy; L2ViT Eq. 2-4 and
-Appendix 8, FLatten Eq. 1-4, Katharopoulos et al. 2020 Eq. 7).  What is checked (issue 6, items 1 and 5):
+Appendix 8, FLatten Eq. 1-4, Katharopoulos et al. 2020 Eq. 7).  What is checked:
 
 1. Agreement: on every Hypothesis draw, float64 and float32, the C kernel lies within
    linear_attention_bound (k = d + M + 2: inner products of length M and d, the eps add, the quotient;
@@ -193,14 +193,22 @@ def test_output_is_nan_poisoned_before_the_kernel_runs():
     w = ffi.from_buffer("double[]", wsb, require_writable=True)
     one = ffi.from_buffer("double[]", np.ones(64))
     f = lib.refimpl_linear_attention_f64
-    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 0, 1, 1, 1, 4096, 1) == 1     # N = 0
-    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 3, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown map
+
+    def opts(**kw):
+        base = dict(feature_map=0, eps_policy=0, clamp=0, v_scale_divide=1, power=3.0, clamp_min=0.0, eps=0.0,
+                    kv_scale=1.0)
+        return ffi.new("struct refimpl_la_options *", {**base, **kw})
+
+    ok = opts()
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, ok, 1, 0, 1, 1, 1, 4096, 1) == 1                 # N = 0
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, opts(feature_map=3), 1, 1, 1, 1, 1, 4096, 1) == 6   # unknown map
     for bad_p in (0.5, float("nan"), float("inf")):                                                  # focused: p
-        assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 2, bad_p, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6
-    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 2, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 6     # unknown eps policy
-    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4   # overflow
-    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 2, 2, 2, 2, 3, 1) == 7        # workspace too small
-    assert f(ffi.NULL, w, one, one, one, ffi.NULL, ffi.NULL, 1, 0, 3.0, 0, 0.0, 0.0, 0, 1.0, 1, 1, 1, 1, 1, 4096, 1) == 5
+        assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, opts(feature_map=2, power=bad_p), 1, 1, 1, 1, 1, 4096, 1) == 6
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, opts(eps_policy=2), 1, 1, 1, 1, 1, 4096, 1) == 6  # unknown eps policy
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, ok, 2**40, 2**40, 1, 1, 1, 4096, 1) == 4        # overflow
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, ok, 1, 2, 2, 2, 2, 3, 1) == 7                   # workspace too small
+    assert f(ffi.NULL, w, one, one, one, ffi.NULL, ffi.NULL, ok, 1, 1, 1, 1, 1, 4096, 1) == 5
+    assert f(o, w, one, one, one, ffi.NULL, ffi.NULL, ffi.NULL, 1, 1, 1, 1, 1, 4096, 1) == 5          # no options
     np.testing.assert_array_equal(sentinel, 7.0)
     assert "workspace" in ffi.string(lib.refimpl_status_string(7)).decode()
 

@@ -311,7 +311,7 @@ def test_rala_core_with_c_alpha_agrees_through_error_model(dtype, c):
         try:
             ref = rala.rala_core(q64, k64, v64, cfg)
         except FloatingPointError as exc:
-            # Issue 15 (docs/guarantees.md, "Left"): where every alpha_j that matters to a row underflows
+            # docs/guarantees.md, "Left": where every alpha_j that matters to a row underflows
             # (Eq. 4's saturated softmax), the float64 definition refuses, naming its stage, instead of
             # returning 0/0: there is no reference to compare with; in float64 the C backend refuses too.
             assert "rala_core" in str(exc), exc

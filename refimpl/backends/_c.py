@@ -7,12 +7,13 @@ costs nothing until the C backend is asked for, and then :func:`refimpl.backends
 Every call goes through the same steps: validate (refimpl.backends._validate: dtype, shapes,
 contiguity; inputs copied to C-contiguous if needed, ``out`` refused if it is not usable as is), fill the
 output with NaN, pass the buffers with ``ffi.from_buffer`` under the C type that matches the validated
-dtype, and check the returned status.  The NaN fill means that an output element the kernel failed to
+dtype, and check the returned status.  The validation is each wrapper's own; the rest is
+:func:`run_kernel` (with :func:`call_kernel` and :func:`workspace_for`).  The NaN fill means that an output element the kernel failed to
 write cannot pass a comparison with the reference (unless the reference is NaN there too, which the
 agreement tests avoid except where they test NaN propagation).
 
-This module is the runtime: loading the compiled module (:func:`_load`, :func:`status`), the status
-check, the C type of a dtype, the thread count (:func:`default_threads`) and the range safety net of the
+This module is the runtime: loading the compiled module (:func:`_load`, :func:`status`), the call of a
+kernel (:func:`run_kernel`, :func:`call_kernel`, :func:`workspace_for`), the status check, the thread count (:func:`default_threads`) and the range safety net of the
 range-checked kernels (:func:`_outside_band`, :func:`_poison`, :func:`_range_fallback`).  The wrappers
 live in per-family modules next to it, each kernel registered with its predicate there:
 ``_c_depthwise.py`` (depthwise conv2d), ``_c_linear.py`` (the fused kernelized linear attention and the
@@ -65,6 +66,7 @@ from typing import Any
 import numpy as np
 
 from .. import config
+from ._validate import empty_aligned, workspace_buffer
 
 _LOCK = threading.Lock()
 _MODULE: list[Any] = []          # [module] once loaded
@@ -119,6 +121,56 @@ def _check_status(mod: Any, status: int, kernel: str) -> None:
 
 def _ctype(dtype: np.dtype) -> str:
     return "double[]" if dtype == np.float64 else "float[]"
+
+
+_BUFFER_TYPES = {np.dtype(np.float64): "double[]", np.dtype(np.float32): "float[]",
+                 np.dtype(np.uint8): "unsigned char[]"}
+
+
+def call_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray | None = None) -> None:
+    """Call ``refimpl_<kernel>_f64`` or ``_f32`` (by the dtype of ``out``) on ``(out, [workspace,] *args)`` and
+    check its status (:func:`_check_status`).  ``out`` and ``workspace`` are passed writable; every array in
+    ``args`` read-only, as ``double[]``, ``float[]`` or ``unsigned char[]`` by its dtype; None as NULL;
+    anything else (sizes, options) as it is.  The arrays must already be validated (refimpl.backends.
+    _validate: dtype, shape, C-contiguity, alignment): this only hands them over."""
+    mod = _load()
+    ffi = mod.ffi
+    fn = getattr(mod.lib, f"refimpl_{kernel}_{'f64' if out.dtype == np.float64 else 'f32'}")
+
+    def arg(a: Any) -> Any:
+        if a is None:
+            return ffi.NULL
+        if isinstance(a, np.ndarray):
+            return ffi.from_buffer(_BUFFER_TYPES[a.dtype], a)
+        return a
+
+    head = [ffi.from_buffer(_ctype(out.dtype), out, require_writable=True)]
+    if workspace is not None:
+        head.append(ffi.from_buffer(_ctype(workspace.dtype), workspace, require_writable=True))
+    _check_status(mod, fn(*head, *map(arg, args)), f"refimpl_{kernel}")
+
+
+def run_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray | None = None, twin: Any = None,
+               band: tuple = ()) -> np.ndarray:
+    """The steps every wrapper takes once its arguments are validated: with a ``twin`` (the NumPy
+    definition, a function of no arguments), answer with it if an array of ``band`` is outside the kernels'
+    range (:func:`_outside_band`); otherwise poison ``out`` (:func:`_poison`), run the kernel
+    (:func:`call_kernel`) and, with a twin, replace the kernel's NaN/Inf by the definition's values
+    (:func:`_range_fallback`).  Returns ``out``."""
+    if twin is not None and _outside_band(*band):
+        out[...] = twin()
+        return out
+    _poison(out)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
+    call_kernel(kernel, out, *args, workspace=workspace)
+    return _range_fallback(out, twin)
+
+
+def workspace_for(workspace: Any, need: int, dtype: np.dtype, inputs: Any, first: str) -> np.ndarray:
+    """A workspace of at least ``need`` elements of ``dtype``: the caller's (checked by
+    refimpl.backends._validate.workspace_buffer against ``inputs``, its flat view) or a new aligned one."""
+    if workspace is None:
+        return empty_aligned(need, dtype)
+    return workspace_buffer(workspace, dtype, need, inputs, first)
 
 
 def default_threads() -> int:

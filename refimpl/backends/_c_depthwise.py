@@ -3,19 +3,18 @@
 - ``"depthwise_conv2d"``: ``depthwise_conv2d(x, weight, bias, stride, pads, dilation=(1, 1), *, out=None)``
   (twin ``refimpl.layers._depthwise_conv2d_numpy``).
 
-The steps of every wrapper of refimpl.backends._c (validate, poison, ``ffi.from_buffer``, check the
-status); the compiled module is the one of refimpl.backends._c (loaded on first use).  This module
+The steps of every wrapper of refimpl.backends._c (validate, poison, then refimpl.backends._c.call_kernel:
+``ffi.from_buffer``, the call, the status check); the compiled module is the one of refimpl.backends._c
+(loaded on first use).  This module
 imports nothing from refimpl.attention, refimpl.layers or refimpl.models.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from . import _validate
-from ._c import _check_status, _ctype, _load
+from ._c import _load, _poison, call_kernel
 from ._registry import register
 from ._validate import depthwise_supported, empty_aligned
 
@@ -60,24 +59,18 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     Howard et al., "MobileNets" (2017), Sec. 3.1 (depthwise convolution); PyTorch ``torch.nn.Conv2d``
     documentation (groups, zero padding).
     """
-    mod = _load()
+    _load()  # ImportError before any validation when the compiled module is missing
     a = _validate.depthwise_args(x, weight, bias, stride, pads, out, dilation, "C")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, a.x.dtype)
-    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
-    _call(mod, result, a)
+    _poison(result)  # an element the kernel does not write stays NaN
+    _call(result, a)
     return result
 
 
-def _call(mod: Any, result: np.ndarray, a: "_validate.DepthwiseArgs") -> None:
+def _call(result: np.ndarray, a: "_validate.DepthwiseArgs") -> None:
     """Pass validated buffers to refimpl_dwconv2d_f32/_f64 and check the status."""
-    ffi, lib = mod.ffi, mod.lib
-    dt = a.x.dtype
-    ct = _ctype(dt)
-    fn = lib.refimpl_dwconv2d_f64 if dt == np.float64 else lib.refimpl_dwconv2d_f32
     b_, c, h, w = a.x.shape
     _, kh, kw = a.weight.shape
     _, _, oh, ow = a.out_shape
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a.x),
-                ffi.from_buffer(ct, a.weight), ffi.NULL if a.bias is None else ffi.from_buffer(ct, a.bias),
-                a.stride[0], a.stride[1], a.pad_top, a.pad_left, b_, c, h, w, kh, kw, oh, ow)
-    _check_status(mod, status, "refimpl_dwconv2d")
+    call_kernel("dwconv2d", result, a.x, a.weight, a.bias, a.stride[0], a.stride[1], a.pad_top, a.pad_left, b_, c,
+                h, w, kh, kw, oh, ow)

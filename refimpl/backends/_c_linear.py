@@ -21,7 +21,7 @@ import numpy as np
 
 from .. import config
 from . import _validate
-from ._c import _check_status, _ctype, _load, _outside_band, _poison, _range_fallback, _threads
+from ._c import _load, _threads, run_kernel, workspace_for
 from ._registry import definition, register
 from ._validate import empty_aligned, float_arrays, real_scalar
 
@@ -163,9 +163,9 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                            clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any,
                            p: Any = config.FLATTEN_FOCUSING_FACTOR, v_scale: Any = None,
                            v_scale_mode: str = "divide", twin: Any = None) -> np.ndarray:
-    """Validate, poison, call refimpl_linear_attention_f32/_f64 and check its status; ``twin()`` (the NumPy
-    definition) answers instead where :func:`_range_fallback` says so."""
-    mod = _load()
+    """Validate, then run refimpl_linear_attention_f32/_f64 (refimpl.backends._c.run_kernel: poison, call,
+    status); ``twin()`` (the NumPy definition) answers instead where the range check says so."""
+    _load()  # ImportError before any validation when the compiled module is missing
     power = _check_focusing_factor(p)
     if feature_map not in LINEAR_ATTENTION_MAPS:
         raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
@@ -204,28 +204,16 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                              f"{vs.shape}")
         vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # (B, h): one per bh
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
-    if workspace is None:
-        ws = empty_aligned(need, dt)
-    else:
-        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
-                                                              ("alpha", key_weight)), "q")
+    ws = workspace_for(workspace, need, dt, (("q", q), ("k", k), ("v", v), ("out", out), ("alpha", key_weight)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
-    if twin is not None and _outside_band(a.q, a.k, a.v, kw, vs):
-        result[...] = twin()
-        return result
-    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(dt)
-    fn = lib.refimpl_linear_attention_f64 if dt == np.float64 else lib.refimpl_linear_attention_f32
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
-                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
-                ffi.NULL if kw is None else ffi.from_buffer(ct, kw),
-                ffi.NULL if vs is None else ffi.from_buffer(ct, vs), 1 if v_scale_mode == "divide" else 0,
-                LINEAR_ATTENTION_MAPS[feature_map], power, 0 if clamp_min is None else 1,
-                0.0 if clamp_min is None else float(clamp_min), float(eps), _EPS_POLICIES[eps_policy],
-                float(kv_scale), sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
-    _check_status(mod, status, "refimpl_linear_attention")
-    return _range_fallback(result, twin)
+    options = _load().ffi.new("struct refimpl_la_options *", {
+        "feature_map": LINEAR_ATTENTION_MAPS[feature_map], "eps_policy": _EPS_POLICIES[eps_policy],
+        "clamp": 0 if clamp_min is None else 1, "v_scale_divide": 1 if v_scale_mode == "divide" else 0,
+        "power": power, "clamp_min": 0.0 if clamp_min is None else float(clamp_min), "eps": float(eps),
+        "kv_scale": float(kv_scale)})
+    return run_kernel("linear_attention", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"], sz["N"],
+                      sz["M"], sz["d"], sz["e"], ws.size, nthreads, workspace=ws, twin=twin,
+                      band=(a.q, a.k, a.v, kw, vs))
 
 
 def _reweighted_supported(q: Any, k: Any, v: Any, alpha: Any, *args: Any, **_: Any) -> bool:
@@ -340,7 +328,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     ----------
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 4.
     """
-    mod = _load()
+    _load()  # ImportError before any validation when the compiled module is missing
     if global_query not in _RALA_GLOBAL_QUERIES:
         raise ValueError(f"argument 'global_query': expected 'q' or 'kappa_q', got {global_query!r}")
     if kernel not in ("elu1", "relu"):
@@ -366,28 +354,15 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     if out is not None:
         _validate._check_out(out, dt, (b_, h, m), (("q", qa), ("k", ka)), "q")
     need = rala_alpha_workspace_size(b_, h, n, m, d, nthreads)
-    if workspace is None:
-        ws = empty_aligned(need, dt)
-    else:
-        ws = _validate.workspace_buffer(workspace, dt, need, (("q", qa), ("k", ka), ("out", out)), "q")
+    ws = workspace_for(workspace, need, dt, (("q", qa), ("k", ka), ("out", out)), "q")
     qa, ka = _validate._contiguous(qa), _validate._contiguous(ka)
     result = out if out is not None else empty_aligned((b_, h, m), dt)
 
     def twin() -> np.ndarray:
         return definition("rala_alpha")(qa, ka, global_query, kernel, scale)
 
-    if _outside_band(qa, ka):
-        result[...] = twin()
-        return result
-    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(dt)
-    fn = lib.refimpl_rala_alpha_f64 if dt == np.float64 else lib.refimpl_rala_alpha_f32
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
-                ffi.from_buffer(ct, qa), ffi.from_buffer(ct, ka), LINEAR_ATTENTION_MAPS[kernel],
-                _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, nthreads)
-    _check_status(mod, status, "refimpl_rala_alpha")
-    return _range_fallback(result, twin)
+    return run_kernel("rala_alpha", result, qa, ka, LINEAR_ATTENTION_MAPS[kernel], _RALA_GLOBAL_QUERIES[global_query],
+                      float(scale), b_ * h, n, m, d, ws.size, nthreads, workspace=ws, twin=twin, band=(qa, ka))
 
 
 @register("elu1_feature_map", "c")
@@ -420,7 +395,7 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
     ----------
     Katharopoulos et al. (2020) Eq. 7; RALA (Fan et al., CVPR 2025) Sec. 3.2 (kappa) and Eq. 4.
     """
-    mod = _load()
+    _load()  # ImportError before any validation when the compiled module is missing
     a = _validate._array(x, "x", "C")
     if a.size < 1:
         raise ValueError(f"argument 'x': expected a non-empty array, got shape {a.shape}")
@@ -428,13 +403,7 @@ def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndar
         _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
     a = _validate._contiguous(a)
     result = out if out is not None else empty_aligned(a.shape, a.dtype)
-    result.fill(np.nan)  # poison: an element the kernel does not write stays NaN
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(a.dtype)
-    fn = lib.refimpl_elu1_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_elu1_feature_map_f32
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size)
-    _check_status(mod, status, "refimpl_elu1_feature_map")
-    return result
+    return run_kernel("elu1_feature_map", result, a, a.size)
 
 
 def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR, *, out: np.ndarray | None = None) -> np.ndarray:
@@ -463,7 +432,7 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     ----------
     FLatten (Han et al., ICCV 2023) Eq. 5-6, Appendix Eq. 20-21 (the max-normalised form).
     """
-    mod = _load()
+    _load()  # ImportError before any validation when the compiled module is missing
     power = _check_focusing_factor(p)
     a = _validate._array(x, "x", "C")
     if a.size < 1 or a.ndim < 1:
@@ -472,14 +441,7 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
         _validate._check_out(out, a.dtype, a.shape, (("x", a),), "x")
     a = _validate._contiguous(a)
     result = out if out is not None else empty_aligned(a.shape, a.dtype)
-    result.fill(np.nan)  # poison
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(a.dtype)
-    fn = lib.refimpl_focused_feature_map_f64 if a.dtype == np.float64 else lib.refimpl_focused_feature_map_f32
-    d = a.shape[-1]
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, a), a.size // d, d, power)
-    _check_status(mod, status, "refimpl_focused_feature_map")
-    return result
+    return run_kernel("focused_feature_map", result, a, a.size // a.shape[-1], a.shape[-1], power)
 
 
 def _linear_angular_supported(q: Any, k: Any, v: Any, constant: str = "sum", normalizer: str = "none",
@@ -517,7 +479,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     ----------
     Castling-ViT (You et al., CVPR 2023) Eq. 8-9.
     """
-    mod = _load()
+    _load()  # ImportError before any validation when the compiled module is missing
     if constant not in ("sum", "own"):
         raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
     if normalizer not in ("none", "similarity_sum"):
@@ -533,18 +495,8 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
                          f"queries and M = {sz['M']} values (v shape {np.shape(v)})")
     dt = a.q.dtype
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
-    if workspace is None:
-        ws = empty_aligned(need, dt)
-    else:
-        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out)), "q")
+    ws = workspace_for(workspace, need, dt, (("q", q), ("k", k), ("v", v), ("out", out)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
-    result.fill(np.nan)  # poison
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(dt)
-    fn = lib.refimpl_linear_angular_f64 if dt == np.float64 else lib.refimpl_linear_angular_f32
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
-                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v), float(eps),
-                1 if constant == "own" else 0, 1 if normalizer == "similarity_sum" else 0,
-                sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"], sz["e"], ws.size, nthreads)
-    _check_status(mod, status, "refimpl_linear_angular")
-    return result
+    return run_kernel("linear_angular", result, a.q, a.k, a.v, float(eps), 1 if constant == "own" else 0,
+                      1 if normalizer == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
+                      sz["e"], ws.size, nthreads, workspace=ws)

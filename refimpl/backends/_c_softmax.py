@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import _validate
-from ._c import _check_status, _ctype, _load, _outside_band, _poison, _range_fallback, _threads
+from ._c import _load, _threads, run_kernel, workspace_for
 from ._registry import definition, register
 from ._validate import empty_aligned, float_arrays
 
@@ -98,27 +98,12 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     need = int(mod.lib.refimpl_window_attention_workspace(n, m, d, nthreads))
     if need < 0:
         raise ValueError(f"arguments 'k'/'q': sizes m={m}, d={d} overflow the workspace size")
-    if workspace is None:
-        ws = empty_aligned(need, dt)
-    else:
-        ws = _validate.workspace_buffer(workspace, dt, need, (("q", q), ("k", k), ("v", v), ("out", out),
-                                                              ("bias", bias)), "q")
+    ws = workspace_for(workspace, need, dt, (("q", q), ("k", k), ("v", v), ("out", out), ("bias", bias)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
 
     def twin() -> np.ndarray:
         return definition("window_softmax_attention")(q, k, v, float(scale), bias, mask)
 
-    if _outside_band(np.asarray(q), np.asarray(k), np.asarray(v), bias_c):
-        result[...] = twin()
-        return result
-    _poison(result)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
-    ffi, lib = mod.ffi, mod.lib
-    ct = _ctype(dt)
-    fn = lib.refimpl_window_attention_f64 if dt == np.float64 else lib.refimpl_window_attention_f32
-    status = fn(ffi.from_buffer(ct, result, require_writable=True), ffi.from_buffer(ct, ws, require_writable=True),
-                ffi.from_buffer(ct, a.q), ffi.from_buffer(ct, a.k), ffi.from_buffer(ct, a.v),
-                ffi.NULL if bias_c is None else ffi.from_buffer(ct, bias_c),
-                ffi.NULL if mask_c is None else ffi.from_buffer("unsigned char[]", mask_c),
-                float(scale), bw * h, h, n, m, d, sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads)
-    _check_status(mod, status, "refimpl_window_attention")
-    return _range_fallback(result, twin)
+    return run_kernel("window_attention", result, a.q, a.k, a.v, bias_c, mask_c, float(scale), bw * h, h, n, m, d,
+                      sz["e"], max(bias_count, 1), max(mask_count, 1), ws.size, nthreads, workspace=ws, twin=twin,
+                      band=(a.q, a.k, a.v, bias_c))
