@@ -172,6 +172,45 @@ def test_features_shapes_and_batched_equals_per_sample():
         x = taps[unit]
 
 
+def test_units_compose_run_and_parts_compose_blocks():
+    """The network framework (models._netparts) runs the units: run's taps are the units chained from the images,
+    its features the stage-closing blocks' tokens on their grids, a block unit is its parts "attn" then "mlp",
+    the bounds are named by unit and part, and the stem's bound checks its images as run_unit does."""
+    cfg = fc.reduced(rm.create("flatten_cswin_t")[0])
+    params = fc.init_params(cfg, SEED)
+    images = np.random.default_rng(SEED).standard_normal((1, 3, *cfg.img_size))
+    taps: dict = {}
+    logits, feats = fc.run(params, images, cfg, taps=taps)
+    assert list(taps) == fc.unit_names(cfg)
+    x, closing = images, ["stage1.1", "stage2.0", "stage3.0", "stage4.0"]
+    for unit in fc.unit_names(cfg):
+        y = fc.run_unit(params, unit, x, cfg)
+        np.testing.assert_array_equal(y, taps[unit])
+        parts = fc.unit_parts(cfg, unit)
+        assert parts == (("attn", "mlp") if unit.startswith("stage") else ())
+        z = x
+        for part in parts:
+            assert fc.unit_part_bound(params, unit, part, z, cfg, dtype="float32").note.startswith(
+                f"unit {unit}, {part}:")
+            z = fc.run_unit_part(params, unit, part, z, cfg)
+        if parts:
+            np.testing.assert_array_equal(z, y)
+        x = y
+    np.testing.assert_array_equal(logits, taps["head"])
+    for f, unit, (gh, gw) in zip(feats, closing, cfg.stage_grids):
+        np.testing.assert_array_equal(f, taps[unit].transpose(0, 2, 1).reshape(1, -1, gh, gw))
+    fb, lb = fc.forward_bounds(params, images, cfg, dtype="float32")
+    assert [b.note.split(":")[0] for b in fb] == [f"features after {u}" for u in closing]
+    assert lb.note.startswith("logits:")
+    assert fc.unit_bound(params, "stem", images, cfg, dtype="float32").note.startswith("unit stem:")
+    with pytest.raises(ArgumentError, match="images"):
+        fc.unit_bound(params, "stem", np.zeros((1, 3, 64, 64)), cfg, dtype="float32")
+    with pytest.raises(ArgumentError, match="unknown unit"):
+        fc.unit_bound(params, "stage5.0", images, cfg, dtype="float32")
+    with pytest.raises(ArgumentError, match="part"):
+        fc.unit_part_bound(params, "head", "mlp", taps["stage4.0"], cfg, dtype="float32")
+
+
 def test_released_init():
     """scheme="released": Linear weights N(0, 0.02^2) and zero biases, LayerNorm 1 / 0, convolutions
     U(+-1/sqrt(fan_in)), the scale and the positional encoding zeros; the same keys as param_shapes."""

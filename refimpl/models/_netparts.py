@@ -5,9 +5,9 @@ initialisation with BatchNorm statistics, and the running-error stages that comm
 attention modules' own error propagation; and the interpreter of the networks declared as units: the family
 declares unit_names, run_unit, _e_unit, its unit inputs and feature maps (and its units' parts), and
 :func:`run_stages`, :func:`bound_network`, :func:`bound_unit`, :func:`run_part`, :func:`bound_part` give it
-its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound (RAVLT, L2ViT, FLatten-PVT, LiSANet,
-Castling-LeViT, Castling-MViTv2, and the DeiT and Swin networks on models._deit's and flatten.py's frames:
-Castling-DeiT, L2ViT-DeiT, RALA-DeiT / -Swin, FLatten-DeiT / -Swin).
+its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound: every network (RAVLT, L2ViT,
+FLatten-PVT, FLatten-CSwin, LiSANet, Castling-LeViT, Castling-MViTv2, and the DeiT and Swin networks on
+models._deit's and flatten.py's frames: Castling-DeiT, L2ViT-DeiT, RALA-DeiT / -Swin, FLatten-DeiT / -Swin).
 
 Shapes: B batch, C channels, H x W grid, N = H W tokens (row-major).  Image tensors are channels-first
 (B, C, H, W) as in PyTorch; token tensors are (B, N, C).
@@ -261,24 +261,44 @@ def _what(label: str | None, name: str) -> str:
 
 def run_stages(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any, taps: dict | None, *,
                unit_taps: bool = False, **unit_kw: Any) -> tuple[np.ndarray, list[np.ndarray]]:
-    """The family's ``run``: its units in order from the images (:func:`refimpl.models.common.run_feature_units`);
-    the logits and every stage's feature map in one pass; ``taps`` (dict or None) records every unit's output
-    and, with ``unit_taps``, the units' own taps under "<unit>.<tap>".  ``unit_kw`` goes to every run_unit."""
+    """The family's ``run`` (the one forward loop of the networks): its units in order from the images,
+    ``x = run_unit(params, name, x, cfg)``; the logits and every stage's feature map (:func:`stage_feature_map`)
+    in one pass.  ``taps`` (dict or None) records every unit's output under its name and, with ``unit_taps``,
+    the units' own taps (``run_unit(..., taps=inner)``) under "<unit>.<tap>".  ``unit_kw`` goes to every
+    run_unit."""
     validation.check_taps(taps)
     names = family.unit_names(cfg)
     params = family._check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x, **kw: family.run_unit(params, name, x, cfg, **kw, **unit_kw),
-                                    lambda name, x: stage_feature_map(family, name, x, cfg), images, taps,
-                                    unit_taps=unit_taps)
+    x, feats = images, []
+    for name in names:
+        inner: dict | None = {} if (unit_taps and taps is not None) else None
+        kw = {"taps": inner} if unit_taps else {}
+        x = family.run_unit(params, name, x, cfg, **kw, **unit_kw)
+        f = stage_feature_map(family, name, x, cfg)
+        if f is not None:
+            feats.append(f)
+        if taps is not None:
+            taps[name] = x
+            if inner:
+                taps.update({f"{name}.{k}": v for k, v in inner.items()})
+    return x, feats
 
 
 def bound_stages(family: ModuleType, e_unit: Callable[[str, Err], Err], images: Any, cfg: Any, *,
                  label: str | None = None) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """``e_unit(name, t)`` along the family's units from exact images (:func:`refimpl.models.common.chain_bounds`),
-    the bounds of the stages' feature maps and of the logits."""
+    """The one bound loop of the networks: ``t = e_unit(name, t)`` along the family's units from exact images;
+    the bounds of the stages' feature maps (:func:`stage_feature_map`, applied to the value and to its error
+    coefficient alike) and of the logits.  They are described as "features after <unit>" and "logits", or with
+    a family ``label`` as "<label> stage <s> features" and "<label> logits"."""
     with np.errstate(all="ignore"):
-        return common.chain_bounds(family.unit_names(cfg), e_unit,
-                                   lambda name, a: stage_feature_map(family, name, a, cfg), images, label=label)
+        t, fb = common.e_exact(images), []
+        for name in family.unit_names(cfg):
+            t = e_unit(name, t)
+            fm = stage_feature_map(family, name, t.value, cfg)
+            if fm is not None:
+                what = f"features after {name}" if label is None else f"{label} stage {len(fb) + 1} features"
+                fb.append(common.to_bound(Err(fm, stage_feature_map(family, name, t.err, cfg), t.depth), what))
+        return fb, common.to_bound(t, "logits" if label is None else f"{label} logits")
 
 
 def bound_network(family: ModuleType, params: Mapping[str, Any], images: Any, cfg: Any, dtype: Any, *,

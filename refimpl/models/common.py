@@ -40,7 +40,7 @@ from ..attention import focused_bounds as _focused_bounds
 from ..attention import softmax as _softmax
 
 __all__ = [
-    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "run_feature_units", "chain_bounds", "check_image_hw", "patch_embed",
+    "normalize_img_size", "normalize_overrides", "init_from_shapes", "check_images", "check_network_params", "check_image_hw", "patch_embed",
     "stage_grids", "swin_window", "mlp_shapes", "ln_shapes", "window_attention_shapes", "linear2d", "mlp2d",
     "patch_merging2d",
     "Err", "e_exact", "e_linear", "e_layer_norm", "e_gelu", "e_mlp", "e_add", "e_conv2d", "e_mean",
@@ -149,28 +149,6 @@ def check_network_params(params: Any, cfg: Any, shapes_fn: Callable[[Any], Mappi
     except TypeError:                       # an unhashable config: no caching
         expected = dict(shapes_fn(cfg))
     return validation.checked_params(params, expected, where=where)
-
-
-def run_feature_units(names: list[str], run_one: Callable[..., np.ndarray],
-                      feature_map: Callable[[str, np.ndarray], np.ndarray | None], images: Any,
-                      taps: dict | None, *, unit_taps: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Run a network's units in order, ``x = run_one(name, x)`` from the images; returns the last output and
-    the feature maps ``feature_map(name, x)`` gives (None for a unit that closes no stage).  ``taps``: every
-    unit's output under its name; with ``unit_taps`` the units record their own intermediates too
-    (``run_one(name, x, taps=inner)``), kept under "<unit>.<tap>".  The one forward loop of the networks
-    (:func:`refimpl.models._netparts.run_stages` and the DeiT frame)."""
-    x, feats = images, []
-    for name in names:
-        inner: dict | None = {} if (unit_taps and taps is not None) else None
-        x = run_one(name, x, taps=inner) if unit_taps else run_one(name, x)
-        f = feature_map(name, x)
-        if f is not None:
-            feats.append(f)
-        if taps is not None:
-            taps[name] = x
-            if inner:
-                taps.update({f"{name}.{k}": v for k, v in inner.items()})
-    return x, feats
 
 
 def check_images(images: Any, in_chans: int, img_size: tuple[int, int]) -> np.ndarray:
@@ -455,24 +433,6 @@ def e_castling(t: Err, p: Mapping[str, Any], ccfg: Any, *, dtype: Any, training:
 
     core = Err(merge(val), merge(e_core), qkv.depth + int(math.ceil(bnd.k)))
     return e_linear(core, p["proj.weight"], p.get("proj.bias"))
-
-
-def chain_bounds(names: list[str], e_unit: Callable[[str, Err], Err],
-                 feature_map: Callable[[str, np.ndarray], np.ndarray | None], images: Any, *,
-                 label: str | None = None) -> tuple[list[numerics.Bound], numerics.Bound]:
-    """The running bounds of a whole network from exact images: ``t = e_unit(name, t)`` through its units in
-    order; returns the bounds of the feature maps ``feature_map`` picks (applied to the value and to its error
-    coefficient alike) and of the last output.  The one bound loop of the networks (their ``forward_bounds``),
-    beside :func:`run_feature_units`.  The bounds are described as "features after <unit>" and "logits", or
-    with a family ``label`` as "<label> stage <s> features" and "<label> logits"."""
-    t, fb = e_exact(images), []
-    for name in names:
-        t = e_unit(name, t)
-        fm = feature_map(name, t.value)
-        if fm is not None:
-            what = f"features after {name}" if label is None else f"{label} stage {len(fb) + 1} features"
-            fb.append(to_bound(Err(fm, feature_map(name, t.err), t.depth), what))
-    return fb, to_bound(t, "logits" if label is None else f"{label} logits")
 
 
 def check_image_hw(img_size: tuple[int, int], image_hw: Any) -> tuple[int, int]:

@@ -80,7 +80,7 @@ import numpy as np
 from .. import config, layers, numerics, validation
 from ..attention.focused import FocusedConfig, focused_param_shapes
 from ..errors import ArgumentError, ArgumentTypeError
-from . import common, counting
+from . import _netparts as nets, common, counting
 from . import flatten_cswin_attention as _attn
 # The block attention's error propagation, under its former private name here (tests/test_flatten_cswin.py).
 from .flatten_cswin_attention import _e_map, e_stripe_attention as _e_stripe_attention
@@ -94,6 +94,7 @@ __all__ = ["FlattenCSwinConfig", "param_shapes", "init_params", "forward", "feat
 _PRESETS = ("paper", "official")
 _STRIPE_ORDERS = ("horizontal_first", "vertical_first")
 _DEFAULT_ORDER = {"paper": "horizontal_first", "official": "vertical_first"}
+_M = sys.modules[__name__]
 
 
 # ===================================================================================================
@@ -371,8 +372,10 @@ def stripe_attention(x: Any, params: Mapping[str, Any], cfg: FlattenCSwinConfig,
 # ===================================================================================================
 #
 # A network is a chain of units: "stem" (images -> stage-1 tokens), "stage1.0", ..., "merge1" (stage-1 tokens
-# -> stage-2 tokens), ..., "head" (final LayerNorm, mean, linear).  The units are the comparison points of the
-# equivalence suite; forward / features / forward_bounds are their composition.  Unit values (B, N_i, C_i).
+# -> stage-2 tokens), ..., "head" (final LayerNorm, mean, linear); a block is made of the parts "attn" and "mlp".
+# The units are the comparison points of the equivalence suite (each twin unit is fed the reference's input of
+# that unit); models._netparts' interpreter composes them into run, forward_bounds and the unit and part bounds.
+# Unit values (B, N_i, C_i).
 
 def unit_names(cfg: FlattenCSwinConfig) -> list[str]:
     """The units of the network in execution order."""
@@ -385,11 +388,6 @@ def unit_names(cfg: FlattenCSwinConfig) -> list[str]:
     return out + ["head"]
 
 
-def _check_unit(name: Any, cfg: FlattenCSwinConfig) -> None:
-    if name not in unit_names(cfg):
-        raise ArgumentError(f"argument 'name': unknown unit {name!r}; units: {unit_names(cfg)}")
-
-
 def _stage_of(name: str) -> int:
     """0-based stage a unit works in: "stage3.1" -> 2, "merge2" -> 2 (its output stage), "head" -> last."""
     head = name.split(".")[0]
@@ -400,8 +398,11 @@ def _stage_of(name: str) -> int:
     raise AssertionError(f"unit {name!r} has no stage")
 
 
-def _check_unit_input(x: Any, name: str, cfg: FlattenCSwinConfig) -> np.ndarray:
-    """The tokens a unit takes: the previous stage's for "merge{i}", the last stage's for "head"."""
+def _unit_input(name: str, x: Any, cfg: FlattenCSwinConfig, part: str | None = None) -> np.ndarray:
+    """The input a unit (or a block's part) takes: images (B, in_chans, H, W) for "stem", the previous stage's
+    tokens for "merge{i}", the last stage's for "head", else its stage's tokens (B, N_i, C_i)."""
+    if name == "stem":
+        return common.check_images(x, cfg.in_chans, cfg.img_size)
     x = numerics.as_float(x, "x")
     i = cfg.n_stages - 1 if name == "head" else _stage_of(name) - (1 if name.startswith("merge") else 0)
     (gh, gw), c = cfg.stage_grids[i], cfg.stage_dim(i)
@@ -438,16 +439,15 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenCSwinConf
     stages), Appendix D Table 15.
     """
     _check_cfg(cfg)
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     params = _check_params(params, cfg)
+    x = _unit_input(name, x, cfg)
     eps = cfg.layer_norm_eps
     if name == "stem":
-        images = common.check_images(x, cfg.in_chans, cfg.img_size)
-        y = layers.conv2d(images, params["stage1_conv_embed.0.weight"], params["stage1_conv_embed.0.bias"],
+        y = layers.conv2d(x, params["stage1_conv_embed.0.weight"], params["stage1_conv_embed.0.bias"],
                           stride=config.CSWIN_STEM_STRIDE, padding=config.CSWIN_STEM_PADDING)
         return layers.layer_norm(_to_tokens(y), params["stage1_conv_embed.2.weight"],
                                  params["stage1_conv_embed.2.bias"], eps)
-    x = _check_unit_input(x, name, cfg)
     if name == "head":
         pooled = np.mean(layers.layer_norm(x, params["norm.weight"], params["norm.bias"], eps), axis=1)
         return layers.linear(pooled, params["head.weight"], params["head.bias"])
@@ -456,28 +456,23 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenCSwinConf
         y = layers.conv2d(_to_grid(x, cfg.stage_grids[i - 1]), params[f"{name}.conv.weight"],
                           params[f"{name}.conv.bias"], stride=2, padding=config.CSWIN_MERGE_KERNEL // 2)
         return layers.layer_norm(_to_tokens(y), params[f"{name}.norm.weight"], params[f"{name}.norm.bias"], eps)
-    return _block_part(params, name, "mlp", _block_part(params, name, "attn", x, cfg), cfg)
+    return _part(params, name, "mlp", _part(params, name, "attn", x, cfg), cfg)
 
 
 def unit_parts(cfg: FlattenCSwinConfig, name: str) -> tuple[str, ...]:
     """The stages a unit is made of, in order, for stage-wise comparison: a block is "attn"
     (x + proj(attn(LN1 x))) then "mlp" (x + MLP(LN2 x)); other units have no parts (())."""
     _check_cfg(cfg)
-    _check_unit(name, cfg)
+    nets.check_unit(_M, name, cfg)
     return ("attn", "mlp") if name.startswith("stage") else ()
 
 
 def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: FlattenCSwinConfig) -> np.ndarray:
     """One part of a block unit (:func:`unit_parts`); the unit is its parts applied in order."""
-    if part not in unit_parts(cfg, name):
-        raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return _block_part(params, name, part, x, cfg)
+    return nets.run_part(_M, params, name, part, x, cfg)
 
 
-def _block_part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: FlattenCSwinConfig
-                ) -> np.ndarray:
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: FlattenCSwinConfig) -> np.ndarray:
     """x + proj(attn(LN1 x)) ("attn": :func:`stripe_attention`) or x + MLP(LN2 x) ("mlp")."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
@@ -502,12 +497,7 @@ def run(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConfig, *,
         taps: dict | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
     """Logits and per-stage feature maps in one pass (see :func:`forward`, :func:`features`).
     taps : dict or None; records every unit's output under its name."""
-    _check_cfg(cfg)
-    validation.check_taps(taps)
-    names = unit_names(cfg)
-    params = _check_params(params, cfg)      # once: the units get the checked mapping
-    return common.run_feature_units(names, lambda name, x: run_unit(params, name, x, cfg),
-                                    lambda name, x: _feature_map(name, x, cfg), images, taps)
+    return nets.run_stages(_M, params, images, cfg, taps)
 
 
 def forward(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConfig) -> np.ndarray:
@@ -545,9 +535,9 @@ def features(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConfig) ->
 # Error bounds (for the equivalence suite)
 # ===================================================================================================
 
-def _e_block_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: FlattenCSwinConfig,
-                  dtype: Any) -> Err:
-    """:func:`_block_part` with the running error analysis."""
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: FlattenCSwinConfig,
+            dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis."""
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "mlp":
@@ -577,29 +567,20 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: FlattenCSwinConfi
                             padding=config.CSWIN_MERGE_KERNEL // 2)
         return common.e_layer_norm(_e_map(y, _to_tokens), params[f"{name}.norm.weight"], params[f"{name}.norm.bias"],
                                    eps)
-    return _e_block_part(params, name, "mlp", _e_block_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
+    return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: FlattenCSwinConfig, *,
                dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and params:
     the running first-order analysis of refimpl.models.common, stage by stage through the unit."""
-    _check_cfg(cfg)
-    _check_unit(name, cfg)
-    if name != "stem":
-        x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_unit(params, name, common.e_exact(x), cfg, dtype), f"unit {name}")
+    return nets.bound_unit(_M, params, name, x, cfg, dtype)
 
 
 def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: FlattenCSwinConfig, *,
                     dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and params."""
-    if part not in unit_parts(cfg, name):
-        raise ArgumentError(f"argument 'part': unit {name!r} has parts {unit_parts(cfg, name)}, got {part!r}")
-    x = _check_unit_input(x, name, cfg)
-    params = _check_params(params, cfg)
-    return common.to_bound(_e_block_part(params, name, part, common.e_exact(x), cfg, dtype), f"unit {name}, {part}")
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype)
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConfig, *,
@@ -608,10 +589,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: FlattenCSwinConf
     from exact images and params).  Rigorous to first order but loose (it compounds the absolute Jacobians of
     every unit), so the sharp comparisons are the per-unit ones (:func:`unit_bound`).  Returns (feature
     bounds, logits bound)."""
-    _check_cfg(cfg)
-    params = _check_params(params, cfg)
-    return common.chain_bounds(unit_names(cfg), lambda name, t: _e_unit(params, name, t, cfg, dtype),
-                               lambda name, a: _feature_map(name, a, cfg), images)
+    return nets.bound_network(_M, params, images, cfg, dtype)
 
 
 # ===================================================================================================
@@ -724,7 +702,6 @@ SIZES = {"flatten_cswin_t": (64, (2, 4, 18, 1), (2, 4, 8, 16)),
          "flatten_cswin_s": (64, (2, 4, 32, 2), (2, 4, 8, 16)),
          "flatten_cswin_b": (96, (3, 6, 29, 2), (4, 8, 16, 32))}
 
-_M = sys.modules[__name__]
 for _name, _paper_m in (("flatten_cswin_t", 21), ("flatten_cswin_s", 35), ("flatten_cswin_b", 75)):
     _c, _d, _h = SIZES[_name]
     register(_name, FlattenCSwinConfig(embed_dim=_c, depths=_d, num_heads=_h), _M, paper_params_m=_paper_m,
