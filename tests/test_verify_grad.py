@@ -248,6 +248,12 @@ def test_network_backward_bug_in_one_block_diverges_upstream_of_it():
     downstream = {k for k in _twin_keys(name) if k.startswith(("norm.", "head."))}
     assert div == {"input"} | _twin_keys(name) - downstream, sorted(div)
     assert all(_grads(r)[k]["verdict"] == "match" for k in downstream)
+    # unit by unit (teacher-forced, float64: no ensemble, the bound alone): the bug is in stages.0.1 only
+    u = _units(r)
+    assert [k for k, e in u.items() if e["verdict"] == "diverges"] == ["stages.0.1"], r.gradients["units"]
+    assert r.gradients["units_first_divergence"]["unit"] == "stages.0.1"
+    assert u["stages.0.1"]["err_over_bound"] > 1.0 and "input" in u["stages.0.1"]["diverging"]
+    assert all(e["verdict"] == "match" for k, e in u.items() if k != "stages.0.1")
 
 
 def test_network_parameter_gradient_bug_is_named():
@@ -258,26 +264,81 @@ def test_network_parameter_gradient_bug_is_named():
     assert r.verdict == "diverges" and r.gradients["first_divergence"]["tensor"] == key, str(r)
     assert [t["name"] for t in r.gradients["tensors"] if t["verdict"] == "diverges"] == [key]
     assert _grads(r)[key]["err_over_bound"] > 1.0
+    # unit by unit: in the unit holding it, by name, and nowhere else
+    assert [(k, e["diverging"]) for k, e in _units(r).items() if e["verdict"] == "diverges"] == [("stages.0.0", [key])]
+    assert r.gradients["units_first_divergence"]["tensor"] == key
+
+
+def _units(r):
+    return {e["unit"]: e for e in r.gradients["units"]}
 
 
 def test_network_gradients_are_inconclusive_where_the_logits_bound_is_void():
     """Castling-DeiT-T reduced in float32: the network's logits bound is void at its depth (relative 4e7), so the
-    gradients' bounds are too: "inconclusive" with the reason, never "match"; a backward bug of 1e-3 in one block
-    is still found by the ensemble (the twin's own float32 gradients)."""
+    whole network's gradient bounds are too; unit by unit (teacher-forced) the stem and the head match and both
+    blocks are inconclusive (their own forward bounds, relative 0.45 and 0.19, are void for the gradients): the
+    gradients are "inconclusive" with both reasons, never "match", and no unit diverges."""
     name = "castling_deit_t"
     r = V.verify(_net(name), name, config={"reduced": True}, dtype="float32", grad=True)
     g = r.gradients
     assert g["twin_forward"]["verdict"] == "match" and g["verdict"] == "inconclusive", str(r)
-    assert r.verdict == "inconclusive"
+    assert r.verdict == "inconclusive" and g["whole_verdict"] == "inconclusive"
     assert all(t["verdict"] == "inconclusive" for t in g["tensors"]) and g["forward_relative_bound"] > 1.0
     assert "void bound" in g["why"] and "float64" in g["why"]
+    u = _units(r)
+    assert list(u) == ["stem", "blocks.0", "blocks.1", "head"] and g["units_verdict"] == "inconclusive"
+    assert u["stem"]["verdict"] == u["head"]["verdict"] == "match", g["units"]
+    assert all(0.0 <= u[k]["err_over_bound"] < 1.0 for k in ("stem", "head"))
+    for k in ("blocks.0", "blocks.1"):
+        assert u[k]["verdict"] == "inconclusive" and "void bound" in u[k]["why"] and not u[k]["diverging"]
+        assert u[k]["why"] in g["why"]
+    assert g["units_first_divergence"] is None
+
+
+def test_network_backward_bug_in_one_block_diverges_at_that_unit():
+    """Castling-DeiT-T reduced in float32: blocks.1's output carries its gradient times 1 + 1e-3 (forward exact,
+    every forward unit matches).  Unit by unit the bug is in blocks.1 alone: its input gradient and its parameters'
+    diverge (against the twin's unit in float32 on the same input and cotangent), the units before it (fed the
+    wrong cotangent, but differentiating it correctly) do not; the whole network's ensemble also catches it."""
+    name = "castling_deit_t"
     bad = V.verify(_net(name, bug_block="blocks.1", factor=1 + 1e-3), name, config={"reduced": True},
                    dtype="float32", grad=True)
+    g = bad.gradients
     assert all(s.verdict == "match" for s in bad.stages), str(bad)
-    assert bad.verdict == "diverges" and bad.gradients["first_divergence"]["tensor"] == "input", str(bad)
-    div = {t["name"] for t in bad.gradients["tensors"] if t["verdict"] == "diverges"}
+    assert bad.verdict == "diverges" and g["verdict"] == "diverges" and g["units_verdict"] == "diverges", str(bad)
+    assert g["units_first_divergence"]["unit"] == "blocks.1"
+    assert g["units_first_divergence"]["tensor"] == "input"
+    u = _units(bad)
+    assert [k for k, e in u.items() if e["verdict"] == "diverges"] == ["blocks.1"]
+    assert "input" in u["blocks.1"]["diverging"] and "blocks.1.attn.proj.weight" in u["blocks.1"]["diverging"]
+    assert not any(k.startswith(("blocks.0.", "head.", "norm.")) for k in u["blocks.1"]["diverging"])
+    assert "unit 'blocks.1' diverges teacher-forced" in g["why"]
+    # the whole network: every tensor upstream of the block, by its ensemble
+    assert g["whole_verdict"] == "diverges" and g["first_divergence"]["tensor"] == "input", str(bad)
+    div = {t["name"] for t in g["tensors"] if t["verdict"] == "diverges"}
     assert "blocks.0.attn.qkv.weight" in div and not any(k.startswith(("head.", "norm.")) for k in div)
     assert "legitimate evaluations" in _grads(bad)["input"]["detail"]
+
+
+def test_network_gradients_unit_by_unit_in_float32_ravlt():
+    """RaViT-T reduced in float32: the whole network's gradient bounds are void (its logits bound is, relative
+    6.6e303), but unit by unit (each unit's backward on the network's own input and cotangent to it, each unit's
+    own forward bound) the stem, every downsampling, the head and three of the four blocks match, each err/bound
+    below 1; layers.0.blocks.0 is inconclusive (its own forward bound, relative 0.13, is void for the gradients):
+    the gradients stay "inconclusive", stating which unit and why, and no unit diverges."""
+    r = V.verify(_net("ravlt_t"), "ravlt_t", config={"reduced": True}, dtype="float32", grad=True)
+    g = r.gradients
+    assert g["whole_verdict"] == "inconclusive" and g["verdict"] == "inconclusive", str(r)
+    u = _units(r)
+    assert list(u) == list(r.network["units"])
+    void = [k for k, e in u.items() if e["verdict"] != "match"]
+    assert void == ["layers.0.blocks.0"] and u[void[0]]["verdict"] == "inconclusive", g["units"]
+    assert "void bound" in u[void[0]]["why"] and "inconclusive at ['layers.0.blocks.0']" in g["why"]
+    for k, e in u.items():
+        assert e["tensors"] >= 2 and not e["diverging"], e
+        if k not in void:
+            assert 0.0 < e["err_over_bound"] < 1.0 and e["forward_relative_bound"] < 0.05, e
+    assert g["units_first_divergence"] is None and r.verdict == "inconclusive"
 
 
 def test_network_twin_that_does_not_match_stops_the_gradients(monkeypatch):
@@ -302,9 +363,14 @@ def test_network_twin_judged_by_its_units_where_its_logits_bound_is_void():
     """RaViT-T reduced: the float64 logits bound is void (relative 3.5e6), so the twin is judged unit by unit
     (each unit teacher-forced against its float64 unit bound, the forward their composition)."""
     r = V.verify(_net("ravlt_t"), "ravlt_t", config={"reduced": True}, dtype="float64", grad=True)
-    tf = r.gradients["twin_forward"]
+    g = r.gradients
+    tf = g["twin_forward"]
     assert tf["verdict"] == "match" and "judged by its units: all" in tf["reasons"][-1], tf
-    assert r.gradients["tensors"] and r.gradients["verdict"] in ("match", "inconclusive")
+    # the whole network's gradient bounds are void; every unit's backward, teacher-forced, matches within its own
+    # bound: the gradients' verdict is the units', stated
+    assert g["tensors"] and g["whole_verdict"] == "inconclusive" and g["units_verdict"] == "match", str(r)
+    assert g["verdict"] == "match" and r.verdict == "match" and "The verdict is the unit-wise one" in g["why"]
+    assert all(e["verdict"] == "match" and 0.0 < e["forward_relative_bound"] < 1e-6 for e in g["units"])
 
 
 def test_cli_network_grad(capsys):

@@ -19,7 +19,12 @@ happens (docs/verify.md, "Gradients"), as for a layer reference (:mod:`refimpl.v
    are read in the reference's keys through the naming of the weights (renames of the released code's names);
 4. each gradient tensor is judged by :func:`refimpl.verify.gradients.judge_tensors` against
    :class:`refimpl.verify.gradients.GradientBound`, with the network's logits bound as the forward's propagated
-   relative bound (rho_T in T, rho_64 in float64) and the twin's own gradients in T as the ensemble.
+   relative bound (rho_T in T, rho_64 in float64) and the twin's own gradients in T as the ensemble;
+5. unit by unit (:mod:`refimpl.verify.unit_gradients`, where the twin has ``run_unit`` and the family its units):
+   each unit's backward teacher-forced on the foreign network's own input to the unit and the cotangent that
+   reached its output in the same foreign backward, against the twin's unit with the unit's own forward bound
+   (``units``).  The false-alarm budget is split in half between the whole network and the units; the verdict is
+   "diverges" where either diverges, else the whole network's where conclusive, else the units' (stated).
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from .gradients import _magnitudes, forward_relative_bound, judge_tensors
 from .loading import VerifyError
 from .report import _f
 from .steps import _to64, _torch_dtype
+from .network_values import unit_modules
+from .unit_gradients import foreign_backward, judge_units
 
 __all__ = ["verify_network_gradients"]
 
@@ -143,7 +150,9 @@ def verify_network_gradients(module: Any, fam: Any, cfg: Any, params: Mapping[st
                              taps: Mapping[str, np.ndarray], lbound: Any, dtype: str, device: str,
                              call: Mapping[str, Any] | None, seed: int, p_false_alarm: float) -> dict[str, Any]:
     """The report's ``gradients`` section for a network (the layer path's format): the twin's forward check, the
-    cotangent, one entry per gradient tensor (the images, then each reference parameter key) and the verdict.
+    cotangent, one entry per gradient tensor (the images, then each reference parameter key), the whole network's
+    verdict (``whole_verdict``), the units' (``units``, ``units_verdict``, ``units_first_divergence``) and the
+    verdict.
 
     params : the values the foreign network computes with, in the reference's keys; source : reference key ->
     the foreign state_dict key holding it; want : the NumPy network's float64 logits on the rounded images
@@ -176,7 +185,10 @@ def verify_network_gradients(module: Any, fam: Any, cfg: Any, params: Mapping[st
 
     rng = np.random.default_rng([int(seed), 1])
     g = round_to(rng.standard_normal(want.shape), dtype)
-    dx, fgrads = _gradients(module, x, g, dtype, device, call, "the network")
+    unitwise = hasattr(twin, "run_unit") and all(hasattr(fam, a) for a in ("unit_names", "run_unit", "unit_bound"))
+    units = list(fam.unit_names(cfg)) if unitwise else []
+    mods = unit_modules(units, dict(module.named_modules()), source) if unitwise else {}
+    dx, fgrads, bounds = foreign_backward(module, x, g, units, mods, dtype, device, call)
     tp = dict(twin.named_parameters())
     names = ["input"] + sorted(tp)
     got: dict[str, np.ndarray] = {"input": dx}
@@ -210,9 +222,13 @@ def verify_network_gradients(module: Any, fam: Any, cfg: Any, params: Mapping[st
     rho_64 = forward_relative_bound(b64, want, "float64")
     rho = config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64)
     section["forward_relative_bound"] = _f(rho_t + rho_64)
+    # the false-alarm budget: half to the whole network's tensors, half to the units (split between them)
+    p_whole = p_false_alarm / 2 if unitwise else p_false_alarm
     judge_tensors(section, names, refg, got, {k: source.get(k, "") for k in names[1:]}, mag, length, member,
-                  rho, dtype, p_false_alarm, none)
-    if section["verdict"] == _verdict.INCONCLUSIVE:
+                  rho, dtype, p_whole, none)
+    whole = section["verdict"]
+    section["whole_verdict"] = whole
+    if whole == _verdict.INCONCLUSIVE:
         void = sum(t["verdict"] == _verdict.INCONCLUSIVE for t in section["tensors"])
         section["why"] = (
             f"{void} gradient tensor(s) have a void bound: the bound builds on the network's propagated logits "
@@ -220,4 +236,39 @@ def verify_network_gradients(module: Any, fam: Any, cfg: Any, params: Mapping[st
             f"largest magnitude, so F_bwd (rho_T + rho_64) = {rho:.3g} of the gradient's terms; conclusive where "
             f"that is well below 1: float64 (where its logits bound is small), or fewer blocks (--config depths). "
             f"A backward bug is still found where it exceeds the twin's own gradients in {dtype} (the ensemble)")
+    if not unitwise:
+        section["units"], section["units_verdict"], section["units_first_divergence"] = [], None, None
+        return section
+    uw = judge_units(twin, fam, cfg, params, source, fgrads, bounds, x, taps, dtype, p_false_alarm / 2)
+    section["units"], section["units_verdict"] = uw["units"], uw["verdict"]
+    section["units_first_divergence"] = uw["first_divergence"]
+    _combine(section, whole, uw)
     return section
+
+
+def _combine(section: dict[str, Any], whole: str, uw: Mapping[str, Any]) -> None:
+    """The gradients' verdict from the whole network's and the units' (teacher-forced): "diverges" where either
+    diverges; the whole network's where it is conclusive; the units' where the whole network's is inconclusive
+    (stated in ``why``)."""
+    units = uw["units"]
+    fd = uw["first_divergence"]
+    summary = ", ".join(f"{e['unit']} {e['verdict']}" for e in units)
+    if uw["verdict"] == _verdict.DIVERGES:
+        section["verdict"] = _verdict.DIVERGES
+        why = (f"unit {fd['unit']!r} diverges teacher-forced (its backward on the network's own input and "
+               f"cotangent to it): {fd['tensor']}: {fd['why']}")
+        section["why"] = (section["why"] + "; " if section.get("why") else "") + why
+        if section.get("first_divergence") is None:
+            section["first_divergence"] = {"tensor": f"{fd['tensor']} (unit {fd['unit']})", "unit": fd["unit"],
+                                           "why": fd["why"], "max_abs_err": fd["max_abs_err"],
+                                           "err_over_bound": fd["err_over_bound"]}
+    elif whole == _verdict.INCONCLUSIVE and uw["verdict"] == _verdict.MATCH:
+        section["verdict"] = _verdict.MATCH
+        section["why"] += (f". The verdict is the unit-wise one: every unit's backward, teacher-forced on the "
+                           f"network's own input and cotangent to it, matches its float64 twin unit within the "
+                           f"unit's own bound ({summary})")
+    elif whole == _verdict.INCONCLUSIVE:
+        void = [e["unit"] for e in units if e["verdict"] == _verdict.INCONCLUSIVE]
+        section["why"] += (f". Unit by unit (teacher-forced, each unit's own bound): {summary}; inconclusive at "
+                           f"{void} (" + "; ".join(f"{e['unit']}: {e['why']}" for e in units
+                                                   if e["verdict"] == _verdict.INCONCLUSIVE) + ")")

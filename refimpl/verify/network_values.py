@@ -7,14 +7,14 @@ Layer: the verify tool (NumPy; the tensors converted through refimpl.verify.step
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from .. import verdict as _verdict
 from .locate import layouts
 
-__all__: list[str] = []
+__all__ = ["unit_modules"]
 
 
 def _as_layout(t: Any, like: np.ndarray) -> tuple[np.ndarray | None, str]:
@@ -40,3 +40,30 @@ def _same_value(a: np.ndarray | None, b: np.ndarray, dtype: str) -> bool:
         return False
     scale = float(np.max(np.abs(b), initial=0.0))
     return bool(np.max(np.abs(a - b), initial=0.0) <= 16 * _verdict.unit_roundoff(dtype) * scale)
+
+
+def unit_modules(units: list[str], subs: Mapping[str, Any], source: Mapping[str, str]) -> dict[str, str]:
+    """unit -> the foreign submodule computing it, as the forward observes the units: the submodule of the unit's
+    name, or the one holding exactly the unit's parameters (through the naming ``source``: reference key ->
+    foreign key); the stem and the head have none.  Shared by the forward's observation
+    (refimpl.verify.networks) and the unit-wise gradients (refimpl.verify.unit_gradients)."""
+    out = {}
+    for u in units:
+        if u in ("stem", "head"):
+            continue
+        fk = [source[k] for k in source if k.startswith(u + ".")]
+        if not fk:
+            continue
+        if u in subs and all(f.startswith(u + ".") for f in fk):
+            out[u] = u
+            continue
+        common: list[str] = []
+        for comp in zip(*[f.split(".")[:-1] for f in fk]):
+            if len(set(comp)) != 1:
+                break
+            common.append(comp[0])
+        prefix = ".".join(common)
+        others = [r for r, f in source.items() if f.startswith(prefix + ".") and not r.startswith(u + ".")]
+        if prefix and prefix in subs and not others:
+            out[u] = prefix
+    return out

@@ -46,7 +46,7 @@ from ..numerics import naive_same_precision, round_to
 from .head_wiring import _classifier_module, _head_wiring
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import locate, recorder, to_foreign
-from .network_values import _as_layout, _same_value
+from .network_values import _as_layout, _same_value, unit_modules
 from .report import Report, StageResult, _f
 
 __all__ = ["network_names", "is_network", "network_presets", "network_config", "verify_network"]
@@ -245,33 +245,6 @@ def _to_reference(state: Mapping[str, Any], fam: Any, cfg: Any, what: str) -> _N
 # ---------------------------------------------------------------------------------------------------------
 # Observation
 # ---------------------------------------------------------------------------------------------------------
-
-def _unit_modules(units: list[str], subs: Mapping[str, Any], source: Mapping[str, str]) -> dict[str, str]:
-    """unit -> the foreign submodule computing it: the submodule of the unit's name, or the one holding exactly
-    the unit's parameters (through the naming).  The stem and the head have none (the stem's output is observed
-    as the next unit's input, the head's as the network's output)."""
-    out = {}
-    for u in units:
-        if u in ("stem", "head"):
-            continue
-        fk = [source[k] for k in source if k.startswith(u + ".")]
-        if not fk:
-            continue
-        if u in subs and all(f.startswith(u + ".") for f in fk):
-            out[u] = u
-            continue
-        paths = [f.split(".")[:-1] for f in fk]
-        common = []
-        for comp in zip(*paths):
-            if len(set(comp)) != 1:
-                break
-            common.append(comp[0])
-        prefix = ".".join(common)
-        others = [r for r, f in source.items() if f.startswith(prefix + ".") and not r.startswith(u + ".")]
-        if prefix and prefix in subs and not others:
-            out[u] = prefix
-    return out
-
 
 @dataclasses.dataclass
 class _NetRun:
@@ -600,7 +573,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
 
     x = round_to(rng.standard_normal((batch, getattr(cfg, "in_chans", 3), *image)) if input is None else input, dtype)
     units = list(fam.unit_names(cfg))
-    mods = _unit_modules(units, dict(module.named_modules()), mnaming.source)
+    mods = unit_modules(units, dict(module.named_modules()), mnaming.source)
     # the reference's own run: the unit values' sizes (for the intermediates located by value)
     taps: dict[str, np.ndarray] = {}
     try:

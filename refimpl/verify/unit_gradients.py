@@ -1,0 +1,280 @@
+"""Gradient verification of a registered network unit by unit, teacher-forced: each unit's backward judged on
+the foreign network's own input to the unit and the cotangent that reached its output in the foreign backward,
+the way :mod:`refimpl.verify.networks` judges each unit's forward.
+
+Layer: the verify tool (torch).  :func:`foreign_backward` is the foreign network's one gradient run (its input
+and parameter gradients, and the values and gradients at the units' boundaries); :func:`judge_units` is what
+:func:`refimpl.verify.network_gradients.verify_network_gradients` adds to the whole-network judgement.  What
+happens (docs/verify.md, "Gradients"), for each unit u of the family's ``unit_names``:
+
+1. the boundaries: unit u's input x_u is the foreign input to the submodule computing u (the images for the
+   stem; the previous unit's output where u has no submodule), its output the next unit's input (the logits
+   for the head), as the forward's units are observed; a tensor hook on each captures the gradient reaching it
+   in the foreign backward for L = <g, logits>: g_u at u's output, dL/dx_u at its input; both are read in the
+   reference's layout by the reading (axes order, reshape) that makes the values the reference's;
+2. the reference: the float64 twin's unit (``run_unit(u, x_u)``) differentiated with the cotangent g_u: dL/dx_u
+   and the gradients of the unit's parameters (the twin's parameters that receive one from that unit);
+3. the bound: :class:`refimpl.verify.gradients.GradientBound` on the magnitudes of the unit's backward terms,
+   with the unit's own forward relative bound as rho: ``F_bwd (rho_T + rho_64)``, rho_dt the family's
+   ``unit_bound`` on x_u in dt over the unit's largest output magnitude (not the whole network's: a unit's is
+   conclusive where the logits' is void at depth); the ensemble is the twin's unit in T on (x_u, g_u);
+4. the unit's verdict is its tensors' (:func:`refimpl.verify.gradients.judge_tensors`, the unit's share of the
+   false-alarm budget split evenly between its tensors); the units' budget is split evenly between the units
+   (union bound, as :func:`refimpl.verdict.compare_stages` does).
+
+A parameter that more than one unit uses (its foreign gradient sums over them) is not compared unit-wise; the
+foreign parameter gradients are those of the whole run (a unit's parameters receive a gradient only from it).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import config
+from .. import verdict as _verdict
+from ..numerics import round_to
+from .gradients import _magnitudes, forward_relative_bound, judge_tensors
+from .loading import VerifyError
+from .locate import layouts
+from .report import _f
+from .steps import _to64, _torch_dtype
+
+__all__ = ["foreign_backward", "judge_units"]
+
+
+def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str], mods: Mapping[str, str],
+                     dtype: str, device: str, call: Mapping[str, Any] | None
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, tuple]]:
+    """(dL/dx, dL/dtheta in the module's parameter names, boundaries) of the foreign network ``module`` in
+    ``dtype`` for L = <g, logits>.  boundaries: unit -> (x_u, dL/dx_u, y_u, g_u) as float64 arrays in the foreign
+    layout (None where the tensor was not observed or received no gradient); ``mods``: unit -> the foreign
+    submodule computing it.  Every floating parameter is made to require a gradient for the run, then restored."""
+    import torch
+    asked = _torch_dtype(dtype)
+    params = dict(module.named_parameters(remove_duplicate=False))
+    frozen = {k for k, p in params.items() if not p.requires_grad}
+    subs = dict(module.named_modules())
+    seen_in: dict[str, Any] = {}
+    seen_out: dict[str, Any] = {}
+    grads: dict[int, Any] = {}
+    handles = []
+
+    def watch(t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in grads:
+            grads[id(t)] = None
+
+            def keep(gr, key=id(t)):
+                grads[key] = gr.detach() if grads[key] is None else grads[key] + gr.detach()
+            t.register_hook(keep)
+    for u, path in mods.items():
+        def pre(_m, inp, u=u):
+            if u not in seen_in and inp and isinstance(inp[0], torch.Tensor):
+                seen_in[u] = inp[0]
+                watch(inp[0])
+
+        def post(_m, _inp, out, u=u):
+            t = out[0] if isinstance(out, (tuple, list)) else out
+            if u not in seen_out and isinstance(t, torch.Tensor):
+                seen_out[u] = t
+                watch(t)
+        handles.append(subs[path].register_forward_pre_hook(pre))
+        handles.append(subs[path].register_forward_hook(post))
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=asked).requires_grad_(True)
+    gt = torch.from_numpy(g).to(device=device, dtype=asked)
+    try:
+        for p in params.values():
+            if p.is_floating_point():
+                p.requires_grad_(True)
+                p.grad = None
+        with torch.enable_grad():
+            out = module(xt, **dict(call or {}))
+            out = out[0] if isinstance(out, (tuple, list)) else out
+            if out.numel() != g.size:
+                raise VerifyError(f"argument 'grad': the network's output has shape {tuple(out.shape)} in the "
+                                  f"gradient run, the logits {tuple(g.shape)}")
+            out.backward(gt.reshape(out.shape))
+    except VerifyError:
+        raise
+    except Exception as exc:
+        raise VerifyError(f"argument 'grad': the network's forward or backward raised {type(exc).__name__}: {exc}"
+                          ) from exc
+    finally:
+        for h in handles:
+            h.remove()
+        for k in frozen:
+            params[k].requires_grad_(False)
+    dx = _to64(xt.grad) if xt.grad is not None else np.zeros(x.shape)
+    fgrads = {k: (_to64(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in params.items()
+              if p.is_floating_point()}
+    for p in params.values():
+        p.grad = None
+
+    def pair(t: Any) -> tuple[Any, Any]:
+        if t is None:
+            return None, None
+        gr = grads.get(id(t))
+        return _to64(t.detach()), (None if gr is None else _to64(gr))
+    bounds: dict[str, tuple] = {}
+    for k, u in enumerate(units):
+        if k == 0:
+            xin, dxin = _to64(xt.detach()), dx
+        else:
+            xin, dxin = pair(seen_in.get(u, seen_out.get(units[k - 1])))
+        if k == len(units) - 1:
+            yout, gout = _to64(out.detach()), np.asarray(g, dtype=np.float64)
+        else:
+            nxt = units[k + 1]
+            yout, gout = pair(seen_in[nxt] if nxt in seen_in else seen_out.get(u))
+        bounds[u] = (xin, dxin, yout, gout)
+    return dx, fgrads, bounds
+
+
+def _reading(f: np.ndarray, like: np.ndarray) -> str | None:
+    """The layout reading (:func:`refimpl.verify.locate.layouts`' label) that brings the foreign value ``f``
+    closest to the reference's ``like``; "" where the shapes agree; None where no reading has its size."""
+    if f.shape == like.shape:
+        return ""
+    nr = float(np.sqrt(np.sum(like ** 2))) or 1.0
+    best = None
+    for arr, how in layouts(f, like.shape):
+        d = float(np.sqrt(np.sum((arr - like) ** 2))) / nr
+        if best is None or d < best[1]:
+            best = (how, d)
+    return None if best is None else best[0]
+
+
+def _read(f: np.ndarray, shape: tuple, how: str) -> np.ndarray:
+    """``f`` (a foreign gradient) read in the reference's ``shape`` by the reading ``how`` of its value."""
+    if how == "":
+        return f.reshape(shape)
+    return next(arr for arr, h in layouts(f, shape) if h == how)
+
+
+def _twin_unit_grads(m: Any, u: str, x: np.ndarray, g: np.ndarray, keys: list[str] | None, dtype: str
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], Any, Any, Any]:
+    """The twin ``m``'s unit ``u`` differentiated in ``dtype`` at ``x`` with cotangent ``g`` (reference layout):
+    (dL/dx, parameter name -> gradient (only those that received one; ``keys``: those, given), output, the
+    input leaf, the cotangent tensor)."""
+    import torch
+    dt = _torch_dtype(dtype)
+    tp = dict(m.named_parameters())
+    names = sorted(tp) if keys is None else keys
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(dtype=dt).requires_grad_(True)
+    with torch.enable_grad():
+        y = m.run_unit(u, xt)
+        gt = torch.from_numpy(np.ascontiguousarray(g).reshape(tuple(y.shape))).to(dtype=dt)
+        rg = torch.autograd.grad(y, [xt] + [tp[k] for k in names], gt, allow_unused=True)
+    if keys is None:
+        out = {k: _to64(t) for k, t in zip(names, rg[1:]) if t is not None}
+    else:
+        out = {k: (_to64(t) if t is not None else np.zeros(tuple(tp[k].shape))) for k, t in zip(names, rg[1:])}
+    return (_to64(rg[0]) if rg[0] is not None else np.zeros(x.shape)), out, y.detach(), xt.detach(), gt
+
+
+def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray], source: Mapping[str, str],
+                fgrads: Mapping[str, np.ndarray], bounds: Mapping[str, tuple], x: np.ndarray,
+                taps: Mapping[str, np.ndarray], dtype: str, p_false_alarm: float) -> dict[str, Any]:
+    """The unit-wise judgement (module docstring): {"verdict", "units": [per unit: verdict, worst tensor,
+    err/bound, the unit's forward relative bound, diverging tensors, reason], "first_divergence"}.  ``twin``: the
+    float64 twin (checked); ``fgrads``: the foreign parameter gradients (foreign keys); ``bounds``: from
+    :func:`foreign_backward`; ``taps``: the reference's unit values on ``x`` (for the layout readings)."""
+    units = list(fam.unit_names(cfg))
+    p_unit = p_false_alarm / max(len(units), 1)
+    member_net = None
+    if dtype != "float64":
+        member_net = copy.deepcopy(twin).to(dtype=_torch_dtype(dtype))
+    # pass 1: each unit's inputs in the reference layout and the twin's float64 backward on them
+    prep: dict[str, Any] = {}
+    owners: dict[str, list[str]] = {}
+    for k, u in enumerate(units):
+        xin, dxin, yout, gout = bounds.get(u, (None,) * 4)
+        like_in = x if k == 0 else taps.get(units[k - 1])
+        miss = ("the unit's input was not observed" if xin is None or like_in is None else
+                "no gradient reached the unit's input" if dxin is None else
+                "the unit's output was not observed or received no gradient" if yout is None or gout is None else "")
+        how_in = None if miss else _reading(xin, like_in)
+        if not miss and how_in is None:
+            miss = f"the unit's input has shape {xin.shape}, the reference's {like_in.shape}"
+        if miss:
+            prep[u] = miss
+            continue
+        xu = _read(xin, like_in.shape, how_in)
+        r = fam.run_unit(params, u, xu, cfg)
+        how_out = _reading(yout, r)
+        if how_out is None:
+            prep[u] = f"the unit's output has shape {yout.shape}, the reference's {r.shape}"
+            continue
+        gu = _read(gout, r.shape, how_out)
+        rdx, rg, y64, x64, g64 = _twin_unit_grads(twin, u, xu, gu, None, "float64")
+        for key in rg:
+            owners.setdefault(key, []).append(u)
+        prep[u] = (xu, _read(dxin, like_in.shape, how_in), r, gu, rdx, rg, x64, g64)
+    entries: list[dict[str, Any]] = []
+    verdicts: list[str] = []
+    first = None
+    tp = dict(twin.named_parameters())
+    for u in units:
+        item = prep[u]
+        if isinstance(item, str):
+            entries.append({"unit": u, "verdict": _verdict.INCONCLUSIVE, "tensors": 0, "worst": None,
+                            "err_over_bound": None, "forward_relative_bound": None, "diverging": [], "why": item})
+            verdicts.append(_verdict.INCONCLUSIVE)
+            continue
+        xu, fdx, r, gu, rdx, rg, x64, g64 = item
+        keys = sorted(rg)
+        names = ["input"] + keys
+        refg = {"input": rdx, **rg}
+        got: dict[str, np.ndarray] = {"input": fdx}
+        none: dict[str, str] = {}
+        for key in keys:
+            fk = source.get(key)
+            got[key] = fgrads[fk] if fk in fgrads else np.zeros(rg[key].shape)
+            if fk not in fgrads:
+                none[key] = (f"{fk!r} is a buffer of the network: no gradient" if fk is not None else
+                             "not read from the network's state_dict (a derived value): no gradient")
+            elif len(owners[key]) > 1:
+                none[key] = f"used by units {owners[key]}: its gradient sums over them"
+        mag, length = _magnitudes(lambda v, u=u: twin.run_unit(u, v), x64,
+                                  {"input": x64, **{key: tp[key] for key in keys}}, g64)
+        member = None
+        if member_net is not None:
+            try:        # the twin's unit in T: a legitimate evaluation (x_u and g_u are the network's, exact in T)
+                mdx, mg, *_ = _twin_unit_grads(member_net, u, round_to(xu, dtype), round_to(gu, dtype), keys,
+                                               dtype)
+                member = {"input": mdx, **mg}
+            except Exception:   # a twin op without a kernel in this precision on the CPU
+                member = None
+        rho_t = forward_relative_bound(fam.unit_bound(params, u, xu, cfg, dtype=dtype), r, dtype)
+        rho_64 = forward_relative_bound(fam.unit_bound(params, u, xu, cfg, dtype="float64"), r, "float64")
+        sub: dict[str, Any] = {"tensors": []}
+        judge_tensors(sub, names, refg, got, {key: source.get(key, "") for key in keys}, mag, length, member,
+                      config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64), dtype, p_unit, none)
+        judged = [t for t in sub["tensors"] if t["err_over_bound"] is not None]
+        worst = max(judged, key=lambda t: t["err_over_bound"], default=None)
+        div = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.DIVERGES]
+        why = ""
+        void = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.INCONCLUSIVE]
+        if sub["verdict"] == _verdict.INCONCLUSIVE and void:
+            rho = config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64)
+            why = (f"void bound at {len(void)} of {len(names)} tensor(s) (first {void[0]}): the unit's forward "
+                   f"relative bound is {rho_t + rho_64:.3g} (rho_T {rho_t:.3g} in {dtype}, rho_64 {rho_64:.3g}), "
+                   f"F_bwd times it {rho:.3g} of the gradient's terms")
+        elif sub["verdict"] == _verdict.INCONCLUSIVE:
+            why = "no gradient of the unit was compared: " + "; ".join(f"{k}: {v}" for k, v in none.items())
+        elif div:
+            why = sub["first_divergence"]["why"]
+        entries.append({"unit": u, "verdict": sub["verdict"], "tensors": len(names),
+                        "worst": None if worst is None else worst["name"],
+                        "err_over_bound": None if worst is None else worst["err_over_bound"],
+                        "forward_relative_bound": _f(rho_t + rho_64), "diverging": div, "why": why})
+        verdicts.append(sub["verdict"])
+        if div and first is None:
+            fd = sub["first_divergence"]
+            first = {"unit": u, "tensor": fd["tensor"], "why": fd["why"], "max_abs_err": fd["max_abs_err"],
+                     "err_over_bound": fd["err_over_bound"]}
+    verdict = (_verdict.DIVERGES if _verdict.DIVERGES in verdicts else
+               _verdict.MATCH if verdicts and all(v == _verdict.MATCH for v in verdicts) else _verdict.INCONCLUSIVE)
+    return {"verdict": verdict, "units": entries, "first_divergence": first}
