@@ -250,32 +250,37 @@ def _magnitudes(fwd: Callable, x64: Any, named: dict[str, Any], g64: Any) -> tup
     return mag, length
 
 
-def _foreign_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, call: Any, g: np.ndarray, dtype: str,
-                       device: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """dL/dx and dL/dtheta (foreign keys) of the foreign module in ``dtype`` for L = <g, y>."""
+def backward_pass(module: Any, forward: Callable[[Any], Any], x: np.ndarray, g: np.ndarray, dtype: str,
+                  device: str, who: str, expected: str, *, reshape: bool = False) -> tuple[Any, Any, np.ndarray,
+                                                                                        dict[str, np.ndarray]]:
+    """(x and the output y as the torch tensors of the pass, dL/dx, dL/dtheta in the module's parameter names) of
+    ``forward(x)``
+    (the module's forward on a tensor) in ``dtype`` for L = <g, y>: every floating parameter made to require a
+    gradient for the run and restored after it, gradients cleared.  The output must have g's shape (``reshape``:
+    g's number of elements, g reshaped to it); ``who`` and ``expected`` word the error.  Shared by the layer, the
+    network and the unit-wise gradients (hooks a caller registers on the module see this one pass)."""
     import torch
     asked = _torch_dtype(dtype)
     params = dict(module.named_parameters(remove_duplicate=False))
     frozen = {k for k, p in params.items() if not p.requires_grad}
-    xt = torch.from_numpy(x).to(device=device, dtype=asked).requires_grad_(True)
+    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=asked).requires_grad_(True)
     gt = torch.from_numpy(g).to(device=device, dtype=asked)
-    args, kwargs = ref.call(s, call)
     try:
         for p in params.values():
             if p.is_floating_point():
                 p.requires_grad_(True)
                 p.grad = None
         with torch.enable_grad():
-            out = module(xt, *args, **kwargs)
+            out = forward(xt)
             out = out[0] if isinstance(out, (tuple, list)) else out
-            if tuple(out.shape) != tuple(g.shape):
-                raise VerifyError(f"argument 'grad': the module's output has shape {tuple(out.shape)} in the "
-                                  f"gradient run, {tuple(g.shape)} in the forward run")
-            out.backward(gt)
+            if (out.numel() != g.size) if reshape else (tuple(out.shape) != tuple(g.shape)):
+                raise VerifyError(f"argument 'grad': {who}'s output has shape {tuple(out.shape)} in the gradient "
+                                  f"run, {expected}")
+            out.backward(gt.reshape(out.shape) if reshape else gt)
     except VerifyError:
         raise
     except Exception as exc:
-        raise VerifyError(f"argument 'grad': the module's forward or backward raised {type(exc).__name__}: {exc}"
+        raise VerifyError(f"argument 'grad': {who}'s forward or backward raised {type(exc).__name__}: {exc}"
                           ) from exc
     finally:
         for k in frozen:
@@ -285,6 +290,15 @@ def _foreign_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, call: Any, 
              if p.is_floating_point()}
     for p in params.values():
         p.grad = None
+    return xt, out, dx, grads
+
+
+def _foreign_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, call: Any, g: np.ndarray, dtype: str,
+                       device: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """dL/dx and dL/dtheta (foreign keys) of the foreign module in ``dtype`` for L = <g, y>."""
+    args, kwargs = ref.call(s, call)
+    _, _, dx, grads = backward_pass(module, lambda xt: module(xt, *args, **kwargs), x, g, dtype, device, "the module",
+                                 f"{tuple(g.shape)} in the forward run")
     return dx, grads
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from .. import config
 from .. import verdict as _verdict
 from ..numerics import round_to
-from .gradients import _magnitudes, forward_relative_bound, judge_tensors
+from .gradients import _magnitudes, backward_pass, forward_relative_bound, judge_tensors
 from .loading import VerifyError
 from .report import _f
 from .steps import _to64, _torch_dtype
@@ -108,40 +108,10 @@ def _twin_by_units(twin: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: A
 
 def _gradients(m: Any, x: np.ndarray, g: np.ndarray, dtype: str, device: str, call: Mapping[str, Any] | None,
                who: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """dL/dx and dL/dtheta (the module's parameter names; only parameters that received a gradient) of the
-    network ``m`` in ``dtype`` for L = <g, logits>; every floating parameter made to require a gradient for the
-    run, then restored."""
-    import torch
-    asked = _torch_dtype(dtype)
-    params = dict(m.named_parameters(remove_duplicate=False))
-    frozen = {k for k, p in params.items() if not p.requires_grad}
-    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=asked).requires_grad_(True)
-    gt = torch.from_numpy(g).to(device=device, dtype=asked)
-    try:
-        for p in params.values():
-            if p.is_floating_point():
-                p.requires_grad_(True)
-                p.grad = None
-        with torch.enable_grad():
-            out = m(xt, **dict(call or {}))
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            if out.numel() != g.size:
-                raise VerifyError(f"argument 'grad': {who}'s output has shape {tuple(out.shape)} in the gradient "
-                                  f"run, the logits {tuple(g.shape)}")
-            out.backward(gt.reshape(out.shape))
-    except VerifyError:
-        raise
-    except Exception as exc:
-        raise VerifyError(f"argument 'grad': {who}'s forward or backward raised {type(exc).__name__}: {exc}"
-                          ) from exc
-    finally:
-        for k in frozen:
-            params[k].requires_grad_(False)
-    dx = _to64(xt.grad) if xt.grad is not None else np.zeros(x.shape)
-    grads = {k: (_to64(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in params.items()
-             if p.is_floating_point()}
-    for p in params.values():
-        p.grad = None
+    """dL/dx and dL/dtheta (the module's parameter names) of the network ``m`` in ``dtype`` for L = <g, logits>
+    (:func:`refimpl.verify.gradients.backward_pass`)."""
+    _, _, dx, grads = backward_pass(m, lambda xt: m(xt, **dict(call or {})), x, g, dtype, device, who,
+                                 f"the logits {tuple(g.shape)}", reshape=True)
     return dx, grads
 
 

@@ -36,8 +36,7 @@ import numpy as np
 from .. import config
 from .. import verdict as _verdict
 from ..numerics import round_to
-from .gradients import _magnitudes, forward_relative_bound, judge_tensors
-from .loading import VerifyError
+from .gradients import _magnitudes, backward_pass, forward_relative_bound, judge_tensors
 from .locate import layouts
 from .report import _f
 from .steps import _to64, _torch_dtype
@@ -53,9 +52,6 @@ def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str]
     layout (None where the tensor was not observed or received no gradient); ``mods``: unit -> the foreign
     submodule computing it.  Every floating parameter is made to require a gradient for the run, then restored."""
     import torch
-    asked = _torch_dtype(dtype)
-    params = dict(module.named_parameters(remove_duplicate=False))
-    frozen = {k for k, p in params.items() if not p.requires_grad}
     subs = dict(module.named_modules())
     seen_in: dict[str, Any] = {}
     seen_out: dict[str, Any] = {}
@@ -82,35 +78,12 @@ def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str]
                 watch(t)
         handles.append(subs[path].register_forward_pre_hook(pre))
         handles.append(subs[path].register_forward_hook(post))
-    xt = torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=asked).requires_grad_(True)
-    gt = torch.from_numpy(g).to(device=device, dtype=asked)
     try:
-        for p in params.values():
-            if p.is_floating_point():
-                p.requires_grad_(True)
-                p.grad = None
-        with torch.enable_grad():
-            out = module(xt, **dict(call or {}))
-            out = out[0] if isinstance(out, (tuple, list)) else out
-            if out.numel() != g.size:
-                raise VerifyError(f"argument 'grad': the network's output has shape {tuple(out.shape)} in the "
-                                  f"gradient run, the logits {tuple(g.shape)}")
-            out.backward(gt.reshape(out.shape))
-    except VerifyError:
-        raise
-    except Exception as exc:
-        raise VerifyError(f"argument 'grad': the network's forward or backward raised {type(exc).__name__}: {exc}"
-                          ) from exc
+        xt, out, dx, fgrads = backward_pass(module, lambda t: module(t, **dict(call or {})), x, g, dtype, device,
+                                       "the network", f"the logits {tuple(g.shape)}", reshape=True)
     finally:
         for h in handles:
             h.remove()
-        for k in frozen:
-            params[k].requires_grad_(False)
-    dx = _to64(xt.grad) if xt.grad is not None else np.zeros(x.shape)
-    fgrads = {k: (_to64(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))) for k, p in params.items()
-              if p.is_floating_point()}
-    for p in params.values():
-        p.grad = None
 
     def pair(t: Any) -> tuple[Any, Any]:
         if t is None:
