@@ -310,6 +310,11 @@ def test_network_backward_bug_in_one_block_diverges_at_that_unit():
     assert g["units_first_divergence"]["tensor"] == "input"
     u = _units(bad)
     assert [k for k, e in u.items() if e["verdict"] == "diverges"] == ["blocks.1"]
+    # the text and Markdown reports print the unit rows and the first unit that diverges
+    text, md = bad.gradients_text(), bad.gradients_text(markdown=True)
+    assert "unit by unit (teacher-forced): diverges; first divergence at unit blocks.1: input" in text
+    assert any(line.split()[:2] == ["blocks.1", "diverges"] for line in text.splitlines()), text
+    assert "| blocks.1 | diverges | " in md and "| unit | verdict | worst gradient |" in md
     assert "input" in u["blocks.1"]["diverging"] and "blocks.1.attn.proj.weight" in u["blocks.1"]["diverging"]
     assert not any(k.startswith(("blocks.0.", "head.", "norm.")) for k in u["blocks.1"]["diverging"])
     assert "unit 'blocks.1' diverges teacher-forced" in g["why"]

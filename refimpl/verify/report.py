@@ -212,14 +212,31 @@ class Report:
         if fd:
             head += f"\nfirst gradient divergence: {fd['tensor']}: {fd['why']}"
         rows = gr.get("tensors", [])
+        units = gr.get("units") or []
+        if units:
+            ufd = gr.get("units_first_divergence")
+            head += (f"\nunit by unit (teacher-forced): {gr.get('units_verdict', '-')}"
+                     + (f"; first divergence at unit {ufd['unit']}: {ufd['tensor']}" if ufd else ""))
         if markdown:
-            lines = [head, "", "| gradient of | yours | verdict | max abs err | bound | err / bound | detail |",
+            lines = [head]
+            if units:
+                lines += ["", "| unit | verdict | worst gradient | err / bound | unit forward relative bound | why |",
+                          "|---|---|---|---|---|---|"]
+                lines += [f"| {e['unit']} | {e['verdict']} | {e['worst'] or '-'} | {_g(_num(e['err_over_bound']))} | "
+                          f"{_g(_num(e['forward_relative_bound']))} | {(e['why'] or '').replace('|', '/')} |"
+                          for e in units]
+            lines += ["", "| gradient of | yours | verdict | max abs err | bound | err / bound | detail |",
                      "|---|---|---|---|---|---|---|"]
             lines += [f"| {t['name']} | {t['foreign'] or '-'} | {t['verdict']} | {_g(_num(t['max_abs_err']))} | "
                       f"{_g(_num(t['bound']))} | {_g(_num(t['err_over_bound']))} | "
                       f"{(t['detail'] or '').replace('|', '/')} |" for t in rows]
             return "\n".join(lines)
-        lines = [head, f"{'gradient of':<24} {'verdict':<13} {'max |err|':>10} {'bound':>10} {'err/bound':>9}"]
+        lines = [head]
+        if units:
+            lines.append(f"{'unit':<24} {'verdict':<13} {'worst gradient':<32} {'err/bound':>9} {'fwd rel':>9}")
+            lines += [f"{e['unit']:<24} {e['verdict']:<13} {(e['worst'] or '-'):<32} "
+                      f"{_g(_num(e['err_over_bound'])):>9} {_g(_num(e['forward_relative_bound'])):>9}" for e in units]
+        lines.append(f"{'gradient of':<24} {'verdict':<13} {'max |err|':>10} {'bound':>10} {'err/bound':>9}")
         lines += [f"{t['name']:<24} {t['verdict']:<13} {_g(_num(t['max_abs_err'])):>10} {_g(_num(t['bound'])):>10} "
                   f"{_g(_num(t['err_over_bound'])):>9}" + (f"  {t['detail']}" if t["detail"] else "") for t in rows]
         return "\n".join(lines)
