@@ -67,7 +67,8 @@ blockings) by 2-4x.  An *ensemble* of legitimate evaluations of the same computa
 settings: :mod:`refimpl.ensemble` builds them for torch code) gives the errors a correct implementation
 actually makes.  With ``z_i = |x_i - ref_i| / w_i``, ``w_i = S_i + eta_T`` (error in units of the element's
 magnitude, the quantity its rounding errors scale with, so that small elements count as much as large ones;
-finite even where the bound is not) and for each evaluation x the two statistics
+where S_i is not finite the bound's l2 coefficient sigma_i stands in, and where that is absent or not finite
+``max(|ref_i|, rms(ref))``: finite even where the bound is not) and for each evaluation x the two statistics
 
     zmax(x) = max_i z_i,        zrms(x) = sqrt(mean_i z_i^2),
 
@@ -239,12 +240,18 @@ def _rms(a: np.ndarray) -> float:
 
 
 def _weights(bound: Bound, ref: np.ndarray, finite: np.ndarray, dtype_name: str) -> np.ndarray:
-    """w_i = S_i + eta_T: the magnitude each element's rounding error scales with.  Where S is not finite (a
-    coefficient that overflowed), the size of the quantity max(|ref_i|, rms(ref)) stands in."""
+    """w_i = S_i + eta_T: the magnitude each element's rounding errors scale with.  Where S is not finite (a
+    coefficient that overflowed, or a depth K whose gamma_K(u_T) is void), the bound's l2 coefficient sigma_i
+    stands in where it is finite (the magnitude the probabilistic bound lam u_T sigma_i itself scales with), and
+    the size of the quantity max(|ref_i|, rms(ref)) where neither is."""
     s = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
-    size = _rms(ref[finite])
+    size = np.maximum(np.abs(ref), _rms(ref[finite]))
+    if bound.sigma is not None:
+        sig = np.abs(np.broadcast_to(np.asarray(bound.sigma, dtype=np.float64), ref.shape))
+        with np.errstate(invalid="ignore"):
+            size = np.where(np.isfinite(sig), sig, size)
     with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(s), np.abs(s), np.maximum(np.abs(ref), size)) + underflow_eta(dtype_name)
+        return np.where(np.isfinite(s), np.abs(s), size) + underflow_eta(dtype_name)
 
 
 def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
@@ -334,8 +341,8 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     max_rel_b = float(rel_b.max(initial=0.0))
     void = int(np.count_nonzero(rel_b >= 1.0))
 
-    # The ensemble criterion, in units of each element's magnitude w_i = S_i + eta_T (finite even where the
-    # bound is not).  Members are compared where they, the tested output and the reference are finite.
+    # The ensemble criterion, in units of each element's magnitude w_i = S_i + eta_T (sigma_i + eta_T where S_i is
+    # not finite; finite even where the bound is not: _weights).  Members are compared where they, the tested output and the reference are finite.
     w = _weights(bound, ref, finite, dname)
     zmax, zrms = _z_stats(err, w, finite)
     stats: dict[str, tuple[float, float]] = {}

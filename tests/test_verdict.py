@@ -339,3 +339,38 @@ def test_float64_members_include_the_references_own_error():
     rep32 = verdict.compare(verdict.round_to(ref, "float32"), ref, bound, "float32",
                             ensemble={k: verdict.round_to(v, "float32") for k, v in members.items()})
     assert "reference's own error" not in rep32.ensemble
+
+
+def test_where_the_worst_case_scale_is_void_the_l2_coefficient_weighs_the_errors():
+    """A composite bound whose deterministic scale S is infinite (RALA in bfloat16 at 56 x 56: gamma_K void)
+    but whose l2 coefficient sigma is finite: the ensemble criterion measures errors in units of sigma_i, the
+    magnitude the probabilistic bound scales with, not of max(|ref_i|, rms(ref)).  sigma_i = |ref_i| + c_i (the
+    output's own rounding plus what flows into it, c_i 0.5 or 20) and legitimate errors of 0.3 u sigma_i N(0, 1):
+    a defect of 6 u sigma_i (inside the bound lam u sigma_i) on a small element with c_i = 0.5 is caught in units of
+    sigma; in units of max(|ref_i|, rms(ref)) the c_i = 20 elements' errors set the threshold everywhere and it
+    would pass."""
+    rng = np.random.default_rng(7)
+    n = 8192
+    ref = rng.standard_normal(n)
+    sigma = np.abs(ref) + np.where(np.arange(n) % 2 == 0, 0.5, 20.0)
+    u = verdict.unit_roundoff("bfloat16")
+    b = Bound(np.full(n, np.inf), 40, sigma=sigma, ref_scale=np.abs(ref))
+    w = verdict._weights(b, ref, np.isfinite(ref), "bfloat16")
+    assert np.array_equal(w, sigma + verdict.underflow_eta("bfloat16"))
+
+    def legit(seed):
+        return ref + u * sigma * 0.3 * np.random.default_rng(seed).standard_normal(n)
+
+    members = {f"m{i}": legit(10 + i) for i in range(4)}
+    good, bad = legit(99), legit(99)
+    i = int(np.argmin(np.where(np.arange(n) % 2 == 0, np.abs(ref), np.inf)))   # the smallest c_i = 0.5 element
+    bad[i] = ref[i] + 6 * u * sigma[i]
+    assert verdict.compare(good, ref, b, "bfloat16", ensemble=members).verdict == MATCH
+    r = verdict.compare(bad, ref, b, "bfloat16", ensemble=members)
+    assert r.within_bound and r.verdict == DIVERGES and r.zmax > r.zmax_threshold, str(r)
+    # The same comparison in units of max(|ref_i|, rms(ref)) (the weights without sigma) lets the defect through.
+    b_plain = Bound(np.full(n, np.inf), 40, ref_scale=np.abs(ref))
+    w_plain = verdict._weights(b_plain, ref, np.isfinite(ref), "bfloat16")
+    z_bad = abs(bad[i] - ref[i]) / w_plain[i]
+    z_legit = max(np.max(np.abs(m - ref) / w_plain) for m in members.values())
+    assert z_bad < config.VERDICT_MAX_FACTOR * z_legit
