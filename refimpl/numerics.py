@@ -294,7 +294,7 @@ def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
     Only the overflow side is handled: scaling tiny (subnormal) groups *up* makes the reference exact where
     the error bounds (``*_bound``, whose eta terms are void at subnormal outputs), the C kernels (which would
     need a per-row check) and an additive softmax bias (which then overflows) are not ready for it; see
-    issue 15's range-safety notes (where a normaliser underflows to 0 although the exact one is > 0, the
+    docs/guarantees.md's range-safety notes (where a normaliser underflows to 0 although the exact one is > 0, the
     linear-attention and RALA cores recompute that row from log-features instead).
     """
     x = check_float_array(x, "x")                       # no cast: the exponent is of the values as given
@@ -315,7 +315,7 @@ _EXP_SPLIT_FLOOR = -(2 ** 30)
 
 def exp_pow2_split(x: np.ndarray, axis: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """exp(x) as (f, s) with exp(x) = f 2^s, s an int array (``keepdims`` along ``axis``), for groups whose
-    exp underflows: the log-domain counterpart of :func:`pow2_exponent` (issue 15).
+    exp underflows: the log-domain counterpart of :func:`pow2_exponent` (docs/guarantees.md).
 
     With m = max x along ``axis``, s = round(m / ln 2) and f = exp((x - s ln_hi) - s ln_lo) (Cody-Waite
     reduction with ln 2 = ln_hi + ln_lo; s ln_hi is exact), so the largest f lies in [2^-1/2, 2^1/2] and f

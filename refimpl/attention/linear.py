@@ -16,8 +16,8 @@ explicit: ``clamp_min`` first (den -> max(den, clamp_min), L2ViT Appendix 8, Tab
 
 Contents, top to bottom: feature maps and their error coefficients; the attention core on feature maps
 already applied (:func:`kernelized_attention`, usable with any phi, e.g. FLatten's focused map);
-:func:`linear_attention` (feature map + core); the error bounds.  The range safety of the core (issue 15: the
-normaliser's constants scaled with it, the rows whose normaliser underflows recomputed from log-features) is
+:func:`linear_attention` (feature map + core); the error bounds.  The range safety of the core (docs/guarantees.md:
+the normaliser's constants scaled with it, the rows whose normaliser underflows recomputed from log-features) is
 :mod:`refimpl.attention.normaliser_range`, shared with RALA's core.
 """
 
@@ -325,7 +325,7 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
     if taps is not None:
         taps["phi_q"], taps["phi_k"] = phi_q, phi_k
 
-    # Range safety (issue 15; docs/guarantees.md): O is homogeneous of degree 0 in each row of phi_q and in
+    # Range safety (docs/guarantees.md): O is homogeneous of degree 0 in each row of phi_q and in
     # each head's phi_k (numerator and normaliser scale together) and of degree 1 in each column of v.  Each
     # group is rescaled by the exact power of two of numerics.pow2_exponent (2^0 for magnitudes up to
     # 2^config.RANGE_RESCALE_EXPONENT: then this is the unscaled computation bit for bit); eps and clamp_min
@@ -730,7 +730,7 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     The feature maps are evaluated on the (T-rounded) inputs q, k; their error coefficients
     (:func:`feature_map_error`) enter through F_num and F_den; k = d + M + 2 (normalize) or d + M.
 
-    Range (issue 15, docs/guarantees.md): a row whose normaliser underflows to 0 in the direct computation
+    Range (docs/guarantees.md): a row whose normaliser underflows to 0 in the direct computation
     although the exact one is > 0 (the rows :func:`linear_attention` recomputes from log-features) takes the
     bound of those rebalanced features (relu, elu1, softmax; inf for the other maps).  The bound is not rescaled: for inputs above 2^``config.RANGE_RESCALE_EXPONENT`` whose
     bound overflows, FloatingPointError naming the stage (numerics.check_bound_range).

@@ -1,4 +1,4 @@
-"""Range safety of normalised linear attention (issue 15, docs/guarantees.md "Linear attention and RALA's core
+"""Range safety of normalised linear attention (docs/guarantees.md "Linear attention and RALA's core
 at every magnitude"): the machinery shared by :mod:`refimpl.attention.linear` (Eq. 4 below) and RALA's core
 (:mod:`refimpl.attention.rala_core`, RALA Eq. 2, which is Eq. 4 with keys weighted by alpha_j > 0).
 
@@ -69,8 +69,8 @@ def apply_policy(den: Any, *, eps: float, eps_policy: str, clamp_min: float | No
 
 
 def quotient(num: np.ndarray, den: np.ndarray, e: np.ndarray, stage: str) -> np.ndarray:
-    """(num / den) 2^e, the scaled-back output of a normalised core (the range-safety helper of issue 15,
-    shared with RALA's core): FloatingPointError naming ``stage`` where num and den are finite, den is nonzero
+    """(num / den) 2^e, the scaled-back output of a normalised core (the range-safety helper shared
+    with RALA's core): FloatingPointError naming ``stage`` where num and den are finite, den is nonzero
     and the result is infinite (the exact quotient is finite but beyond float64).  A zero normaliser keeps
     IEEE's quotient (0/0 = NaN, x/0 = +-inf: the mathematics' own singularity, docs/guarantees.md)."""
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
@@ -174,7 +174,7 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
                        eps_policy: str, clamp_min: float | None, stage: str, pairs: bool = False,
                        rotate: Any = None, want_attn: bool = False) -> Any:
     """The normalised output from log-features, where the normaliser of the direct computation underflowed to
-    0 (issue 15: a row of ELU + 1 features meeting keys whose features are far below float64 in the channels
+    0 (a row of ELU + 1 features meeting keys whose features are far below float64 in the channels
     where the row's are not; saturated softmax features; products of non-negative features below 2^-1074).
 
     Eq. 4 is invariant when channel c of phi(Q) is multiplied and the same channel of phi(K) divided by a

@@ -354,7 +354,7 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
         alpha = np.ones(q.shape[:-1], dtype=q.dtype)
     t["alpha"] = alpha
 
-    # Range safety (issue 15, docs/guarantees.md): Eq. 2 is homogeneous of degree 0 in each row of kappa(Q)
+    # Range safety (docs/guarantees.md): Eq. 2 is homogeneous of degree 0 in each row of kappa(Q)
     # and in each head's kappa(K) and of degree 1 in each column of V: each is rescaled by an exact power of
     # two (numerics.pow2_exponent; none up to 2^B: then this is the unscaled computation bit for bit), eps
     # with the normaliser (normaliser_range.normaliser_scaled), the taps are scaled back; an output beyond
