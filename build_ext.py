@@ -59,6 +59,14 @@ runtimes, and OpenMP's thread count is process-wide state.  The reduction order 
 sizes, never by the thread count (work items with their own partial sums, reduced in item order), so
 every thread count returns the same bits.
 
+Plain versions
+--------------
+ckernels/linattn_plain.c, rala_plain.c and winattn_plain.c hold the plain scalar versions of the fast
+attention kernels (one thread, no vector types, libm), compiled with the same flags into the same module and
+declared in the same header; they are the fast kernels' specification, checked against the NumPy
+definitions and against the fast kernels by tests/test_kernels_plain.py (refimpl.backends._c_plain; not
+registered as backends).  ``sources`` below is every ckernels/*.c, so they need no entry of their own.
+
 Sanitizers
 ----------
 ``REFIMPL_SANITIZE=1`` builds with ``-fsanitize=address,undefined -fno-sanitize-recover=all

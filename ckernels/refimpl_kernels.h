@@ -104,6 +104,41 @@ int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, i
 int refimpl_erf_f64(double *out, const double *x, int64_t n, int impl);
 int refimpl_parallel_selftest(int64_t *runs, int64_t runs_len, const int64_t *items, int64_t nphases,
                               int64_t nthreads, int64_t fail_mask, int64_t *report);
+/* The plain versions (ckernels/linattn_plain.c, rala_plain.c, winattn_plain.c): straight scalar loops, one
+ * thread, libm; the specification of the fast kernels above, checked by tests/test_kernels_plain.py (not
+ * registered as backends). */
+int refimpl_linear_attention_plain_f64(double *out, double *workspace, const double *q, const double *k,
+                                       const double *v, const double *key_weight, const double *v_scale,
+                                       const struct refimpl_la_options *options, int64_t BH, int64_t N,
+                                       int64_t M, int64_t d, int64_t e, int64_t workspace_len);
+int refimpl_linear_attention_plain_f32(float *out, float *workspace, const float *q, const float *k,
+                                       const float *v, const float *key_weight, const float *v_scale,
+                                       const struct refimpl_la_options *options, int64_t BH, int64_t N,
+                                       int64_t M, int64_t d, int64_t e, int64_t workspace_len);
+int64_t refimpl_linear_attention_plain_workspace(int64_t d, int64_t e);
+int refimpl_linear_angular_plain_f64(double *out, double *workspace, const double *q, const double *k,
+                                     const double *v, double unit_eps, int constant_own, int similarity_sum,
+                                     int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len);
+int refimpl_linear_angular_plain_f32(float *out, float *workspace, const float *q, const float *k,
+                                     const float *v, double unit_eps, int constant_own, int similarity_sum,
+                                     int64_t BH, int64_t N, int64_t M, int64_t d, int64_t e, int64_t workspace_len);
+int64_t refimpl_linear_angular_plain_workspace(int64_t d, int64_t e);
+int refimpl_rala_alpha_plain_f64(double *alpha, double *workspace, const double *q, const double *k,
+                                 int feature_map, int kappa_q, double scale, int64_t BH, int64_t N, int64_t M,
+                                 int64_t d, int64_t workspace_len);
+int refimpl_rala_alpha_plain_f32(float *alpha, float *workspace, const float *q, const float *k,
+                                 int feature_map, int kappa_q, double scale, int64_t BH, int64_t N, int64_t M,
+                                 int64_t d, int64_t workspace_len);
+int64_t refimpl_rala_alpha_plain_workspace(int64_t d);
+int refimpl_window_attention_plain_f64(double *out, double *workspace, const double *q, const double *k,
+                                       const double *v, const double *bias, const unsigned char *mask,
+                                       double scale, int64_t BH, int64_t H, int64_t N, int64_t M, int64_t d,
+                                       int64_t e, int64_t bias_count, int64_t mask_count, int64_t workspace_len);
+int refimpl_window_attention_plain_f32(float *out, float *workspace, const float *q, const float *k,
+                                       const float *v, const float *bias, const unsigned char *mask,
+                                       double scale, int64_t BH, int64_t H, int64_t N, int64_t M, int64_t d,
+                                       int64_t e, int64_t bias_count, int64_t mask_count, int64_t workspace_len);
+int64_t refimpl_window_attention_plain_workspace(int64_t M);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

@@ -7,7 +7,8 @@ buffers the released code keeps (Swin's ``relative_position_index`` and ``attn_m
 twin's loop-built index, Swin's region slices, the released RoPE formula evaluated by torch in float32).
 Castling-DeiT (every registered one, reduced) keeps our names: its released key list is checked here against
 the facts of the released files (DeiT's timm frame, the released attention's ``qkv``/``proj``/``dconv``).
-Converting it must give exactly the twin's weights, and the reference forward must run on them.
+Converting any of them must give exactly the twin's weights, and the reference on them the twin's logits to rounding
+(every unit teacher-forced through its float64 unit bound; the twin stands for the released model).
 Strictness: an unknown key, a missing key, a wrong-shaped key and a derived buffer that differs are each
 named in the error.
 """
@@ -22,15 +23,17 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from refimpl.twins import models as twins  # noqa: E402
-from equivalence.assertions import state_dict_to_numpy  # noqa: E402
+from equivalence.assertions import assert_matches, compare_matches, state_dict_to_numpy  # noqa: E402
 from refimpl.twins.modules.layers import relative_position_index as loop_index  # noqa: E402
 from refimpl import models  # noqa: E402
 from refimpl.errors import (ArgumentError, ParameterKeyError, ParameterShapeError,  # noqa: E402
                             ParameterValueError)
-from refimpl.models import castling, convert, flatten, flatten_pvt, l2vit, ravlt  # noqa: E402
+from refimpl.models import castling, convert, flatten, flatten_cswin, flatten_pvt, l2vit, ravlt  # noqa: E402
+from refimpl.verdict import DIVERGES  # noqa: E402
 
 FAMS = {"flatten_swin_t": flatten, "flatten_pvt_t": flatten_pvt, "flatten_pvt_v2_b0": flatten_pvt,
-        "l2vit_tiny": l2vit, "ravlt_t": ravlt, "castling_deit_t": castling, "castling_deit_b": castling}
+        "flatten_cswin_t": flatten_cswin, "l2vit_tiny": l2vit, "ravlt_t": ravlt, "castling_deit_t": castling,
+        "castling_deit_b": castling}
 
 
 def _reduced(name):
@@ -106,6 +109,65 @@ def test_official_round_trip(name, built):
     images = np.random.default_rng(0).standard_normal((1, cfg.in_chans, *_image_hw(cfg, fam)))
     logits = fam.forward(params, images, cfg)
     assert logits.shape == (1, cfg.num_classes) and np.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", list(FAMS))
+def test_released_state_dict_gives_the_models_logits(name, built):
+    """A state_dict in the released naming (with the released buffers), loaded through ``convert_state_dict`` as
+    it is, gives the logits of the model that holds it - the PyTorch twin, laid out like the released module and
+    loaded with the original (float32) state_dict, run in float64 - to rounding: every unit of the network
+    (stem, blocks, downsamplings, head), teacher-forced from the reference's own input, matches through its
+    float64 unit bound (refimpl.verdict), and end to end the logits do not diverge through the network's
+    logits bound.  No released checkpoint can be downloaded here; the twin stands for the released model
+    (docs: "Released checkpoints")."""
+    cfg, sd, _ = built[name]
+    fam = FAMS[name]
+    params = models.convert_state_dict(cfg, _released_style(cfg, sd), source="official")
+    net = twins.build(cfg)
+    net.load_state_dict(sd)
+    net = net.double().eval()
+    images = np.random.default_rng(1).standard_normal((2, cfg.in_chans, *_image_hw(cfg, fam)))
+    taps: dict = {}
+    logits, _ = fam.run(params, images, cfg, taps=taps)
+    units = fam.unit_names(cfg)
+    assert units[-1] in taps and np.array_equal(taps[units[-1]], logits)
+    x = images
+    for unit in units:
+        with torch.no_grad():
+            out = net.run_unit(unit, torch.from_numpy(np.ascontiguousarray(x)))
+        assert_matches(out, taps[unit], fam.unit_bound(params, unit, x, cfg, dtype="float64"), "float64",
+                       name=f"{name} unit {unit}")
+        x = taps[unit]
+    with torch.no_grad():
+        logits_t = net(torch.from_numpy(images))
+    _, lbound = fam.forward_bounds(params, images, cfg, dtype="float64")
+    assert compare_matches(logits_t, logits, lbound, "float64", name=f"{name} logits").verdict != DIVERGES
+
+
+def test_released_logits_see_a_wrong_weight(built):
+    """The comparison above can fail: the same state_dict with one LayerNorm weight of one block changed by
+    1e-9 relative (a value the converter would have to alter) diverges at that block's unit."""
+    cfg, sd, _ = built["ravlt_t"]
+    fam = FAMS["ravlt_t"]
+    params = models.convert_state_dict(cfg, _released_style(cfg, sd), source="official")
+    params = dict(params)
+    params["layers.1.blocks.0.norm1.weight"] = params["layers.1.blocks.0.norm1.weight"] * (1 + 1e-9)
+    net = twins.build(cfg)
+    net.load_state_dict(sd)
+    net = net.double().eval()
+    images = np.random.default_rng(1).standard_normal((1, cfg.in_chans, *_image_hw(cfg, fam)))
+    taps: dict = {}
+    fam.run(params, images, cfg, taps=taps)
+    units = fam.unit_names(cfg)
+    verdicts = {}
+    for i, unit in enumerate(units):
+        x = images if i == 0 else taps[units[i - 1]]
+        with torch.no_grad():
+            out = net.run_unit(unit, torch.from_numpy(np.ascontiguousarray(x)))
+        verdicts[unit] = compare_matches(out, taps[unit], fam.unit_bound(params, unit, x, cfg, dtype="float64"),
+                                         "float64", name=unit).verdict
+    assert verdicts.pop("layers.1.blocks.0") == DIVERGES
+    assert DIVERGES not in verdicts.values()
 
 
 @pytest.mark.parametrize("name", list(FAMS))

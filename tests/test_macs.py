@@ -1,4 +1,4 @@
-"""MAC counts of every registered network, pinned (issue 15, item 5).
+"""MAC counts of every registered network, pinned.
 
 ``MACS`` holds the exact analytic count (refimpl/models/counting.py's convention) of every registered model at
 224 x 224 under its registered config, and, where a family has an "official" preset whose count differs, under

@@ -11,9 +11,14 @@ numbers are the paper's; the mechanism, the presets and the numerics of f_p are 
 Shapes: B batch, H x W token grid, N = H W query tokens, n key/value tokens, C channels, h heads, d = C / h
 head dim.
 
+Range safety (finite inputs of any magnitude: the finite result, or FloatingPointError naming the stage where
+it is beyond float64; inside [2^-256, 2^256] the unscaled computation bit for bit) is
+:mod:`refimpl.attention.focused_range`: f_p on rescaled rows, the attention with eps scaled along, the rows
+whose normaliser underflowed recomputed from log-features, the DWC branch on rescaled values.
+
 Layer: attention, the bottom of FLatten's three files: imports config, numerics, validation, backends (registers
-feature_maps' f_p as the NumPy kernel of operation "focused_function"), feature_maps, layers and :mod:`.linear`,
-nothing from :mod:`.focused_bounds` or :mod:`.focused`, which import it.  The public
+feature_maps' f_p as the NumPy kernel of operation "focused_function"), feature_maps, layers, :mod:`.linear` and
+:mod:`.focused_range`, nothing from :mod:`.focused_bounds` or :mod:`.focused`, which import it.  The public
 names are re-exported by :mod:`refimpl.attention.focused`, their documented home.
 """
 
@@ -30,6 +35,8 @@ from ..feature_maps import check_focusing_factor as _check_p
 from ..feature_maps import focused_function as _focused_function_numpy
 from ..layers import depthwise_conv2d
 from ..validation import check_attention_order as _check_order  # also focused.py's, under this name
+from .focused_range import RangeInfo, attend_rescaled, band_exponent, checked_sum, dwc_rescaled, log_focused, \
+    recompute_rows
 from .linear import kernelized_attention
 
 __all__ = ["FocusedConfig", "focused_function", "focused_feature_map", "focused_attention", "resample_linear"]
@@ -221,11 +228,28 @@ def _guard(elements: int, max_elements: int | None) -> None:
                          f"(config.QUADRATIC_MAX_ELEMENTS); use order='linear', which never forms it")
 
 
-def _attend_unmasked(phi_q, phi_k, v, *, normaliser, eps, order, taps, max_elements):
-    if normaliser == "sum":
-        return kernelized_attention(phi_q, phi_k, v, order=order, eps=eps, eps_policy="add", taps=taps,
-                                    max_elements=max_elements)
-    return _attend_mean_scaled(phi_q, phi_k, v, order=order, eps=eps, taps=taps, max_elements=max_elements)
+_STAGE = "focused attention: output phi_p(Q) KV / normaliser"
+
+
+def _attend_unmasked(phi_q, phi_k, v, *, normaliser, eps, order, taps, max_elements, rng=None):
+    """One group's normalised attention.  ``rng``: None (power_scaling "none": as written), or the
+    :class:`focused_range.RangeInfo` of features computed on rescaled pre-features (phi_q = phi(Q) 2^-e_q,
+    phi_k = phi(K) 2^-e_k): with every exponent 0, V's columns included (inside the band), the unscaled
+    computation bit for bit, else :func:`focused_range.attend_rescaled`; then the live rows whose normaliser
+    underflowed are recomputed from log-features (:func:`focused_range.recompute_rows`)."""
+    if rng is not None and (rng.scaled or np.any(band_exponent(v, -2))):
+        if order == "quadratic":
+            _guard(phi_q.shape[0] * phi_q.shape[1] * phi_q.shape[2] * phi_k.shape[2], max_elements)
+        out = attend_rescaled(phi_q, phi_k, v, rng.e_q, rng.e_k, normaliser=normaliser, eps=eps, order=order,
+                              taps=taps, stage=_STAGE)
+    elif normaliser == "sum":
+        out = kernelized_attention(phi_q, phi_k, v, order=order, eps=eps, eps_policy="add", taps=taps,
+                                   max_elements=max_elements)
+    else:
+        out = _attend_mean_scaled(phi_q, phi_k, v, order=order, eps=eps, taps=taps, max_elements=max_elements)
+    if rng is None:
+        return out
+    return recompute_rows(out, phi_q, phi_k, v, rng, eps=eps, normaliser=normaliser, stage=_STAGE)
 
 
 def _mask_groups(mask_w: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -236,12 +260,13 @@ def _mask_groups(mask_w: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     return [(np.flatnonzero(inverse.ravel() == g), np.flatnonzero(rows[g])) for g in range(rows.shape[0])]
 
 
-def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements):
+def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements, rng=None):
     """Normalised phi_q phi_k^T v (Eq. 4 / the released normaliser), optionally restricted by a boolean
-    window mask (nW, N, n) whose windows are interleaved in the batch as b * nW + w (window_partition)."""
+    window mask (nW, N, n) whose windows are interleaved in the batch as b * nW + w (window_partition).
+    ``rng``: see :func:`_attend_unmasked` (restricted to each mask group)."""
     if mask is None:
         return _attend_unmasked(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, taps=taps,
-                                max_elements=max_elements)
+                                max_elements=max_elements, rng=rng)
     nw = mask.shape[0]
     out = np.empty(phi_q.shape[:-1] + (v.shape[-1],), dtype=np.result_type(phi_q, v))
     den = np.empty(phi_q.shape[:-1], dtype=out.dtype)
@@ -250,7 +275,8 @@ def _attend(phi_q, phi_k, v, *, normaliser, eps, order, mask, taps, max_elements
             sub: dict | None = {} if taps is not None else None
             out[w::nw, :, qi] = _attend_unmasked(phi_q[w::nw, :, qi], phi_k[w::nw, :, kj], v[w::nw, :, kj],
                                                  normaliser=normaliser, eps=eps, order=order, taps=sub,
-                                                 max_elements=max_elements)
+                                                 max_elements=max_elements,
+                                                 rng=None if rng is None else rng.sub(w, nw, qi, kj))
             if sub is not None:
                 den[w::nw, :, qi] = sub["denominator"]
     if taps is not None:
@@ -265,6 +291,49 @@ def _fused_kernel_applies(*, order: str, normaliser: str, power_scaling: str, ma
     default NumPy backend, and every call the kernels' predicates refuse, keep the NumPy path's bits).
     Taps need the NumPy intermediates."""
     return order == "linear" and normaliser == "sum" and power_scaling == "max" and mask is None and taps is None
+
+
+#: Below this product of a head's smallest query-row maximum, its key maximum and its smallest value-column
+#: maximum (each group's largest feature is within sqrt(d) of its largest pre-feature), products of features
+#: and values may fall below the normal range; below _KERNEL_TINY_ROW a row's (or a head's keys') features
+#: themselves are rounded to the subnormal grid: the fused kernel, which computes without rescaling, loses
+#: precision there, so such calls take the definition (focused_range rescales them exactly).
+_KERNEL_TINY = 2.0 ** -990
+_KERNEL_TINY_ROW = 2.0 ** -960
+
+
+def _kernel_unsafe(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, heads: int | None = None) -> bool:
+    """Whether a call must skip the fused kernel for the NumPy definition: a head whose smallest query-row
+    maximum or key maximum is below 2^-960 (features on the subnormal grid), or whose smallest query-row
+    maximum times its key maximum (times its smallest value-column maximum, where below 1) is below 2^-990
+    (subnormal products; a group above 2^256 counts as 1: the kernel's wrapper answers there with the
+    definition of operation "linear_attention", which rescales it into [1/2, 1)).  ``heads``: a_q, a_k token-major, split here."""
+    if heads is not None:
+        a_q, a_k = _split_heads(a_q, heads), _split_heads(a_k, heads)
+    big = 2.0 ** config.RANGE_RESCALE_EXPONENT
+
+    def eff(m):      # a group above 2^B is rescaled to [1/2, 1) by the wrapper's fallback (numerics.pow2_exponent)
+        return np.where(m > big, 1.0, np.where(m > 0, m, np.inf))
+    with np.errstate(invalid="ignore", under="ignore"):
+        qm = np.min(eff(np.max(a_q, axis=-1)), axis=-1)                     # (B, h)
+        km = eff(np.max(a_k, axis=(-2, -1)))
+        vm = np.minimum(np.min(eff(np.max(np.abs(v), axis=-2)), axis=-1), 1.0)
+        return bool(np.any(qm * km * vm < _KERNEL_TINY) or np.any(np.minimum(qm, km) < _KERNEL_TINY_ROW))
+
+
+def _repaired(call: Any, numpy_path: Any) -> np.ndarray:
+    """The fused kernel's result (``call()``) with every NaN or Inf replaced by the definition's value
+    (computed only then), and the definition's result where the kernel's wrapper raised FloatingPointError
+    (its fallback, the definition of operation "linear_attention", computes f_p without rescaling, which
+    overflows near 2^1023): a row whose normaliser underflowed, or a feature that overflowed, is computed by
+    this definition (focused_range), whose attention term is always finite."""
+    try:
+        att = call()
+    except FloatingPointError:
+        return numpy_path()
+    if np.all(np.isfinite(att)):
+        return att
+    return np.where(np.isfinite(att), att, numpy_path())
 
 
 def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUSING_FACTOR,
@@ -301,7 +370,13 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     in the fused C kernel (operation "linear_attention", ``feature_map="focused"``: f_p, KV, key sum and
     outputs in two passes; ckernels/linattn_body.h), within :func:`focused_attention_bound` of this
     definition; the DWC branch goes through ``layers.depthwise_conv2d``'s own dispatch.  Every other
-    configuration, and the default NumPy backend, computes the definition.
+    configuration, and the default NumPy backend, computes the definition; so does a call with products
+    below 2^-990 (:func:`_kernel_unsafe`), and a NaN or Inf of the kernel is replaced by the definition's value.
+
+    Range (:mod:`refimpl.attention.focused_range`; power_scaling "max"): finite inputs of any magnitude give
+    the finite result (NaN only in a dead row with eps = 0, 0/0 exactly), or FloatingPointError naming the
+    DWC branch or the attention + DWC sum where that is beyond float64; inside [2^-256, 2^256] the unscaled
+    computation bit for bit.
 
     References
     ----------
@@ -317,14 +392,19 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
     if normaliser not in ("sum", "mean_scaled"):
         raise ArgumentError(f"argument 'normaliser': expected 'sum' or 'mean_scaled', got {normaliser!r}")
     def numpy_path() -> np.ndarray:
-        phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
-        phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
+        if power_scaling != "max":
+            phi_q = focused_feature_map(q, p, power_scaling=power_scaling)
+            phi_k = focused_feature_map(k, p, power_scaling=power_scaling)
+            return _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
+                           max_elements=max_elements)
+        phi_q, phi_k, rng = _range_features(numerics.relu(q), numerics.relu(k), _check_p(p), None)
         return _attend(phi_q, phi_k, v, normaliser=normaliser, eps=eps, order=order, mask=None, taps=taps,
-                       max_elements=max_elements)
+                       max_elements=max_elements, rng=rng)
 
-    if _fused_kernel_applies(order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None, taps=taps):
-        att = backends.call("linear_attention", q, k, v, "focused", eps, "add", None, _check_p(p),
-                            otherwise=numpy_path)
+    if _fused_kernel_applies(order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None, taps=taps) \
+            and not _kernel_unsafe(numerics.relu(q), numerics.relu(k), v):
+        att = _repaired(lambda: backends.call("linear_attention", q, k, v, "focused", eps, "add", None,
+                                              _check_p(p), otherwise=numpy_path), numpy_path)
     else:
         att = numpy_path()
     if taps is not None:
@@ -341,7 +421,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
                numerics.as_float(dwc_bias, "dwc_bias"), shared, "bilinear")
     if taps is not None:
         taps["dwc"] = dwc
-    return att + dwc
+    return checked_sum(att, dwc, "focused attention: attention + DWC")
 
 
 # ===================================================================================================
@@ -413,20 +493,27 @@ def _dwc(v, hw_v, hw_out, weight, bias, shared, resample):
     """DWC(V): V (B, h, n, e) on grid hw_v, resampled to hw_out, depthwise k x k conv ('same' zero
     padding) per channel; ``shared``: one e-channel bank applied to every head.  Returns (B, h, N, e)."""
     b, h, _, e = v.shape
-    vr = _resample_v(v, hw_v, hw_out, resample)
     big_h, big_w = hw_out
-    g = _to_grid(vr, hw_out).transpose(0, 1, 4, 2, 3)              # (B, h, e, H, W)
     kk = weight.shape[-1]
-    if shared:
-        if weight.shape[0] != e:
-            raise ArgumentError(f"argument 'dwc.weight': a shared bank needs shape ({e}, 1, k, k), got {weight.shape}")
-        out = depthwise_conv2d(g.reshape(b * h, e, big_h, big_w), weight, bias, padding=kk // 2)
-    else:
-        if weight.shape[0] != h * e:
-            raise ArgumentError(f"argument 'dwc.weight': expected shape ({h * e}, 1, k, k) (one kernel per "
-                             f"channel), got {weight.shape}")
-        out = depthwise_conv2d(g.reshape(b, h * e, big_h, big_w), weight, bias, padding=kk // 2)
-    return out.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
+    if shared and weight.shape[0] != e:
+        raise ArgumentError(f"argument 'dwc.weight': a shared bank needs shape ({e}, 1, k, k), got {weight.shape}")
+    if not shared and weight.shape[0] != h * e:
+        raise ArgumentError(f"argument 'dwc.weight': expected shape ({h * e}, 1, k, k) (one kernel per "
+                            f"channel), got {weight.shape}")
+
+    def conv(vv, bb):
+        g = _to_grid(_resample_v(vv, hw_v, hw_out, resample), hw_out).transpose(0, 1, 4, 2, 3)   # (B,h,e,H,W)
+        g = g.reshape(b * h, e, big_h, big_w) if shared else g.reshape(b, h * e, big_h, big_w)
+        out = depthwise_conv2d(g, weight, bb, padding=kk // 2)
+        return out.reshape(b, h, e, big_h * big_w).swapaxes(-1, -2)
+
+    if not np.any(band_exponent(v, -2)):
+        return conv(v, bias)
+    # V beyond the band (range safety, focused_range): the resampling and the convolution are linear in each
+    # column of V, so they run on V 2^-e_v and are scaled back, then the bias
+    bias_add = 0.0 if bias is None else (np.asarray(bias).reshape(e, 1) if shared else
+                                         np.asarray(bias).reshape(h, e, 1)).swapaxes(-1, -2)
+    return dwc_rescaled(v, lambda vs: conv(vs, None), bias_add, "focused attention: DWC branch")
 
 
 # ===================================================================================================
@@ -460,12 +547,82 @@ def _pre_features(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig) 
     return a
 
 
+def _pre_features_scaled(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig, keys: bool):
+    """(a 2^-e, e, log a) for the pre-features a = (ReLU(t) + relu_eps) / softplus(s) (:func:`_pre_features`),
+    token-major: e = focused_range.band_exponent of ReLU(t) + relu_eps per token (``keys``: over all tokens of
+    a batch element), applied before the division by softplus(s), which would overflow a projection near
+    2^1023 where softplus(s) < 1; inside the band e = 0 and a is :func:`_pre_features`' bits.  log a (a
+    callable) is log(ReLU(t) + relu_eps) - log softplus(s), without the overflow."""
+    b = numerics.relu(t)
+    if cfg.relu_eps:
+        b = b + cfg.relu_eps
+    e = band_exponent(b, (-2, -1) if keys else -1)
+    a = np.ldexp(b, -e) if np.any(e) else b
+    sp = numerics.softplus(_p(params, "scale")) if cfg.learnable_scale else None
+    if sp is not None:
+        a = a / sp
+
+    def logs():
+        with np.errstate(divide="ignore"):
+            return np.log(b) - (0.0 if sp is None else np.log(sp))
+    return a, e, logs
+
+
 def _features(t: np.ndarray, params: Mapping[str, Any], cfg: FocusedConfig) -> np.ndarray:
     """phi_p of the token-major projections (B, n, C) -> (B, h, n, d), per the config's norm scope."""
     a = _pre_features(t, params, cfg)
     if cfg.norm_scope == "token":
         return _split_heads(focused_function(a, cfg.p, power_scaling=cfg.power_scaling), cfg.num_heads)
     return focused_function(_split_heads(a, cfg.num_heads), cfg.p, power_scaling=cfg.power_scaling)
+
+
+def _range_features(a_q: np.ndarray, a_k: np.ndarray, p: float, heads: int | None, fp: Any = None,
+                    pre: tuple | None = None):
+    """(phi_q, phi_k, RangeInfo) of the pre-features a_q, a_k (>= 0; head-split (B, h, *, d), or token-major
+    (B, *, C) with f_p's norms over all C channels and ``heads`` the head count to split into afterwards): each
+    query row and each head's keys (all keys of a batch element for the token scope, whose rows span the
+    heads) rescaled by focused_range.band_exponent before f_p (power_scaling "max"), which is exact (f_p is
+    homogeneous of degree 1) and the identity inside the band.  ``fp``: f_p (default the dispatching
+    :func:`focused_function`; the bounds pass the NumPy definition).  ``pre``: None, or ((e_q, e_k), (lq, lk))
+    when a_q, a_k are the pre-features times 2^-e_q, 2^-e_k already (:func:`_pre_features_scaled`, exponents in
+    a_q's layout) and lq(), lk() give their logarithms in the original units (the log pre-features)."""
+    fp = (lambda a, p, power_scaling: focused_function(a, p, power_scaling=power_scaling)) if fp is None else fp
+
+    def split(t):
+        return t if heads is None else _split_heads(t, heads)
+
+    def head_axes(e):
+        return e if heads is None else e[:, None]
+
+    e_q, e_k = band_exponent(a_q, -1), band_exponent(a_k, (-2, -1))
+    phi_q = fp(np.ldexp(a_q, -e_q) if np.any(e_q) else a_q, p, power_scaling="max")
+    phi_k = fp(np.ldexp(a_k, -e_k) if np.any(e_k) else a_k, p, power_scaling="max")
+    if pre is None:
+        def logs():
+            with np.errstate(divide="ignore"):
+                return np.log(a_q), np.log(a_k)
+    else:
+        (e0_q, e0_k), (lq, lk) = pre
+        e_q, e_k = e_q + e0_q, e_k + e0_k
+
+        def logs():
+            return lq(), lk()
+    info = RangeInfo(head_axes(e_q), head_axes(e_k), split(a_q), split(a_k),
+                     lambda: tuple(split(log_focused(la, p)) for la in logs()), p)
+    return split(phi_q), split(phi_k), info
+
+
+def _scaled_features(q, k, params, cfg, fp=None):
+    """:func:`_range_features` of the projections q, k (B, *, C) per the config's norm scope, on the pre-features
+    of :func:`_pre_features_scaled`."""
+    (aq, eq, lq), (ak, ek, lk) = (_pre_features_scaled(q, params, cfg, False),
+                                  _pre_features_scaled(k, params, cfg, True))
+    h = cfg.num_heads
+    if cfg.norm_scope == "token":
+        return _range_features(aq, ak, cfg.p, h, fp, pre=((eq, ek), (lq, lk)))
+    return _range_features(_split_heads(aq, h), _split_heads(ak, h), cfg.p, None, fp,
+                           pre=((eq[:, None], ek[:, None]), (lambda: _split_heads(lq(), h),
+                                                             lambda: _split_heads(lk(), h))))
 
 
 def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
@@ -478,26 +635,31 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
     vh = _split_heads(v, cfg.num_heads)
 
     def numpy_path() -> np.ndarray:
-        phi_q = _features(q, params, cfg)
-        phi_k = _features(k, params, cfg)
+        if cfg.power_scaling != "max":
+            phi_q = _features(q, params, cfg)
+            phi_k = _features(k, params, cfg)
+            return _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
+                           taps=taps, max_elements=max_elements)
+        phi_q, phi_k, rng = _scaled_features(q, k, params, cfg)
         return _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
-                       taps=taps, max_elements=max_elements)
+                       taps=taps, max_elements=max_elements, rng=rng)
 
     if cfg.norm_scope == "head" and _fused_kernel_applies(order=order, normaliser=cfg.normaliser,
-                                                          power_scaling=cfg.power_scaling, mask=mask, taps=taps):
+                                                          power_scaling=cfg.power_scaling, mask=mask, taps=taps) \
+            and not _kernel_unsafe(_pre_features(q, params, cfg), _pre_features(k, params, cfg), vh, cfg.num_heads):
         # The fused kernel applies ReLU then f_p per head row: the pre-features (ReLU (+ relu_eps)
         # (/ softplus(scale))) are >= 0 or NaN, on which its ReLU is the identity, so phi_p of the kernel
         # equals _features' focused_function of them (FLatten Eq. 6 per head).
         h = cfg.num_heads
         aq = _split_heads(_pre_features(q, params, cfg), h)
         ak = _split_heads(_pre_features(k, params, cfg), h)
-        att = backends.call("linear_attention", aq, ak, vh, "focused", cfg.eps, "add", None, cfg.p,
-                            otherwise=numpy_path)
+        att = _repaired(lambda: backends.call("linear_attention", aq, ak, vh, "focused", cfg.eps, "add", None,
+                                              cfg.p, otherwise=numpy_path), numpy_path)
     else:
         att = numpy_path()
     dwc = _dwc(vh, hw_kv, hw_q, _p(params, "dwc.weight"), params.get("dwc.bias"), cfg.dwc_shared,
                cfg.dwc_resample)
-    y = _merge_heads(att + dwc)
+    y = _merge_heads(checked_sum(att, dwc, "focused attention: attention + DWC"))
     if taps is not None:
         taps.update(k_pe=k, attention=att, dwc=dwc, pre_proj=y)
     return y

@@ -34,7 +34,7 @@ Not decided by the counts: the border.  Wrap-around (circular) windows would hav
 we take zero padding because it is Eq. 2's RPE (the circular form enters only with Eq. 10, as the FFT
 approximation of the global operator) and the usual "same" convolution.
 
-Layer: attention (imports config, numerics, validation and lisa_cores' helpers; nothing imports it but the
+Layer: attention (imports backends, config, numerics, validation and lisa_cores' helpers; nothing imports it but the
 LiSANet operators, refimpl.models.lisanet_operators).
 """
 
@@ -46,7 +46,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import config, validation
+from .. import backends, config, validation
 from ..errors import ArgumentError
 from ..numerics import Bound, as_float, check_shapes
 from .lisa_cores import _check_grid, _finish, _l2, _tr_add, _tr_einsum, _tr_l2
@@ -125,7 +125,9 @@ def local_convolve(x: Any, weight: Any, grid: Sequence[int], kernel: Any) -> np.
 
     x : (..., N, c) float, tokens row-major over ``grid``.  weight : (k^r, c, D) (depth-wise, Ga) or (k^r, 1, D)
     (one kernel for every channel, Gb), taps row-major over the window.  kernel : k (odd) or one per axis.
-    Returns (..., N, c, D).  References: LiSA Eq. 2, 9, Table 3c.
+    Returns (..., N, c, D).  The arguments are checked here; the product is backend operation
+    "lisa_local_convolve" (refimpl.backends.call), whose definition is :func:`_local_convolve_numpy`.
+    References: LiSA Eq. 2, 9, Table 3c.
     """
     x, w = as_float(x, "x"), as_float(weight, "weight")
     g = _check_grid(grid)
@@ -137,6 +139,18 @@ def local_convolve(x: Any, weight: Any, grid: Sequence[int], kernel: Any) -> np.
     if w.ndim != 3 or w.shape[0] != int(np.prod(ks)) or w.shape[1] not in (1, c):
         raise ArgumentError(f"argument 'weight': expected ({int(np.prod(ks))}, {c} or 1, D) for a {ks} window, "
                             f"got shape {w.shape}")
+    return backends.call("lisa_local_convolve", x, w, g, ks)
+
+
+@backends.register("lisa_local_convolve", "numpy")
+def _local_convolve_numpy(x: np.ndarray, w: np.ndarray, g: tuple[int, ...], ks: tuple[int, ...]) -> np.ndarray:
+    """The definition of backend operation "lisa_local_convolve" (the specification of its Numba twin,
+    refimpl.backends._numba_lisa_local): :func:`local_convolve` on its checked arguments, x (..., N, c),
+    w (prod(ks), c | 1, D), grid g and window ks as tuples.  Each tap t, in row-major window order, adds
+    xpad[i + off_t] * w[t] to every output (y starts at zeros; xpad is x zero-padded by rad_a per axis).
+    References: LiSA Eq. 2, 9, Table 3c."""
+    c = x.shape[-1]
+    n_tok = int(np.prod(g))
     lead = x.shape[:-2]
     rad = tuple(k // 2 for k in ks)
     xg = x.reshape(lead + g + (c,))

@@ -5,7 +5,7 @@
 Layer: networks, the bottom of :mod:`refimpl.models`: imports NumPy only and no family module (the families
 are loaded by name through importlib on first use, and :mod:`refimpl.models` imports them).  The family
 modules, :mod:`.counting` and :mod:`.convert` import this module, never the package, so the package has no
-import cycle (architecture issue 12).  :mod:`refimpl.models` re-exports the public names.
+import cycle.  :mod:`refimpl.models` re-exports the public names.
 """
 
 from __future__ import annotations

@@ -23,9 +23,10 @@ What happens::
         each against its bound (:mod:`.gradients`)
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
-what would).  Not yet built: the references of LiSA's direct forms, block and 1-D / 3-D grids, FLatten's
-masked shifted windows, RALA's token layout; ``--grad`` for networks judged unit by unit (whole-network gradient bounds are void in float32 at
-the tested depths: inconclusive) and with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
+what would).  Shifted windows (Swin's softmax window attention and FLatten's Swin layout on the whole grid, with
+the cyclic shift and the shift mask) are :mod:`.windows`.  Not yet built: the references of LiSA's direct forms,
+block and 1-D / 3-D grids; Swin's pre-windowed WindowAttention called with the mask as an argument; ``--grad`` of
+the shifted-window references (no twin); ``--grad`` for networks with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -35,7 +36,7 @@ from typing import Any
 
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .mapping import WeightMapping, map_weights
-from .references import REFERENCES, get_reference
+from .registry import REFERENCES, get_reference
 from .report import SCHEMA_VERSION, Report, StageResult
 from .networks import is_network, network_names, verify_network
 from .run import verify

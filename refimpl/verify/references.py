@@ -6,10 +6,12 @@ rest from a preset), which parameter keys and aliases it has, how to draw an inp
 forward, and where its stages can be observed in a foreign module (submodule inputs and outputs, through the
 weight mapping).  The arithmetic is the reference's own (:mod:`refimpl.attention`).
 
-Registered today: ``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
+Defined here (registered by name in :mod:`.registry`, with the shifted-window references of :mod:`.windows`):
+``flatten.attention`` (FLatten's focused linear attention, DeiT / PVT global layout with
 spatial reduction; FLatten Eq. 4-6, 10-12), ``l2vit.attention`` (L2ViT's enhanced linear attention; Eq. 4)
 ``rala.attention`` (RALA as released in RAVLT; Eq. 2-4, 6), ``castling.attention`` (Castling-ViT; Eq. 9-10) and
-``lisa.attention`` (LiSA's operator on tokens; Eq. 9-10, Fig. 7).
+``lisa.attention`` (LiSA's operator on tokens; Eq. 9-10, Fig. 7).  ``rala.attention`` takes channels-first
+(B, C, H, W), tokens (B, N, C) with the grid from ``--hw`` or ``forward(x, H, W)``, or channels-last (B, H, W, C).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from ..attention import rala as r_rala
 from .loading import VerifyError
 from .mapping import _alias_pattern
 
-__all__ = ["Reference", "REFERENCES", "get_reference"]
+__all__ = ["Reference", "Setup", "Point", "Wire"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +66,8 @@ class Setup:
     shapes: dict[str, tuple[int, ...]]
     points: dict[str, Point]
     wires: list[Wire]
+    #: configuration facts outside the reference's config (the foreign input layout, ...), reported with it
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Reference:
@@ -119,6 +123,11 @@ class Reference:
     def stages(self, params: Mapping[str, np.ndarray], s: Setup) -> list:
         raise NotImplementedError
 
+    def derived_findings(self, s: Setup, state: Mapping[str, np.ndarray], keys: Sequence[str]) -> list[dict]:
+        """Findings on the foreign derived buffers ``keys`` (the mapping's ``derived``) against the values the
+        reference recomputes from the configuration; none by default."""
+        return []
+
 
 def _find(state: Mapping[str, np.ndarray], aliases: Sequence[str], leaf: str) -> list[str]:
     out: list[str] = []
@@ -140,6 +149,17 @@ def _attr(module: Any, names: Sequence[str]) -> tuple[Any, str] | None:
                     not isinstance(getattr(sub, n), bool):
                 return getattr(sub, n), f"{sub_name}.{n}"
     return None
+
+
+def _forward_takes_hw(module: Any) -> bool:
+    """Whether the module's forward takes two positional arguments after x without defaults (``forward(x, H, W)``)."""
+    import inspect
+    try:
+        ps = list(inspect.signature(module.forward).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    pos = [p for p in ps if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(pos) >= 3 and all(p.default is p.empty for p in pos[1:3])
 
 
 def _check_options(cls: Any, preset: str, presets: Sequence[str], name: str, over: Mapping[str, Any]) -> None:
@@ -410,15 +430,18 @@ class L2ViTAttention(Reference):
 
 
 class RALAAttention(Reference):
-    """RALA, the rank-augmented linear attention layer of RAVLT (:func:`refimpl.attention.rala.rala_attention`),
-    in the released layout: channels-first (B, C, H, W), one fused 1 x 1 conv for q, k, v and the gate
-    ("qkvo"), LePE, the output projection.  The foreign forward is called as ``forward(x)``.  Stages: the fused
-    projection, then (located by value) Eq. 4's logits and weights, the reweighted keys, Eq. 2-3's numerator and
-    denominator and their quotient, then LePE (hooked), the gated sum (the projection's input) and the
-    output."""
+    """RALA, the rank-augmented linear attention layer of RAVLT (:func:`refimpl.attention.rala.rala_attention`):
+    one fused projection for q, k, v and the gate ("qkvo"), LePE, the output projection.  Input layouts: the
+    released channels-first (B, C, H, W) with 1 x 1 conv weights; tokens (B, N, C) with nn.Linear weights, the grid
+    from ``--hw`` or a module attribute, the forward called as ``forward(x, H, W)`` where it takes them; channels-last
+    (B, H, W, C).  Inferred from the fused weight's shape and the forward's signature, or set by ``--config
+    '{"layout": "tokens" | "nhwc" | "nchw" | "channels_first"}'``.  Stages: the fused projection, then (located by
+    value) Eq. 4's logits and weights, the reweighted keys, Eq. 2-3's numerator and denominator and their quotient,
+    then LePE (hooked), the gated sum (the projection's input) and the output."""
 
     name = "rala.attention"
-    summary = ("RALA (RAVLT's attention), channels-first with a fused qkv + gate 1x1 conv: kappa features, the "
+    summary = ("RALA (RAVLT's attention), a fused qkv + gate projection, channels-first (B, C, H, W), tokens "
+               "(B, N, C) with --hw or (B, H, W, C): kappa features, the "
                "softmax reweighting of the keys (Eq. 4), RoPE, the normalised attention (Eq. 2-3), LePE, the gate "
                "(Eq. 6), proj")
     presets = ("official", "paper")
@@ -428,17 +451,24 @@ class RALAAttention(Reference):
                "proj": _PROJ_ALIASES}
     value_stages = ("scores", "alpha", "k_weighted", "numerator", "denominator", "core")
 
+    _INPUT_LAYOUTS = {"tokens": "tokens", "nhwc": "tokens", "channels_first": "channels_first",
+                      "nchw": "channels_first"}
+
     def setup(self, module, state, preset, config, hw):
         over = dict(config or {})
+        asked = over.pop("layout", None)
+        if asked is not None and asked not in self._INPUT_LAYOUTS:
+            raise VerifyError(f"argument 'config': layout expected one of {tuple(self._INPUT_LAYOUTS)} for "
+                              f"{self.name}, got {asked!r}")
         _check_options(r_rala.RALAConfig, preset, self.presets, self.name, over)
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
         fused = _find(state, self.aliases["qkvo"], "weight")
-        if len(fused) != 1 or state[fused[0]].ndim != 4 or state[fused[0]].shape[0] != 4 * state[fused[0]].shape[1]:
-            raise VerifyError(f"weights: expected one fused 1 x 1 conv (4C, C, 1, 1) for q, k, v and the gate "
-                              f"({', '.join(self.aliases['qkvo'])}), found {fused or 'none'}; other layouts of "
-                              f"RALA are not mapped yet")
-        w = state[fused[0]]
+        w = state[fused[0]] if len(fused) == 1 else None
+        if w is None or w.ndim not in (2, 4) or w.shape[0] != 4 * w.shape[1] or w.shape[2:] not in ((), (1, 1)):
+            raise VerifyError(f"weights: expected one fused projection for q, k, v and the gate, an nn.Linear "
+                              f"(4C, C) or a 1 x 1 conv (4C, C, 1, 1) ({', '.join(self.aliases['qkvo'])}), found "
+                              f"{[(k, tuple(state[k].shape)) for k in fused] or 'none'}")
         if "dim" not in over:
             inferred["dim"], fields["dim"] = int(w.shape[1]), "fused projection weight shape"
         _infer_heads(module, over, inferred, fields)
@@ -452,10 +482,30 @@ class RALAAttention(Reference):
         if "out_proj" not in over:
             inferred["out_proj"] = bool(_find(state, self.aliases["proj"], "weight"))
             fields["out_proj"] = "presence of an output projection"
-        inferred["layout"], fields["layout"] = "channels_first", "1 x 1 conv weights"
+        # the input layout: --config, else the weights (1 x 1 convs: channels-first) and, for nn.Linear weights, the
+        # forward's signature or a grid attribute (tokens (B, N, C)) or neither (channels-last (B, H, W, C))
+        takes_hw = _forward_takes_hw(module)
+        grid_attr = _top_attr(module, ("input_resolution", "resolution", "hw", "grid_size", "grid"),
+                              lambda v: _int_tuple(v, 2))
+        if asked is not None:
+            layout, fields["layout"] = asked, "--config"
+        elif w.ndim == 4:
+            layout, fields["layout"] = "channels_first", "1 x 1 conv weights: channels-first (B, C, H, W)"
+        elif takes_hw or grid_attr is not None:
+            layout = "tokens"
+            fields["layout"] = "nn.Linear weights and " + ("forward(x, H, W)" if takes_hw else
+                                                           f"the module's grid {grid_attr[1]}") + ": tokens (B, N, C)"
+        else:
+            layout, fields["layout"] = "nhwc", "nn.Linear weights, forward(x): channels-last (B, H, W, C)"
+        inferred["layout"] = self._INPUT_LAYOUTS[layout]
         inferred["gate_source"], fields["gate_source"] = "qkvo", "the fused projection has 4C rows"
         cfg = _config(r_rala.RALAConfig, preset, self.presets, self.name, inferred, over, fields)
+        fixed = hw is None and grid_attr is not None and layout in ("tokens", "nhwc")
+        if fixed:
+            hw = tuple(int(t) for t in grid_attr[0])
         hw = _grid(hw, fields)
+        if fixed:
+            fields["hw"] = f"module attribute {grid_attr[1]}"
         shapes = r_rala.rala_param_shapes(cfg)
         points = {"x": Point("qkvo", "input"), "proj_in": Point("qkvo", "output")}
         if cfg.lepe_kernel:
@@ -463,10 +513,34 @@ class RALAAttention(Reference):
         if cfg.out_proj:
             points["gated"] = Point("proj", "input")
             points["out"] = Point("proj", "output")
-        return Setup(cfg, fields, hw, shapes, points, [])
+        inp = {"tokens": "tokens (B, N, C)", "nhwc": "channels-last (B, H, W, C)"}.get(layout, "channels-first "
+                                                                                              "(B, C, H, W)")
+        return Setup(cfg, fields, hw, shapes, points, [],
+                     extra={"input_layout": inp, "hw_args": takes_hw and layout == "tokens", "grid_fixed": fixed})
+
+    @staticmethod
+    def _tokens_in(s: Setup) -> bool:
+        return s.extra.get("input_layout", "").startswith("tokens")
+
+    def _grid_x(self, x: np.ndarray, s: Setup) -> np.ndarray:
+        """x in the reference's layout: tokens (B, N, C) as (B, H, W, C); the others as they are."""
+        return x.reshape(x.shape[0], s.hw[0], s.hw[1], x.shape[-1]) if self._tokens_in(s) and x.ndim == 3 else x
 
     def draw_input(self, s, batch, rng):
-        return rng.standard_normal((batch, s.cfg.dim, s.hw[0], s.hw[1]))
+        c, (h, w) = s.cfg.dim, s.hw
+        if s.cfg.layout == "channels_first":
+            return rng.standard_normal((batch, c, h, w))
+        return rng.standard_normal((batch, h * w, c) if self._tokens_in(s) else (batch, h, w, c))
+
+    def call(self, s, call):
+        if call is None and s.extra.get("hw_args"):
+            return (s.hw[0], s.hw[1]), {}
+        return super().call(s, call)
+
+    def grid_step(self, s):
+        fixed = s.extra.get("grid_fixed") if isinstance(getattr(s, "extra", None), dict) else \
+            getattr(s.cfg, "grid_fixed", False)
+        return None if fixed else 1
 
     def value_shapes(self, s, x):
         b, c = x.shape[0], s.cfg.dim
@@ -474,13 +548,33 @@ class RALAAttention(Reference):
         return [(b, s.cfg.num_heads, n), (b, n, c)]
 
     def forward(self, x, params, s):
-        return r_rala.rala_attention(x, params, s.cfg)
+        return r_rala.rala_attention(self._grid_x(x, s), params, s.cfg).reshape(x.shape)
 
     def bound(self, x, params, s, dtype):
-        return r_rala.rala_attention_bound(x, params, s.cfg, dtype=dtype)
+        b = r_rala.rala_attention_bound(self._grid_x(x, s), params, s.cfg, dtype=dtype)
+        if not self._tokens_in(s):
+            return b
+        def tok(a):
+            return a if a is None or np.ndim(a) != 4 else np.asarray(a).reshape(x.shape)
+        return dataclasses.replace(b, scale=tok(b.scale), sigma=tok(b.sigma), ref_scale=tok(b.ref_scale))
 
     def stages(self, params, s):
-        return r_rala.rala_attention_stages(params, s.cfg, s.hw, fine=True)
+        stages = r_rala.rala_attention_stages(params, s.cfg, s.hw, fine=True)
+        if not self._tokens_in(s):
+            return stages
+
+        # a stage reading a hooked tensor of the grid (x, the projections, LePE, the gated sum) gets it as the module
+        # gave it, tokens (B, N, .), when its own stage could not be evaluated (an earlier stage unlocated)
+        grid_like = {"x", "proj_in", "phi", "core", "lepe", "gated", "out"}
+
+        def conv(st, t):
+            return [self._grid_x(a, s) if k in grid_like else a for k, a in zip(st.inputs, t)]
+
+        def from_tokens(st):
+            ref, bnd = st.reference, st.bound
+            return dataclasses.replace(st, reference=lambda *t: ref(*conv(st, t)),
+                                       bound=lambda *t, dtype=None: bnd(*conv(st, t), dtype=dtype))
+        return [from_tokens(st) if grid_like & set(st.inputs) else st for st in stages]
 
 
 class CastlingAttention(Reference):
@@ -656,15 +750,3 @@ class LiSAAttention(Reference):
 
     def stages(self, params, s):
         return r_lisa.lisa_attention_stages(params, s.cfg, fine=True)
-
-
-REFERENCES: dict[str, Reference] = {r.name: r for r in (FlattenAttention(), L2ViTAttention(), RALAAttention(),
-                                                        CastlingAttention(), LiSAAttention())}
-
-
-def get_reference(name: str) -> Reference:
-    if name not in REFERENCES:
-        raise VerifyError(f"argument 'reference': expected one of {sorted(REFERENCES)} or a registered network "
-                          f"(refimpl verify --list), got {name!r}")
-    return REFERENCES[name]
-

@@ -18,7 +18,7 @@ from ..numerics import naive_same_precision, round_to
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import locate, recorder, to_foreign
 from .mapping import map_weights
-from .references import get_reference
+from .registry import get_reference
 from .report import Report, StageResult, _f
 from .steps import (DTYPES, NOT_SHADOWED, _check_arguments, _check_grad, _conclude, _first, _precision_findings,
                     _to64, _torch_dtype, _with_gradients, _with_shadow)
@@ -86,6 +86,9 @@ def _run(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, dtype: str, devi
     asked = _torch_dtype(dtype)
     xt = torch.from_numpy(x).to(device=device, dtype=asked)
     args, kwargs = ref.call(s, call)
+    # arrays the reference passes to the forward (Swin's shift mask for pre-windowed input): in the asked dtype
+    kwargs = {k: torch.from_numpy(v).to(device=device, dtype=asked) if isinstance(v, np.ndarray) else v
+              for k, v in kwargs.items()}
     subs = dict(module.named_modules())
     run = _Run(None, {}, [], {})
     handles = []
@@ -188,10 +191,18 @@ def _judged(st: Any, where: str | None, got: np.ndarray, r: np.ndarray, a: list[
     bound = st.bound(*a, dtype=dtype)
     rep = _verdict.compare(got, r, bound, dtype, naive=naive_same_precision(st.reference, *a, dtype=dtype),
                            name=st.name, p_false_alarm=p_stage)
+    detail = "" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)
+    if detail and got.shape == r.shape and not np.any(np.asarray(bound.scale)):
+        # an exact stage (data movement: padding, a roll, a window partition): say which element moved wrongly
+        bad = got != r
+        i = tuple(int(t) for t in np.argwhere(bad)[0]) if bad.any() else None
+        if i is not None:
+            detail = (f"an exact stage ({bound.note}) differs in {int(bad.sum())} of {bad.size} elements, first at "
+                      f"{i}: got {got[i]:.6g}, expected {r[i]:.6g}; " + detail)
     return StageResult(
         st.name, where, rep.verdict, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
         max_rel_err=rep.rel_err, bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0)),
-        err_over_bound=rep.max_err_over_bound, detail="" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons))
+        err_over_bound=rep.max_err_over_bound, detail=detail)
 
 
 def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unlocated: dict,
@@ -359,10 +370,12 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     wm = map_weights(state, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=map,
                      buffers=[k for k, _ in module.named_buffers()])
     params = wm.values
+    if grad and getattr(s, "no_twin", ""):
+        raise VerifyError(f"argument 'grad': {s.no_twin} (verify the forward without --grad)")
     x = round_to(ref.draw_input(s, batch, rng) if input is None else np.asarray(input, dtype=np.float64), dtype)
 
     run = _run(module, x, ref, s, wm, dtype, device, call)
-    findings = _precision_findings(run, dtype)
+    findings = _precision_findings(run, dtype) + ref.derived_findings(s, state, wm.derived)
     want = ref.forward(x, params, s)
     if tuple(run.out.shape) != want.shape:
         raise VerifyError(f"the module's output has shape {tuple(run.out.shape)}; the reference's is {want.shape} "
@@ -399,7 +412,8 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
             f"{k} = {v!r} ({s.fields.get(k, '')})" for k, v in diffs.items())})
     return Report(
         verdict=verdict, reference=ref.name, preset=preset, dtype=dtype,
-        config={**dataclasses.asdict(s.cfg), "hw": list(s.hw)}, config_sources=s.fields, mapping=wm.source,
+        config={**dataclasses.asdict(s.cfg), **s.extra, "hw": list(s.hw)}, config_sources=s.fields,
+        mapping=wm.source,
         mapping_decisions=wm.decisions, ignored_foreign_keys=wm.ignored, derived_buffers=wm.derived,
         whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),

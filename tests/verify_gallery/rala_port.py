@@ -77,3 +77,36 @@ class PortRALABuffers(PortRALA):
 
     def _tables(self, h: int, w: int, d: int, x: torch.Tensor):
         return self.rope_cos.to(x.dtype), self.rope_sin.to(x.dtype)
+
+
+class PortRALATokens(PortRALA):
+    """RALA in the token layout: ``forward(x, H, W)`` on tokens (B, N, C), the fused projection an ``nn.Linear``
+    (4C, C) ``to_qkvg`` and the output one ``out``; LePE by the depthwise conv ``pos`` on V put on the grid.  The same
+    arithmetic as :class:`PortRALA` (``bug`` as there)."""
+
+    def __init__(self, dim: int, num_heads: int, bug: str | None = None):
+        super().__init__(dim, num_heads, bug=bug)
+        self.to_qkvg = nn.Linear(dim, 4 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, H: int, W: int) -> torch.Tensor:
+        B, N, C = x.shape
+        h = self.num_heads
+        d = C // h
+        q, k, v, g = self.to_qkvg(x).chunk(4, dim=-1)                                # (B, N, C) each
+        lepe = self.pos(v.transpose(1, 2).reshape(B, C, H, W)).reshape(B, C, N).transpose(1, 2)
+        q, k, v = (t.view(B, N, h, d).transpose(1, 2) for t in (q, k, v))         # (B, h, N, d)
+        kq = torch.where(q > 0, q + 1, torch.exp(q.clamp(max=0)))
+        kk = torch.where(k > 0, k + 1, torch.exp(k.clamp(max=0)))
+        q_bar = kq.mean(dim=2, keepdim=True) * d ** -0.5
+        logits = torch.einsum("bhqd,bhnd->bhqn", q_bar, kk)
+        alpha = torch.softmax(logits, dim=2 if self.bug == "softmax_axis" else -1) * N
+        kw = kk * alpha.transpose(2, 3)
+        cos, sin = self._tables(W, H, d, x) if self.bug == "rope_grid" else self._tables(H, W, d, x)
+        qr, kr = _rope(kq, cos, sin), _rope(kw, cos, sin)
+        s = N ** -0.5
+        kv = torch.einsum("bhnd,bhne->bhde", kr * s, v * s)
+        z = 1.0 / (torch.einsum("bhnd,bhd->bhn", kq, kw.mean(dim=2)) + 1e-6)
+        y = torch.einsum("bhnd,bhde->bhne", qr, kv) * z.unsqueeze(-1)
+        y = y.transpose(1, 2).reshape(B, N, C)
+        return self.out((y + lepe) * g)

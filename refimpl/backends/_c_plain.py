@@ -1,0 +1,316 @@
+"""The plain C versions of the attention kernels: validated wrappers of ckernels/linattn_plain.c,
+rala_plain.c and winattn_plain.c.
+
+Each fast C kernel (threaded, blocked, vectorised: ckernels/linattn*.h, rala_*.h, winattn_*.h) has beside it
+a plain version of the same entry point's mathematics: straight scalar loops in the order of the papers'
+equations, one thread, libm's exp / pow / sqrt.  The plain versions are the specification of the fast ones
+(as ``refimpl.backends._c_elementwise.gelu_libm`` is for GELU): tests/test_kernels_plain.py checks each
+against its NumPy definition within the error model, and the fast kernel against it.  They are **not
+registered** as backends: ``auto`` and ``backends.call`` never reach them.
+
+The functions mirror the registered C wrappers' names and signatures (without ``out=``, ``workspace=`` and
+``threads=``: a plain call allocates its own buffers and runs on the calling thread):
+
+- :func:`linear_attention` (twin ``refimpl.backends._c_linear.linear_attention``; definition
+  ``refimpl.attention.linear._linear_attention_numpy``);
+- :func:`reweighted_linear_attention` (twin ``_c_linear.reweighted_linear_attention``; the same C function with
+  key weights);
+- :func:`linear_angular_attention` (twin ``_c_linear.linear_angular_attention``; definition
+  ``refimpl.attention.angular.linear_angular_attention`` with policy "clamp", arithmetic "scaled");
+- :func:`rala_alpha` (twin ``_c_linear.rala_alpha``; definition ``refimpl.attention.rala_core._rala_alpha_numpy``);
+- :func:`window_softmax_attention` (twin ``refimpl.backends._c_softmax.window_softmax_attention``; definition
+  ``refimpl.attention.softmax._window_softmax_attention_numpy``).
+
+Every call takes the steps of refimpl.backends._c: validate (refimpl.backends._validate: dtype, shapes,
+contiguity; non-contiguous inputs copied), fill the output with NaN, pass the buffers, check the status
+(:func:`refimpl.backends._c.run_kernel`).  No range fallback: the result is the plain kernel's own, NaN and
+Inf included.  This module imports nothing from refimpl.attention, refimpl.layers or refimpl.models.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from . import _validate
+from ._c import _load, run_kernel
+from ._c_linear import LINEAR_ATTENTION_MAPS, _check_focusing_factor
+from ._validate import empty_aligned
+
+_EPS_POLICIES = {"add": 0, "clamp": 1}
+_RALA_KERNELS = ("elu1", "relu")
+_RALA_GLOBAL_QUERIES = {"q": 0, "kappa_q": 1}
+
+
+def _real(value: Any, name: str, allow_none: bool = False) -> None:
+    """TypeError naming ``name`` unless ``value`` is a real number (not bool), or None where allowed."""
+    if value is None and allow_none:
+        return
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"argument '{name}': expected a real number{' or None' if allow_none else ''}, got "
+                        f"{type(value).__name__}")
+
+
+def _same_dtype(a: Any, name: str, dt: np.dtype, shape: tuple[int, ...] | None, spec: str) -> np.ndarray:
+    """``a`` as a C-contiguous array of dtype ``dt`` (and shape ``shape``, unless None), errors naming ``name``."""
+    arr = _validate._array(a, name, "C")
+    if arr.dtype != dt:
+        raise TypeError(f"argument '{name}': expected dtype {dt} (the dtype of 'q'), got {arr.dtype}; the C kernel "
+                        f"does not mix precisions")
+    if shape is not None and arr.shape != shape:
+        raise ValueError(f"argument '{name}': expected shape {shape} {spec}, got {arr.shape}")
+    return _validate._contiguous(arr)
+
+
+def _workspace(fn: str, *sizes: int, dtype: np.dtype) -> np.ndarray:
+    n = int(getattr(_load().lib, fn)(*sizes))
+    if n < 0:
+        raise ValueError(f"arguments 'q'/'k'/'v': sizes {sizes} overflow the workspace size")
+    return empty_aligned(n, dtype)
+
+
+def _linear(q: Any, k: Any, v: Any, key_weight: Any, feature_map: Any, eps: Any, eps_policy: Any, clamp_min: Any,
+            kv_scale: float, p: Any, v_scale: Any, v_scale_mode: Any) -> np.ndarray:
+    """Validate, then run refimpl_linear_attention_plain_f32/_f64."""
+    mod = _load()
+    power = _check_focusing_factor(p)
+    if feature_map not in LINEAR_ATTENTION_MAPS:
+        raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
+                         f"{feature_map!r}")
+    if eps_policy not in _EPS_POLICIES:
+        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
+    _real(eps, "eps")
+    _real(clamp_min, "clamp_min", allow_none=True)
+    a = _validate.linear_attention_args(q, k, v, None, "C")
+    sz = a.sizes
+    dt = a.q.dtype
+    kw = None if key_weight is None else _same_dtype(key_weight, "alpha", dt, (sz["B"], sz["h"], sz["M"]),
+                                                     "(B, h, M)")
+    vs = None
+    if v_scale is not None:
+        if v_scale_mode not in ("divide", "multiply"):
+            raise ValueError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
+        vs = _same_dtype(v_scale, "v_scale", dt, None, "")
+        if vs.size not in (1, sz["h"]):
+            raise ValueError(f"argument 'v_scale': expected 1 value or one per head ({sz['h']}), got shape "
+                             f"{vs.shape}")
+        vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # one per head bh
+    ws = _workspace("refimpl_linear_attention_plain_workspace", sz["d"], sz["e"], dtype=dt)
+    options = mod.ffi.new("struct refimpl_la_options *", {
+        "feature_map": LINEAR_ATTENTION_MAPS[feature_map], "eps_policy": _EPS_POLICIES[eps_policy],
+        "clamp": 0 if clamp_min is None else 1, "v_scale_divide": 1 if v_scale_mode == "divide" else 0,
+        "power": power, "clamp_min": 0.0 if clamp_min is None else float(clamp_min), "eps": float(eps),
+        "kv_scale": float(kv_scale)})
+    result = empty_aligned(a.out_shape, dt)
+    return run_kernel("linear_attention_plain", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"],
+                      sz["N"], sz["M"], sz["d"], sz["e"], ws.size, workspace=ws)
+
+
+def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu", eps: float = 0.0,
+                     eps_policy: str = "add", clamp_min: float | None = None,
+                     p: float = config.FLATTEN_FOCUSING_FACTOR, *, v_scale: Any = None,
+                     v_scale_mode: str = "divide") -> np.ndarray:
+    """Kernelized linear attention by the plain C version (ckernels/linattn_plain.c), the specification of
+    ``refimpl.backends._c_linear.linear_attention``.
+
+    O_i = phi(Q_i) (sum_j phi(K_j)^T V_j) / den_eff(phi(Q_i) . sum_j phi(K_j))  (L2ViT Eq. 2-4 and Appendix 8;
+    FLatten Eq. 1-6; Katharopoulos et al. 2020 Eq. 7), every sum in increasing index order from +0, one
+    thread, libm's exp and pow.
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : one dtype, float32 or float64.
+    feature_map : "relu" | "elu1" | "focused".  eps, eps_policy ("add" | "clamp"), clamp_min : the normaliser
+        policy.  p : the focusing factor of "focused" (real, finite, >= 1).
+    v_scale, v_scale_mode : None, or 1 or h values of q's dtype: V / s ("divide") or V * s ("multiply") per head.
+
+    Returns
+    -------
+    (B, h, N, e) array of q's dtype.
+
+    Raises
+    ------
+    TypeError / ValueError naming the argument, as the registered C wrapper.
+
+    References
+    ----------
+    L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020) Eq. 2-7.
+    """
+    return _linear(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, p, v_scale, v_scale_mode)
+
+
+def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
+                                kernel: str = "elu1", kv_scale: float = 1.0, eps: float = 0.0) -> np.ndarray:
+    """RALA's reweighted linear attention (Eq. 2-3, linear order, no RoPE) by the plain C version: the plain
+    linear attention with key weights alpha_j multiplying kappa(K_j) and s = ``kv_scale`` applied once after the
+    sums; the specification of ``refimpl.backends._c_linear.reweighted_linear_attention``.
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e), alpha (B, h, M) : one dtype, float32 or float64.
+    kernel : "elu1" | "relu".  kv_scale : real.  eps : real, added to the normaliser when nonzero.
+
+    Returns
+    -------
+    (B, h, N, e) array of q's dtype.
+
+    References
+    ----------
+    RALA (Fan et al., CVPR 2025) Eq. 2-3.
+    """
+    if kernel not in _RALA_KERNELS:
+        raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
+    _real(kv_scale, "kv_scale")
+    return _linear(q, k, v, alpha, kernel, eps, "add", None, float(kv_scale), config.FLATTEN_FOCUSING_FACTOR,
+                   None, "divide")
+
+
+def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
+                             normalizer: str = "none", eps: float = config.CASTLING_QK_NORM_EPS) -> np.ndarray:
+    """Castling-ViT's linear-angular attention (Eq. 9) by the plain C version (ckernels/linattn_plain.c), the
+    specification of ``refimpl.backends._c_linear.linear_angular_attention``:
+
+    H_i = 1/2 C_i + (1/pi) Q^_i (sum_j K^_j^T V_j),  x^ = x / max(||x||, eps) row-wise (||x|| = m ||x / m||,
+    m = max|x|),  C_i = sum_j V_j ("sum") or V_i ("own"); "similarity_sum" divides by M/2 + (1/pi) Q^_i . sum_j K^_j.
+    Every sum in increasing index order from +0.
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : one dtype, float32 or float64 (M = N for "own").
+    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : real >= 0.
+
+    Returns
+    -------
+    (B, h, N, e) array of q's dtype.
+
+    References
+    ----------
+    Castling-ViT (You et al., CVPR 2023) Eq. 8-9.
+    """
+    _load()
+    if constant not in ("sum", "own"):
+        raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
+    if normalizer not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normalizer': expected 'none' or 'similarity_sum', got {normalizer!r}")
+    _real(eps, "eps")
+    if not eps >= 0:
+        raise ValueError(f"argument 'eps': expected a real number >= 0, got {eps!r}")
+    a = _validate.linear_attention_args(q, k, v, None, "C")
+    sz = a.sizes
+    if constant == "own" and sz["M"] != sz["N"]:
+        raise ValueError(f"argument 'v': constant='own' needs as many values as queries, got N = {sz['N']} "
+                         f"queries and M = {sz['M']} values (v shape {np.shape(v)})")
+    dt = a.q.dtype
+    ws = _workspace("refimpl_linear_angular_plain_workspace", sz["d"], sz["e"], dtype=dt)
+    result = empty_aligned(a.out_shape, dt)
+    return run_kernel("linear_angular_plain", result, a.q, a.k, a.v, float(eps), 1 if constant == "own" else 0,
+                      1 if normalizer == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
+                      sz["e"], ws.size, workspace=ws)
+
+
+def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: str = "elu1",
+               scale: float = 1.0) -> np.ndarray:
+    """RALA's reweighting coefficients (Eq. 4) by the plain C version (ckernels/rala_plain.c), the
+    specification of ``refimpl.backends._c_linear.rala_alpha``:
+
+    Q_g = (sum_t x_t) / N (x = Q, or kappa(Q) for "kappa_q"),  alpha_j = M (exp(l_j - max l) / sum exp(l - max l)),
+    l_j = scale (Q_g . kappa(K_j)); every sum in increasing index order from +0, libm's exp.
+
+    Parameters
+    ----------
+    q (B, h, N, d), k (B, h, M, d) : one dtype, float32 or float64.  global_query : "q" | "kappa_q".
+    kernel : "elu1" | "relu".  scale : real.
+
+    Returns
+    -------
+    (B, h, M) array of q's dtype.
+
+    References
+    ----------
+    RALA (Fan et al., CVPR 2025) Eq. 4.
+    """
+    _load()
+    if global_query not in _RALA_GLOBAL_QUERIES:
+        raise ValueError(f"argument 'global_query': expected 'q' or 'kappa_q', got {global_query!r}")
+    if kernel not in _RALA_KERNELS:
+        raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
+    _real(scale, "scale")
+    qa = _validate._array(q, "q", "C")
+    dt = qa.dtype
+    if qa.ndim != 4 or min(qa.shape) < 1:
+        raise ValueError(f"argument 'q': expected a non-empty 4-d array of shape (B, h, N, d), got shape {qa.shape}")
+    b_, h, n, d = qa.shape
+    ka = _validate._array(k, "k", "C")
+    if ka.dtype != dt:
+        raise TypeError(f"argument 'k': expected dtype {dt} (the dtype of 'q'), got {ka.dtype}; the C kernel "
+                        f"does not mix precisions")
+    if ka.ndim != 4 or ka.shape[:2] != (b_, h) or ka.shape[3] != d or ka.shape[2] < 1:
+        raise ValueError(f"argument 'k': expected shape ({b_}, {h}, M, {d}) for q of shape {qa.shape}, got "
+                         f"{ka.shape}")
+    m = ka.shape[2]
+    qa, ka = _validate._contiguous(qa), _validate._contiguous(ka)
+    ws = _workspace("refimpl_rala_alpha_plain_workspace", d, dtype=dt)
+    result = empty_aligned((b_, h, m), dt)
+    return run_kernel("rala_alpha_plain", result, qa, ka, LINEAR_ATTENTION_MAPS[kernel],
+                      _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, workspace=ws)
+
+
+def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, bias: Any = None,
+                             mask: Any = None) -> np.ndarray:
+    """Windowed softmax attention (Swin Eq. 4 per window) by the plain C version (ckernels/winattn_plain.c),
+    the specification of ``refimpl.backends._c_softmax.window_softmax_attention``:
+
+    O = softmax((q scale) k^T + bias, masked) v per (window, head); every sum in increasing index order from +0,
+    libm's exp; a fully masked row is NaN (0/0), as the definition.
+
+    Parameters
+    ----------
+    q (BW, h, n, d), k (BW, h, m, d), v (BW, h, m, e) : one dtype, float32 or float64.  scale : real.
+    bias : None, (h, n, m) or (1, h, n, m) (shared by the windows), or (BW, h, n, m); q's dtype.
+    mask : None or bool (nW, n, m) / (nW, 1, n, m), True = may attend, nW dividing BW (windows batch-major).
+
+    Returns
+    -------
+    (BW, h, n, e) array of q's dtype.
+
+    References
+    ----------
+    Swin Transformer (Liu et al., 2021) Sec. 3.2, Eq. 4; Vaswani et al. (2017) Eq. 1.
+    """
+    _load()
+    _real(scale, "scale")
+    a = _validate.linear_attention_args(q, k, v, None, "C")
+    sz = a.sizes
+    bw, h, n, m, d = sz["B"], sz["h"], sz["N"], sz["M"], sz["d"]
+    dt = a.q.dtype
+    bias_c, bias_count = None, 1
+    if bias is not None:
+        bias_c = _validate._array(bias, "bias", "C")
+        if bias_c.dtype != dt:
+            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'q'), got {bias_c.dtype}")
+        if bias_c.shape in ((h, n, m), (1, h, n, m)):
+            bias_count = h
+        elif bias_c.shape == (bw, h, n, m):
+            bias_count = bw * h
+        else:
+            raise ValueError(f"argument 'bias': expected shape ({h}, {n}, {m}), (1, {h}, {n}, {m}) or "
+                             f"({bw}, {h}, {n}, {m}), got {bias_c.shape}")
+        bias_c = _validate._contiguous(bias_c)
+    mask_c, mask_count = None, 1
+    if mask is not None:
+        mk = np.asarray(mask)
+        if mk.dtype != bool:
+            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mk.dtype}")
+        if mk.ndim == 4 and mk.shape[1] == 1:
+            mk = mk[:, 0]
+        if mk.ndim != 3 or mk.shape[1:] != (n, m) or mk.shape[0] < 1 or bw % mk.shape[0]:
+            raise ValueError(f"argument 'mask': expected shape (nW, {n}, {m}) with nW dividing {bw} (the "
+                             f"windows of q), got {np.shape(mask)}")
+        mask_c = np.ascontiguousarray(mk).view(np.uint8)
+        mask_count = mk.shape[0]
+    ws = _workspace("refimpl_window_attention_plain_workspace", m, dtype=dt)
+    result = empty_aligned(a.out_shape, dt)
+    return run_kernel("window_attention_plain", result, a.q, a.k, a.v, bias_c, mask_c, float(scale), bw * h, h, n,
+                      m, d, sz["e"], bias_count, mask_count, ws.size, workspace=ws)

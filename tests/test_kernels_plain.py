@@ -1,0 +1,498 @@
+"""The plain C kernels (ckernels/*_plain.c, refimpl.backends._c_plain) and the checker of the fast ones.
+
+Each fast C kernel (threaded, chunked, vectorised) has beside it a plain version of the same entry point's
+mathematics: scalar loops in the order of the papers' equations, one thread, libm.  The plain version is the
+fast one's specification.  What is checked, for random shapes and options (Hypothesis), float64 and float32:
+
+(a) plain C vs the NumPy definition, within the error model's bound of that operation (the bounds of the
+    existing kernel tests): linear.linear_attention_bound (ReLU, ELU + 1; L2ViT Eq. 2-4, Appendix 8),
+    focused.focused_attention_bound (FLatten Eq. 4-6), angular.linear_angular_attention_bound (Castling-ViT
+    Eq. 9), rala.rala_core_bound (RALA Eq. 2-4: the plain alpha of
+    Eq. 4 fed to the plain linear attention with key weights), softmax.softmax_attention_bound (Swin Eq. 4 per
+    window).  float32 also takes the ensemble criterion against NumPy's float32 run
+    (tests.kernel_helpers.kernel_verdict).
+(b) fast C vs plain C: the fast kernel lies within the same bound on the same draw, and where it performs the
+    same operations in the same order it returns the plain kernel's bits:
+    - linear attention (and RALA's reweighted form: key weights, kv_scale, v_scale): bit-identical for the ReLU
+      map whenever the keys form one chunk (refimpl_linear_attention_chunks(M) == 1, i.e. M < 128), at every
+      thread count.  Not identical for ELU + 1 (the fast kernel's own exp against libm's), for the focused map
+      (8-lane sums of the row norms, r^p by repeated products against libm's pow) or for M >= 128 (key chunks
+      summed in chunk order);
+    - Castling-ViT's linear-angular attention (Eq. 9): bit-identical for d < 8 with one key chunk (the fast
+      kernel sums a unit row's squares in 8 lanes); elsewhere within linear_angular_attention_bound;
+    - RALA's alpha: never bit-identical in general (8-lane dot products and exponential sums, token chunks, the
+      fast exp): within the bound only;
+    - window attention: the same operations in the same order except exp (fast: the kernel's vector exp;
+      plain: libm's), so bit-identical exactly where every exp argument is 0 or -inf (one key per row: M = 1,
+      or a mask that leaves one key), which pins the bias / mask / value indexing bit for bit; elsewhere within
+      the bound.
+Plus: the plain wrappers refuse bad input naming the argument, their outputs are NaN-poisoned before the call,
+the raw plain entry points refuse bad sizes / options / workspaces with a status and write nothing, and they
+are not registered as backends (``auto`` never reaches them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given, strategies as st
+
+from equivalence.strategies import generate
+from refimpl import backends, numerics
+from refimpl.attention import focused, linear, rala, softmax
+from refimpl.backends import _c, _c_linear, _c_plain, _c_softmax
+from tests.kernel_helpers import backend_available, c_kernel_that_writes_nothing, kernel_verdict
+
+DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
+#: Input kinds of q and k (equivalence.strategies.generate) inside the kernels' range: no "mixed_scale" or
+#: "large" rows there, whose ELU + 1 features underflow (exp(-1e4)) to a zero normaliser that the definition
+#: recomputes from log-features and the registered wrappers answer with the definition (the range fallback of
+#: refimpl.backends._c.run_kernel); the plain kernels have no fallback.
+KINDS = ("normal", "near_duplicate", "all_negative")
+POLICIES = ({}, {"eps": 1e-6}, {"eps": 1e-3, "eps_policy": "clamp"}, {"clamp_min": 1e-2},
+            {"clamp_min": 1.0, "eps": 1e-6})
+
+
+def needs_c() -> bool:
+    """Whether the compiled module is there; its absence is allowed (these tests then check nothing but the
+    registry) unless REFIMPL_REQUIRE_BACKENDS=1 (tests.kernel_helpers.backend_available)."""
+    return backend_available("c", "linear_attention")
+
+
+def one_chunk(m: int) -> bool:
+    """Whether the fast linear-attention kernel sums the M keys as one chunk (the plain kernel's order)."""
+    return int(_c._load().lib.refimpl_linear_attention_chunks(m)) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Linear attention: refimpl_linear_attention_plain
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def la_cases(draw):
+    """Sizes (M up to 160: one key chunk below 128, several above), map, normaliser policy, kinds (seeds)."""
+    fm = draw(st.sampled_from(("relu", "elu1", "focused")))
+    policy = draw(st.sampled_from(({}, {"eps": 1e-6}) if fm == "focused" else POLICIES))
+    return dict(shape=(draw(st.integers(1, 2)), draw(st.integers(1, 2)), draw(st.integers(1, 40)),
+                       draw(st.one_of(st.integers(1, 127), st.integers(128, 160))), draw(st.integers(1, 20)),
+                       draw(st.integers(1, 12))),
+                feature_map=fm, policy=policy, p=draw(st.sampled_from((1.0, 2.0, 3.0, 2.5))),
+                seed=draw(st.integers(0, 2**32 - 1)), q_kind=draw(st.sampled_from(KINDS)),
+                k_kind=draw(st.sampled_from(KINDS)), v_kind=draw(st.sampled_from(("normal", "mixed_scale"))))
+
+
+def la_inputs(c, dtype):
+    b, h, n, m, d, e = c["shape"]
+    s = c["seed"]
+    return tuple(np.asarray(generate(s + i, kind, shape), dtype=dtype) for i, (kind, shape) in enumerate(
+        ((c["q_kind"], (b, h, n, d)), (c["k_kind"], (b, h, m, d)), (c["v_kind"], (b, h, m, e)))))
+
+
+def la_reference(c, q, k, v, dtype):
+    """(float64 definition, bound for ``dtype``, NumPy's own run in float32 or None) of a linear-attention case."""
+    fm, pol, p = c["feature_map"], c["policy"], c["p"]
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    definition = linear._linear_attention_numpy
+    with np.errstate(all="ignore"):
+        ref = definition(q64, k64, v64, fm, p=p, **pol)
+        if fm == "focused":
+            bound = focused.focused_attention_bound(q64, k64, v64, p=p, eps=pol.get("eps", 0.0),
+                                                    dtype=np.dtype(dtype).name)
+        else:
+            bound = linear.linear_attention_bound(q64, k64, v64, feature_map=fm, dtype=dtype, **pol)
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(definition, q64, k64, v64, fm,
+                                                                              p=p, dtype=np.float32, **pol)
+    return ref, bound, naive
+
+
+def judge(dtype, focused_map: bool):
+    """The comparison: assert_close (a "match" verdict), except the focused map and float32 windows / RALA,
+    where the running bound may reach the output's size and the verdict "inconclusive" is accepted
+    (tests.kernel_helpers.kernel_verdict: never a divergence)."""
+    return kernel_verdict(dtype) if focused_map else numerics.assert_close
+
+
+@DTYPES
+@given(c=la_cases())
+@example(c=dict(shape=(1, 2, 37, 100, 16, 9), feature_map="relu", policy={"clamp_min": 1e-2}, p=3.0, seed=5,
+                q_kind="normal", k_kind="normal", v_kind="normal"))
+@example(c=dict(shape=(1, 1, 9, 150, 20, 3), feature_map="elu1", policy={"eps": 1e-6}, p=3.0, seed=6,
+                q_kind="mixed_scale", k_kind="all_negative", v_kind="normal"))
+@example(c=dict(shape=(2, 1, 11, 13, 12, 5), feature_map="focused", policy={}, p=2.5, seed=7, q_kind="normal",
+                k_kind="near_duplicate", v_kind="normal"))
+def test_linear_attention_plain_and_fast_against_definition(dtype, c):
+    """(a) the plain kernel within the bound of the float64 definition; (b) the fast kernel (1 and 3 threads)
+    within the same bound, and bit-identical to the plain kernel for ReLU with one key chunk (M < 128)."""
+    if not needs_c():
+        return
+    q, k, v = la_inputs(c, dtype)
+    fm, pol, p = c["feature_map"], c["policy"], c["p"]
+    plain = _c_plain.linear_attention(q, k, v, fm, p=p, **pol)
+    assert plain.dtype == dtype and plain.shape == q.shape[:3] + v.shape[3:]
+    ref, bound, naive = la_reference(c, q, k, v, dtype)
+    check = judge(dtype, fm == "focused")
+    check(plain, ref, bound, dtype, naive=naive, name=f"linear_attention[plain C, {fm}, {pol}]")
+    for t in (1, 3):
+        fast = _c_linear.linear_attention(q, k, v, fm, p=p, threads=t, **pol)
+        check(fast, ref, bound, dtype, naive=naive, name=f"linear_attention[fast C, {fm}, {pol}, threads={t}]")
+        if fm == "relu" and one_chunk(c["shape"][3]):
+            np.testing.assert_array_equal(fast, plain, err_msg="fast != plain where they perform the same "
+                                                               "operations in the same order")
+
+
+@DTYPES
+@pytest.mark.parametrize("mode", ["divide", "multiply"])
+def test_reweighted_and_v_scale_forms_are_the_fast_bits(dtype, mode):
+    """The plain kernel's key weights (RALA Eq. 3's alpha_j), kv_scale and v_scale (L2ViT's per-head gain) are
+    the operations of the definition (v_scale: the bits of the prescaled v) and, for ReLU with one key chunk,
+    the fast kernel's bits at every thread count; with several key chunks both stay within
+    linear_attention_bound of the prescaled definition."""
+    if not needs_c():
+        return
+    for m in (90, 200):
+        q, k, v = la_inputs(dict(shape=(2, 3, 70, m, 24, 17), seed=21, q_kind="normal", k_kind="normal",
+                                 v_kind="mixed_scale"), dtype)
+        s = np.asarray([0.5, 3.0, 1.25], dtype=dtype)
+        prescaled = v / s.reshape(1, 3, 1, 1) if mode == "divide" else v * s.reshape(1, 3, 1, 1)
+        plain = _c_plain.linear_attention(q, k, v, "relu", 1e-6, v_scale=s, v_scale_mode=mode)
+        np.testing.assert_array_equal(plain, _c_plain.linear_attention(q, k, prescaled, "relu", 1e-6))
+        alpha = np.asarray(np.random.default_rng(m).random((2, 3, m)) * 2, dtype=dtype)
+        rw_plain = _c_plain.reweighted_linear_attention(q, k, v, alpha, "relu", 1.0 / m, 1e-6)
+        for t in (1, 2, 5):
+            fast = _c_linear.linear_attention(q, k, v, "relu", 1e-6, v_scale=s, v_scale_mode=mode, threads=t)
+            rw_fast = _c_linear.reweighted_linear_attention(q, k, v, alpha, "relu", 1.0 / m, 1e-6, threads=t)
+            if one_chunk(m):
+                np.testing.assert_array_equal(fast, plain)
+                np.testing.assert_array_equal(rw_fast, rw_plain)
+            else:
+                q64, k64, v64 = (a.astype(np.float64) for a in (q, k, prescaled))
+                ref = linear._linear_attention_numpy(q64, k64, v64, "relu", 1e-6)
+                bound = linear.linear_attention_bound(q64, k64, v64, feature_map="relu", eps=1e-6, dtype=dtype)
+                for got in (plain, fast):
+                    numerics.assert_close(got, ref, bound, dtype, name=f"v_scale {mode}, M = {m}")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Castling-ViT's linear-angular attention: refimpl_linear_angular_plain
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def angular_cases(draw):
+    """A linear-angular problem (M = N for constant "own"; d below and above 8, M below and above 128)."""
+    c = draw(la_cases())
+    b, h, n, m, d, e = c["shape"]
+    constant = draw(st.sampled_from(("sum", "own")))
+    c.update(shape=(b, h, n, n if constant == "own" else m, d, e), constant=constant,
+             normalizer=draw(st.sampled_from(("none", "similarity_sum"))))
+    return c
+
+
+@DTYPES
+@given(c=angular_cases())
+@example(c=dict(shape=(1, 2, 30, 30, 5, 7), feature_map="relu", policy={}, p=3.0, seed=9, q_kind="normal",
+                k_kind="near_duplicate", v_kind="normal", constant="own", normalizer="similarity_sum"))
+def test_linear_angular_plain_and_fast_against_definition(dtype, c):
+    """(a) the plain kernel within linear_angular_attention_bound of angular.linear_angular_attention (Castling-ViT
+    Eq. 9, paper-mode unit rows) in float64; (b) the fast kernel (1 and 3 threads) within the same bound, and
+    bit-identical to the plain kernel for d < 8 with one key chunk (M < 128): the fast kernel sums the squares
+    of a unit row in 8 lanes, so only there are the operations and their order the same."""
+    from refimpl.attention import angular
+    if not needs_c():
+        return
+    q, k, v = la_inputs(c, dtype)
+    eps, constant, normalizer = 1e-12, c["constant"], c["normalizer"]
+    plain = _c_plain.linear_angular_attention(q, k, v, constant, normalizer, eps)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    definition = backends.definition("linear_angular_attention")
+    with np.errstate(all="ignore"):
+        ref = angular.linear_angular_attention(q64, k64, v64, constant=constant, normalizer=normalizer, eps=eps,
+                                               policy="clamp", arithmetic="scaled")
+        bound = angular.linear_angular_attention_bound(q64, k64, v64, constant=constant, normalizer=normalizer,
+                                                       eps=eps)
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(
+            definition, q64, k64, v64, constant, normalizer, eps, dtype=np.float32)
+    numerics.assert_close(plain, ref, bound, dtype, naive=naive, name=f"linear_angular[plain C, {constant}, "
+                                                                      f"{normalizer}]")
+    for t in (1, 3):
+        fast = _c_linear.linear_angular_attention(q, k, v, constant, normalizer, eps, threads=t)
+        numerics.assert_close(fast, ref, bound, dtype, naive=naive, name=f"linear_angular[fast C, threads={t}]")
+        if c["shape"][4] < 8 and one_chunk(c["shape"][3]):
+            np.testing.assert_array_equal(fast, plain, err_msg="fast != plain where they perform the same "
+                                                               "operations in the same order")
+
+
+# ---------------------------------------------------------------------------------------------------
+# RALA: refimpl_rala_alpha_plain (Eq. 4) with the plain linear attention (Eq. 2-3)
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def rala_cases(draw):
+    """A RoPE-free, linear-order RALA core problem (M = N, e = d) and its configuration."""
+    h = draw(st.integers(1, 2))
+    cfg = dict(kernel=draw(st.sampled_from(("elu1", "relu"))), reweight=True,
+               global_query=draw(st.sampled_from(("q", "kappa_q"))),
+               alpha_scale=draw(st.sampled_from(("none", "head_dim"))),
+               token_scaling=draw(st.sampled_from(("sum", "mean"))), eps=draw(st.sampled_from((0.0, 1e-6))))
+    return dict(b=draw(st.integers(1, 2)), h=h, n=draw(st.one_of(st.integers(1, 60), st.integers(128, 150))),
+                d=draw(st.integers(1, 20)), cfg=cfg, seed=draw(st.integers(0, 2**32 - 1)),
+                kind=draw(st.sampled_from(("normal", "near_duplicate"))))
+
+
+def rala_pipeline(mod, q, k, v, cfg, n, d):
+    """alpha (Eq. 4) then the reweighted attention (Eq. 2-3) by module ``mod`` (_c_plain or _c_linear)."""
+    alpha = mod.rala_alpha(q, k, cfg.global_query, cfg.kernel, d ** -0.5 if cfg.alpha_scale == "head_dim" else 1.0)
+    kv_scale = 1.0 / n if cfg.token_scaling == "mean" else 1.0
+    return alpha, mod.reweighted_linear_attention(q, k, v, alpha, cfg.kernel, kv_scale, cfg.eps)
+
+
+@DTYPES
+@given(c=rala_cases())
+@example(c=dict(b=1, h=2, n=49, d=16, seed=8, kind="normal",
+                cfg=dict(kernel="elu1", reweight=True, global_query="kappa_q", alpha_scale="head_dim",
+                         token_scaling="mean", eps=1e-6)))
+def test_rala_plain_and_fast_against_definition(dtype, c):
+    """(a) plain alpha (Eq. 4) and plain reweighted attention (Eq. 2-3) within rala_core_bound of the float64
+    rala_core; (b) the fast pipeline within the same bound (alpha is never bit-identical: other summation
+    orders and exp); both alphas non-negative and summing to M within the roundings of that sum."""
+    if not needs_c():
+        return
+    cfg = rala.RALAConfig(dim=c["h"] * c["d"], num_heads=c["h"], **c["cfg"])
+    shape = (c["b"], c["h"], c["n"], c["d"])
+    q, k, v = (np.asarray(generate(c["seed"] + i, c["kind"] if i < 2 else "normal", shape), dtype=dtype)
+               for i in range(3))
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    with np.errstate(all="ignore"):
+        ref = rala.rala_core(q64, k64, v64, cfg)
+        bound = rala.rala_core_bound(q64, k64, v64, cfg, dtype=dtype)
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(rala.rala_core, q64, k64, v64, cfg,
+                                                                              dtype=np.float32)
+    u = numerics.unit_roundoff(dtype)
+    for name, mod in (("plain", _c_plain), ("fast", _c_linear)):
+        alpha, got = rala_pipeline(mod, q, k, v, cfg, c["n"], c["d"])
+        assert alpha.dtype == dtype and got.dtype == dtype
+        assert np.all(alpha >= 0)
+        # sum_j M (e_j / S): S's n - 1 roundings, the quotient, the product by M, then this float64 sum's n - 1
+        total = np.sum(alpha.astype(np.float64), axis=-1)
+        assert np.all(np.abs(total - c["n"]) <= c["n"] * numerics.gamma(2 * c["n"] + 1, u)), total
+        kernel_verdict(dtype)(got, ref, bound, dtype, naive=naive, name=f"rala_core[{name} C, {c['cfg']}]")
+
+
+def test_rala_alpha_plain_is_eq4_on_a_hand_case():
+    """alpha = M softmax(scale Q_g . kappa(K_j)) on a case small enough to write out (RALA Eq. 4): kappa = ReLU,
+    Q_g = mean of Q, exact in binary; alpha is the float64 evaluation of the written-out formula."""
+    if not needs_c():
+        return
+    q = np.array([[[[1.0, -2.0], [3.0, 4.0]]]])             # Q_g = (2, 1)
+    k = np.array([[[[1.0, 0.0], [0.0, 1.0], [-1.0, 2.0]]]])  # kappa(K) = (1, 0), (0, 1), (0, 2); logits 2, 1, 2
+    e = np.exp(np.array([0.0, -1.0, 0.0]))
+    want = 3.0 * (e / (1.0 + np.exp(-1.0) + 1.0))
+    got = _c_plain.rala_alpha(q, k, "q", "relu", 1.0)
+    np.testing.assert_allclose(got[0, 0], want, rtol=8 * numerics.unit_roundoff(np.float64), atol=0)
+    assert got[0, 0, 0] == got[0, 0, 2]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Window softmax attention: refimpl_window_attention_plain
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def window_cases(draw):
+    """Windows (nW windows per image, b images), heads, n = m tokens per window (or n != m), d, e, bias kind
+    (none, shared by the windows, one per item), mask (none, or random with each row's first key kept)."""
+    nw = draw(st.integers(1, 3))
+    return dict(b=draw(st.integers(1, 2)), nw=nw, h=draw(st.integers(1, 3)), n=draw(st.integers(1, 20)),
+                m=draw(st.integers(1, 20)), d=draw(st.integers(1, 12)), e=draw(st.integers(1, 9)),
+                bias=draw(st.sampled_from((None, "shared", "per_item"))), mask=draw(st.booleans()),
+                scale=draw(st.sampled_from((1.0, 0.25, 0.3))), seed=draw(st.integers(0, 2**32 - 1)),
+                kind=draw(st.sampled_from(("normal", "mixed_scale", "near_duplicate"))))
+
+
+def window_inputs(c, dtype):
+    """(q, k, v, bias, mask) of the case in ``dtype``; the mask keeps each row's first key (no empty row)."""
+    bw = c["b"] * c["nw"]
+    s, h, n, m = c["seed"], c["h"], c["n"], c["m"]
+    q = generate(s, c["kind"], (bw, h, n, c["d"]))
+    k = generate(s + 1, c["kind"], (bw, h, m, c["d"]))
+    v = generate(s + 2, "normal", (bw, h, m, c["e"]))
+    rng = np.random.default_rng(s % 2**32)
+    bias = None
+    if c["bias"] is not None:
+        bias = rng.standard_normal((h, n, m) if c["bias"] == "shared" else (bw, h, n, m))
+    mask = None
+    if c["mask"]:
+        mask = rng.random((c["nw"], n, m)) > 0.4
+        mask[..., 0] = True
+    as_t = (lambda a: None if a is None else np.asarray(a, dtype=dtype))
+    return as_t(q), as_t(k), as_t(v), as_t(bias), mask
+
+
+def window_reference(q, k, v, scale, bias, mask, dtype):
+    """(float64 definition, softmax_attention_bound for ``dtype``, NumPy's float32 run or None)."""
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    b64 = None if bias is None else bias.astype(np.float64)
+    bb = None if b64 is None else (b64[None] if b64.ndim == 3 else b64)            # as the definition reads them
+    mk = None if mask is None else np.tile(mask, (q.shape[0] // mask.shape[0], 1, 1))[:, None]
+    definition = softmax._window_softmax_attention_numpy
+    with np.errstate(all="ignore"):
+        ref = definition(q64, k64, v64, scale, b64, mask)
+        bound = softmax.softmax_attention_bound(q64, k64, v64, scale=scale, bias=bb, mask=mk, dtype=dtype)
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(definition, q64, k64, v64, scale,
+                                                                              b64, mask, dtype=np.float32)
+    return ref, bound, naive
+
+
+@DTYPES
+@given(c=window_cases())
+@example(c=dict(b=1, nw=4, h=3, n=49, m=49, d=32, e=32, bias="shared", mask=True, scale=32 ** -0.5, seed=2,
+                kind="normal"))
+def test_window_attention_plain_and_fast_against_definition(dtype, c):
+    """(a) the plain kernel within softmax_attention_bound of the float64 definition (Swin Eq. 4 per window);
+    (b) the fast kernel (1 and 3 threads) within the same bound, and bit-identical where every exp argument
+    is 0 or -inf (M = 1): its only difference from the plain kernel is its exp."""
+    if not needs_c():
+        return
+    q, k, v, bias, mask = window_inputs(c, dtype)
+    scale = c["scale"]
+    plain = _c_plain.window_softmax_attention(q, k, v, scale, bias, mask)
+    assert plain.dtype == dtype and plain.shape == q.shape[:3] + v.shape[3:]
+    ref, bound, naive = window_reference(q, k, v, scale, bias, mask, dtype)
+    kernel_verdict(dtype)(plain, ref, bound, dtype, naive=naive, name=f"window_attention[plain C, {c['bias']}]")
+    for t in (1, 3):
+        fast = _c_softmax.window_softmax_attention(q, k, v, scale, bias, mask, threads=t)
+        kernel_verdict(dtype)(fast, ref, bound, dtype, naive=naive, name=f"window_attention[fast C, threads={t}]")
+        if c["m"] == 1:
+            np.testing.assert_array_equal(fast, plain)
+
+
+@DTYPES
+def test_window_one_key_per_row_is_bit_identical_and_empty_rows_are_nan(dtype):
+    """With a mask that leaves one key per row (a different key per window and row, bias per item) every
+    probability is exactly 0 or 1, so fast and plain perform identical operations: the same bits, which pins
+    the bias, mask and value indexing (item bh uses bias[bh % count] and mask[(bh / h) % nW]).  A fully masked
+    row is NaN (0 / 0) in both, exactly where the definition has NaN."""
+    if not needs_c():
+        return
+    c = dict(b=2, nw=3, h=2, n=7, m=9, d=5, e=4, bias="per_item", mask=False, scale=0.5, seed=31, kind="normal")
+    q, k, v, bias, _ = window_inputs(c, dtype)
+    rng = np.random.default_rng(4)
+    mask = np.zeros((3, 7, 9), dtype=bool)
+    mask[np.arange(3)[:, None], np.arange(7)[None, :], rng.integers(0, 9, (3, 7))] = True
+    plain = _c_plain.window_softmax_attention(q, k, v, 0.5, bias, mask)
+    np.testing.assert_array_equal(_c_softmax.window_softmax_attention(q, k, v, 0.5, bias, mask, threads=2), plain)
+    keys = np.argmax(mask, axis=-1)                                   # (nW, n): the one key of each row
+    want = v[np.arange(6)[:, None, None], np.arange(2)[None, :, None], np.tile(keys, (2, 1))[:, None, :]]
+    np.testing.assert_array_equal(plain, want)
+    mask[1, 3] = False                                                # window 1, row 3: no key at all
+    plain = _c_plain.window_softmax_attention(q, k, v, 0.5, bias, mask)
+    with np.errstate(all="ignore"):
+        ref = softmax._window_softmax_attention_numpy(q, k, v, 0.5, bias, mask)
+    np.testing.assert_array_equal(np.isnan(plain), np.isnan(ref))
+    assert np.isnan(plain[1::3, :, 3]).all() and np.isnan(plain).sum() == 2 * 2 * 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# The wrappers: validation, poisoning, raw refusals, not registered
+# ---------------------------------------------------------------------------------------------------
+
+def test_plain_kernels_are_not_registered_backends():
+    """The plain versions are specifications, not backends: no registered kernel of any operation is one of
+    them, so ``auto`` and backends.call never run them."""
+    plain = {_c_plain.linear_attention, _c_plain.reweighted_linear_attention, _c_plain.linear_angular_attention,
+             _c_plain.rala_alpha, _c_plain.window_softmax_attention}
+    for op, impls in backends._REGISTRY.items():
+        assert not plain & set(impls.values()), op
+
+
+def test_bad_input_is_refused_naming_the_argument():
+    """Wrong dtypes, shapes and options are refused before C is called, naming the argument."""
+    if not needs_c():
+        return
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, 2, 5, 3)) for _ in range(3))
+    cases = [
+        (lambda: _c_plain.linear_attention(q.astype(np.float32), k, v), TypeError, "'k'"),
+        (lambda: _c_plain.linear_attention(q, k[..., :2], v), ValueError, "'k'"),
+        (lambda: _c_plain.linear_attention(q, k, v, "softmax"), ValueError, "'feature_map'"),
+        (lambda: _c_plain.linear_attention(q, k, v, eps_policy="max"), ValueError, "'eps_policy'"),
+        (lambda: _c_plain.linear_attention(q, k, v, eps="1"), TypeError, "'eps'"),
+        (lambda: _c_plain.linear_attention(q, k, v, "focused", p=0.5), ValueError, "'p'"),
+        (lambda: _c_plain.linear_attention(q, k, v, v_scale=np.ones(3)), ValueError, "'v_scale'"),
+        (lambda: _c_plain.linear_attention(q, k, v, v_scale=np.ones(2), v_scale_mode="add"), ValueError,
+         "'v_scale_mode'"),
+        (lambda: _c_plain.reweighted_linear_attention(q, k, v, np.ones((1, 2, 4))), ValueError, "'alpha'"),
+        (lambda: _c_plain.reweighted_linear_attention(q, k, v, np.ones((1, 2, 5), np.float32)), TypeError, "'alpha'"),
+        (lambda: _c_plain.reweighted_linear_attention(q, k, v, np.ones((1, 2, 5)), "focused"), ValueError,
+         "'kernel'"),
+        (lambda: _c_plain.linear_angular_attention(q, k, v, "mean"), ValueError, "'constant'"),
+        (lambda: _c_plain.linear_angular_attention(q, k, v, normalizer="output_l2"), ValueError, "'normalizer'"),
+        (lambda: _c_plain.linear_angular_attention(q, k, v, eps=-1.0), ValueError, "'eps'"),
+        (lambda: _c_plain.linear_angular_attention(q, k[:, :, :4], v[:, :, :4], "own"), ValueError, "'v'"),
+        (lambda: _c_plain.rala_alpha(q, k, "mean"), ValueError, "'global_query'"),
+        (lambda: _c_plain.rala_alpha(q, k[0]), ValueError, "'k'"),
+        (lambda: _c_plain.rala_alpha(q, k, scale=None), TypeError, "'scale'"),
+        (lambda: _c_plain.window_softmax_attention(q, k, v, 0.5, np.ones((3, 5, 5))), ValueError, "'bias'"),
+        (lambda: _c_plain.window_softmax_attention(q, k, v, 0.5, None, np.ones((1, 5, 5))), TypeError, "'mask'"),
+        (lambda: _c_plain.window_softmax_attention(q, k, v, 0.5, None, np.ones((2, 5, 5), bool)), ValueError,
+         "'mask'"),
+    ]
+    for call, exc, word in cases:
+        with pytest.raises(exc, match=word):
+            call()
+
+
+@pytest.mark.parametrize("symbol", ["refimpl_linear_attention_plain_f64", "refimpl_linear_angular_plain_f64",
+                                    "refimpl_rala_alpha_plain_f64", "refimpl_window_attention_plain_f64"])
+def test_outputs_are_nan_poisoned_before_the_plain_kernel_runs(symbol):
+    """A plain kernel that returns without writing leaves an all-NaN output (the wrappers poison it first)."""
+    if not needs_c():
+        return
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 6, 3)) for _ in range(3))
+    call = {"refimpl_linear_attention_plain_f64": lambda: _c_plain.linear_attention(q, k, v),
+            "refimpl_linear_angular_plain_f64": lambda: _c_plain.linear_angular_attention(q, k, v),
+            "refimpl_rala_alpha_plain_f64": lambda: _c_plain.rala_alpha(q, k),
+            "refimpl_window_attention_plain_f64": lambda: _c_plain.window_softmax_attention(q, k, v, 0.5)}[symbol]
+    with c_kernel_that_writes_nothing(symbol) as calls:
+        res = call()
+    assert calls and np.isnan(res).all()
+
+
+def test_raw_refusals_write_nothing():
+    """The plain entry points' own checks (the second line of defence): NULL buffers, sizes < 1, bad options
+    and short workspaces return their status and leave the output untouched."""
+    if not needs_c():
+        return
+    mod = _c._load()
+    ffi, lib = mod.ffi, mod.lib
+    sentinel = np.full(64, 7.0)
+    o = ffi.from_buffer("double[]", sentinel, require_writable=True)
+    ws = ffi.from_buffer("double[]", np.zeros(64), require_writable=True)
+    x = ffi.from_buffer("double[]", np.ones(64))
+    opts = ffi.new("struct refimpl_la_options *", dict(feature_map=0, eps_policy=0, clamp=0, v_scale_divide=1,
+                                                       power=3.0, clamp_min=0.0, eps=0.0, kv_scale=1.0))
+    bad_map = ffi.new("struct refimpl_la_options *", dict(feature_map=7, eps_policy=0, power=3.0, kv_scale=1.0))
+    bad_p = ffi.new("struct refimpl_la_options *", dict(feature_map=2, eps_policy=0, power=0.5, kv_scale=1.0))
+    la = lib.refimpl_linear_attention_plain_f64
+    ra = lib.refimpl_rala_alpha_plain_f64
+    wa = lib.refimpl_window_attention_plain_f64
+    an = lib.refimpl_linear_angular_plain_f64
+    nul = ffi.NULL
+    for status, want in ((la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 0),
+                         (la(o, ws, nul, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 5),
+                         (la(o, ws, x, x, x, nul, nul, nul, 1, 2, 2, 2, 2, 64), 5),
+                         (la(o, ws, x, x, x, nul, nul, opts, 1, 0, 2, 2, 2, 64), 1),
+                         (la(o, ws, x, x, x, nul, nul, bad_map, 1, 2, 2, 2, 2, 64), 6),
+                         (la(o, ws, x, x, x, nul, nul, bad_p, 1, 2, 2, 2, 2, 64), 6),
+                         (la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 7), 7),
+                         (an(o, ws, x, x, x, 1e-12, 1, 0, 1, 2, 3, 2, 2, 64), 1),
+                         (an(o, ws, x, x, x, 1e-12, 0, 0, 1, 2, 3, 2, 2, 9), 7),
+                         (ra(o, ws, x, x, 2, 0, 1.0, 1, 2, 2, 2, 64), 6),
+                         (ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 2, 2, 3), 7),
+                         (ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 0, 2, 64), 1),
+                         (wa(o, ws, x, x, x, nul, nul, 1.0, 3, 2, 2, 2, 2, 2, 1, 1, 64), 1),
+                         (wa(o, ws, x, x, x, x, nul, 1.0, 2, 1, 2, 2, 2, 2, 0, 1, 64), 1),
+                         (wa(o, ws, x, x, x, nul, nul, 1.0, 2, 1, 2, 2, 2, 2, 1, 1, 1), 7)):
+        assert status == want
+        if want:
+            assert (sentinel == 7.0).all()
+        sentinel[:] = 7.0
