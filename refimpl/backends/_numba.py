@@ -13,7 +13,8 @@ the per-thread scratch buffers and the worker pool :func:`_run_shared` with its 
 :func:`lisa_threads`) and the feature-map kernels (Castling-ViT's angular series features, FLatten's
 f_p).  The other kernel families live next to it, each registered with its predicate there:
 ``_numba_depthwise.py`` (depthwise conv2d), ``_numba_lisa.py`` (LiSA: contraction, spectral products,
-the fused FFT core), ``_numba_elementwise.py`` (GELU).
+the fused FFT core), ``_numba_lisa_local.py`` (LiSA Table 3c's direct local operator),
+``_numba_elementwise.py`` (GELU).
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ verdict, the first divergence, the shadow run's and the gradients' verdicts), an
 part (the module factory, the score of a matching example, running the examples and picking the report shown).
 
 Layer: the verify tool (torch, imported inside the functions).  Imports the verdict and :mod:`.loading` /
-:mod:`.report` only, so that :mod:`.run` and :mod:`.networks` both sit above it (architecture issue 12: the
-former ``networks -> run -> networks`` import cycle).
+:mod:`.report` only, so that :mod:`.run` and :mod:`.networks` both sit above it (no
+``networks -> run -> networks`` import cycle).
 """
 
 from __future__ import annotations
