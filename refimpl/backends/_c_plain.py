@@ -285,31 +285,8 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     sz = a.sizes
     bw, h, n, m, d = sz["B"], sz["h"], sz["N"], sz["M"], sz["d"]
     dt = a.q.dtype
-    bias_c, bias_count = None, 1
-    if bias is not None:
-        bias_c = _validate._array(bias, "bias", "C")
-        if bias_c.dtype != dt:
-            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'q'), got {bias_c.dtype}")
-        if bias_c.shape in ((h, n, m), (1, h, n, m)):
-            bias_count = h
-        elif bias_c.shape == (bw, h, n, m):
-            bias_count = bw * h
-        else:
-            raise ValueError(f"argument 'bias': expected shape ({h}, {n}, {m}), (1, {h}, {n}, {m}) or "
-                             f"({bw}, {h}, {n}, {m}), got {bias_c.shape}")
-        bias_c = _validate._contiguous(bias_c)
-    mask_c, mask_count = None, 1
-    if mask is not None:
-        mk = np.asarray(mask)
-        if mk.dtype != bool:
-            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mk.dtype}")
-        if mk.ndim == 4 and mk.shape[1] == 1:
-            mk = mk[:, 0]
-        if mk.ndim != 3 or mk.shape[1:] != (n, m) or mk.shape[0] < 1 or bw % mk.shape[0]:
-            raise ValueError(f"argument 'mask': expected shape (nW, {n}, {m}) with nW dividing {bw} (the "
-                             f"windows of q), got {np.shape(mask)}")
-        mask_c = np.ascontiguousarray(mk).view(np.uint8)
-        mask_count = mk.shape[0]
+    bias_c, bias_count, mask_c, mask_count = _validate.window_bias_mask(bias, mask, sz, dt)
+    bias_count, mask_count = max(bias_count, 1), max(mask_count, 1)   # the plain kernel's counts are >= 1
     ws = _workspace("refimpl_window_attention_plain_workspace", m, dtype=dt)
     result = empty_aligned(a.out_shape, dt)
     return run_kernel("window_attention_plain", result, a.q, a.k, a.v, bias_c, mask_c, float(scale), bw * h, h, n,

@@ -260,3 +260,37 @@ def workspace_buffer(workspace: Any, dt: np.dtype, need: int, inputs: Any, first
                          f"{workspace.size} (shape {workspace.shape}); allocate it with "
                          f"refimpl.backends._c_linear.linear_attention_workspace")
     return workspace.reshape(-1)
+
+
+def window_bias_mask(bias: Any, mask: Any, sizes: Any, dt: Any) -> tuple[Any, int, Any, int]:
+    """The additive bias and boolean mask of window attention, checked against the windows of q (``sizes`` of
+    :func:`linear_attention_args`): bias (h, n, m), (1, h, n, m) or (BW, h, n, m) in q's dtype, mask (nW, n, m) or
+    (nW, 1, n, m) bool with nW dividing BW.  Returns (bias, bias_count, mask as uint8, mask_count), counts 0 and
+    arrays None where absent."""
+    bw, h, n, m = sizes["B"], sizes["h"], sizes["N"], sizes["M"]
+    bias_c, bias_count = None, 0
+    if bias is not None:
+        bias_c = _array(bias, "bias", "C")
+        if bias_c.dtype != dt:
+            raise TypeError(f"argument 'bias': expected dtype {dt} (the dtype of 'q'), got {bias_c.dtype}")
+        if bias_c.shape in ((h, n, m), (1, h, n, m)):
+            bias_count = h
+        elif bias_c.shape == (bw, h, n, m):
+            bias_count = bw * h
+        else:
+            raise ValueError(f"argument 'bias': expected shape ({h}, {n}, {m}), (1, {h}, {n}, {m}) or "
+                             f"({bw}, {h}, {n}, {m}), got {bias_c.shape}")
+        bias_c = _contiguous(bias_c)
+    mask_c, mask_count = None, 0
+    if mask is not None:
+        mk = np.asarray(mask)
+        if mk.dtype != bool:
+            raise TypeError(f"argument 'mask': expected a bool array (True = may attend), got dtype {mk.dtype}")
+        if mk.ndim == 4 and mk.shape[1] == 1:
+            mk = mk[:, 0]
+        if mk.ndim != 3 or mk.shape[1:] != (n, m) or mk.shape[0] < 1 or bw % mk.shape[0]:
+            raise ValueError(f"argument 'mask': expected shape (nW, {n}, {m}) with nW dividing {bw} (the "
+                             f"windows of q), got {np.shape(mask)}")
+        mask_c = np.ascontiguousarray(mk).view(np.uint8)
+        mask_count = mk.shape[0]
+    return bias_c, bias_count, mask_c, mask_count
