@@ -6,7 +6,7 @@ refimpl timed once per available backend and under "auto" (refimpl.backends.use:
 auto table), the twin with torch.no_grad() in eval mode, all in the same process and run.  Reported: the best
 wall time of ``--repeats`` runs after one warm-up run (Numba compiles on first use), every repeat's time (so
 that benchmarks/compare.py can tell a regression from run-to-run noise), and the ratio refimpl / PyTorch (the
-issue's goal for the accelerated backends: <= 1).
+goal for the accelerated backends, docs/benchmarks.md: <= 1).
 
 Threads: each thread count of ``--threads`` (default "1,2") is run in turn, with BLAS/OpenMP pools limited by
 threadpoolctl (``threadpool_limits``: OpenBLAS, MKL, OpenMP, whichever NumPy and torch loaded), torch by

@@ -1,4 +1,4 @@
-"""Where a network's forward spends the time that PyTorch does not (issue 16 item 1, "profile first").
+"""Where a network's forward spends the time that PyTorch does not.
 
 For each chosen network (float64, 224 x 224 or the config's img_size, batch 1, random parameters loaded into
 both sides, one process, BLAS/OpenMP pools limited by threadpoolctl, torch and Numba set to the same count, and

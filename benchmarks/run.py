@@ -1,4 +1,4 @@
-"""Issue 6 benchmarks: refimpl on every backend against PyTorch CPU eager, in the same process and window.
+"""The attention benchmarks: refimpl on every backend against PyTorch CPU eager, in the same process and window.
 
 Run (from the repository root; never part of the test suite):
 

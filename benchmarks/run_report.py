@@ -103,7 +103,7 @@ def print_report(result: dict) -> None:
             r = w.get("best_over_torch")
             print(f"{w['name'][:44]:44s} {w['dtype']:7s} " + " ".join(cells) +
                   (f" {r['ratio']:6.2f} {r['backend']}" if r else ""))
-        print("targets of issue 6:")
+        print("targets of the attention kernels (docs/benchmarks.md):")
         for label, res, status in targets(col):
             print(f"  {status.strip('*'):7s} {label}: {res}")
         mem = col.get("memory")
@@ -119,7 +119,7 @@ def print_report(result: dict) -> None:
             print(f"  [{t} thr] {s}: {line}")
 
 
-#: The issue-6 targets that the tables decide (float64 unless stated): (label, workload-name prefix, dtype,
+#: The attention kernels' targets that the tables decide (float64 unless stated): (label, workload-name prefix, dtype,
 #: kind, limit).  kind "ratio": best accelerated backend / torch <= limit (every matching workload);
 #: "peak": the accelerated backend's fraction of the same column's NumPy matmul peak >= limit, over the
 #: matching workloads with N >= 16384.
@@ -146,7 +146,7 @@ def _accelerated(w: dict) -> tuple[str, float] | None:
 
 def targets(col: dict) -> list[tuple[str, str, str]]:
     """[(target, result, "met" | "missed")] for one thread column, from :data:`TARGETS`.  LiSA counts only
-    the issue's two workloads (not the "(scaling)" rows); the result lists each matching workload's value."""
+    the target's two workloads (not the "(scaling)" rows); the result lists each matching workload's value."""
     rows = []
     for label, prefix, dtype, kind, limit in TARGETS:
         vals = []
@@ -200,7 +200,7 @@ def markdown(result: dict) -> str:
             lines.append(f"| {w['name']} | {w['dtype']} | " + " | ".join(cells) + " | " +
                          (f"{r['ratio']:.2f} ({r['backend']})" if r else "-") + " |")
         lines.append("")
-        lines.append(f"Targets of issue 6, {t} thread(s), computed from the table above (benchmarks/run_report.py, "
+        lines.append(f"Targets of the attention kernels, {t} thread(s), computed from the table above (benchmarks/run_report.py, "
                      f"`TARGETS`; each result lists the matching workloads in table order):")
         lines.append("")
         lines.append("| target | result | status |")

@@ -174,7 +174,10 @@ class Bench:
         if wl.torch_fn is not None:
             fns["torch"] = wl.torch_fn
         # informational agreement (not a test): max |impl - numpy| / max |numpy|
-        ref64 = np.asarray(ref_out, dtype=np.float64)
+        # (complex outputs, the LiSA spectral product, are compared as complex numbers: |a - b| of the complex
+        # difference, not of the real parts alone)
+        wide = np.complex128 if np.iscomplexobj(ref_out) else np.float64
+        ref64 = np.asarray(ref_out, dtype=wide)
         scale = float(np.nanmax(np.abs(ref64))) or 1.0
         first_t = time.perf_counter()
         del ref_out
@@ -191,7 +194,7 @@ class Bench:
                 out = out.detach().numpy()
             if isinstance(out, tuple):
                 out = out[-1]
-            diff = float(np.nanmax(np.abs(np.asarray(out, dtype=np.float64) - ref64))) / scale \
+            diff = float(np.nanmax(np.abs(np.asarray(out, dtype=wide) - ref64))) / scale \
                 if np.shape(out) == ref64.shape else None
             med = statistics.median(times[k])
             pk = peak.get(f"numpy matmul {wl.dtype}", {}).get("gflops")

@@ -284,6 +284,24 @@ def workloads_ops(np, torch, quick):
         out.append(Workload("op lisa_contraction 56x56 c=32 D=16 h=2", dt, 2 * 4 * m * c * dd, "4 N c D per head",
                             lambda qb=qb, a=a, bv=bv: lisa_cores._lisa_contraction_numpy(qb, a, bv)[1], tfn,
                             direct=direct("lisa_contraction", (qb, a, bv), ((1, 2, m, c), dt))))
+        # LiSA's local operator (Table 3c): the k x k window convolution of c = 32 channels into D = 16 on a
+        # 56x56 grid, 2 heads; torch's expression is the same depthwise correlation with channel multiplier D
+        # (conv2d, groups = c), in torch's channels-first output layout (no transpose counted on its side)
+        for ksz in (3, 7):
+            xl = rng.standard_normal((1, 2, m, c)).astype(dt)
+            wl = rng.standard_normal((ksz * ksz, c, dd)).astype(dt)
+            tfn = None
+            if torch is not None:
+                tx = torch.from_numpy(xl.reshape(2, 56, 56, c).transpose(0, 3, 1, 2).copy())
+                tw = torch.from_numpy(wl.reshape(ksz, ksz, c, dd).transpose(2, 3, 0, 1).reshape(c * dd, 1, ksz, ksz)
+                                      .copy())
+                tfn = (lambda tx=tx, tw=tw, ksz=ksz: torch.nn.functional.conv2d(tx, tw, padding=ksz // 2, groups=c))
+            out.append(Workload(f"op lisa_local_convolve 56x56 k={ksz} c=32 D=16 h=2", dt, 2 * 2 * m * c * dd * ksz ** 2,
+                                "2 N c D k^2 per head",
+                                lambda xl=xl, wl=wl, ksz=ksz: backends.definition("lisa_local_convolve")(
+                                    xl, wl, (56, 56), (ksz, ksz)), tfn,
+                                direct=direct("lisa_local_convolve", (xl, wl, (56, 56), (ksz, ksz)),
+                                              ((1, 2, m, c, dd), dt))))
         # spectral product of Ga at 56x56 (rfft bins 56 x 29), c = 32, D = 16, 2 heads
         cdt = "complex128" if dt == "float64" else "complex64"
         nf = 56 * 29

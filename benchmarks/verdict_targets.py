@@ -11,7 +11,7 @@ from benchmarks.verdict_calibration import HEADLINE
 from benchmarks.verdict_measure import LOG_T_MIN, _num
 from refimpl import verdict
 
-#: Targets of the issue: (a) threshold / largest legitimate error; (b) detection at most this many times the
+#: The verdict's targets (docs/verdict.md): (a) threshold / largest legitimate error; (b) detection at most this many times the
 #: ensemble's largest relative error, and at most this many u_T.
 TIGHTNESS_TARGET = 10.0
 SENS_ENSEMBLE_FACTOR = 10.0

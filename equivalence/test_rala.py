@@ -2,7 +2,7 @@
 float64, every available device, through the error model (rala_core_bound, rala_attention_bound,
 ravlt_ffn_bound and the layers' bounds, each built for the tested dtype).
 
-Inputs include the cases the issue names: dead ELU+1 / ReLU features (pre-activations of -1000, so
+Inputs include the hard cases: dead ELU+1 / ReLU features (pre-activations of -1000, so
 kappa is exactly 0 in every precision), whole dead query rows (a zero normaliser: 0/0 = NaN on both sides
 in the paper preset, 0 with the official eps), near-zero and exactly-zero rows (kappa = 1), strongly
 negative but representable pre-activations (kappa down to e^-60), and large logits (peaked alpha).

@@ -15,7 +15,7 @@ an H100 with torch 2.11, and a CPU with oneDNN off):
 Here every such unit is evaluated by every legitimate variant of refimpl.ensemble (the CPU emulation of other
 machines: summation orders, im2col and FFT convolution, oneDNN off, 1/2/16 threads), and each variant in
 turn is the tested output, judged against the others (leave one out): each must be accepted.  The void case
-of the issue is a regression test too: a planted batch-state bug in FLatten-PVT stage 1 (56 x 56 tokens,
+of docs/verdict.md is a regression test too: a planted batch-state bug in FLatten-PVT stage 1 (56 x 56 tokens,
 C = 64) must never be a "match" in float16 or bfloat16.
 """
 

@@ -7,6 +7,6 @@ found at run time (see :mod:`refimpl.backends`); torch is never imported by refi
 from . import config, numerics, backends, layers  # noqa: F401
 # The modules that register the NumPy definitions of refimpl.backends' operations (refimpl.backends itself
 # never imports them: it is below them in the import graph).
-from .attention import angular, focused, linear, lisa, rala, softmax  # noqa: F401,E402
+from .attention import angular, enhanced, focused, linear, lisa, lisa_local, rala, softmax  # noqa: F401,E402
 
 __version__ = "0.1.0"

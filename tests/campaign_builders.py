@@ -1,4 +1,4 @@
-"""Small valid calls of every public function swept by tests/test_campaign.py (issue 15, item 7).
+"""Small valid calls of every public function swept by tests/test_campaign.py.
 
 ``BUILDERS[qualname]`` is a function of no argument returning the keyword arguments of one small, valid call
 of that function (every argument passed by name, so the campaign can corrupt one at a time).  Arrays are

@@ -1,7 +1,7 @@
 """Naive oracles for refimpl.attention.angular (Castling-ViT): explicit loops and mpmath.
 
 These are deliberately written token by token and index by index from the paper's equations and the
-issue's description of the released code, sharing nothing with the reference but NumPy scalars, so that a
+description of the released code in docs/, sharing nothing with the reference but NumPy scalars, so that a
 layout mistake (head split, conv axis, constant term, order of the normalisations) shows up as a mismatch.
 Dot products use math.fsum (correctly rounded), so each oracle is at least as accurate as the reference.
 """

@@ -1,7 +1,7 @@
 """Naive loop oracles for RALA (Fan, Huang & He, CVPR 2025): one token, one head, one channel at a time.
 
-Written independently of refimpl.attention.rala from the paper's equations and the issue's description of
-the released code, with plain Python loops and the math module, so that the reference's vectorised
+Written independently of refimpl.attention.rala from the paper's equations and the description of
+the released code (docs/), with plain Python loops and the math module, so that the reference's vectorised
 indexing (the fused projection's channel blocks, the head split, the 2-D RoPE's channel pairs, the
 row-major token order, the 'same'-padded depthwise conv) is checked against a second formulation.
 Tiny sizes only.

@@ -413,7 +413,7 @@ def test_c_kernel_gives_the_same_bits_at_every_vector_level(dtype, case):
 
 
 PLANE_CASES = [
-    # the workloads: the staged-plane tiles (7x7 with a half-width last tile, 3x3 one masked tile)
+    # the benchmark's workloads: the staged-plane tiles (7x7 with a half-width last tile, 3x3 one masked tile)
     dict(shape=(1, 4, 56, 56), kernel=(7, 7), stride=(1, 1), pads=(3, 3, 3, 3), bias=True, seed=11,
          x_kind="normal", w_kind="normal"),
     dict(shape=(1, 6, 14, 14), kernel=(3, 3), stride=(1, 1), pads=(1, 1, 1, 1), bias=True, seed=12,

@@ -1,4 +1,4 @@
-"""Bad input gets a clear error from the refimpl.errors hierarchy (issue 15, item 1).
+"""Bad input gets a clear error from the refimpl.errors hierarchy (docs/guarantees.md, "Bad input").
 
 Every case names the argument (for a parameter, its full state_dict key), what was expected and what was
 given; messages never print an array (short, no "array(").  The classes are also the built-in exceptions

@@ -1,4 +1,4 @@
-"""The bad-input campaign (issue 15, item 7): every public function, one corrupted argument at a time, on every
+"""The bad-input campaign: every public function, one corrupted argument at a time, on every
 backend.
 
 Scope.  The public functions of refimpl.layers, refimpl.numerics (its array functions), refimpl.toeplitz and
@@ -71,7 +71,7 @@ MODULE_PATHS = {"layers": "refimpl.layers", "numerics": "refimpl.numerics", "toe
                 "lisa": "refimpl.attention.lisa", "rala": "refimpl.attention.rala",
                 "softmax": "refimpl.attention.softmax"}
 
-#: Modules split into parts (architecture issue 12): the public functions defined in a part and re-exported by the
+#: Modules split into parts (docs/design.md): the public functions defined in a part and re-exported by the
 #: module (its ``__all__``) are swept under the module's key, their documented home.  refimpl.feature_maps is a part
 #: of "angular" for the one function it re-exports: arcsin_coefficients_exact (no wrapper in angular_series).
 MODULE_PARTS = {"angular": ("refimpl.attention.angular_series", "refimpl.attention.angular_linear",

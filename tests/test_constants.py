@@ -1,4 +1,4 @@
-"""Every public constant of refimpl/config.py, pinned independently (issue 15, item 5).
+"""Every public constant of refimpl/config.py, pinned independently.
 
 The table below writes each constant's value out literally, next to where it comes from: the paper (section,
 equation or table), the released code (file and what it sets), a library default, or "refimpl: ..." for our

@@ -1,4 +1,4 @@
-"""Dispatch of reference functions to the fused kernels (issue 6 follow-up).
+"""Dispatch of reference functions to the fused kernels.
 
 Two reference functions now route their core through the backend switch (docs/backends.md, "Dispatched
 operations"):
@@ -35,6 +35,21 @@ from tests.kernel_helpers import STATUS, backend_available
 
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 KINDS = ("normal", "all_negative", "large", "near_duplicate", "mixed_scale")
+
+
+def test_every_operation_has_its_definition_after_import_refimpl():
+    """``import refimpl`` alone (a fresh interpreter, nothing else imported) registers the NumPy definition of
+    every operation that has a kernel: ``backends.definition(op)`` and the registry's fallback work without the
+    caller importing the module that owns the definition (lisa_local's operator was once missing)."""
+    import subprocess
+    import sys
+    code = ("import refimpl\n"
+            "from refimpl import backends\n"
+            "from refimpl.backends._registry import _REGISTRY\n"
+            "missing = sorted(op for op, impls in _REGISTRY.items() if 'numpy' not in impls)\n"
+            "print(repr(missing))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
 
 
 def test_c_backend_status_is_known():

@@ -1,4 +1,4 @@
-"""Initialisers pinned independently of the code under test (issue 15, item 5).
+"""Initialisers pinned independently of the code under test.
 
 Each init function states its law in its docstring (and config.py's comments); this module writes that law
 out again, key by key, and checks the drawn parameters against it:

@@ -3,8 +3,7 @@
 
 The definition is refimpl.attention.linear._linear_attention_numpy(q, k, v, "focused", eps, "add", None, p):
 phi_p(x) = f_p(ReLU(x)) per row in the max-scaled form (focused_core._focused_function_numpy, FLatten Eq. 6 and
-Appendix Eq. 20-21), then the linear-order normalised attention (Eq. 4).  What is checked (issue 6, items 1
-and 5):
+Appendix Eq. 20-21), then the linear-order normalised attention (Eq. 4).  What is checked:
 
 1. The map alone (refimpl.backends._c_linear.focused_feature_map, the kernel's own staging code) lies within
    focused.focused_function_bound of the float64 definition, float64 and float32, on every draw: odd d,
@@ -254,7 +253,7 @@ def test_twin_is_focused_attention_bit_for_bit():
         pq, pk = linear.feature_map(q, fm), linear.feature_map(k, fm)
         want = linear.kernelized_attention(pq, pk, v, eps=1e-6)
         got = DEFINITION(q, k, v, fm, 1e-6)
-        # Issue 15: the rows whose ELU + 1 features underflowed (q = "mixed_scale" has rows of very negative
+        # The rows whose ELU + 1 features underflowed (q = "mixed_scale" has rows of very negative
         # entries: exp(x) = 0) are recomputed from log-features by the definition (normaliser_range.underflow_rows,
         # docs/guarantees.md); kernelized_attention, given the features only, cannot.  Every other row: the same bits.
         den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2)) + 1e-6

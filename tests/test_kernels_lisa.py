@@ -1,4 +1,4 @@
-"""The accelerated LiSA core against its NumPy definition, through the error model (issue 6).
+"""The accelerated LiSA core against its NumPy definition, through the error model.
 
 Operation ``lisa_fft_core`` (registered in refimpl.backends on "numpy" and "numba"): after the L2
 normalisation, Ga = Kb (*) Wa and Gb = V (*) Wb by FFT (LiSA Eq. 10; zero-padded linear convolutions with

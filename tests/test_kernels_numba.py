@@ -1,4 +1,4 @@
-"""The Numba kernels of issue 6 against their NumPy twins, through the error model.
+"""The Numba kernels against their NumPy twins, through the error model.
 
 Operations (each registered in refimpl.backends under the same name on "numpy" and "numba"):
 

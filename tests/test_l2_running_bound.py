@@ -176,7 +176,7 @@ def test_focused_attention_l2_holds_and_is_tight():
 
 
 def test_flatten_pvt_sigma_is_conclusive_where_E_is_void():
-    """The case of the verdict's issue, at a reduced grid: FLatten-PVT with spatial reduction (sr 8, C 64, one
+    """The case of docs/verdict.md's flatten_pvt row, at a reduced grid: FLatten-PVT with spatial reduction (sr 8, C 64, one
     head) in float32.  The deterministic running bound's 4097-term reduction sums make it larger than the output
     itself (docs/verdict.md: 23 times at 56 x 56); sigma counts sqrt(4097) for them and adds the conv outputs, the
     key tokens and the projections' inputs in quadrature, and the verdict's lam u sigma is below the output's
@@ -323,7 +323,7 @@ def test_rala_attention_l2_holds_and_is_tight():
 
 
 def test_rala_sigma_is_conclusive_where_E_is_void():
-    """The case of issue 18 at a reduced size: RALA official (C 32, one head, 16 x 16) in float16, where the
+    """docs/verdict.md's rala case at a reduced size: RALA official (C 32, one head, 16 x 16) in float16, where the
     deterministic running bound reaches twice the output (docs/verdict.md: 5 times at 56 x 56) and lam u sigma is
     a fraction of it; and in bfloat16, where E is infinite (the exact quotient rule's E_den >= |den|) while
     lam u sigma, with the float64 reference's own error carried by Bound.ref_scale, is finite."""

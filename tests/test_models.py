@@ -27,7 +27,7 @@ def test_param_count_matches_paper_or_gap_is_explained(row):
     """Every registered model's count (from the config, nothing allocated), in the setting the paper measured
     (PAPER_COUNT_OVERRIDES), rounded to the paper's printed precision, equals the paper's figure; where it does
     not, the family records a CountGap whose derived count is exactly ours (the arithmetic is in the gap and
-    in docs/models_flatten_castling.md).  Issue 7: "counts that match the papers, or explain each mismatch"."""
+    in docs/models_flatten_castling.md)."""
     if row["paper_m"] is None:
         assert row["gap"] is None
         return

@@ -1,4 +1,4 @@
-"""Paper claims that had no test (issue 14, item 8), each a property test citing where the paper makes it.
+"""Paper claims that had no test, each a property test citing where the paper makes it.
 
 - Castling-ViT §3.2.1 (after Eq. 9): "the MACs of DWConv is also negligible (e.g., < 1% of the total MACs)":
   true for every registered Castling network (0.36% Castling-DeiT-T, 0.10% Castling-DeiT-B, 0.18-0.42% for

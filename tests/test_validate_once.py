@@ -1,4 +1,4 @@
-"""A network checks its parameters once per call (docs/benchmarks.md, "Profiles" item 3; issue 16 item 2).
+"""A network checks its parameters once per call (docs/benchmarks.md, "Profiles" item 3).
 
 The public entry of a network (forward / run / features / run_unit ...) runs the strict check
 (``validation.check_params`` against the family's ``param_shapes``) once and passes the checked mapping, a

@@ -24,7 +24,7 @@ def _data(n: int = 512, seed: int = 0) -> np.ndarray:
 
 def test_void_deterministic_bound_is_never_a_match():
     """k u >= 1 makes gamma_k infinite: whatever the output (here a 7% error, the size of the planted
-    batch-state bug of the issue), a composite bound cannot say "match"; with no ensemble it says
+    batch-state bug of docs/verdict.md), a composite bound cannot say "match"; with no ensemble it says
     "inconclusive" and tells what would make the check conclusive."""
     ref = _data()
     b = Bound(np.abs(ref), 3526, "FLatten-PVT-sized depth")
