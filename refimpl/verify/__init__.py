@@ -24,9 +24,10 @@ What happens::
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Shifted windows (Swin's softmax window attention and FLatten's Swin layout on the whole grid, with
-the cyclic shift and the shift mask) are :mod:`.windows`.  Not yet built: the references of LiSA's direct forms,
-block and 1-D / 3-D grids; Swin's pre-windowed WindowAttention called with the mask as an argument; ``--grad`` of
-the shifted-window references (no twin); ``--grad`` for networks with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
+the cyclic shift and the shift mask; square or (wh, ww) windows; Swin's pre-windowed ``WindowAttention(x, mask)``,
+its grid padded) are :mod:`.windows`.  Not yet built: the references of LiSA's direct forms, block and 1-D / 3-D
+grids; ``--grad`` of the shifted-window layouts with (wh, ww) windows or unequal shifts (the twins take square
+windows); ``--grad`` for networks with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
 in the verifier (the NumPy naive run and the rounding model are its members today).
 """
 
@@ -49,7 +50,7 @@ __all__ = ["verify", "verify_examples", "assert_matches", "Report", "StageResult
 def verify_examples(module: Any, reference: str, examples: int, *, max_side: int | None = None, seed: int = 0,
                     **kwargs: Any) -> Report:
     """:func:`verify` on ``examples`` inputs drawn by Hypothesis: the batch (1 to 3), the grid (H and W each a
-    multiple of the module's step up to ``max_side``, unless the module fixes its grid) and the seed of the
+    multiple of the module's step, per axis for a (wh, ww) window, up to ``max_side``, unless the module fixes its grid) and the seed of the
     weights and input.  Returns the report of the failing example Hypothesis shrinks to (the smallest batch and
     grid, square before non-square), or, when every example matches, of the one closest to its bound.  The
     report's ``findings`` say which example it is.  ``module`` must be a class or factory (``init``): each
@@ -73,9 +74,10 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     first = verify(module, reference, seed=seed, **kwargs)          # the configuration, and usage errors, once
     step = get_reference(reference).grid_step(_setup_of(first))
     fixed = step is None
+    sh, sw = (step, step) if fixed or isinstance(step, int) else step        # a (wh, ww) window: a step per axis
     sides = st.just(tuple(first.config["hw"])) if fixed else st.tuples(
-        st.integers(1, max(1, max_side // step)).map(lambda m: m * step),
-        st.integers(1, max(1, max_side // step)).map(lambda m: m * step))
+        st.integers(1, max(1, max_side // sh)).map(lambda m: m * sh),
+        st.integers(1, max(1, max_side // sw)).map(lambda m: m * sw))
     other = {k: v for k, v in kwargs.items() if k not in ("hw", "batch", "input")}
     worst: dict[str, Any] = {"report": first, "score": -1.0, "example": None}
     failing: list[tuple[Report, dict]] = []

@@ -19,6 +19,9 @@ verifying without ``--grad`` does not import them).  What happens (docs/verify.m
    its backward sums, :func:`_broadcast_terms`) plus ``config.VERIFY_GRAD_BACKWARD_FACTOR`` times the forward's
    propagated relative bound on the same magnitudes; the ensemble is the twin's own gradient computed in T.
 
+The output and the input's gradient are read through the reference's ``output_view`` / ``input_view`` (Swin's
+pre-windowed layout: the windows merged into the unpadded grid).
+
 Whole registered networks: :mod:`refimpl.verify.network_gradients` (the network's twin, its logits bound), which
 judges its tensors with :func:`judge_tensors` as this module does.
 """
@@ -45,6 +48,9 @@ __all__ = ["TWINS", "GradientBound", "verify_gradients", "forward_relative_bound
 
 def _twin_focused(s: Any) -> tuple[Any, Callable]:
     from refimpl.twins.modules.focused import FocusedLinearAttention
+    from .windows import WindowSetup, twin_focused_window
+    if isinstance(s, WindowSetup):
+        return twin_focused_window(s)
     sr = s.cfg.sr_ratio
     m = FocusedLinearAttention(s.cfg, (s.hw[0] // sr) * (s.hw[1] // sr))
     return m, lambda x: m(x, tuple(s.hw))
@@ -74,11 +80,17 @@ def _twin_lisa(s: Any) -> tuple[Any, Callable]:
     return m, lambda x: m(x)
 
 
+def _twin_window(s: Any) -> tuple[Any, Callable]:
+    from .windows import twin_softmax_window
+    return twin_softmax_window(s)
+
+
 #: reference name -> builder of its float64 PyTorch twin from a :class:`refimpl.verify.references.Setup`:
-#: (module, forward on the reference's input layout)
+#: (module, forward on the reference's input layout; the shifted-window layouts: the twin between the layout's
+#: own data movement, :mod:`.windows`)
 TWINS: dict[str, Callable[[Any], tuple[Any, Callable]]] = {
-    "flatten.attention": _twin_focused, "l2vit.attention": _twin_enhanced, "rala.attention": _twin_rala,
-    "castling.attention": _twin_castling, "lisa.attention": _twin_lisa}
+    "softmax.window_attention": _twin_window, "flatten.attention": _twin_focused, "l2vit.attention": _twin_enhanced,
+    "rala.attention": _twin_rala, "castling.attention": _twin_castling, "lisa.attention": _twin_lisa}
 
 
 def _build_twin(name: str, s: Any, params: Mapping[str, np.ndarray]) -> tuple[Any, Callable]:
@@ -296,9 +308,17 @@ def backward_pass(module: Any, forward: Callable[[Any], Any], x: np.ndarray, g: 
 def _foreign_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, call: Any, g: np.ndarray, dtype: str,
                        device: str) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """dL/dx and dL/dtheta (foreign keys) of the foreign module in ``dtype`` for L = <g, y>."""
+    import torch
     args, kwargs = ref.call(s, call)
-    _, _, dx, grads = backward_pass(module, lambda xt: module(xt, *args, **kwargs), x, g, dtype, device, "the module",
-                                 f"{tuple(g.shape)} in the forward run")
+    # arrays the reference passes to the forward (Swin's shift mask for pre-windowed input): in the asked dtype
+    kwargs = {k: torch.from_numpy(v).to(device=device, dtype=_torch_dtype(dtype)) if isinstance(v, np.ndarray) else v
+              for k, v in kwargs.items()}
+
+    def forward(xt):
+        y = module(xt, *args, **kwargs)
+        return ref.output_view(s, y[0] if isinstance(y, (tuple, list)) else y)
+    _, _, dx, grads = backward_pass(module, forward, x, g, dtype, device, "the module",
+                                    f"{tuple(g.shape)} in the forward run")
     return dx, grads
 
 
@@ -420,8 +440,20 @@ def verify_gradients(module: Any, x: np.ndarray, ref: Any, s: Any, wm: Any, stat
     rho = config.VERIFY_GRAD_BACKWARD_FACTOR * (forward_relative_bound(fwd_bound, want, dtype) +
                                                 forward_relative_bound(b64, want, "float64"))
     section["forward_relative_bound"] = _f(rho / config.VERIFY_GRAD_BACKWARD_FACTOR)
+    # the input's gradient as the reference's input (the pre-windowed layout: the grid without Swin's padding)
+    dx, refg["input"] = ref.input_view(s, dx), ref.input_view(s, refg["input"])
+    if "input" in mag:
+        mag["input"] = ref.input_view(s, mag["input"])
+    if member is not None:
+        member["input"] = ref.input_view(s, member["input"])
     got = {"input": dx, **gm.values}
-    none = {k: "filled from a buffer of the module: no gradient" for k in names[1:] if np.any(np.isnan(got[k]))}
+    # the keys read from a buffer: NaN in the same mapping of zero gradients (a NaN gradient the module computed
+    # is compared, not taken for a buffer)
+    zstate = {k: (np.zeros(np.shape(v)) if k in fgrads else v) for k, v in gstate.items()}
+    zm = map_weights(zstate, s.shapes, aliases=ref.aliases, fused=ref.fused, joined=ref.joined, user_map=user_map,
+                     buffers=[k for k, _ in module.named_buffers()])
+    none = {k: "filled from a buffer of the module: no gradient" for k in names[1:]
+            if np.any(np.isnan(zm.values[k]))}
     judge_tensors(section, names, refg, got, {k: gm.source.get(k, "") for k in names[1:]}, mag, length, member,
                   rho, dtype, p_false_alarm, none)
     return section

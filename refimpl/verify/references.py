@@ -109,10 +109,23 @@ class Reference:
         """(positional, keyword) arguments of the foreign forward after x: ``call`` as given, by default none."""
         return (), dict(call or {})
 
-    def grid_step(self, s: Setup) -> int | None:
-        """The step of the grid sizes the module accepts (H and W multiples of it), or None when the module fixes
-        its grid (a positional encoding of a fixed number of tokens): for ``examples``."""
+    def grid_step(self, s: Setup) -> int | tuple[int, int] | None:
+        """The step of the grid sizes the module accepts (H and W multiples of it; a pair (step of H, step of W)
+        for a rectangular window), or None when the module fixes its grid (a positional encoding of a fixed
+        number of tokens): for ``examples``."""
         return 1
+
+    def output_view(self, s: Setup, y: Any) -> Any:
+        """The foreign output (a NumPy array or a torch tensor) as the whole-module comparison reads it, in the
+        layout :meth:`forward` returns: the output itself by default (the pre-windowed Swin layout reads its
+        windows as the grid, its padding cropped)."""
+        return y
+
+    def input_view(self, s: Setup, a: Any) -> Any:
+        """An array of the input's shape (its gradient, ``--grad``) as the reference's input: itself by default
+        (the pre-windowed Swin layout: the windows merged into the grid, the zero padding dropped, since the
+        reference pads it itself and has no gradient for it)."""
+        return a
 
     def forward(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup) -> np.ndarray:
         raise NotImplementedError
