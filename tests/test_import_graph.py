@@ -204,6 +204,14 @@ def test_feature_maps_sit_below_attention_and_backends():
     assert not [t for t in g["refimpl.feature_maps"] if t.startswith(("refimpl.attention", "refimpl.backends"))]
 
 
+def test_the_error_calculus_sits_below_the_layers():
+    """refimpl.bounds (the error calculus) imports refimpl.config and refimpl.numerics only, so that layers,
+    attention and models can all build their bounds from it."""
+    g = import_graph()
+    assert set(g["refimpl.bounds"]) <= {"refimpl.config", "refimpl.numerics"}, g["refimpl.bounds"]
+    assert "refimpl.bounds" in g["refimpl.attention.rala_bounds"]
+
+
 def test_no_import_cycle_outside_the_known_packages():
     """No cycle in the import graph, except inside KNOWN_CYCLE_PACKAGES (reported, not ours)."""
     g = import_graph()

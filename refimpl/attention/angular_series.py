@@ -18,10 +18,9 @@ Eq. 2 and 4-8.  Equation numbers are the paper's.
    :func:`angular_similarity_bound`.
 
 Layer: attention, the bottom of Castling-ViT's three files (with :mod:`.angular_range`, the series' domain, work
-and range checks, below it): imports config, numerics, validation, backends (registers the NumPy definition of
-"angular_series_features"), feature_maps (``arcsin_coefficients_exact`` is feature_maps' own, re-exported) and
-angular_range, nothing from
-:mod:`.angular_linear` or :mod:`.angular`, which import it.  The public names are re-exported by
+and range checks, below it): imports bounds, config, numerics, validation, backends (registers the NumPy
+definition of "angular_series_features"), feature_maps (``arcsin_coefficients_exact`` is feature_maps' own,
+re-exported) and angular_range, nothing from :mod:`.angular_linear` or :mod:`.angular`, which import it.  The public names are re-exported by
 :mod:`refimpl.attention.angular`, their documented home.
 """
 
@@ -32,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backends, config, numerics, validation
+from .. import backends, bounds, config, numerics, validation
 from ..errors import ArgumentError
 # arcsin_coefficients_exact: Eq. 8's exact c_k, public here (re-exported by angular, its documented home); defined
 # in feature_maps, which the Numba kernel of "angular_series_features" shares.
@@ -640,10 +639,9 @@ _ELEM = config.ELEMENTARY_FUNCTION_ULPS
 def _e_matmul(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, eta_u: float = 0.0,
               dtype: Any = None) -> np.ndarray:
     """E(AB) = E(A)|B| + |A|E(B) + n |A||B| + n eta/u (Higham 3.5 with gradual underflow, eq. 2.8); the n of the
-    rounding term counted by numerics.sum_depth for a mixed-precision ``dtype``."""
-    n = a.shape[-1]
-    aa, ab = np.abs(a), np.abs(b)
-    return ea @ ab + aa @ eb + numerics.sum_depth(n, dtype) * (aa @ ab) + n * eta_u
+    rounding term counted by numerics.sum_depth for a mixed-precision ``dtype`` (:func:`refimpl.bounds.e_matmul`,
+    first-order model in units of u_T)."""
+    return bounds.e_matmul(a, ea, b, eb, bounds.Precision.coefficients(dtype, eta_u))
 
 
 def _e_normalize(x: np.ndarray, ex: np.ndarray, eps: float, policy: str, arithmetic: str = "scaled",

@@ -9,7 +9,7 @@ resampling (:func:`resample_linear_bound`), the stage helpers shared with L2ViT,
 Reference: D. Han et al., "FLatten Transformer", ICCV 2023 (../shared/seeds/001_f3b1223f03d702ca.txt), Eq. 4-6
 and 10-12 (the computation bounded: :mod:`.focused_core`); Higham (2002) §3.1; docs/design.md "The verdict".
 
-Layer: attention: imports config, numerics, validation, feature_maps, layers, :mod:`.linear` and
+Layer: attention: imports bounds, config, numerics, validation, feature_maps, layers, :mod:`.linear` and
 :mod:`.focused_core` (the computation the bounds follow), nothing from :mod:`.focused`, which imports it and
 holds the modules' bounds and stage lists.  The public names are re-exported by
 :mod:`refimpl.attention.focused`, their documented home.
@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .. import config, numerics, validation
+from .. import bounds, config, numerics, validation
 from ..feature_maps import focused_function as _focused_function_numpy
 from ..feature_maps import norm_scaled as _norm_scaled
-from ..layers import depthwise_conv2d, layer_norm, layer_norm_bound, linear
+from ..layers import depthwise_conv2d, layer_norm, linear
 from .linear import apply_normaliser, kernelized_attention_bound
 from .focused_core import (FocusedConfig, _attend, _check_dwc_args, _check_p, _mask_groups,
                            _merge_heads, _p, _range_features, _resample_plan, _scaled_features, _split_heads,
@@ -197,12 +197,16 @@ def _own(count: float, count_l2: float, s: np.ndarray, l2: bool) -> np.ndarray:
 
 def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None,
                l2: bool = False):
-    """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12);
-    with a mixed-precision ``dtype`` the in-term sum counts numerics.sum_depth(in) (the bias add one more).
+    """y = x W^T + b: returns (y, E_y, k), E_y = |W| e_x + k (|x||W|^T + |b|), k = in + 1 (Higham 3.12;
+    :func:`refimpl.bounds.e_linear`, first-order model); with a mixed-precision ``dtype`` the in-term sum counts
+    numerics.sum_depth(in) (the bias add one more).
     ``l2``: sigma_y = hypot(|W| sigma_x, sqrt(sum_depth_l2(in) + 1) (|x||W|^T + |b|))."""
     y = linear(x, weight, bias)
     extra = 1 if bias is not None else 0
-    k = numerics.sum_depth(weight.shape[-1], dtype) + extra
+    pr = bounds.Precision.coefficients(dtype)
+    k = pr.sums(weight.shape[-1]) + extra
+    if not l2:
+        return y, bounds.e_linear(x, e_x, weight, bias, pr, flat=True), k
     s = linear(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
     own = _own(k, numerics.sum_depth_l2(weight.shape[-1], dtype) + extra, s, l2)
     return y, _join(e_x @ np.abs(weight).T, own, l2), k
@@ -210,21 +214,18 @@ def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndar
 
 def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dtype: Any = None, l2: bool = False):
     """LayerNorm over the last axis: input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n),
-    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus layers.layer_norm_bound's rounding
-    (``l2``: its k roundings, each of coefficient at most its scale, as sqrt(k - n + sum_depth_l2(n)) scale)."""
+    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus the LayerNorm's own rounding, k = n + 8
+    (:func:`refimpl.bounds.layer_norm_parts`; ``l2``: its k roundings, each of coefficient at most its scale, as
+    sqrt(k - n + sum_depth_l2(n)) scale).  Returns (y, E_y, k)."""
     y = layer_norm(x, weight, bias, eps)
-    mu = np.mean(x, axis=-1, keepdims=True)
-    s = np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
-    xh = (x - mu) / s
-    w = 1.0 if weight is None else np.abs(weight)
-    prop = w / s * (e_x + np.mean(e_x, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * e_x, axis=-1,
-                                                                                         keepdims=True))
-    if x.shape[-1] == 1:  # over one channel the output is the bias whatever x is: the Jacobian is 0
-        prop = np.zeros_like(prop)
-    b = layer_norm_bound(x, weight, bias, eps, dtype=dtype)
+    pr = bounds.Precision.coefficients(dtype)
+    if not l2:
+        e, k = bounds.e_layer_norm(x, e_x, weight, bias, eps, pr)
+        return y, e, k
+    scale, prop, k = bounds.layer_norm_parts(x, e_x, weight, bias, eps, pr)
     n = x.shape[-1]
-    count_l2 = b.k - numerics.sum_depth(n, dtype) + numerics.sum_depth_l2(n, dtype)
-    return y, _join(prop, _own(b.k, count_l2, np.asarray(b.scale), l2), l2), b.k
+    count_l2 = k - numerics.sum_depth(n, dtype) + numerics.sum_depth_l2(n, dtype)
+    return y, _join(prop, _own(k, count_l2, scale, l2), l2), k
 
 
 def err_norm_linear_l2(x: np.ndarray, sigma_x: np.ndarray, norm_weight, norm_bias, eps: float, weight: np.ndarray,
@@ -265,15 +266,19 @@ def err_norm_linear_l2(x: np.ndarray, sigma_x: np.ndarray, norm_weight, norm_bia
 def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, dtype: Any = None,
                l2: bool = False):
     """Depthwise 'same' conv (B, C, H, W): E = conv(e_x, |W|) + k (conv(|x|, |W|) + |b|), k = KH KW + 1
-    (the KH KW-term sum counted by numerics.sum_depth for a mixed-precision ``dtype``; ``l2``: as
-    :func:`err_linear`)."""
+    (:func:`refimpl.bounds.e_depthwise`, first-order model; the KH KW-term sum counted by numerics.sum_depth for
+    a mixed-precision ``dtype``; ``l2``: as :func:`err_linear`)."""
     pad = weight.shape[-1] // 2
     y = depthwise_conv2d(x, weight, bias, padding=pad)
     taps, extra = weight.shape[-1] * weight.shape[-2], (1 if bias is not None else 0)
-    k = numerics.sum_depth(taps, dtype) + extra
-    s = depthwise_conv2d(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias), padding=pad)
+    pr = bounds.Precision.coefficients(dtype)
+    k = pr.sums(taps) + extra
+    conv = lambda z, w, b: depthwise_conv2d(z, w, b, padding=pad)     # noqa: E731
+    if not l2:
+        return y, bounds.e_depthwise(x, e_x, weight, bias, pr, conv), k
+    s = conv(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
     own = _own(k, numerics.sum_depth_l2(taps, dtype) + extra, s, l2)
-    return y, _join(depthwise_conv2d(e_x, np.abs(weight), None, padding=pad), own, l2), k
+    return y, _join(conv(e_x, np.abs(weight), None), own, l2), k
 
 
 def err_attention(phi_q, phi_k, v, e_q, e_k, e_v, *, eps: float, clamp_min: float | None = None,

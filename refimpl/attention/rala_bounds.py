@@ -1,5 +1,6 @@
 """RALA's error model: the running bound E on the absolute error of a computation in the tested precision T
-(``_Prec``, the ``_e_*`` rules, the errors of the core's stages: kappa, Eq. 4's logits and softmax, RoPE, Eq. 2-3's
+(``_Prec`` and the generic ``_e_*`` rules are the error calculus's, :mod:`refimpl.bounds`; kappa's and RoPE's
+rules, the errors of the core's stages: kappa, Eq. 4's logits and softmax, RoPE, Eq. 2-3's
 numerator, normaliser and quotient), the l2 coefficient sigma of the same first-order error (``_core_sigma``,
 ``_attention_sigma``), ``_as_bound`` (E and sigma as a :class:`refimpl.numerics.Bound`) and the bound of the core,
 :func:`rala_core_bound`.
@@ -8,7 +9,7 @@ Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Att
 (../shared/seeds/002_01b0ccc7f7225e8b.txt), Eq. 2-4 and 6 (the computation bounded; :mod:`.rala_core`);
 Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
 
-Layer: attention: imports config, layers, numerics, validation, verdict, :mod:`.rala_core` (the computation the
+Layer: attention: imports bounds, config, layers, numerics, validation, verdict, :mod:`.rala_core` (the computation the
 bounds follow) and :mod:`.focused_bounds` (``_token_quadrature``), nothing from :mod:`.rala`, which imports it
 and holds the bounds of the layer, the FFN and the residuals and the stage list (built from these helpers).  The
 public name is re-exported by :mod:`refimpl.attention.rala`, its documented home.
@@ -16,13 +17,12 @@ public name is re-exported by :mod:`refimpl.attention.rala`, its documented home
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics, validation, verdict
+from .. import bounds, config, layers, numerics, validation, verdict
 from .focused_bounds import _token_quadrature
 from .normaliser_range import log_features, rebalance
 from .rala_core import (RALAConfig, _merge_heads, _param, _reweighting, _split_heads, _tokens_to_cf, _weight2d,
@@ -56,89 +56,25 @@ __all__ = ["rala_core_bound"]
 # comparison adds K eta_T on top).  Rigorous except for the libm accuracy assumption
 # (config.ELEMENTARY_FUNCTION_ULPS) and the RoPE table's float64 accuracy (config.RALA_ROPE_TABLE_ULPS).
 # The linear and quadratic orders share one bound: each term of kappa(Q_i) kappa(K_j)^T V_j passes
-# through the same number of roundings (N + d) and products (2) in either association.
+# through the same number of roundings (N + d) and products (2) in either association.  The generic rules
+# (contractions, products, sums, quotients, linear, depthwise conv) are refimpl.bounds' (rigorous model).
 
 
-@dataclasses.dataclass(frozen=True)
-class _Prec:
-    """The tested precision: unit roundoff u, underflow unit eta, and the format its sums accumulate in
-    (``config.ACCUMULATION_FORMAT``; :meth:`sums`)."""
-
-    u: float
-    eta: float
-    dtype: str = "float64"
-
-    @classmethod
-    def of(cls, dtype: Any) -> "_Prec":
-        return cls(numerics.unit_roundoff(dtype), numerics.underflow_eta(dtype), numerics.format_name(dtype))
-
-    def g(self, n: float) -> float:
-        """gamma_n(u_T); n may count mixed-precision sums as fractions of a rounding (:meth:`sums`): Higham's
-        Lemma 3.1 holds with a unit roundoff per factor, |theta| <= sum u_i / (1 - sum u_i)."""
-        return numerics.gamma(n, self.u)
-
-    def sums(self, n: float) -> float:
-        """The rounding count, in units of u_T, of an n-term sum whose result is stored in T
-        (:func:`refimpl.verdict.sum_depth`: n, or n u_A / u_T + 1 with a wider accumulation format A)."""
-        return numerics.sum_depth(n, self.dtype)
-
-
-def _e_contract(spec: str, a, ea, b, eb, n: int, m: int, pr: _Prec) -> np.ndarray:
-    """Error of einsum(spec, a, b) (m products per output, n roundings per term)."""
-    ap, bp = np.abs(a) + ea, np.abs(b) + eb
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (pr.g(n) * np.einsum(spec, ap, bp, optimize=True) + np.einsum(spec, ea, bp, optimize=True)
-                + np.einsum(spec, np.abs(a), eb, optimize=True) + m * pr.eta)
-
-
-def _e_contract3(spec: str, a, ea, b, eb, c, ec, n: int, m: int, pr: _Prec) -> np.ndarray:
-    """Error of einsum(spec, a, b, c) (m terms per output, 2 products and n roundings per term)."""
-    ap, bp, cp = np.abs(a) + ea, np.abs(b) + eb, np.abs(c) + ec
-    with np.errstate(over="ignore", invalid="ignore"):
-        return (pr.g(n) * np.einsum(spec, ap, bp, cp, optimize=True)
-                + np.einsum(spec, ea, bp, cp, optimize=True)
-                + np.einsum(spec, np.abs(a), eb, cp, optimize=True)
-                + np.einsum(spec, np.abs(a), np.abs(b), ec, optimize=True) + 2 * m * pr.eta)
-
-
-def _e_product(a, ea, b, eb, pr: _Prec) -> np.ndarray:
-    """Error of the element-wise product a * b (one rounding)."""
-    ap, bp = np.abs(a) + ea, np.abs(b) + eb
-    return pr.g(1) * ap * bp + ea * bp + np.abs(a) * eb + pr.eta
-
-
-def _e_sum2(a, ea, b, eb, pr: _Prec) -> np.ndarray:
-    """Error of a + b (one rounding, no underflow term: additions are exact in the subnormal range)."""
-    return ea + eb + pr.u * (np.abs(a) + np.abs(b) + ea + eb)
-
-
-def _e_quotient(y, a_err, b, b_err, pr: _Prec, roundings: int = 2) -> np.ndarray:
-    low = np.abs(b) - b_err
-    gr = pr.g(roundings)
-    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        e = (1 + gr) * (a_err + np.abs(y) * b_err) / low + gr * np.abs(y) + roundings * pr.eta
-    return np.where(low > 0, e, np.inf)
-
-
-def _e_linear(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
-    """fl(x W^T + b) with x carrying E_x: gamma_{n+1}((|x| + E_x)|W|^T + |b|) + E_x |W|^T + n eta."""
-    n = wgt.shape[1]
-    aw = np.abs(wgt)
-    s = (np.abs(x) + ex) @ aw.T
-    if bias is not None:
-        s = s + np.abs(bias)
-    return pr.g(pr.sums(n) + (1 if bias is not None else 0)) * s + ex @ aw.T + n * pr.eta
+# The precision object and the generic rules are the error calculus's (refimpl.bounds, rigorous model
+# Precision.of); the names below are the ones this module, rala.py and the RAVLT networks use.
+_Prec = bounds.Precision
+_e_contract = bounds.e_contract
+_e_contract3 = bounds.e_contract3
+_e_product = bounds.e_product
+_e_sum2 = bounds.e_sum2
+_e_quotient = bounds.e_quotient
+_e_linear = bounds.e_linear
 
 
 def _e_depthwise(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
-    """'same'-padded depthwise conv (B, C, H, W) of x carrying E_x: gamma_{k^2+1} on magnitudes, the
-    propagated E_x, k^2 eta."""
-    kk = wgt.shape[2] * wgt.shape[3]
-    aw = np.abs(wgt)
+    """'same'-padded depthwise conv (B, C, H, W) of x carrying E_x (:func:`refimpl.bounds.e_depthwise`)."""
     pad = wgt.shape[-1] // 2
-    s = layers.depthwise_conv2d(np.abs(x) + ex, aw, None if bias is None else np.abs(bias), padding=pad)
-    prop = layers.depthwise_conv2d(ex, aw, None, padding=pad)
-    return pr.g(pr.sums(kk) + (1 if bias is not None else 0)) * s + prop + kk * pr.eta
+    return bounds.e_depthwise(x, ex, wgt, bias, pr, lambda z, w, b: layers.depthwise_conv2d(z, w, b, padding=pad))
 
 
 def _e_kappa(x, ex, kernel: str, pr: _Prec) -> np.ndarray:

@@ -19,14 +19,13 @@ absolute errors (u included) instead; :func:`to_abs` / :func:`from_abs` convert.
 
 from __future__ import annotations
 
-import math
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 from scipy.special import expit
 
-from .. import config, layers, numerics, validation
+from .. import bounds, config, layers, numerics, validation
 from ..attention import focused_bounds as _focused_bounds
 from ..errors import ArgumentError
 from . import common
@@ -140,7 +139,8 @@ def e_swish(t: Err) -> Err:
     k = ELEMENTARY_FUNCTION_ULPS + 3 on |x sigmoid(x)| (any of the usual evaluation orders)."""
     y = swish(t.value)
     k = config.ELEMENTARY_FUNCTION_ULPS + 3
-    return Err(y, config.SWISH_LIPSCHITZ * t.err + k * np.abs(y), t.depth + k)
+    return Err(y, bounds.e_elementwise(y, t.err, config.SWISH_LIPSCHITZ, k, bounds.Precision.coefficients()),
+               t.depth + k)
 
 
 def e_dwconv(t: Err, weight: Any, bias: Any) -> Err:
@@ -167,17 +167,10 @@ def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, dtype: Any) -> Err:
     + 2 u (|w| sqrt(C) + |b|) for ANY input error, rigorous (no first-order assumption).  The propagated
     coefficient is replaced by this cap (divided by u_T) where it is smaller: it keeps a network's running
     bound finite once the propagated input error exceeds the LayerNorm's output range (where the
-    first-order propagation through 1 / std is void anyway)."""
+    first-order propagation through 1 / std is void anyway; :func:`refimpl.bounds.layer_norm_cap`)."""
     r = common.e_layer_norm(t, weight, bias, eps)
-    x = t.value
-    c = x.shape[-1]
-    u = numerics.unit_roundoff(dtype)
-    mu = np.mean(x, axis=-1, keepdims=True)
-    xh = np.abs(x - mu) / np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
-    w = np.abs(numerics.as_float(weight, "weight"))
-    b = np.abs(numerics.as_float(bias, "bias"))
-    root = math.sqrt(c)
-    cap = (w * (xh + root * (1.0 + numerics.gamma(c + 8, u))) + 2 * u * (w * root + b)) / u
+    cap = bounds.layer_norm_cap(t.value, numerics.as_float(weight, "weight"), numerics.as_float(bias, "bias"), eps,
+                                dtype)
     with np.errstate(invalid="ignore"):
         err = np.where(np.isnan(r.err), cap, np.minimum(r.err, cap))
     return Err(r.value, err, r.depth)

@@ -33,7 +33,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics, validation
+from .. import bounds, config, layers, numerics, validation
 from ..errors import ArgumentError
 from ..attention import angular as _angular
 from ..attention import focused_bounds as _focused_bounds
@@ -272,14 +272,16 @@ def e_add(a: Err, b: Err) -> Err:
 
 def e_conv2d(t: Err, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0) -> Err:
     """A dense 2-D convolution (B, Cin, H, W): E = conv(E_x, |W|) + (n + 1)(conv(|x|, |W|) + |b|),
-    n = Cin KH KW (Higham 3.12 per output)."""
+    n = Cin KH KW (Higham 3.12 per output; :func:`refimpl.bounds.e_accumulate`, first-order model, every sum
+    charged at u_T)."""
     w = numerics.as_float(weight, "weight")
     b = None if bias is None else numerics.as_float(bias, "bias")
     y = layers.conv2d(t.value, w, b, stride=stride, padding=padding)
     s = layers.conv2d(np.abs(t.value), np.abs(w), None if b is None else np.abs(b), stride=stride, padding=padding)
-    k = int(np.prod(w.shape[1:])) + (1 if b is not None else 0)
+    n = int(np.prod(w.shape[1:]))
     prop = layers.conv2d(t.err, np.abs(w), None, stride=stride, padding=padding)
-    return Err(y, prop + k * s, t.depth + k)
+    return Err(y, bounds.e_accumulate(s, prop, n, b is not None, bounds.Precision.coefficients()),
+               t.depth + n + (1 if b is not None else 0))
 
 
 def e_mean(t: Err, axis: Any) -> Err:

@@ -1,0 +1,272 @@
+"""The error calculus: one rule per primitive for the running error bounds of the computations the reference
+defines, written once and used by the bounds of RALA (:mod:`refimpl.attention.rala_bounds`), FLatten, L2ViT and
+the networks (:mod:`refimpl.attention.focused_bounds`' ``err_linear`` / ``err_layer_norm`` / ``err_dwconv``,
+:mod:`refimpl.models.common`, :mod:`refimpl.models._netparts`) and Castling-ViT
+(:mod:`refimpl.attention.angular_series`' ``_e_matmul``).
+
+Every intermediate x of a computation carries a bound E_x on its error; a rule takes the operands, their bounds
+and a :class:`Precision` and returns the bound of the result.  Two models share the rules:
+
+- **rigorous** (``Precision.of(dtype)``): E is an absolute error bound in T.  Rounding model (Higham, "Accuracy
+  and Stability of Numerical Algorithms", 2nd ed., 2002: eq. 2.8 with gradual underflow): a product, quotient
+  or stored sum is (exact)(1 + delta) + eta, |delta| <= u_T, |eta| <= eta_T (:func:`refimpl.numerics.underflow_eta`);
+  additions are exact in the subnormal range; k such factors compound to |theta_k| <= gamma_k = k u / (1 - k u)
+  (Lemma 3.1), so an n-term inner product computed in any order errs by at most gamma_n |a|^T |b| (eq. 3.4/3.5)
+  plus n eta_T.  A sum accumulated in a wider format A (config.ACCUMULATION_FORMAT) and stored in T counts
+  n u_A / u_T + 1 roundings of size u_T (:meth:`Precision.sums`, :func:`refimpl.numerics.sum_depth`); an
+  elementary function is accurate to config.ELEMENTARY_FUNCTION_ULPS ulps.  The carried errors enter the
+  magnitudes: an operand x' = x + dx, |dx| <= E_x, has |x'| <= |x| + E_x (:meth:`Precision.mag`).
+- **first order** (``Precision.coefficients(dtype)``): E is a coefficient in units of u_T,
+  |fl_T(x) - x| <= u_T E + O(u_T^2); the same rules with gamma_k -> k, u -> 1, products of two error terms
+  dropped (the magnitudes are |x|, not |x| + E_x, and 1 + gamma_r -> 1), the underflow term eta_T / u_T or 0
+  (the caller's choice; ``eta``).
+
+Each rule returns the bound only (the caller computes the value itself).  Where a rule needs a forward operation
+that lives above this layer (a depthwise convolution, the backends' kernels), the caller passes it in.
+
+Layer: imports refimpl.numerics and NumPy only (refimpl.config at most besides:
+tests/test_import_graph.py::test_the_error_calculus_sits_below_the_layers); docs/design.md "The error calculus".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from . import numerics
+
+__all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e_sum2", "e_quotient",
+           "e_accumulate", "e_linear", "e_depthwise", "layer_norm_parts", "e_layer_norm", "layer_norm_cap",
+           "e_elementwise"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """The tested precision T as the calculus sees it: unit roundoff ``u``, underflow unit ``eta``, the format
+    name (its sums accumulate in config.ACCUMULATION_FORMAT; None: in T itself) and the model (``first_order``).
+
+    :meth:`of` gives the rigorous model (u = u_T, eta = eta_T); :meth:`coefficients` the first-order model in
+    units of u_T (u = 1, eta = eta_T / u_T or 0)."""
+
+    u: float
+    eta: float
+    dtype: Any = "float64"
+    first_order: bool = False
+
+    @classmethod
+    def of(cls, dtype: Any) -> "Precision":
+        """The rigorous model of ``dtype`` (a NumPy / torch dtype or its name)."""
+        return cls(numerics.unit_roundoff(dtype), numerics.underflow_eta(dtype), numerics.format_name(dtype))
+
+    @classmethod
+    def coefficients(cls, dtype: Any = None, eta: float = 0.0) -> "Precision":
+        """The first-order model, bounds in units of u_T of ``dtype`` (None: sums in T, no mixed precision);
+        ``eta`` the underflow term per rounding in units of u_T (0: neglected)."""
+        return cls(1.0, float(eta), None if dtype is None else numerics.format_name(dtype), True)
+
+    def g(self, n: float) -> float:
+        """gamma_n(u) (Higham Lemma 3.1; inf where n u >= 1: no bound of this form), n in units of u (it may
+        count mixed-precision sums as fractions of a rounding, :meth:`sums`: Lemma 3.1 holds with a unit
+        roundoff per factor, |theta| <= sum u_i / (1 - sum u_i)); first order: n itself."""
+        return float(n) if self.first_order else numerics.gamma(n, self.u)
+
+    def factor(self, n: float) -> float:
+        """1 + gamma_n (first order: 1)."""
+        return 1.0 if self.first_order else 1 + self.g(n)
+
+    def sums(self, n: float) -> float:
+        """The rounding count, in units of u_T, of an n-term sum whose result is stored in T
+        (:func:`refimpl.numerics.sum_depth`: n, or n u_A / u_T + 1 with a wider accumulation format A)."""
+        return numerics.sum_depth(n, self.dtype)
+
+    def mag(self, x: Any, ex: Any) -> Any:
+        """A bound on the magnitude of the computed operand: |x| + E_x (first order: |x|)."""
+        return np.abs(x) if self.first_order else np.abs(x) + ex
+
+
+# ---------------------------------------------------------------------------------------------------
+# Contractions and element-wise arithmetic
+# ---------------------------------------------------------------------------------------------------
+
+def e_contract(spec: str, a, ea, b, eb, n: float, m: int, pr: Precision) -> np.ndarray:
+    """Error of einsum(spec, a, b), m products per output, n roundings per term (the sum's
+    :meth:`Precision.sums` plus the roundings of constants folded in):
+    gamma_n (A+)(B+) + E_A (B+) + |A| E_B + m eta, A+ = :meth:`Precision.mag` (Higham eq. 3.4/3.5 for any
+    summation order, and |A'B' - AB| <= E_A |B'| + |A| E_B)."""
+    ap, bp = pr.mag(a, ea), pr.mag(b, eb)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (pr.g(n) * np.einsum(spec, ap, bp, optimize=True) + np.einsum(spec, ea, bp, optimize=True)
+                + np.einsum(spec, np.abs(a), eb, optimize=True) + m * pr.eta)
+
+
+def e_contract3(spec: str, a, ea, b, eb, c, ec, n: float, m: int, pr: Precision) -> np.ndarray:
+    """Error of einsum(spec, a, b, c), m terms per output, 2 products and n roundings per term:
+    gamma_n (A+)(B+)(C+) + E_A (B+)(C+) + |A| E_B (C+) + |A||B| E_C + 2 m eta
+    + eta (1 + gamma_n) (sum (A+) + sum (B+) + sum (C+)).
+
+    The last term is the underflow of an intermediate: an evaluation in two stages (say (a b) c) stores the
+    partial products in T, each with an underflow of up to eta, which the outer factor then multiplies (by more
+    than 1 where it is large: a float16 case in tests/test_bounds_calculus.py errs 29 times the bound without
+    it).  The association is the implementation's choice, so each factor's magnitude summed over the output's
+    terms (``einsum(spec, ., 1, 1)`` and its two siblings, an over-count by the inner sizes, never an under-count)
+    is charged once; the term is eta-sized, so it matters only where the data are near T's underflow."""
+    ap, bp, cp = pr.mag(a, ea), pr.mag(b, eb), pr.mag(c, ec)
+    with np.errstate(over="ignore", invalid="ignore"):
+        e = (pr.g(n) * np.einsum(spec, ap, bp, cp, optimize=True)
+             + np.einsum(spec, ea, bp, cp, optimize=True)
+             + np.einsum(spec, np.abs(a), eb, cp, optimize=True)
+             + np.einsum(spec, np.abs(a), np.abs(b), ec, optimize=True) + 2 * m * pr.eta)
+        if pr.eta > 0:
+            one_a, one_b, one_c = np.ones_like(ap), np.ones_like(bp), np.ones_like(cp)
+            e = e + pr.eta * (1 + pr.g(n)) * (np.einsum(spec, ap, one_b, one_c, optimize=True)
+                                              + np.einsum(spec, one_a, bp, one_c, optimize=True)
+                                              + np.einsum(spec, one_a, one_b, cp, optimize=True))
+        return e
+
+
+def e_matmul(a, ea, b, eb, pr: Precision) -> np.ndarray:
+    """Error of the (stacked) matrix product a @ b, n = a.shape[-1] terms per output:
+    E_A (B+) + |A| E_B + gamma_{sums(n)} (A+)(B+) + n eta (Higham eq. 3.5; the sum counted by
+    :meth:`Precision.sums`).  The same rule as :func:`e_contract`, evaluated by matmul in this order."""
+    n = a.shape[-1]
+    aa, bp = np.abs(a), pr.mag(b, eb)
+    ap = aa if pr.first_order else aa + ea
+    return ea @ bp + aa @ eb + pr.g(pr.sums(n)) * (ap @ bp) + n * pr.eta
+
+
+def e_product(a, ea, b, eb, pr: Precision) -> np.ndarray:
+    """Error of the element-wise product a * b (one rounding): gamma_1 (A+)(B+) + E_A (B+) + |A| E_B + eta."""
+    ap, bp = pr.mag(a, ea), pr.mag(b, eb)
+    return pr.g(1) * ap * bp + ea * bp + np.abs(a) * eb + pr.eta
+
+
+def e_sum2(a, ea, b, eb, pr: Precision) -> np.ndarray:
+    """Error of a + b (one rounding; no underflow term: additions are exact in the subnormal range):
+    E_a + E_b + u (|a| + |b| + E_a + E_b) (first order: u (|a| + |b|))."""
+    s = np.abs(a) + np.abs(b)
+    if not pr.first_order:
+        s = s + ea + eb
+    return ea + eb + pr.u * s
+
+
+def e_quotient(y, a_err, b, b_err, pr: Precision, roundings: int = 2) -> np.ndarray:
+    """Error of y = a / b computed with r = ``roundings`` roundings (one division, or a reciprocal and a product):
+    (1 + gamma_r)(E_a + |y| E_b) / (|b| - E_b) + gamma_r |y| + r eta.
+
+    The low-denominator guard: where E_b >= |b| the computed denominator may be 0 (or of either sign) and no
+    bound exists: +inf there, never a finite value (first order: where b = 0)."""
+    low = np.abs(b) if pr.first_order else np.abs(b) - b_err
+    gr = pr.g(roundings)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        e = pr.factor(roundings) * (a_err + np.abs(y) * b_err) / low + gr * np.abs(y) + roundings * pr.eta
+    return np.where(low > 0, e, np.inf)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Layers: linear, depthwise convolution, LayerNorm, element-wise functions
+# ---------------------------------------------------------------------------------------------------
+
+def e_accumulate(s, prop, n: int, biased: bool, pr: Precision) -> np.ndarray:
+    """The common form of a linear map's bound (Higham eq. 3.12 per output): an n-term inner product with
+    magnitude S (the map applied to the operands' magnitudes, plus |b|) and propagated error P (the map's
+    absolute value applied to E_x): gamma_{sums(n) + [bias]} S + P + n eta."""
+    return pr.g(pr.sums(n) + (1 if biased else 0)) * s + prop + n * pr.eta
+
+
+def e_linear(x, ex, weight, bias, pr: Precision, *, flat: bool = False) -> np.ndarray:
+    """Error of x W^T + b (torch.nn.Linear; weight (out, in), bias (out,) or None), x carrying E_x:
+    :func:`e_accumulate` with S = (X+)|W|^T + |b|, P = E_x |W|^T, n = in.
+
+    ``flat``: S as one 2-D product of the rows (refimpl.layers.linear's evaluation) instead of NumPy's stacked
+    matmul; the two differ only in the float64 rounding of the bound itself."""
+    n = weight.shape[-1]
+    aw = np.abs(weight)
+    xp = pr.mag(x, ex)
+    if flat:
+        s = (xp.reshape(-1, n) @ aw.T).reshape(*xp.shape[:-1], aw.shape[0])
+    else:
+        s = xp @ aw.T
+    if bias is not None:
+        s = s + np.abs(bias)
+    return e_accumulate(s, ex @ aw.T, n, bias is not None, pr)
+
+
+def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarray]) -> np.ndarray:
+    """Error of a depthwise convolution (B, C, H, W) with weight (C, 1, KH, KW), x carrying E_x:
+    :func:`e_accumulate` with S = conv(X+, |W|, |b|), P = conv(E_x, |W|), n = KH KW.  ``conv(x, w, b)`` is the
+    caller's convolution (refimpl.layers.depthwise_conv2d with its padding and stride): the calculus sits below
+    the layers."""
+    kk = weight.shape[2] * weight.shape[3]
+    aw = np.abs(weight)
+    s = conv(pr.mag(x, ex), aw, None if bias is None else np.abs(bias))
+    return e_accumulate(s, conv(ex, aw, None), kk, bias is not None, pr)
+
+
+def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np.ndarray, np.ndarray, float]:
+    """(S, P, k) of LayerNorm over the last axis, x carrying E_x, first order (the parts of :func:`e_layer_norm`;
+    an l2 coefficient joins them in its own way).
+
+    Own rounding (the mean, the centred squares' mean, eps, the sqrt, the quotient, the scale and the shift):
+    with d_i = x_i - mean and s = sqrt(var + eps), the computed mean errs by gamma_{n+1} mean|x|, which enters
+    d_i additively and var only quadratically, so |err y_i| <= k S_i, S = (|d| + mean|x|) / s |w| + |b|,
+    k = sums(n) + 8 (over one channel the mean is exact: the mean|x| term drops; refimpl.layers.layer_norm_bound).
+    Input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n), bounded by
+    P = |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)); P = 0 over one channel (the output is the bias)."""
+    n = x.shape[-1]
+    mu = np.mean(x, axis=-1, keepdims=True)
+    d = x - mu
+    s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
+    mean_err = np.mean(np.abs(x), axis=-1, keepdims=True) if n > 1 else 0.0
+    scale = (np.abs(d) + mean_err) / s
+    if weight is not None:
+        scale = scale * np.abs(weight)
+    if bias is not None:
+        scale = scale + np.abs(bias)
+    xh = (x - mu) / s
+    w = 1.0 if weight is None else np.abs(weight)
+    prop = w / s * (ex + np.mean(ex, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * ex, axis=-1,
+                                                                                       keepdims=True))
+    if n == 1:
+        prop = np.zeros_like(prop)
+    return scale, prop, pr.sums(n) + 8
+
+
+def e_layer_norm(x, ex, weight, bias, eps: float, pr: Precision, axis: int = -1) -> tuple[np.ndarray, float]:
+    """(E_y, k) of LayerNorm over ``axis`` (-1: channels last; 1: channels first, (B, C, H, W)), x carrying E_x:
+    E = k S + P (:func:`layer_norm_parts`).  First order only (``pr`` from :meth:`Precision.coefficients`): the
+    Jacobian bound is a linearisation (:func:`layer_norm_cap` is a rigorous cap)."""
+    if not pr.first_order:
+        raise numerics.ArgumentError("argument 'pr': the LayerNorm rule is first order; expected "
+                                     "Precision.coefficients(dtype), got the rigorous model Precision.of")
+    if axis not in (-1, x.ndim - 1):
+        x, ex = np.moveaxis(x, axis, -1), np.moveaxis(ex, axis, -1)
+    scale, prop, k = layer_norm_parts(x, ex, weight, bias, eps, pr)
+    e = pr.g(k) * scale + prop
+    return (e if axis in (-1, x.ndim - 1) else np.moveaxis(e, -1, axis)), k
+
+
+def layer_norm_cap(x, weight, bias, eps: float, dtype: Any) -> np.ndarray:
+    """A bound, in units of u_T, on the error of LayerNorm over the last axis whatever its input's error:
+    xh = (x - mean) / sqrt(var + eps) has sum_i xh_i^2 <= C, so |xh_i| <= sqrt(C), and the computed xh' obeys
+    the same up to its own rounding (gamma_{C+8}), hence |y' - y| <= |w| (|xh| + sqrt(C)(1 + gamma_{C+8}))
+    + 2 u (|w| sqrt(C) + |b|), rigorous; returned divided by u_T."""
+    c = x.shape[-1]
+    u = numerics.unit_roundoff(dtype)
+    mu = np.mean(x, axis=-1, keepdims=True)
+    xh = np.abs(x - mu) / np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
+    w, b = np.abs(weight), np.abs(bias)
+    root = math.sqrt(c)
+    return (w * (xh + root * (1.0 + numerics.gamma(c + 8, u))) + 2 * u * (w * root + b)) / u
+
+
+def e_elementwise(y, ex, lipschitz: float, roundings: float, pr: Precision) -> np.ndarray:
+    """Error of y = f(x) for an element-wise f with Lipschitz constant L, evaluated with ``roundings`` relative
+    roundings (an elementary function counts config.ELEMENTARY_FUNCTION_ULPS, each further operation 1):
+    |f(x') - f(x)| <= L E_x (mean value theorem) and |fl(f(x')) - f(x')| <= gamma_r |f(x')| + r eta with
+    |f(x')| <= |y| + L E_x, so gamma_r (|y| + L E_x) + L E_x + r eta (first order: r |y| + L E_x)."""
+    ay = np.abs(y)
+    mag = ay if pr.first_order else ay + lipschitz * ex
+    return pr.g(roundings) * mag + lipschitz * ex + roundings * pr.eta

@@ -1,0 +1,401 @@
+"""The error calculus (refimpl/bounds.py) against high-precision evaluation.
+
+- Safety (rigorous model, Precision.of): random expression trees built from the primitives (element-wise sums,
+  products and quotients, linear maps, 2- and 3-factor contractions, matrix products, depthwise convolutions
+  with or without bias, tanh) on random
+  4 x 4 operands (signed, all-positive, integers plus small perturbations for cancellation, subnormal-range
+  values, zeros) are evaluated in T = float32 and T = float16 (sums accumulated in float32 and rounded once,
+  config.ACCUMULATION_FORMAT) and in mpmath at 120 digits; the computed result's error is within the composed
+  bound at every element.
+- Safety (first-order model, Precision.coefficients): LayerNorm (channels last and channels first), linear and
+  depthwise conv on exact inputs, |err| <= u_T E.
+- Tightness: on inputs where the worst case of an evaluation order is reached (a sequential sum 1 + u + ... + u
+  that rounds every addition down by u; a product and a sum that round by a full u), the bound is within the
+  stated factor of the attained error.
+- Pins computed by hand in the docstrings.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import mpmath
+import numpy as np
+import pytest
+
+from refimpl import bounds, config, layers, numerics
+
+DPS = 120      # mpmath digits of the reference (mpmath.workdps inside the tests: the global setting is left alone)
+SHAPE = (4, 4)
+ACC = {"float16": np.float32, "float32": np.float32}
+
+
+class Node:
+    """One intermediate: ``t`` its evaluation in T, ``x`` its exact value (mpmath, object array), ``v`` the
+    float64 rounding of x (the value the rules are given), ``e`` the calculus's bound on |t - x|."""
+
+    def __init__(self, t, x, e):
+        self.t, self.x, self.e = t, x, e
+        self.v = np.vectorize(float, otypes=[np.float64])(x)
+
+
+def _mp(a):
+    return np.vectorize(mpmath.mpf, otypes=[object])(np.asarray(a, dtype=np.float64))
+
+
+def _leaf(rng, dt):
+    kind = rng.choice(["normal", "pos", "cancel", "tiny", "zeros"])
+    a = rng.standard_normal(SHAPE) * 2
+    if kind == "pos":
+        a = np.abs(a)
+    elif kind == "cancel":
+        a = np.round(a) + rng.standard_normal(SHAPE) * 2.0 ** -9
+    elif kind == "tiny":      # deep in T's subnormal range and around its normal threshold
+        a = a * (2.0 ** -18 if dt == "float16" else 2.0 ** -140)
+    elif kind == "zeros":
+        a = np.where(rng.random(SHAPE) < 0.5, 0.0, a)
+    t = a.astype(dt)
+    return Node(t, _mp(t), np.zeros(SHAPE))
+
+
+def _acc_matmul(a, b, dt):
+    """a @ b in T: products and sums in the accumulation format, the result rounded once to T."""
+    acc = ACC[dt]
+    return (a.astype(acc) @ b.astype(acc)).astype(dt)
+
+
+def _mp_matmul(a, b):
+    return np.array([[mpmath.fsum(a[i, k] * b[k, j] for k in range(a.shape[1])) for j in range(b.shape[1])]
+                     for i in range(a.shape[0])], dtype=object)
+
+
+def _conv_same(x, w, acc=None):
+    """'same' 3 x 3 convolution of one channel, taps summed in the order (u, v); ``acc`` the float type of
+    the sums (None: exact mpmath)."""
+    h, wd = x.shape
+    out = np.empty(x.shape, dtype=object if acc is None else acc)
+    for i in range(h):
+        for j in range(wd):
+            terms = [(x[i + du - 1, j + dv - 1], w[du, dv]) for du in range(3) for dv in range(3)
+                     if 0 <= i + du - 1 < h and 0 <= j + dv - 1 < wd]
+            if acc is None:
+                out[i, j] = mpmath.fsum(a * b for a, b in terms)
+            else:
+                s = acc(0)
+                for a, b in terms:
+                    s = acc(s + acc(a) * acc(b))
+                out[i, j] = s
+    return out
+
+
+def _in_range(node, dt) -> bool:
+    """Whether the node's exact values, widened by their bounds, stay below T's largest finite number (the calculus
+    does not model overflow)."""
+    reach = np.where(np.isfinite(node.e), np.abs(node.v) + node.e, np.abs(node.v))
+    return bool(np.all(reach < float(np.finfo(dt).max)))
+
+
+def _tree(rng, dt, pr, depth, seen):
+    """A random expression of depth <= ``depth``; every node built is appended to ``seen``."""
+    node = _op(rng, dt, pr, depth, seen)
+    seen.append(node)
+    return node
+
+
+def _op(rng, dt, pr, depth, seen):
+    if depth == 0 or rng.random() < 0.2:
+        return _leaf(rng, dt)
+    op = rng.choice(["sum", "product", "quotient", "linear", "contract", "matmul", "contract3", "conv", "tanh"])
+    a = _tree(rng, dt, pr, depth - 1, seen)
+    if op == "sum":
+        b = _tree(rng, dt, pr, depth - 1, seen)
+        return Node(a.t + b.t, a.x + b.x, bounds.e_sum2(a.v, a.e, b.v, b.e, pr))
+    if op == "product":
+        b = _tree(rng, dt, pr, depth - 1, seen)
+        return Node(a.t * b.t, a.x * b.x, bounds.e_product(a.v, a.e, b.v, b.e, pr))
+    if op == "quotient":
+        b = _tree(rng, dt, pr, depth - 1, seen) if rng.random() < 0.5 else _leaf(rng, dt)
+        ok = b.v != 0
+        x = np.where(ok, a.x / np.where(ok, b.x, 1), 0)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+            t = a.t / b.t
+            y = np.where(ok, a.v / np.where(ok, b.v, 1.0), 0.0)
+        e = bounds.e_quotient(y, a.e, b.v, b.e, pr, roundings=1)
+        return Node(t, x, np.where(ok, e, np.inf))
+    if op == "linear":
+        w = _leaf(rng, dt)
+        bias = _leaf(rng, dt) if rng.random() < 0.5 else None
+        t = _acc_matmul(a.t, w.t.T, dt)
+        x = _mp_matmul(a.x, w.x.T)
+        if bias is not None:
+            t, x = t + bias.t[0], x + bias.x[0]
+        e = bounds.e_linear(a.v, a.e, w.v, None if bias is None else bias.v[0], pr, flat=bool(rng.random() < 0.5))
+        return Node(t, x, e)
+    if op == "contract":
+        b = _tree(rng, dt, pr, depth - 1, seen)
+        e = bounds.e_contract("ij,jk->ik", a.v, a.e, b.v, b.e, pr.sums(4), 4, pr)
+        return Node(_acc_matmul(a.t, b.t, dt), _mp_matmul(a.x, b.x), e)
+    if op == "matmul":
+        b = _tree(rng, dt, pr, depth - 1, seen)
+        return Node(_acc_matmul(a.t, b.t, dt), _mp_matmul(a.x, b.x), bounds.e_matmul(a.v, a.e, b.v, b.e, pr))
+    if op == "contract3":     # (a b) stored in T, then times c: 2 products and sums(4) + sums(4) roundings a term
+        b, c = _tree(rng, dt, pr, depth - 1, seen), _leaf(rng, dt)
+        mid = Node(_acc_matmul(a.t, b.t, dt), _mp_matmul(a.x, b.x),
+                   bounds.e_contract("ij,jk->ik", a.v, a.e, b.v, b.e, pr.sums(4), 4, pr))
+        seen.append(mid)          # the stored intermediate: in T's range too
+        e = bounds.e_contract3("ij,jk,kl->il", a.v, a.e, b.v, b.e, c.v, c.e, 2 * pr.sums(4), 16, pr)
+        return Node(_acc_matmul(mid.t, c.t, dt), _mp_matmul(mid.x, c.x), e)
+    if op == "conv":
+        wt = rng.standard_normal((3, 3)).astype(dt)
+        bias = np.array([rng.standard_normal()]).astype(dt) if rng.random() < 0.5 else None
+        t = _conv_same(a.t, wt, ACC[dt]).astype(dt)
+        x = _conv_same(a.x, _mp(wt))
+        if bias is not None:      # the bias added to the stored sum: one more rounding in T
+            t, x = t + bias[0], x + mpmath.mpf(float(bias[0]))
+        e = bounds.e_depthwise(a.v[None, None], a.e[None, None], wt.astype(np.float64)[None, None],
+                               None if bias is None else bias.astype(np.float64), pr,
+                               lambda z, ww, bb: layers.depthwise_conv2d(z, ww, bb, padding=1))[0, 0]
+        return Node(t, x, e)
+    # tanh: 1-Lipschitz, ELEMENTARY_FUNCTION_ULPS ulps
+    x = np.vectorize(mpmath.tanh, otypes=[object])(a.x)
+    xv = np.vectorize(float, otypes=[np.float64])(x)
+    return Node(np.tanh(a.t), x, bounds.e_elementwise(xv, a.e, 1.0, config.ELEMENTARY_FUNCTION_ULPS, pr))
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_composed_bound_is_safe_on_random_expression_trees(dt):
+    """|fl_T(tree) - tree| <= E at every element of 40 random trees of depth <= 3 (Higham eq. 2.8 model; the
+    float16 sums accumulated in float32, counted by Precision.sums).  Trees with an intermediate whose exact value
+    plus its bound reaches T's largest finite number are excluded (the calculus does not model overflow); at least
+    half must remain.  A non-finite result where the bound is finite fails."""
+    rng = np.random.default_rng(12 if dt == "float32" else 13)
+    pr = bounds.Precision.of(dt)
+    kept, worst = 0, 0.0
+    for _ in range(40):
+        seen: list = []
+        with np.errstate(all="ignore"), mpmath.workdps(DPS):
+            node = _tree(rng, dt, pr, 3, seen)
+        if not all(_in_range(n, dt) for n in seen):
+            continue
+        kept += 1
+        for idx in np.ndindex(SHAPE):
+            if not np.isfinite(node.e[idx]):
+                continue
+            with mpmath.workdps(DPS):
+                err = abs(mpmath.mpf(float(node.t[idx])) - node.x[idx])
+            assert err <= node.e[idx], (dt, idx, float(err), node.e[idx])
+            if node.e[idx] > 0:
+                worst = max(worst, float(err / node.e[idx]))
+    assert kept >= 20, kept
+    assert worst > 0.0      # the trees make rounding errors (the check is not vacuous)
+
+
+def _hp(f):
+    return np.vectorize(float, otypes=[np.float64])(f)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_first_order_layer_norm_linear_conv_are_safe(dt):
+    """First-order model (Precision.coefficients): |fl_T(f(x)) - f(x)| <= u_T E for LayerNorm over the last
+    axis and over channels (axis=1), a linear map and a depthwise conv, on exact inputs in T (LayerNorm
+    evaluated in T in two passes as refimpl.layers.layer_norm; the reference in mpmath)."""
+    with mpmath.workdps(DPS):
+        _first_order_checks(dt)
+
+
+def _first_order_checks(dt):
+    rng = np.random.default_rng(5)
+    u = numerics.unit_roundoff(dt)
+    pr = bounds.Precision.coefficients(dt)
+    for trial in range(8):
+        c = int(rng.integers(2, 9))
+        x = (rng.standard_normal((3, c)) * 4 + (10.0 if trial % 2 else 0.0)).astype(dt)
+        w, b = rng.standard_normal(c).astype(dt), rng.standard_normal(c).astype(dt)
+        eps = 1e-5
+        xf = x.astype(np.float32)
+        mu = np.mean(xf, axis=-1, keepdims=True)
+        d = xf - mu
+        y_t = (d / np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + np.float32(eps)) * w + b).astype(dt)
+        xm = _mp(x)
+        y_x = np.empty(x.shape, dtype=object)
+        for r in range(3):
+            m = mpmath.fsum(xm[r]) / c
+            s = mpmath.sqrt(mpmath.fsum((v - m) ** 2 for v in xm[r]) / c + mpmath.mpf(eps))
+            for j in range(c):
+                y_x[r, j] = (xm[r, j] - m) / s * mpmath.mpf(float(w[j])) + mpmath.mpf(float(b[j]))
+        x64 = x.astype(np.float64)
+        e, k = bounds.e_layer_norm(x64, np.zeros_like(x64), w.astype(np.float64), b.astype(np.float64), eps, pr)
+        assert k == pr.sums(c) + 8
+        err = _hp(np.abs(_mp(y_t) - y_x))
+        assert np.all(err <= u * e), (dt, err / (u * e))
+        # channels first: the same rows as (1, C, 1, 3)
+        e_cf, _ = bounds.e_layer_norm(x64.T[None, :, None, :], np.zeros((1, c, 1, 3)), w.astype(np.float64),
+                                      b.astype(np.float64), eps, pr, axis=1)
+        assert np.all(err.T[None, :, None, :] <= u * e_cf)
+        # linear: x W^T + b with an (out, c) weight
+        wt = rng.standard_normal((5, c)).astype(dt)
+        lin_t = (_acc_matmul(x, wt.T, dt) + b[:1]).astype(dt)
+        lin_x = _mp_matmul(xm, _mp(wt).T) + mpmath.mpf(float(b[0]))
+        e_lin = bounds.e_linear(x64, np.zeros_like(x64), wt.astype(np.float64), np.full(5, float(b[0])), pr)
+        assert np.all(_hp(np.abs(_mp(lin_t) - lin_x)) <= u * e_lin)
+    # depthwise conv with float32 sums
+    img = (rng.standard_normal((4, 5)) * 3).astype(dt)
+    ker = rng.standard_normal((3, 3)).astype(dt)
+    conv_t = _conv_same(img, ker, ACC[dt]).astype(dt)
+    conv_x = _conv_same(_mp(img), _mp(ker))
+    e_conv = bounds.e_depthwise(img.astype(np.float64)[None, None], np.zeros((1, 1, 4, 5)),
+                                ker.astype(np.float64)[None, None], None, pr,
+                                lambda z, ww, bb: layers.depthwise_conv2d(z, ww, bb, padding=1))[0, 0]
+    assert np.all(_hp(np.abs(_mp(conv_t) - conv_x)) <= u * e_conv)
+
+
+def _seq(values, dt=np.float32):
+    """sum of ``values`` left to right in ``dt`` (one legitimate evaluation order)."""
+    s = dt(0.0)
+    for v in values:
+        s = dt(s + dt(v))
+    return s
+
+
+U32 = numerics.unit_roundoff("float32")
+PR32 = bounds.Precision.of("float32")
+
+
+def _ratio(e, err):
+    """E / err as an exact fraction, after checking safety err <= E."""
+    assert Fraction(float(e)) >= err, (float(e), float(err))
+    return Fraction(float(e)) / err
+
+
+def test_contraction_and_linear_bounds_are_tight_on_sums_that_round_down_at_every_step():
+    """x = (1, u, ..., u) (n entries, u = 2^-24) against ones, summed left to right in float32: every 1 + u is a
+    tie and rounds to 1 (to even), so the computed sum is 1 and the error (n - 1) u, the worst case of this order.
+    e_contract's gamma_n (1 + (n - 1) u) + n eta is within n / (n - 1) (1 + n u) / (1 - n u) <= 1.02 of it
+    (n = 64).  With a bias u (one more tie): error n u, e_linear's gamma_{n+1} within (n + 1) / n, <= 1.02."""
+    n = 64
+    x = np.array([[1.0] + [U32] * (n - 1)])
+    assert _seq(x[0]) == np.float32(1.0)
+    e = bounds.e_contract("ij,kj->ik", x, np.zeros_like(x), np.ones((1, n)), np.zeros((1, n)), PR32.sums(n), n, PR32)
+    assert _ratio(e[0, 0], Fraction(n - 1) * Fraction(U32)) <= Fraction(102, 100)
+    assert _seq(list(x[0]) + [U32]) == np.float32(1.0)
+    e_lin = bounds.e_linear(x, np.zeros_like(x), np.ones((1, n)), np.array([U32]), PR32)
+    assert _ratio(e_lin[0, 0], Fraction(n) * Fraction(U32)) <= Fraction(102, 100)
+
+
+def test_three_factor_bound_is_tight_when_both_stages_round_down():
+    """a = (1, u, u, u), B = ones (4 x 4), c = (1, u, u, u)^T evaluated as (a B) c in float32, left to right: each
+    (a B)_k = 1 + 3u rounds to 1 (three ties), then 1 + u + u + u rounds to 1 again; the exact value is
+    (1 + 3u)^2, the error 6u + 9u^2.  e_contract3 with n = 2 sums(4) = 8 roundings a term: gamma_8 (1 + 3u)^2 +
+    2 m eta, within 8/6 (1 + 8u)^2 <= 1.34 of it."""
+    a = np.array([[1.0, U32, U32, U32]])
+    b, c = np.ones((4, 4)), a.T.copy()
+    assert _seq(a[0]) == np.float32(1.0) and _seq([1.0 * ck for ck in c[:, 0]]) == np.float32(1.0)
+    err = (1 + 3 * Fraction(U32)) ** 2 - 1
+    e = bounds.e_contract3("ij,jk,kl->il", a, 0 * a, b, 0 * b, c, 0 * c, 2 * PR32.sums(4), 16, PR32)
+    assert _ratio(e[0, 0], err) <= Fraction(134, 100)
+
+
+def test_depthwise_bound_is_tight_on_a_window_that_rounds_down_at_every_tap():
+    """A 3 x 3 window whose first tap (row-major order) reads 1 and the other eight u, a kernel of ones: the
+    taps summed in order round every addition down by u (ties), error 8 u; the bound gamma_9 (1 + 8 u) is within
+    9/8 (1 + 9 u) / (1 - 9 u) <= 1.13 of it."""
+    img = np.full((3, 3), U32)
+    img[0, 0] = 1.0
+    assert _seq(img.ravel()) == np.float32(1.0)
+    e = bounds.e_depthwise(img[None, None], np.zeros((1, 1, 3, 3)), np.ones((1, 1, 3, 3)), None, PR32,
+                           lambda z, w, b: layers.depthwise_conv2d(z, w, b, padding=1))
+    assert _ratio(e[0, 0, 1, 1], 8 * Fraction(U32)) <= Fraction(113, 100)
+
+
+def test_product_sum_and_underflow_bounds_are_tight_on_ties():
+    """(1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is a tie in float32 and rounds to 1 + 2^-11: error u, bound
+    gamma_1 (1 + 2^-12)^2 + eta, ratio <= 1 + 2^-10.  1 + 2^-24 is a tie and rounds to 1: error u, bound
+    u (1 + u).  (2^-75)^2 = 2^-150, half the smallest subnormal, a tie that rounds to 0: error 2^-150; the bound
+    gamma_1 2^-150 + eta_32 (eta_32 = 2^-149, numerics.underflow_eta: the smallest subnormal, twice Higham's
+    half) is within 2 (1 + u) of it."""
+    a = np.float32(1 + 2.0 ** -12)
+    err = abs(Fraction(float(a * a)) - Fraction(float(a)) ** 2)
+    assert err == Fraction(U32)
+    assert _ratio(bounds.e_product(np.float64(a), 0.0, np.float64(a), 0.0, PR32), err) <= 1 + Fraction(1, 1024)
+    assert np.float32(1.0) + np.float32(U32) == np.float32(1.0)
+    ratio = _ratio(bounds.e_sum2(1.0, 0.0, U32, 0.0, PR32), Fraction(U32))
+    assert ratio <= (1 + Fraction(U32)) * (1 + Fraction(1, 2 ** 50))
+    t = np.float32(2.0 ** -75)
+    assert t * t == np.float32(0.0)
+    ratio = _ratio(bounds.e_product(2.0 ** -75, 0.0, 2.0 ** -75, 0.0, PR32), Fraction(2) ** -150)
+    assert ratio <= 2 * (1 + Fraction(U32))
+
+
+def test_quotient_bound_carries_the_denominators_error():
+    """b = 1 + 8u computed as the sequential sum 1 + u + ... + u (eight ties: b' = 1, E_b from e_contract), then
+    y = 1 / b: the computed 1 / 1 = 1 is exact, the error is 1 - 1 / (1 + 8u) ~ 8u, all of it the denominator's.
+    The bound (1 + gamma_1)(|y| E_b) / (|b| - E_b) + gamma_1 |y| + eta is within 1.3 of it."""
+    x = np.array([[1.0] + [U32] * 8])
+    assert _seq(x[0]) == np.float32(1.0)
+    eb = bounds.e_contract("ij,kj->ik", x, np.zeros_like(x), np.ones((1, 9)), np.zeros((1, 9)), PR32.sums(9), 9,
+                           PR32)[0, 0]
+    b_exact = 1 + 8 * Fraction(U32)
+    err = 1 - 1 / b_exact
+    e = bounds.e_quotient(np.array(float(1 / b_exact)), np.array(0.0), np.array(float(b_exact)), np.array(eb), PR32,
+                          roundings=1)
+    assert _ratio(e, err) <= Fraction(13, 10)
+
+
+def test_three_factor_contraction_with_an_underflowing_intermediate():
+    """float16 (sums in float32, stored in float16): a = (2^-13, 2^-13, 2^-13, 0), B = 2^-13 (4 x 4), c = 2^10 (4 x 1),
+    evaluated as (a B) c: each (a B)_k = 3 * 2^-26 = 0.75 * 2^-24 is stored as the subnormal 2^-24 (error 2^-26),
+    then times 2^10 and summed over four k: error 4 * 2^10 * 2^-26 = 2^-14, while gamma_n S + 2 m eta alone is
+    ~2.1e-6 (m = 16, eta_16 = 2^-24), 29 times too small: the rule's intermediate-underflow term (eta times each
+    factor's summed magnitude) covers it."""
+    pr = bounds.Precision.of("float16")
+    a = np.array([[2.0 ** -13] * 3 + [0.0]])
+    b, c = np.full((4, 4), 2.0 ** -13), np.full((4, 1), 2.0 ** 10)
+    ab = (a.astype(np.float32) @ b.astype(np.float32)).astype(np.float16)
+    out = (ab.astype(np.float32) @ c.astype(np.float32)).astype(np.float16)
+    err = abs(Fraction(float(out[0, 0])) - Fraction(3 * 4 * 2 ** 10, 2 ** 26))
+    e = bounds.e_contract3("ij,jk,kl->il", a, 0 * a, b, 0 * b, c, 0 * c, 2 * pr.sums(4), 16, pr)
+    assert err <= Fraction(float(e[0, 0]))
+
+
+def test_pinned_linear_and_quotient_values():
+    """x = [1, -2], W = [[3, 4]], b = [0.5] in float32: S = 3 + 8 + 0.5 = 11.5, n = 2 products, one bias add:
+    E = gamma_3(2^-24) 11.5 + 2 eta_32 = 11.5 * 3u / (1 - 3u) + 2 * 2^-149 (as an exact fraction; the float64
+    evaluation of the formula within gamma_4(u_64) of it).  Quotient y = 1 / 2 with E_a = 0, E_b = 1, one rounding:
+    (1 + gamma_1)(0 + 0.5) / (2 - 1) + gamma_1 0.5 + eta; with E_b = 2 >= |b| no bound: inf."""
+    pr = bounds.Precision.of("float32")
+    u = Fraction(2) ** -24
+    e = bounds.e_linear(np.array([[1.0, -2.0]]), np.zeros((1, 2)), np.array([[3.0, 4.0]]), np.array([0.5]), pr)
+    want = Fraction(23, 2) * 3 * u / (1 - 3 * u) + 2 * Fraction(2) ** -149
+    assert abs(Fraction(float(e[0, 0])) - want) <= want * Fraction(numerics.gamma(4, 2.0 ** -53))
+    g1 = u / (1 - u)
+    q = bounds.e_quotient(np.array([0.5, 0.5]), np.zeros(2), np.array([2.0, 2.0]), np.array([1.0, 2.0]), pr, 1)
+    want_q = (1 + g1) * Fraction(1, 2) + g1 / 2 + Fraction(2) ** -149
+    assert abs(Fraction(float(q[0])) - want_q) <= want_q * Fraction(numerics.gamma(6, 2.0 ** -53))
+    assert q[1] == np.inf
+
+
+def test_pinned_first_order_layer_norm():
+    """x = [1, -1], no affine, eps = 0: mean 0, d = (1, -1), s = 1, mean|x| = 1, so S = (|d| + 1) / s = (2, 2) and
+    k = 2 + 8 = 10: E = 20 on exact input.  With E_x = (1, 0): mean(e) = 1/2, xh = (1, -1), mean(|xh| e) = 1/2, so
+    P = (1 + 1/2 + 1/2, 0 + 1/2 + 1/2) = (2, 1) and E = (22, 21)."""
+    pr = bounds.Precision.coefficients()
+    x = np.array([[1.0, -1.0]])
+    e0, k = bounds.e_layer_norm(x, np.zeros_like(x), None, None, 0.0, pr)
+    assert k == 10 and np.array_equal(e0, [[20.0, 20.0]])
+    e1, _ = bounds.e_layer_norm(x, np.array([[1.0, 0.0]]), None, None, 0.0, pr)
+    assert np.array_equal(e1, [[22.0, 21.0]])
+
+
+def test_precision_models_and_errors():
+    """Precision.of is Higham's gamma_n (inf where n u >= 1) with the mixed-precision count for float16
+    (n u_32 / u_16 + 1); Precision.coefficients counts n; the LayerNorm rule refuses the rigorous model, naming
+    the argument; a non-float dtype is refused by name."""
+    p16 = bounds.Precision.of("float16")
+    assert p16.sums(2 ** 13) == 2.0
+    assert p16.g(2 ** 11) == np.inf and 0 < p16.g(2 ** 10) < np.inf
+    pc = bounds.Precision.coefficients("float16")
+    assert pc.g(7) == 7.0 and pc.sums(2 ** 13) == 2.0 and pc.eta == 0.0
+    with pytest.raises(ValueError, match="argument 'pr'"):
+        bounds.e_layer_norm(np.ones((1, 2)), np.zeros((1, 2)), None, None, 0.0, p16)
+    with pytest.raises(TypeError, match="dtype"):
+        bounds.Precision.of("int32")
