@@ -120,7 +120,8 @@ QUADRATIC_MAX_ELEMENTS = 2**27
 #: An operand group of a scale-invariant computation (a row of phi(Q), one head's keys, one value column,
 #: ...) whose largest magnitude is at most 2^B, B = RANGE_RESCALE_EXPONENT, is used as given; above that it is
 #: multiplied by the exact power of two that brings its largest magnitude into [1/2, 1)
-#: (numerics.pow2_exponent; tiny groups are not scaled up, see there).  Derivation of B = 256: below 2^B a
+#: (numerics.pow2_exponent; below 2^-B, tiny and subnormal groups are scaled up the same way where the
+#: caller asks, ``scale_up``: linear attention and RALA's core).  Derivation of B = 256: below 2^B a
 #: product of three operands (the linear-attention numerator phi(Q) phi(K)^T V) is at most 2^768 and a sum of
 #: fewer than 2^255 of them stays below 2^1023, so nothing overflows: the computation is the unscaled one, bit
 #: for bit.  Only float64 holds magnitudes above 2^256 (float32 ends at 2^128), so the lower-precision runs of

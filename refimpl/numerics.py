@@ -280,28 +280,38 @@ def l2_normalize(x: np.ndarray, axis: int = -1, eps: float = config.L2_NORMALIZE
 # Range safety: exact power-of-two rescaling
 # ===================================================================================================
 
-def pow2_exponent(x: np.ndarray, axis: Any = None) -> np.ndarray:
-    """The exponent e >= 0 (an int array, ``keepdims`` along ``axis``) of an exact rescaling x -> x 2^-e.
+def pow2_exponent(x: np.ndarray, axis: Any = None, *, scale_up: bool = False) -> np.ndarray:
+    """The exponent e (an int array, ``keepdims`` along ``axis``) of an exact rescaling x -> x 2^-e.
 
     With m = max |x| along ``axis``: e is frexp's exponent of m (so m 2^-e lies in [1/2, 1)) where m exceeds
-    2^B, B = ``config.RANGE_RESCALE_EXPONENT``, and 0 elsewhere (m inside the band, zero, tiny or not finite:
-    NaN and Inf then propagate unchanged).  Multiplying by a power of two is exact unless the product over-
-    or underflows, so a computation that is homogeneous in x, run on x 2^-e and scaled back by ``np.ldexp``, is
-    bit for bit the unscaled computation wherever the latter does not overflow; for m <= 2^B, e = 0 and the
-    computation is literally the unscaled one (the band's derivation is in config).  Used by the attention
-    cores (linear, focused, RALA, softmax) to return the finite result that 1e150-sized inputs have.
+    2^B, B = ``config.RANGE_RESCALE_EXPONENT`` (e > 0), and, with ``scale_up``, where 0 < m < 2^-B (e < 0: tiny
+    and subnormal groups scaled up); 0 elsewhere (m inside the band [2^-B, 2^B], zero, or not finite: NaN and
+    Inf then propagate unchanged).  Multiplying by a power of two is exact unless the product over- or
+    underflows, so a computation that is homogeneous in x, run on x 2^-e and scaled back by ``np.ldexp``, is bit
+    for bit the unscaled computation wherever the latter neither over- nor underflows, and where it does, the
+    computation float64 would give with an unbounded exponent (up to the one rounding of the final ``ldexp``
+    into the subnormal range); inside the band e = 0 and the computation is literally the unscaled one (the
+    band's derivation is in config).  Used by the attention cores (linear, focused, RALA, softmax) to return the
+    finite result that 1e150-sized inputs have, and with ``scale_up`` by linear attention and RALA's core
+    (refimpl.attention.linear, rala_core: homogeneous of degree 0 in phi(Q) and phi(K), 1 in V) to return the
+    exact result of tiny ones.
 
-    Only the overflow side is handled: scaling tiny (subnormal) groups *up* makes the reference exact where
-    the error bounds (``*_bound``, whose eta terms are void at subnormal outputs), the C kernels (which would
-    need a per-row check) and an additive softmax bias (which then overflows) are not ready for it; see
-    docs/guarantees.md's range-safety notes (where a normaliser underflows to 0 although the exact one is > 0, the
-    linear-attention and RALA cores recompute that row from log-features instead).
+    ``scale_up`` is off by default: an additive softmax bias (softmax attention) is not homogeneous, and the
+    logits of RALA's Eq. 4 are scaled back by softmax_shifted, which takes shifts >= 0.  Where a normaliser
+    underflows to 0 although the exact one is > 0 (exp's underflow inside a group, which no power of two
+    undoes) the linear-attention and RALA cores recompute that row from log-features (docs/guarantees.md).
+    float32 holds no magnitude outside the band (2^-149 .. 2^128), so its runs (the verdict's naive member,
+    which must under- and overflow as the format does) are never rescaled.
     """
     x = check_float_array(x, "x")                       # no cast: the exponent is of the values as given
     axis = _check_axes(axis, x.ndim)
     m = np.max(np.abs(x), axis=axis, keepdims=True).astype(np.float64)   # float64: the band's edge
     e = np.frexp(m)[1].astype(np.int64)
-    return np.where(np.isfinite(m) & (m > 2.0 ** config.RANGE_RESCALE_EXPONENT), e, 0)
+    band = 2.0 ** config.RANGE_RESCALE_EXPONENT
+    out = m > band
+    if scale_up:
+        out = out | ((m > 0) & (m < 1.0 / band))
+    return np.where(np.isfinite(m) & out, e, 0)
 
 
 #: ln 2 split for Cody & Waite's argument reduction: _LN2_HI has 32 significant bits, so s * _LN2_HI is exact

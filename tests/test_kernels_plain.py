@@ -26,7 +26,8 @@ fast one's specification.  What is checked, for random shapes and options (Hypot
       plain: libm's), so bit-identical exactly where every exp argument is 0 or -inf (one key per row: M = 1,
       or a mask that leaves one key), which pins the bias / mask / value indexing bit for bit; elsewhere within
       the bound.
-Plus: the plain wrappers refuse bad input naming the argument, their outputs are NaN-poisoned before the call,
+Plus: the plain wrappers have the registered wrappers' range policy (out-of-band float64 inputs and NaN / Inf
+results answered by the NumPy definition, bit for bit), they refuse bad input naming the argument, their outputs are NaN-poisoned before the call,
 the raw plain entry points refuse bad sizes / options / workspaces with a status and write nothing, and they
 are not registered as backends (``auto`` never reaches them).
 """
@@ -44,11 +45,11 @@ from refimpl.backends import _c, _c_linear, _c_plain, _c_softmax
 from tests.kernel_helpers import backend_available, c_kernel_that_writes_nothing, kernel_verdict
 
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
-#: Input kinds of q and k (equivalence.strategies.generate) inside the kernels' range: no "mixed_scale" or
-#: "large" rows there, whose ELU + 1 features underflow (exp(-1e4)) to a zero normaliser that the definition
-#: recomputes from log-features and the registered wrappers answer with the definition (the range fallback of
-#: refimpl.backends._c.run_kernel); the plain kernels have no fallback.
-KINDS = ("normal", "near_duplicate", "all_negative")
+#: Input kinds of q and k (equivalence.strategies.generate), every one: "mixed_scale" and "large" rows, whose
+#: ELU + 1 features underflow (exp(-1e4)) to a zero normaliser that the definition recomputes from log-features,
+#: and "subnormal" ones (around 1e-310, below the kernels' band) are answered by the definition in float64 by
+#: the plain wrappers as by the registered ones (the range policy of refimpl.backends._c.run_kernel).
+KINDS = ("normal", "near_duplicate", "all_negative", "mixed_scale", "large", "subnormal")
 POLICIES = ({}, {"eps": 1e-6}, {"eps": 1e-3, "eps_policy": "clamp"}, {"clamp_min": 1e-2},
             {"clamp_min": 1.0, "eps": 1e-6})
 
@@ -390,6 +391,78 @@ def test_window_one_key_per_row_is_bit_identical_and_empty_rows_are_nan(dtype):
         ref = softmax._window_softmax_attention_numpy(q, k, v, 0.5, bias, mask)
     np.testing.assert_array_equal(np.isnan(plain), np.isnan(ref))
     assert np.isnan(plain[1::3, :, 3]).all() and np.isnan(plain).sum() == 2 * 2 * 4
+
+
+# ---------------------------------------------------------------------------------------------------
+# The range policy: the registered wrappers' (out of band and NaN / Inf answered by the definition)
+# ---------------------------------------------------------------------------------------------------
+
+def test_plain_wrappers_answer_out_of_band_inputs_with_the_definition():
+    """float64 inputs above 2^B (B = config.RANGE_RESCALE_EXPONENT), tiny ones below 2^-B (linear attention and
+    RALA's core, whose definitions scale such groups up), ELU + 1 inputs whose features underflow (-1e4: a zero
+    normaliser, NaN; -732: subnormal features, finite but inexact; the definition recomputes those rows from
+    log-features, _c_linear.elu1_underflows) get the NumPy definition's bits from each plain wrapper,
+    as from the registered one; in band the plain kernel's own result (not the definition's bits for ELU + 1,
+    whose exp is libm's against NumPy's)."""
+    if not needs_c():
+        return
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((1, 2, 6, 4)) for _ in range(3))
+    big, tiny = 2.0 ** (config.RANGE_RESCALE_EXPONENT + 40), 2.0 ** (-config.RANGE_RESCALE_EXPONENT - 500)
+    alpha = rng.random((1, 2, 6)) + 0.5
+    bias = rng.standard_normal((2, 6, 6))
+    calls = {   # (plain call, registered call, the operation's NumPy definition) on (q, k, v)
+        "linear relu": (lambda a, b, c: _c_plain.linear_attention(a, b, c, "relu", 1e-6),
+                        lambda a, b, c: _c_linear.linear_attention(a, b, c, "relu", 1e-6),
+                        lambda a, b, c: linear._linear_attention_numpy(a, b, c, "relu", 1e-6)),
+        "linear elu1": (lambda a, b, c: _c_plain.linear_attention(a, b, c, "elu1"),
+                        lambda a, b, c: _c_linear.linear_attention(a, b, c, "elu1"),
+                        lambda a, b, c: linear._linear_attention_numpy(a, b, c, "elu1")),
+        "reweighted": (lambda a, b, c: _c_plain.reweighted_linear_attention(a, b, c, alpha, "relu", 0.5),
+                       lambda a, b, c: _c_linear.reweighted_linear_attention(a, b, c, alpha, "relu", 0.5),
+                       lambda a, b, c: backends.definition("reweighted_linear_attention")(a, b, c, alpha, "relu",
+                                                                                          0.5)),
+        "rala_alpha": (lambda a, b, c: _c_plain.rala_alpha(a, b, "q", "elu1"),
+                       lambda a, b, c: _c_linear.rala_alpha(a, b, "q", "elu1"),
+                       lambda a, b, c: backends.definition("rala_alpha")(a, b, "q", "elu1")),
+        "window": (lambda a, b, c: _c_plain.window_softmax_attention(a, b, c, 0.5, bias),
+                   lambda a, b, c: _c_softmax.window_softmax_attention(a, b, c, 0.5, bias),
+                   lambda a, b, c: softmax._window_softmax_attention_numpy(a, b, c, 0.5, bias)),
+    }
+    for name, (plain, fast, spec) in calls.items():
+        cases = [("big q", q * big, k, v),
+                 ("big k", q, k * big, v) if name == "rala_alpha" else ("big v", q, k, v * big)]
+        if name in ("linear relu", "linear elu1", "reweighted"):
+            cases += [("tiny q", q * tiny, k, v), ("tiny v", q, k, v * tiny)]
+        if name == "linear elu1":       # exp underflows to 0 (a NaN normaliser) or to subnormal features
+            cases += [("exp underflows", q - 1e4, k, v), ("subnormal features", q - 732.0, k, v)]
+        for label, a, b, c in cases:
+            with np.errstate(all="ignore"):
+                want = spec(a, b, c)
+                got, reg = plain(a, b, c), fast(a, b, c)
+            np.testing.assert_array_equal(got, want, err_msg=f"{name}, {label}")
+            np.testing.assert_array_equal(reg, want, err_msg=f"{name}, {label} (registered wrapper)")
+    with np.errstate(all="ignore"):                      # in band: the plain kernel's own ELU + 1 (libm's exp)
+        own = _c_plain.linear_attention(q - 30.0, k, v, "elu1")
+    assert np.all(np.isfinite(own))
+    numerics.assert_close(own, linear._linear_attention_numpy(q - 30.0, k, v, "elu1"),
+                          linear.linear_attention_bound(q - 30.0, k, v, feature_map="elu1", dtype=np.float64),
+                          np.float64, name="plain ELU + 1 in band")
+
+
+def test_below_band_flags_exactly_the_tiny_nonzero_entries():
+    """refimpl.backends._c._below_band: an entry 0 < |x| < 2^-B anywhere (also past the first block) flags
+    the array; zeros, float32 arrays and entries of magnitude >= 2^-B do not."""
+    edge = 2.0 ** -config.RANGE_RESCALE_EXPONENT
+    x = np.ones(3 * _c._TINY_BLOCK + 5)
+    x[::7] = 0.0
+    assert not _c._below_band(x, None, x.astype(np.float32))
+    x[-1] = edge
+    assert not _c._below_band(x)
+    x[-1] = -edge / 2
+    assert _c._below_band(x)
+    x[-1] = 2.0 ** -1074
+    assert _c._below_band(np.zeros(3), x)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,11 +1,17 @@
 """Range safety and bounded work (issue 15, items 2 and 3).
 
 1. Exact power-of-two rescaling (``numerics.pow2_exponent``): where the mathematics is homogeneous, inputs
-   scaled by 2^k give the unscaled result times the right power of two, bit for bit, for k from -250 to 1000
-   (groups above 2^256 are rescaled; tiny groups are not scaled up, see numerics.pow2_exponent, so the
-   subnormal range is left as it was): linear attention (relu / identity maps, degree 0 in phi(Q) and phi(K), degree 1
-   in V; both orders), focused attention, RALA without reweighting, softmax attention (degree 1 in V; q 2^a
-   with k 2^-a leaves the logits unchanged).  The inputs carry 10 fractional bits so that 2^k x is exact.
+   scaled by 2^k give the unscaled result times the right power of two, bit for bit where that is a normal
+   number (within one subnormal spacing where it is subnormal), for k from -1060 to 1000: groups above 2^256
+   are scaled down and, in linear attention and RALA's core (``scale_up``), groups below 2^-256 up, so the tiny
+   and subnormal range is exact too: linear attention (relu / identity maps, degree 0 in phi(Q) and phi(K),
+   degree 1 in V; both orders; every map for V), RALA without reweighting (degree 0 in (Q, K), 1 in V; with
+   Eq. 4's reweighting V's degree 1), on every backend (the C wrappers answer out-of-band inputs, tiny ones
+   included, with the NumPy definition, whose bits are then the expectation); focused attention and softmax
+   attention (degree 1 in V; q 2^a with k 2^-a leaves the logits unchanged) from -250.  An eps or clamp_min is
+   not scale-invariant: L(2^a q, 2^b k, 2^c v; eps) is 2^c L(q, k, v; eps 2^-(a+b)) bit for bit, and where
+   eps 2^-(a+b) is beyond float64 the limits (eps negligible, or the normaliser eps alone) hold exactly.  The
+   inputs carry 10 fractional bits (at most 14 significant bits) so that 2^k x is exact for k >= -1060.
 2. Ordinary inputs are computed bit for bit as the unscaled formulas written out here (the equations
    without any rescaling), taps included; every backend gives NumPy's finite/non-finite pattern on
    1e150-sized and mixed inputs, and out of the band the C wrappers return the NumPy bits.
@@ -87,41 +93,101 @@ def _same_pattern(a, b) -> bool:
 
 
 scales = st.integers(-250, 1000)
+#: Linear attention and RALA's core scale tiny groups up as well: exact down to the subnormal range.
+all_scales = st.integers(-1060, 1000)
+
+
+def _out_of_band(*arrays: np.ndarray) -> bool:
+    """Whether the C wrappers answer these (float64) inputs with the NumPy definition (refimpl.backends._c:
+    above 2^B, or a nonzero entry below 2^-B)."""
+    from refimpl.backends import _c
+    return _c._outside_band(*arrays) or _c._below_band(*arrays)
+
+
+def _base_for(bk: str, bases: dict, *scaled: np.ndarray) -> np.ndarray:
+    """The unscaled result a backend's call on ``scaled`` inputs is compared with: its own, except where the C
+    wrapper answers the scaled inputs with the NumPy definition (then NumPy's: the kernel computed the base)."""
+    return bases["numpy"] if bk == "c" and _out_of_band(*scaled) else bases[bk]
 
 
 # ---------------------------------------------------------------------------------------------------
 # 1. Exact homogeneity across the whole float64 range
 # ---------------------------------------------------------------------------------------------------
 
-@settings(max_examples=30)
-@given(st.integers(0, 2**16), scales, scales, scales, st.sampled_from(["relu", "identity"]),
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 2**16), all_scales, all_scales, all_scales, st.sampled_from(["relu", "identity"]),
        st.sampled_from(["linear", "quadratic"]))
 def test_linear_attention_is_exactly_homogeneous(seed, a, b, c, fmap, order):
     """L(2^a q, 2^b k, 2^c v) = 2^c L(q, k, v) bit for bit (relu and identity maps are positively
-    homogeneous; the output is of degree 0 in phi(Q), phi(K) and 1 in V) on the NumPy definition."""
+    homogeneous; the output is of degree 0 in phi(Q), phi(K) and 1 in V; L2ViT Eq. 4), a, b, c from -1060
+    (subnormal inputs) to 1000, on every backend."""
     q, k, v = _arrays(seed, (1, 2, 7, 4))
-    base = L.linear_attention(q, k, v, feature_map=fmap, order=order)
+    bases = {bk: _run(bk, L.linear_attention, q, k, v, feature_map=fmap, order=order) for bk in available_backends()}
+    qs, ks, vs = np.ldexp(q, a), np.ldexp(k, b), np.ldexp(v, c)
+    for bk in available_backends():
+        with np.errstate(all="ignore"):
+            got = _run(bk, L.linear_attention, qs, ks, vs, feature_map=fmap, order=order)
+        base = _base_for(bk, bases, qs, ks, vs)
+        assert np.array_equal(np.isfinite(got), np.isfinite(base)), (bk, a, b, c)
+        assert _same_scaled(got, base, c), (bk, a, b, c)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 2**16), all_scales, all_scales, all_scales, st.sampled_from(["add", "clamp"]),
+       st.integers(-60, 10), st.booleans(), st.sampled_from(["linear", "quadratic"]))
+def test_linear_attention_eps_is_scaled_exactly(seed, a, b, c, policy, t, with_clamp, order):
+    """An eps (and clamp_min) is not scale-invariant (L2ViT Eq. 4 with Appendix 8's clamp): the reference
+    computes L(2^a q, 2^b k, 2^c v; eps, C) as 2^c L(q, k, v; eps 2^-(a+b), C 2^-(a+b)), bit for bit where the
+    scaled constants are normal numbers below 2^1000 (normaliser_range.normaliser_scaled).  Beyond that the
+    float64 evaluation with an unbounded exponent is matched exactly too: a constant 2^-(a+b) times it above
+    2^1000 leaves the normaliser that constant (den below 2^-53 of it: num / eps, formed on the mantissas so that
+    the quotient does not underflow first), one below 2^-1000 leaves it den (eps irrelevant; a dead ReLU row
+    then 0 / eps = 0).  Every backend."""
+    q, k, v = _arrays(seed, (1, 2, 7, 4))
+    eps = float(np.ldexp(1.0 + (seed % 1024) / 1024, t))
+    cm = float(np.ldexp(1.25, t + 3)) if with_clamp else None
+    s = -(a + b)
+    with np.errstate(over="ignore", under="ignore"):
+        eps_s, cm_s = np.ldexp(eps, s), None if cm is None else np.ldexp(cm, s)
+    consts = [eps_s] + ([] if cm_s is None else [cm_s])
+    qs, ks, vs = np.ldexp(q, a), np.ldexp(k, b), np.ldexp(v, c)
+    kw = dict(eps_policy=policy, order=order)
     with np.errstate(all="ignore"):
-        got = L.linear_attention(np.ldexp(q, a), np.ldexp(k, b), np.ldexp(v, c), feature_map=fmap, order=order)
-    assert np.array_equal(np.isfinite(got), np.isfinite(base))
-    assert _same_scaled(got, base, c)
+        if all(2.0 ** -1000 < x < 2.0 ** 1000 for x in consts):          # the scaled constants, exactly
+            bases = {bk: _run(bk, L.linear_attention, q, k, v, eps=float(eps_s), clamp_min=cm_s, **kw)
+                     for bk in available_backends()}
+        elif min(consts) > 2.0 ** 1000:                                  # the normaliser is the larger constant
+            num = L.linear_attention(q, k, v, normalize=False, order=order)
+            want = np.ldexp(num / max(eps, cm or 0.0), a + b)
+            bases = {bk: want for bk in available_backends()}
+        elif max(consts) < 2.0 ** -1000:                                 # the constants are negligible
+            want = L.linear_attention(q, k, v, order=order)
+            bases = {bk: np.where(np.isnan(want), 0.0, want) for bk in available_backends()}
+        else:                                                            # one of each: not this test's case
+            return
+    for bk in available_backends():
+        with np.errstate(all="ignore"):
+            got = _run(bk, L.linear_attention, qs, ks, vs, eps=eps, clamp_min=cm, **kw)
+        base = _base_for(bk, bases, qs, ks, vs)
+        assert _same_scaled(got, base, c), (bk, a, b, c, eps, cm)
 
 
-@settings(max_examples=25)
-@given(st.integers(0, 2**16), scales, scales)
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**16), all_scales, scales)
 def test_linear_attention_v_degree_one_every_map_every_backend(seed, c, b):
-    """Degree 1 in V for every feature map (elu1, softmax, l1 included) on every backend: the C wrapper
-    answers out-of-band inputs with the NumPy definition, whose rescaling is exact; in band both are the
-    kernel.  And the finite/non-finite pattern of (q, k) 2^b equals NumPy's on every backend."""
+    """Degree 1 in V for every feature map (elu1, softmax, l1 included) on every backend, c from -1060: the C
+    wrapper answers out-of-band inputs with the NumPy definition, whose rescaling is exact (tiny groups up);
+    in band both are the kernel.  And the finite/non-finite pattern of (q, k) 2^b equals NumPy's on every
+    backend."""
     q, k, v = _arrays(seed, (1, 2, 6, 4))
     for fmap in ("relu", "elu1", "softmax", "l1"):
-        base = {bk: _run(bk, L.linear_attention, q, k, v, feature_map=fmap) for bk in available_backends()}
+        bases = {bk: _run(bk, L.linear_attention, q, k, v, feature_map=fmap) for bk in available_backends()}
         for bk in available_backends():
             with np.errstate(all="ignore"):
                 got = _run(bk, L.linear_attention, q, k, np.ldexp(v, c), feature_map=fmap)
-            assert np.array_equal(np.isfinite(got), np.isfinite(base[bk])), (fmap, bk)
-            if c <= config.RANGE_RESCALE_EXPONENT - 8 or bk != "c":   # in band: the kernel both times
-                assert _same_scaled(got, base[bk], c), (fmap, bk)
+            base = _base_for(bk, bases, q, k, np.ldexp(v, c))
+            assert np.array_equal(np.isfinite(got), np.isfinite(base)), (fmap, bk)
+            assert _same_scaled(got, base, c), (fmap, bk)
             # saturated softmax / ELU + 1 weights may underflow the normaliser: FloatingPointError, on every backend
             pat = _outcome(bk, L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
             ref = _outcome("numpy", L.linear_attention, np.ldexp(q, b), np.ldexp(k, b), v, feature_map=fmap)
@@ -141,24 +207,28 @@ def test_focused_attention_is_exactly_homogeneous(seed, a, c, order):
     assert _same_scaled(got, base, c)
 
 
-@settings(max_examples=20)
-@given(st.integers(0, 2**16), scales, scales, st.sampled_from(["linear", "quadratic"]), st.booleans())
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**16), all_scales, all_scales, st.sampled_from(["linear", "quadratic"]), st.booleans())
 def test_rala_core_homogeneity(seed, a, c, order, mean):
-    """RALA's Eq. 2 with alpha = 1 and the relu kernel is of degree 0 in (Q, K), 1 in V: exact.  With the
-    reweighting (Eq. 4) only V's degree 1 is exact (alpha depends on the scale of Q and K)."""
+    """RALA's Eq. 2 with alpha = 1 and the relu kernel is of degree 0 in (Q, K), 1 in V: exact, a and c from
+    -1060 (subnormal inputs) to 1000, on every backend.  With the reweighting (Eq. 4) only V's degree 1 is
+    exact (alpha depends on the scale of Q and K): the official settings (RoPE, mean token scaling, eps)."""
     q, k, v = _arrays(seed, (1, 2, 9, 4))
     plain = R.RALAConfig(dim=8, num_heads=2, kernel="relu", reweight=False, order=order,
                          token_scaling="mean" if mean else "sum")
-    base = R.rala_core(q, k, v, plain)
-    with np.errstate(all="ignore"):
-        got = R.rala_core(np.ldexp(q, a), np.ldexp(k, a), np.ldexp(v, c), plain)
-    assert np.array_equal(np.isfinite(got), np.isfinite(base))
-    assert _same_scaled(got, base, c)
     cfg = R.RALAConfig.preset("official", dim=8, num_heads=2, order=order)
-    base = R.rala_core(q, k, v, cfg, hw=(3, 3))
-    with np.errstate(all="ignore"):
-        got = R.rala_core(q, k, np.ldexp(v, c), cfg, hw=(3, 3))
-    assert _same_scaled(got, base, c)
+    bases = {bk: _run(bk, R.rala_core, q, k, v, plain) for bk in available_backends()}
+    official = {bk: _run(bk, R.rala_core, q, k, v, cfg, hw=(3, 3)) for bk in available_backends()}
+    qs, ks, vs = np.ldexp(q, a), np.ldexp(k, a), np.ldexp(v, c)
+    for bk in available_backends():
+        with np.errstate(all="ignore"):
+            got = _run(bk, R.rala_core, qs, ks, vs, plain)
+        base = _base_for(bk, bases, qs, ks, vs)
+        assert np.array_equal(np.isfinite(got), np.isfinite(base)), (bk, a, c)
+        assert _same_scaled(got, base, c), (bk, a, c)
+        with np.errstate(all="ignore"):
+            got = _run(bk, R.rala_core, q, k, vs, cfg, hw=(3, 3))
+        assert _same_scaled(got, official[bk], c), (bk, c)      # RoPE: the NumPy path on every backend
 
 
 @settings(max_examples=25)

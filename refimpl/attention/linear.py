@@ -30,7 +30,7 @@ import numpy as np
 from .. import backends, config, feature_maps, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
 from .normaliser_range import (apply_policy, error_ratio, log_pair, normalised_up, normaliser_scaled, quotient,
-                               rebalance, rebalanced_output, underflow_rows)
+                               rebalance_factor, rebalanced_output, scaling_exponents, underflow_rows, unscaled)
 
 __all__ = [
     "FEATURE_MAPS", "NON_NEGATIVE_MAPS", "feature_map", "feature_map_error", "apply_normaliser",
@@ -327,14 +327,13 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
 
     # Range safety (docs/guarantees.md): O is homogeneous of degree 0 in each row of phi_q and in
     # each head's phi_k (numerator and normaliser scale together) and of degree 1 in each column of v.  Each
-    # group is rescaled by the exact power of two of numerics.pow2_exponent (2^0 for magnitudes up to
-    # 2^config.RANGE_RESCALE_EXPONENT: then this is the unscaled computation bit for bit); eps and clamp_min
-    # are scaled with the normaliser (normaliser_scaled), every recorded tap is scaled back, a result beyond
-    # float64 raises FloatingPointError naming the stage (_unscaled, quotient), and a row whose normaliser
-    # underflowed to 0 although the exact one is > 0 is recomputed from log-features (rebalanced_output).
-    e_q = numerics.pow2_exponent(phi_q, axis=-1)           # (B,h,N,1)
-    e_k = numerics.pow2_exponent(phi_k, axis=(-2, -1))     # (B,h,1,1)
-    e_v = numerics.pow2_exponent(v, axis=-2)               # (B,h,1,e)
+    # group is rescaled by the exact power of two of numerics.pow2_exponent (scale_up: groups above 2^B down,
+    # groups below 2^-B up, B = config.RANGE_RESCALE_EXPONENT; 2^0 inside the band: then this is the unscaled
+    # computation bit for bit); eps and clamp_min are scaled with the normaliser (normaliser_scaled: exact, see
+    # there), every recorded tap is scaled back, a result beyond float64 raises FloatingPointError naming the
+    # stage (unscaled, quotient), and a row whose normaliser underflowed to 0 although the exact one is > 0 is
+    # recomputed from log-features (rebalanced_output).
+    e_q, e_k, e_v = scaling_exponents(phi_q, phi_k, v)     # (B,h,N,1), (B,h,1,1), (B,h,1,e)
     phi_q_in, phi_k_in, v_in = phi_q, phi_k, v
     phi_q, phi_k, v = np.ldexp(phi_q, -e_q), np.ldexp(phi_k, -e_k), np.ldexp(v, -e_v)
     e_qk = e_q + e_k                                       # the scores' and the normaliser's exponent
@@ -359,13 +358,13 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
         if normalize:
             den = np.sum(scores, axis=-1)
         if taps is not None:
-            taps["scores"] = _unscaled(scores, e_qk)
+            taps["scores"] = unscaled(scores, e_qk)
     if taps is not None:
-        taps["numerator"] = _unscaled(num, e_qk + e_v)
+        taps["numerator"] = unscaled(num, e_qk + e_v)
     if not normalize:
         if taps is not None and scores is not None:
-            taps["attn"] = _unscaled(scores, e_qk)
-        return _unscaled(num, e_qk + e_v, "linear attention (normalize=False): numerator phi(Q) phi(K)^T V")
+            taps["attn"] = unscaled(scores, e_qk)
+        return unscaled(num, e_qk + e_v, "linear attention (normalize=False): numerator phi(Q) phi(K)^T V")
     den_eff, g = normaliser_scaled(den, e_qk[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
     stage = "linear attention: output phi(Q) KV / normaliser"
     out = quotient(num, den_eff[..., None], e_v - g[..., None], stage)
@@ -391,29 +390,14 @@ def _kernelized_attention(phi_q: Any, phi_k: Any, v: Any, *, order: str, normali
                             stage=stage)
         out = np.where(zero[..., None], up, out)
     if taps is not None:
-        taps["denominator_raw"] = _unscaled(den, e_qk[..., 0])
-        taps["denominator"] = _unscaled(den_eff, e_qk[..., 0] + g)
+        taps["denominator_raw"] = unscaled(den, e_qk[..., 0])
+        taps["denominator"] = unscaled(den_eff, e_qk[..., 0] + g)
         if scores is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
-                taps["attn"] = _unscaled(scores / den_eff[..., None], -g[..., None])
+                taps["attn"] = unscaled(scores / den_eff[..., None], -g[..., None])
             if np.any(hit) and attn_fix is not None:   # the recomputed rows' matrix: attn @ V is the output
                 taps["attn"] = np.where(hit[..., None], attn_fix, taps["attn"])
     return out
-
-
-def _unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndarray:
-    """x 2^e (exact unless it over- or underflows; ``np.ldexp``).  With ``stage`` named, a finite entry that
-    overflows is a result float64 cannot represent: FloatingPointError naming the stage and the index."""
-    with np.errstate(over="ignore"):
-        y = np.ldexp(x, e)
-    if stage is not None:
-        lost = np.isinf(y) & np.isfinite(x)
-        if np.any(lost):
-            idx = tuple(int(i) for i in np.argwhere(lost)[0])
-            raise FloatingPointError(f"{stage}: the exact result at index {idx} is finite but beyond the range of "
-                                     f"{y.dtype} (it is not representable)")
-    return y
-
 
 
 # ===================================================================================================
@@ -635,6 +619,14 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
     ----------
     docs/design.md "The verdict"; Higham (2002) Lemma 3.1, eq. (3.4)-(3.5); L2ViT Eq. 4; FLatten Eq. 4.
     """
+    return _kernelized_bound(phi_q, phi_k, v, err_q, err_k, normalize, eps, eps_policy, clamp_min, dtype)
+
+
+def _kernelized_bound(phi_q: Any, phi_k: Any, v: Any, err_q: Any, err_k: Any, normalize: bool, eps: float,
+                      eps_policy: str, clamp_min: float | None, dtype: Any, normaliser: Any = None) -> numerics.Bound:
+    """:func:`kernelized_attention_bound`; ``normaliser``: None, or (den_eff, g), the effective normaliser
+    den_eff 2^g (B, h, N) of a rescaled or recomputed row (normaliser_scaled: eps, clamp_min in) in place of
+    apply_normaliser(phi_q . sum_j phi_k_j), the scale formed in units of 2^g (g = 0: the same bits)."""
     phi_q = numerics.as_float(phi_q, "phi_q")
     phi_k = numerics.as_float(phi_k, "phi_k")
     v = numerics.as_float(v, "v")
@@ -676,17 +668,21 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
         ksum_abs = np.sum(ak, axis=-2)
         s_den = np.einsum("bhnd,bhd->bhn", aq, ksum_abs)
         f_den = np.einsum("bhnd,bhd->bhn", eq, ksum_abs) + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))
-        den = np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2))
-        den_eff = np.abs(apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min))
+        if normaliser is None:
+            den = np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2))
+            den_eff = np.abs(apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min))
+            g = np.zeros(den_eff.shape, dtype=np.int64)
+        else:           # den_eff 2^g: |O| = S_num 2^-g / den_eff, |den_eff 2^g| - b = 2^g (den_eff - b 2^-g)
+            den_eff, g = np.abs(normaliser[0]), np.asarray(normaliser[1])
         if dtype is None:
             d_low = den_eff
             how = "first order in u (|den_eff| in the quotient)"
         else:
-            b = numerics.gamma(k_depth, numerics.unit_roundoff(dtype)) * (s_den + f_den)
+            b = np.ldexp(numerics.gamma(k_depth, numerics.unit_roundoff(dtype)) * (s_den + f_den), -g)
             d_low = np.where(den_eff > b, den_eff - b, 0.0)
             how = (f"exact quotient bound for {dtype} (|den_eff| - b; inf where "
                    f"rounding may reach a zero normaliser)")
-        o_abs = s_num / den_eff[..., None]
+        o_abs = np.ldexp(s_num, -g[..., None]) / den_eff[..., None]
         scale = (s_num + f_num + o_abs * (s_den + f_den)[..., None]) / d_low[..., None]
         if dtype is not None:
             # Gradual underflow (Higham eq. 2.8): every rounding may add eta_T absolutely.  Through the two
@@ -703,7 +699,8 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
             eta_den = _eta_times(m * q1 + d * m + d + m + own_den, dtype)
             scale = scale + (eta_num + o_abs * eta_den) / d_low[..., None] / \
                 numerics.gamma(k_depth, numerics.unit_roundoff(dtype))
-        scale = np.where(np.isnan(scale) & (d_low[..., None] == 0) & (den_eff[..., None] > 0), np.inf, scale)
+        scale = np.where(np.isnan(scale) & (d_low[..., None] == 0) & (den_eff[..., None] > 0), np.inf,
+                         np.ldexp(scale, -g[..., None]))
     note = (f"kernelized attention: k = d + M + 2 = {d} + {m} + 2 (inner products of length d and M"
             f"{_mixed_note(dtype)}, the eps add, the quotient); scale (S_num + F_num + |O| (S_den + F_den)) / |den_eff|, {how}; "
             f"{'underflow terms eta_T propagated through the quotient; ' if dtype is not None else ''}"
@@ -730,10 +727,14 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     The feature maps are evaluated on the (T-rounded) inputs q, k; their error coefficients
     (:func:`feature_map_error`) enter through F_num and F_den; k = d + M + 2 (normalize) or d + M.
 
-    Range (docs/guarantees.md): a row whose normaliser underflows to 0 in the direct computation
-    although the exact one is > 0 (the rows :func:`linear_attention` recomputes from log-features) takes the
-    bound of those rebalanced features (relu, elu1, softmax; inf for the other maps).  The bound is not rescaled: for inputs above 2^``config.RANGE_RESCALE_EXPONENT`` whose
-    bound overflows, FloatingPointError naming the stage (numerics.check_bound_range).
+    Range (docs/guarantees.md), normalised: the rows are bounded as :func:`linear_attention` computes them.
+    A row whose normaliser underflows although the exact one is > 0 (the rows it recomputes from log-features)
+    takes the bound of those rebalanced features (relu, elu1, softmax; inf for the other maps) with the
+    normaliser it divides by, eps and clamp_min scaled along exactly as in the direct rows.  For T = float64
+    (or ``dtype=None``) the rows whose groups it rescales by powers of two (outside [2^-B, 2^B], B =
+    ``config.RANGE_RESCALE_EXPONENT``) take the bound of the rescaled computation; other precisions do not
+    rescale, and neither does the unnormalised bound: for inputs above 2^B whose bound overflows,
+    FloatingPointError naming the stage (numerics.check_bound_range).
 
     Parameters
     ----------
@@ -756,26 +757,43 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     opts = dict(feature_map_options or {})
     phi_q, e_q = _map_and_error(q, feature_map, opts, want_error=True)
     phi_k, e_k = _map_and_error(k, feature_map, opts, want_error=True)
-    bound = kernelized_attention_bound(phi_q, phi_k, v, err_q=e_q, err_k=e_k, normalize=normalize, eps=eps,
-                                       eps_policy=eps_policy, clamp_min=clamp_min, dtype=dtype)
+    pol = dict(eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
+    bound = kernelized_attention_bound(phi_q, phi_k, v, err_q=e_q, err_k=e_k, normalize=normalize, dtype=dtype, **pol)
     scale = bound.scale
-    if normalize:       # rows whose normaliser underflows to 0 although the exact one is > 0: no bound exists
+    if normalize:
+        # The rows as linear_attention computes them (the reference; the C wrappers answer out-of-band float64
+        # inputs with it): groups rescaled by powers of two (normaliser_range.scaling_exponents), eps and
+        # clamp_min with the normaliser; the rows whose normaliser underflowed recomputed from log-features.
+        x_q, x_k, x_v = scaling_exponents(phi_q, phi_k, v)
+        pq, pk, vs = np.ldexp(phi_q, -x_q), np.ldexp(phi_k, -x_k), np.ldexp(v, -x_v)
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-            k_sum = np.sum(phi_k, axis=-2)
-            den = apply_normaliser(np.einsum("bhnd,bhd->bhn", phi_q, k_sum), eps=eps, eps_policy=eps_policy,
-                                   clamp_min=clamp_min)
-        hit = underflow_rows(den, phi_q, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
+            k_sum = np.sum(pk, axis=-2)
+            den, g = normaliser_scaled(np.einsum("bhnd,bhd->bhn", pq, k_sum), (x_q + x_k)[..., 0], **pol)
+        if (np.any(x_q) or np.any(x_k) or np.any(x_v)) and (dtype is None or numerics.format_name(dtype) == "float64"):
+            # the rescaled rows (only float64 rescales): their bound in the scaled units
+            scale = np.ldexp(_kernelized_bound(pq, pk, vs, np.ldexp(e_q, -x_q), np.ldexp(e_k, -x_k), True,
+                                               dtype=dtype, normaliser=(den, g), **pol).scale, x_v)
+        hit = underflow_rows(den, pq, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
         if np.any(hit):
-            # the rows linear_attention recomputes from log-features: their bound on the rebalanced features
-            # (rebalance; Eq. 4 and the bound's ratios are invariant, eps = 0 and no clamp there), inf where
-            # the map has no log-features or error ratio
+            # the rows linear_attention recomputes from log-features: the bound of the rebalanced features with the
+            # normaliser rebalanced_output divides by (eps, clamp_min scaled along; inf without log-features), plus
+            # f = exp(lq*) exp(m*)'s own relative error rho u (two exps, their arguments: the error ratios), which
+            # eps and clamp_min do not share (rho w |O|, w their share of the normaliser), and num f, den f (2u|O|).
             logs, r_q = log_pair(q, k, feature_map, opts, phi_q, phi_k), error_ratio(q, feature_map, opts)
             fix = np.inf
             if logs is not None and r_q is not None:
-                pq, pk, _ = rebalance(*logs)
-                fix = kernelized_attention_bound(pq, pk, v, err_q=r_q * pq,
-                                                 err_k=error_ratio(k, feature_map, opts) * pk, normalize=True,
-                                                 eps=0.0, dtype=dtype).scale
+                r_k, (rq, rk, f, s) = error_ratio(k, feature_map, opts), rebalance_factor(*logs)
+                f0 = f[..., 0]
+                with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
+                    raw = np.einsum("bhnd,bhd->bhn", rq, np.sum(rk, axis=-2)) * f0
+                    den_r, g_r = normaliser_scaled(raw, s[..., 0], **pol)
+                    b_r = _kernelized_bound(rq, rk, vs, r_q * rq, r_k * rk, True, dtype=dtype,
+                                            normaliser=(den_r / f0, g_r), **pol)
+                    rho = 2 * config.ELEMENTARY_FUNCTION_ULPS + 3 + np.max(r_q, -1) + np.max(r_k, (-2, -1))[..., None]
+                    w = np.clip(1.0 - np.ldexp(raw, -g_r) / den_r, 0.0, 1.0)
+                    o = np.ldexp(np.abs(rq) @ (np.abs(rk).swapaxes(-1, -2) @ np.abs(vs)), -g_r[..., None]) / \
+                        (den_r / f0)[..., None]
+                    fix = np.ldexp(b_r.scale + o * ((w * rho + 2.0) / b_r.k)[..., None], x_v)
             scale = np.where(hit[..., None], fix, scale)
     return numerics.check_bound_range(numerics.Bound(scale, bound.k, f"feature map {feature_map!r}; {bound.note}"),
                                       "linear_attention_bound", q=q, k=k, v=v)

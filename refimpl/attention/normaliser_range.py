@@ -16,8 +16,9 @@ numerator and normaliser, change by the same factor, or not at all):
        additive eps and clamp C_min multiplied by b_i too (they are then the same constants in the original
        units).  Likewise O is of degree 1 in each column of V.
 
-With exact powers of two b_i = 2^e (numerics.pow2_exponent) R2 is the range safety of the direct computation
-(:func:`normaliser_scaled` scales eps and C_min with the normaliser; :func:`quotient` raises
+With exact powers of two b_i = 2^e (numerics.pow2_exponent; :func:`scaling_exponents`: groups above 2^256 down,
+tiny and subnormal groups below 2^-256 up) R2 is the range safety of the direct computation, exact down to the
+subnormal range (:func:`normaliser_scaled` scales eps and C_min with the normaliser, exactly; :func:`quotient` raises
 FloatingPointError naming the stage where the exact result is finite but beyond float64).  Where the
 normaliser underflows to 0 although the exact one is > 0 (ELU + 1 or softmax features of large negative
 inputs, whose exp underflows; products of tiny non-negative features: :func:`underflow_rows`), the row is
@@ -27,10 +28,12 @@ underflow): R1 with a_c = exp(m_c), m_c = max_j lk_jc, and R2 with b_i = exp(-r_
 each factor 1 and the normaliser >= 1 (:func:`rebalanced_output`).  The remaining factor exp(r_i), far
 outside float64, is carried as f 2^s by Cody and Waite's argument reduction (numerics.exp_pow2_split:
 s = round(r / ln 2), f = exp((r - s ln2_hi) - s ln2_lo) with ln 2 = ln2_hi + ln2_lo split so that s ln2_hi is
-exact), f multiplying numerator and normaliser and 2^s scaling the policy's constants (R2 again).  The
-bounds (linear.linear_attention_bound, rala_bounds.rala_core_bound) bound those rows on the rebalanced
-features, whose error coefficients are the maps' error ratios E / phi (:func:`error_ratio`, R1/R2-invariant)
-times the rebalanced features.
+exact), as exp(lq*) exp(m*) of the row's largest channel (:func:`rebalance_factor`: not the rounded sum
+r = lq* + m*, whose error u |r| eps would not cancel), f multiplying numerator and normaliser and 2^s scaling the
+policy's constants (R2 again).  The bounds (linear.linear_attention_bound, rala_bounds.rala_core_bound) bound
+those rows on the rebalanced features, whose error coefficients are the maps' error ratios E / phi
+(:func:`error_ratio`, R1/R2-invariant) times the rebalanced features; linear_attention_bound with the
+normaliser those rows divide by (eps and clamp_min included) and f's own rounding.
 
 References: L2ViT Eq. 2-4 and Appendix 8 (C_min); FLatten Eq. 1-4; RALA (Fan et al., CVPR 2025) Eq. 2-4;
 W. J. Cody and W. Waite, Software Manual for the Elementary Functions (1980), ch. 6 (exp's reduction).
@@ -45,8 +48,8 @@ import numpy as np
 from .. import config, numerics, validation
 from ..errors import ArgumentError
 
-__all__ = ["apply_policy", "quotient", "normaliser_scaled", "underflow_rows", "log_features", "rebalanced_output",
-           "rebalance", "error_ratio", "normalised_up", "underflow_error", "log_pair"]
+__all__ = ["apply_policy", "quotient", "unscaled", "scaling_exponents", "normaliser_scaled", "underflow_rows", "log_features", "rebalanced_output",
+           "rebalance", "rebalance_factor", "error_ratio", "normalised_up", "underflow_error", "log_pair"]
 
 
 def apply_policy(den: Any, *, eps: float, eps_policy: str, clamp_min: float | None) -> np.ndarray:
@@ -72,16 +75,52 @@ def quotient(num: np.ndarray, den: np.ndarray, e: np.ndarray, stage: str) -> np.
     """(num / den) 2^e, the scaled-back output of a normalised core (the range-safety helper shared
     with RALA's core): FloatingPointError naming ``stage`` where num and den are finite, den is nonzero
     and the result is infinite (the exact quotient is finite but beyond float64).  A zero normaliser keeps
-    IEEE's quotient (0/0 = NaN, x/0 = +-inf: the mathematics' own singularity, docs/guarantees.md)."""
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+    IEEE's quotient (0/0 = NaN, x/0 = +-inf: the mathematics' own singularity, docs/guarantees.md).
+
+    Where e != 0 and num / den itself leaves the normal range (an eps or clamp far above a tiny numerator's
+    scale, or the reverse) while the scaled-back result may not, the quotient is formed on the mantissas
+    (num = m_n 2^a, den = m_d 2^b, m in [1/2, 1): (m_n / m_d) 2^(a - b + e), frexp and ldexp exact), so the one
+    rounding of m_n / m_d is that of an unbounded exponent and only the final ``ldexp`` may round again (into
+    the subnormal range).  Elsewhere (every e = 0 entry, every normal quotient) this is ldexp(num / den, e) bit
+    for bit."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
         r = num / den
         y = np.ldexp(r, e)
+        off = (np.abs(r) < np.finfo(r.dtype).tiny) & (num != 0) | np.isinf(r)
+        off = off & np.isfinite(num) & np.isfinite(den) & (den != 0) & (np.asarray(e) != 0)
+        if np.any(off):
+            (mn, a), (md, b) = np.frexp(num), np.frexp(den)
+            y = np.where(off, np.ldexp(mn / md, np.clip(a - b + e, -4000, 4000)), y)
     lost = np.isinf(y) & np.isfinite(num) & np.isfinite(den) & (den != 0)
     if np.any(lost):
         idx = tuple(int(i) for i in np.argwhere(lost)[0])
         raise FloatingPointError(f"{stage}: the exact result at index {idx} is finite but beyond the range of "
                                  f"{y.dtype} (it is not representable)")
     return y
+
+
+def unscaled(x: np.ndarray, e: np.ndarray, stage: str | None = None) -> np.ndarray:
+    """x 2^e (exact unless it over- or underflows; ``np.ldexp``).  With ``stage`` named, a finite entry that
+    overflows is a result float64 cannot represent: FloatingPointError naming the stage and the index."""
+    with np.errstate(over="ignore"):
+        y = np.ldexp(x, e)
+    if stage is not None:
+        lost = np.isinf(y) & np.isfinite(x)
+        if np.any(lost):
+            idx = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise FloatingPointError(f"{stage}: the exact result at index {idx} is finite but beyond the range of "
+                                     f"{y.dtype} (it is not representable)")
+    return y
+
+
+def scaling_exponents(phi_q: np.ndarray, phi_k: np.ndarray, v: np.ndarray) -> tuple:
+    """(e_q, e_k, e_v): numerics.pow2_exponent (``scale_up``) of each row of phi(Q) (B, h, N, 1), each head's
+    phi(K) (B, h, 1, 1) and each column of V (B, h, 1, e): the groups of R2 (and V's degree 1) that the direct
+    computation of Eq. 4 rescales by exact powers of two, above 2^B down and below 2^-B up (0 inside the band,
+    B = config.RANGE_RESCALE_EXPONENT)."""
+    return (numerics.pow2_exponent(phi_q, axis=-1, scale_up=True),
+            numerics.pow2_exponent(phi_k, axis=(-2, -1), scale_up=True),
+            numerics.pow2_exponent(v, axis=-2, scale_up=True))
 
 
 def normaliser_scaled(den: np.ndarray, e: np.ndarray, *, eps: float, eps_policy: str,
@@ -92,7 +131,18 @@ def normaliser_scaled(den: np.ndarray, e: np.ndarray, *, eps: float, eps_policy:
     group rescaled a long way, up or down): then g is the exponent of the normaliser's own magnitude (the larger
     of den's - its positive part where a clamp bounds the result below - and the constants'), so the value
     divided by is about 1 and neither a huge constant overflows nor a chosen tiny one underflows (what is
-    lost is below 2^-1000 of it).  Where e = 0 everywhere this is apply_policy(den) bit for bit."""
+    lost is below 2^-1000 of it).  Where e = 0 everywhere this is apply_policy(den) bit for bit.
+
+    Exactness.  eps and clamp_min are not scale-invariant: a normaliser den 2^-e of features rescaled by 2^-e
+    (up or down) meets the constants c 2^-e, the same constants in the original units; multiplying by 2^-e (and
+    2^-g) is exact where the product is a normal number, so den_eff is then the float64 value of the policy in
+    the original units with an unbounded exponent, bit for bit (L(2^a q, 2^b k, v; eps) = L(q, k, v;
+    eps 2^-(a+b)) for linear attention).  Where a scaled constant would leave [2^-1000, 2^1000] it is still
+    exact in that sense: either the constant exceeds the normaliser by more than 2^1000 - 2^-g puts it near
+    1, den 2^-g (perhaps subnormal) is below half an ulp of it, and both den + c and max(den, c) round to c,
+    as they do with an unbounded exponent - or it is below 2^-1000 of the normaliser, which it cannot change
+    in 53 bits (den + c rounds to den, max(den, c) is den).  So eps = 0 and no clamp give degree 0 exactly;
+    with constants, what is exact is the computation of the policy as written, not a homogeneity."""
     g = np.zeros(np.shape(e), dtype=np.int64)
     if not np.any(e):
         return apply_policy(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min), g
@@ -189,12 +239,11 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
     RoPE).  An output beyond float64 raises FloatingPointError naming ``stage``.  Each exp rounds once more
     than the direct path; used only where that path has no result.  ``want_attn``: also the N x M matrix
     (pairs (out, attn))."""
-    pq, pk, r = rebalance(lq, lk, pairs)
+    pq, pk, f, s = rebalance_factor(lq, lk, pairs)
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         nq, nk = (pq, pk) if rotate is None else (rotate[0](pq), rotate[1](pk))
         num = nq @ (nk.swapaxes(-1, -2) @ v_s)
         den = np.einsum("bhnd,bhd->bhn", pq, np.sum(pk, axis=-2))
-        f, s = numerics.exp_pow2_split(r, axis=-1)
         num, den = num * f, den * f[..., 0]
     den_eff, g = normaliser_scaled(den, s[..., 0], eps=eps, eps_policy=eps_policy, clamp_min=clamp_min)
     out = quotient(num, den_eff[..., None], e_v - g[..., None], stage)
@@ -205,10 +254,12 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
     return out, attn
 
 
-def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
-    """(phi_q', phi_k', r) of :func:`rebalanced_output` from log-features: m_c = max_j lk_jc (per channel pair
-    with ``pairs``), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic, phi_q' = exp(a - r), so that
-    phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest of each factor 1."""
+def _rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
+    """(phi_q', phi_k', r, lq*, m*) of :func:`rebalance`, with r = lq* + m* (the row's largest channel c*).
+    phi_q' = exp((lq - lq*) + (m - m*)): the differences are formed first (exact by Sterbenz's lemma for the
+    channels within a factor 2 of c*'s, the ones that matter), so phi_q' does not carry the rounding of
+    lq + m, whose absolute error u |r| would be a relative error u |r| of each feature (|r| ~ 700 where exp
+    underflows)."""
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
         m = np.max(lk, axis=-2, keepdims=True)                              # (B,h,1,d)
         if pairs:
@@ -216,9 +267,34 @@ def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
         m = np.where(np.isfinite(m), m, 0.0)           # a channel of zero keys (-inf) contributes 0 either way
         pk = np.exp(lk - m)
         a = lq + m
+        top = np.argmax(np.where(np.isnan(a), -np.inf, a), axis=-1)[..., None]
+        lq_t = np.take_along_axis(lq, top, axis=-1)
+        m_t = np.take_along_axis(np.broadcast_to(m, a.shape), top, axis=-1)
         r = np.max(a, axis=-1, keepdims=True)
-        r = np.where(np.isfinite(r), r, 0.0)
-        return np.exp(a - r), pk, r
+        ok = np.isfinite(r)
+        r = np.where(ok, r, 0.0)
+        pq = np.where(ok, np.exp((lq - np.where(ok, lq_t, 0.0)) + (m - np.where(ok, m_t, 0.0))), np.exp(a - r))
+        return pq, pk, r, np.where(ok, lq_t, 0.0), np.where(ok, m_t, 0.0)
+
+
+def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
+    """(phi_q', phi_k', r) of :func:`rebalanced_output` from log-features: m_c = max_j lk_jc (per channel pair
+    with ``pairs``), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic, phi_q' = exp(a - r) (formed as
+    :func:`_rebalance_parts` says), so that phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest
+    of each factor 1."""
+    return _rebalance_parts(lq, lk, pairs)[:3]
+
+
+def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
+    """(phi_q', phi_k', f, s) with exp(r_i) = f 2^s (s an int array, (B, h, N, 1)): :func:`rebalance`, and the
+    factor as exp(lq*) exp(m*) of the row's largest channel (numerics.exp_pow2_split of each: f = f_1 f_2 in
+    [1/2, 2], s = s_1 + s_2), so that f carries exp's accuracy (one rounding more) but not the rounding of
+    r = lq* + m*: numerator and normaliser share f, but an eps or clamp_min does not, and there an error
+    u |r| of f would be one of the output."""
+    pq, pk, _, lq_t, m_t = _rebalance_parts(lq, lk, pairs)
+    f1, s1 = numerics.exp_pow2_split(lq_t, axis=-1)
+    f2, s2 = numerics.exp_pow2_split(m_t, axis=-1)
+    return pq, pk, f1 * f2, s1 + s2
 
 
 def error_ratio(x: np.ndarray, name: str, opts: Mapping[str, Any]) -> np.ndarray | None:

@@ -27,8 +27,8 @@ import numpy as np
 from .. import backends, config, numerics, validation
 from ..errors import ArgumentError, ParameterKeyError
 from .linear import feature_map
-from .normaliser_range import (log_features, normaliser_scaled, quotient, rebalanced_output, underflow_error,
-                               underflow_rows)
+from .normaliser_range import (log_features, normaliser_scaled, quotient, rebalanced_output, scaling_exponents,
+                               underflow_error, underflow_rows)
 
 __all__ = ["RALAConfig", "kappa", "rope_2d_angles", "apply_rope_2d", "reweighting_coefficients", "kv_buffer",
            "rala_core"]
@@ -356,13 +356,12 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
 
     # Range safety (docs/guarantees.md): Eq. 2 is homogeneous of degree 0 in each row of kappa(Q)
     # and in each head's kappa(K) and of degree 1 in each column of V: each is rescaled by an exact power of
-    # two (numerics.pow2_exponent; none up to 2^B: then this is the unscaled computation bit for bit), eps
-    # with the normaliser (normaliser_range.normaliser_scaled), the taps are scaled back; an output beyond
-    # float64 raises FloatingPointError naming the stage, and a row whose normaliser underflowed to 0 although
-    # the exact one is > 0 is recomputed from log-features (_finish; the rows: recomputed_rows).
-    e_q = numerics.pow2_exponent(kq, axis=-1)           # (B,h,N,1)
-    e_k = numerics.pow2_exponent(kk, axis=(-2, -1))     # (B,h,1,1)
-    e_v = numerics.pow2_exponent(v, axis=-2)            # (B,h,1,e)
+    # two (normaliser_range.scaling_exponents: above 2^B down, below 2^-B up; none inside the band: then this is
+    # the unscaled computation bit for bit), eps with the normaliser (normaliser_range.normaliser_scaled, exact),
+    # the taps are scaled back; an output beyond float64 raises FloatingPointError naming the stage, and a row
+    # whose normaliser underflowed to 0 although the exact one is > 0 is recomputed from log-features (_finish;
+    # the rows: recomputed_rows).
+    e_q, e_k, e_v = scaling_exponents(kq, kk, v)        # (B,h,N,1), (B,h,1,1), (B,h,1,e)
     kq_s, v_s = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
     kw = alpha[..., None] * np.ldexp(kk, -e_k)          # alpha_j kappa(K_j), scaled by 2^-e_k
 
@@ -448,7 +447,7 @@ def recomputed_rows(q: np.ndarray, k: np.ndarray, cfg: RALAConfig) -> tuple[np.n
     which rotates only the numerator's operands).  For rala_bounds.rala_core_bound."""
     kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
     alpha = _reweighting(q, kq, kk, cfg)[2] if cfg.reweight else np.ones(q.shape[:-1], dtype=q.dtype)
-    e_q, e_k = numerics.pow2_exponent(kq, axis=-1), numerics.pow2_exponent(kk, axis=(-2, -1))
+    e_q, e_k, _ = scaling_exponents(kq, kk, kq[..., :1, :])
     kq_s, kw = np.ldexp(kq, -e_q), alpha[..., None] * np.ldexp(kk, -e_k)
     key_sum = (1.0 / q.shape[-2] if cfg.token_scaling == "mean" else 1.0) * np.sum(kw, axis=-2)
     den = np.einsum("bhnd,bhd->bhn", kq_s, key_sum)
@@ -563,11 +562,10 @@ def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kerne
     numerics.check_shapes(q=(q, "B h N d"), k=(k, "B h M d"), v=(v, "B h M e"), alpha=(alpha, "B h M"))
     _choice(kernel, "kernel", _KERNELS)
     # Range safety as in rala_core: exact power-of-two rescaling of kappa(Q) rows, each head's kappa(K) and
-    # each value column (none inside numerics.pow2_exponent's band: the unscaled computation bit for bit),
+    # each value column, tiny groups up (none inside the band: the unscaled computation bit for bit),
     # the same FloatingPointError where not representable, the same log-feature rows where it underflows.
     kq, kk = kappa(q, kernel), kappa(k, kernel)
-    e_q, e_k, e_v = (numerics.pow2_exponent(kq, axis=-1), numerics.pow2_exponent(kk, axis=(-2, -1)),
-                     numerics.pow2_exponent(v, axis=-2))
+    e_q, e_k, e_v = scaling_exponents(kq, kk, v)
     kq, v = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
     kw = alpha[..., None] * np.ldexp(kk, -e_k)
     kv = kv_scale * (kw.swapaxes(-1, -2) @ v)

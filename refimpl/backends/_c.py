@@ -14,7 +14,7 @@ agreement tests avoid except where they test NaN propagation).
 
 This module is the runtime: loading the compiled module (:func:`_load`, :func:`status`), the call of a
 kernel (:func:`run_kernel`, :func:`call_kernel`, :func:`workspace_for`), the status check, the thread count (:func:`default_threads`) and the range safety net of the
-range-checked kernels (:func:`_outside_band`, :func:`_poison`, :func:`_range_fallback`).  The wrappers
+range-checked kernels (:func:`_outside_band`, :func:`_below_band`, :func:`_poison`, :func:`_range_fallback`).  The wrappers
 live in per-family modules next to it, each kernel registered with its predicate there:
 ``_c_depthwise.py`` (depthwise conv2d), ``_c_linear.py`` (the fused kernelized linear attention and the
 kernels built on it: RALA, ELU + 1, the focused map, Castling-ViT's linear-angular attention),
@@ -153,13 +153,14 @@ def call_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray 
 
 
 def run_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray | None = None, twin: Any = None,
-               band: tuple = ()) -> np.ndarray:
+               band: tuple = (), tiny: tuple = (), outside: bool = False) -> np.ndarray:
     """The steps every wrapper takes once its arguments are validated: with a ``twin`` (the NumPy
-    definition, a function of no arguments), answer with it if an array of ``band`` is outside the kernels'
-    range (:func:`_outside_band`); otherwise poison ``out`` (:func:`_poison`), run the kernel
+    definition, a function of no arguments), answer with it if an array of ``band`` is above the kernels'
+    range (:func:`_outside_band`) or one of ``tiny`` below it (:func:`_below_band`: the arrays whose groups the
+    definition scales up), or where the wrapper's own range test says so (``outside``); otherwise poison ``out`` (:func:`_poison`), run the kernel
     (:func:`call_kernel`) and, with a twin, replace the kernel's NaN/Inf by the definition's values
     (:func:`_range_fallback`).  Returns ``out``."""
-    if twin is not None and _outside_band(*band):
+    if twin is not None and (outside or _outside_band(*band) or _below_band(*tiny)):
         out[...] = twin()
         return out
     _poison(out)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
@@ -212,6 +213,34 @@ def _outside_band(*arrays: Any) -> bool:
             ss = float(np.einsum("i,i->", flat, flat))     # not BLAS: its idle threads would slow the kernel
         if ss > 2.0 ** two_b:
             return True
+    return False
+
+
+#: Elements per block of :func:`_below_band`'s pass (a 512 KiB float64 buffer: the |x| of a block stays in cache).
+_TINY_BLOCK = 1 << 16
+
+
+def _below_band(*arrays: Any) -> bool:
+    """Whether a float64 array among ``arrays`` (None skipped) has a nonzero entry of magnitude below 2^-B,
+    B = config.RANGE_RESCALE_EXPONENT: the arrays where the NumPy definitions of linear attention and RALA's core
+    scale a group (a row of phi(Q), a head's phi(K), a column of V) whose largest magnitude is below 2^-B up by
+    an exact power of two (numerics.pow2_exponent with ``scale_up``), and the kernels, which do not, lose bits
+    to underflow.  Such a group has such an entry (for ReLU and the focused map, a feature below 2^-B is an
+    input below 2^-B), so none is missed; an array with one tiny entry beside larger ones is flagged too and
+    then simply gets the definition's result.  (ELU + 1 rows of inputs below -177, whose features exp(x) are
+    below 2^-256, are the kernel's: features down to 2^-1022 are normal numbers, and a row whose products
+    underflow to a zero normaliser is NaN, which :func:`_range_fallback` answers with the definition.)  float32 holds nothing below 2^-149, so only float64 is looked
+    at; one pass over each array, in blocks (no temporary of the array's size)."""
+    edge = 2.0 ** -config.RANGE_RESCALE_EXPONENT
+    for a in arrays:
+        if a is None or a.dtype != np.float64:
+            continue
+        flat = a.reshape(-1)
+        buf = np.empty(min(flat.size, _TINY_BLOCK))
+        for start in range(0, flat.size, _TINY_BLOCK):
+            blk = np.abs(flat[start:start + _TINY_BLOCK], out=buf[:min(_TINY_BLOCK, flat.size - start)])
+            if blk.min() < edge and np.any((blk > 0) & (blk < edge)):
+                return True
     return False
 
 

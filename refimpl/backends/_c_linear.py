@@ -15,6 +15,7 @@ or refimpl.models: the twins are reached through the registry (``_registry.defin
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -124,11 +125,13 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     validation bug).
 
     Range: the kernel computes without rescaling.  For float64 inputs whose largest magnitude exceeds
-    2^``config.RANGE_RESCALE_EXPONENT`` (1e150-sized operands), or where the result has a NaN or Inf, the
-    wrapper returns the NumPy definition's result instead (it rescales exactly by powers of
-    two, so it returns the finite result where one exists, and the same NaN as the kernel for a dead
-    query row): the same finite/non-finite pattern as NumPy on every input, at the cost of one dot product
-    per input and one sum over the output on the common path.  float32 keeps the
+    2^``config.RANGE_RESCALE_EXPONENT`` (1e150-sized operands), with a nonzero entry below
+    2^-``config.RANGE_RESCALE_EXPONENT`` (tiny and subnormal operands, whose groups the definition scales up),
+    with ELU + 1 features that may underflow (:func:`elu1_underflows`: inputs below about -707, whose rows the
+    definition recomputes from log-features), or where the result has a NaN or Inf, the wrapper returns the NumPy definition's result instead (it
+    rescales exactly by powers of two, so it returns the finite result where one exists, and the same NaN as
+    the kernel for a dead query row): the same finite/non-finite pattern as NumPy on every input, at the cost
+    of one dot product and one pass of |x| per input and one sum over the output on the common path.  float32 keeps the
     kernel's own float32 range (as the naive float32 run of the definition does).
 
     References
@@ -149,14 +152,26 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
 linear_attention.SUPPORTS_V_SCALE = True  # type: ignore[attr-defined]
 
 
-def _check_focusing_factor(p: Any) -> float:
-    """p as a float: a real number (not bool), finite, >= 1; TypeError / ValueError naming 'p' otherwise."""
-    if isinstance(p, (bool, np.bool_)) or not isinstance(p, (int, float, np.integer, np.floating)):
-        raise TypeError(f"argument 'p': expected a real number (the focusing factor), got {type(p).__name__}")
-    pf = float(p)
-    if not np.isfinite(pf) or pf < 1:
-        raise ValueError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
-    return pf
+#: ELU + 1 features exp(x) below e 2^-1022 (x below this) may be subnormal: the definition recomputes their rows
+#: from log-features (refimpl.attention.normaliser_range.underflow_rows), the kernel would lose their bits.
+_EXP_TINY = math.log(2.0 ** np.finfo(np.float64).minexp) + 1.0
+#: Products of two ELU + 1 features with log-sum below this may make a normaliser below e 2^-960, where the
+#: definition recomputes the row too.
+_EXP_SMALL = math.log(2.0 ** -960) + 1.0
+
+
+def elu1_underflows(q: np.ndarray, k: np.ndarray, key_weight: Any, feature_map: str) -> bool:
+    """Whether float64 ELU + 1 features (``feature_map`` "elu1"; key features alpha_j kappa(K_j) with
+    ``key_weight``) may underflow where the NumPy definition recomputes rows from log-features: a lower bound
+    of log phi (min(min x, 0), and log min alpha) below log(e 2^-1022), or of a product phi(Q_i)_c phi(K_j)_c
+    below e 2^-960.  Then the wrappers answer with the definition (the kernel computes such rows, finite but
+    with the subnormal features' few bits, or NaN)."""
+    if feature_map != "elu1" or q.dtype != np.float64:
+        return False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lq = min(float(np.min(q)), 0.0)
+        lk = min(float(np.min(k)), 0.0) + (0.0 if key_weight is None else float(np.log(np.min(key_weight))))
+    return lq < _EXP_TINY or lk < _EXP_TINY or lq + lk < _EXP_SMALL
 
 
 def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map: str, eps: Any, eps_policy: str,
@@ -166,7 +181,7 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
     """Validate, then run refimpl_linear_attention_f32/_f64 (refimpl.backends._c.run_kernel: poison, call,
     status); ``twin()`` (the NumPy definition) answers instead where the range check says so."""
     _load()  # ImportError before any validation when the compiled module is missing
-    power = _check_focusing_factor(p)
+    power = _validate.check_focusing_factor(p)
     if feature_map not in LINEAR_ATTENTION_MAPS:
         raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
                          f"{feature_map!r} (other maps run on the NumPy definition)")
@@ -213,7 +228,8 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
         "kv_scale": float(kv_scale)})
     return run_kernel("linear_attention", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"], sz["N"],
                       sz["M"], sz["d"], sz["e"], ws.size, nthreads, workspace=ws, twin=twin,
-                      band=(a.q, a.k, a.v, kw, vs))
+                      band=(a.q, a.k, a.v, kw, vs), tiny=(a.q, a.k, a.v, vs),
+                      outside=elu1_underflows(a.q, a.k, kw, feature_map))
 
 
 def _reweighted_supported(q: Any, k: Any, v: Any, alpha: Any, *args: Any, **_: Any) -> bool:
@@ -251,8 +267,9 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     ----------
     RALA (Fan et al., "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025) Eq. 2-4.
 
-    Range: as :func:`linear_attention` (float64 inputs above 2^``config.RANGE_RESCALE_EXPONENT``, or a
-    NaN/Inf result, are answered by the NumPy definition, which rescales exactly).
+    Range: as :func:`linear_attention` (float64 inputs above 2^``config.RANGE_RESCALE_EXPONENT`` or with a
+    nonzero entry below 2^-``config.RANGE_RESCALE_EXPONENT``, or a NaN/Inf result, are answered by the NumPy
+    definition, which rescales exactly).
     """
     if kernel not in ("elu1", "relu"):
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
@@ -433,7 +450,7 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     FLatten (Han et al., ICCV 2023) Eq. 5-6, Appendix Eq. 20-21 (the max-normalised form).
     """
     _load()  # ImportError before any validation when the compiled module is missing
-    power = _check_focusing_factor(p)
+    power = _validate.check_focusing_factor(p)
     a = _validate._array(x, "x", "C")
     if a.size < 1 or a.ndim < 1:
         raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")

@@ -23,8 +23,14 @@ The functions mirror the registered C wrappers' names and signatures (without ``
 
 Every call takes the steps of refimpl.backends._c: validate (refimpl.backends._validate: dtype, shapes,
 contiguity; non-contiguous inputs copied), fill the output with NaN, pass the buffers, check the status
-(:func:`refimpl.backends._c.run_kernel`).  No range fallback: the result is the plain kernel's own, NaN and
-Inf included.  This module imports nothing from refimpl.attention, refimpl.layers or refimpl.models.
+(:func:`refimpl.backends._c.run_kernel`).  The range policy is the registered wrappers' (the same
+``run_kernel`` arguments): float64 inputs outside the kernels' band (above 2^``config.RANGE_RESCALE_EXPONENT``;
+for linear attention and RALA's core also a nonzero entry below 2^-``config.RANGE_RESCALE_EXPONENT`` and ELU + 1
+features that may underflow, refimpl.backends._c_linear.elu1_underflows) are answered
+by the NumPy definition of the operation, taken from the registry (``_registry.definition(op)``), and so is every
+NaN or Inf of a float64 result (refimpl.backends._c._range_fallback); the linear-angular kernel, like its
+registered wrapper, has none.  This module imports nothing from refimpl.attention, refimpl.layers or
+refimpl.models.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import numpy as np
 from .. import config
 from . import _validate
 from ._c import _load, run_kernel
-from ._c_linear import LINEAR_ATTENTION_MAPS, _check_focusing_factor
+from ._c_linear import LINEAR_ATTENTION_MAPS, elu1_underflows
+from ._registry import definition
 from ._validate import empty_aligned
 
 _EPS_POLICIES = {"add": 0, "clamp": 1}
@@ -72,10 +79,11 @@ def _workspace(fn: str, *sizes: int, dtype: np.dtype) -> np.ndarray:
 
 
 def _linear(q: Any, k: Any, v: Any, key_weight: Any, feature_map: Any, eps: Any, eps_policy: Any, clamp_min: Any,
-            kv_scale: float, p: Any, v_scale: Any, v_scale_mode: Any) -> np.ndarray:
-    """Validate, then run refimpl_linear_attention_plain_f32/_f64."""
+            kv_scale: float, p: Any, v_scale: Any, v_scale_mode: Any, twin: Any) -> np.ndarray:
+    """Validate, then run refimpl_linear_attention_plain_f32/_f64; ``twin()`` (the NumPy definition) answers
+    instead where the range check says so (refimpl.backends._c.run_kernel)."""
     mod = _load()
-    power = _check_focusing_factor(p)
+    power = _validate.check_focusing_factor(p)
     if feature_map not in LINEAR_ATTENTION_MAPS:
         raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
                          f"{feature_map!r}")
@@ -105,7 +113,9 @@ def _linear(q: Any, k: Any, v: Any, key_weight: Any, feature_map: Any, eps: Any,
         "kv_scale": float(kv_scale)})
     result = empty_aligned(a.out_shape, dt)
     return run_kernel("linear_attention_plain", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"],
-                      sz["N"], sz["M"], sz["d"], sz["e"], ws.size, workspace=ws)
+                      sz["N"], sz["M"], sz["d"], sz["e"], ws.size, workspace=ws, twin=twin,
+                      band=(a.q, a.k, a.v, kw, vs), tiny=(a.q, a.k, a.v, vs),
+                      outside=elu1_underflows(a.q, a.k, kw, feature_map))
 
 
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu", eps: float = 0.0,
@@ -134,11 +144,18 @@ def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: s
     ------
     TypeError / ValueError naming the argument, as the registered C wrapper.
 
+    Range: the registered wrapper's (module docstring): out-of-band float64 inputs and NaN / Inf results are
+    answered by the NumPy definition of operation "linear_attention".
+
     References
     ----------
     L2ViT Eq. 2-4 and Appendix 8; FLatten Eq. 1-6; Katharopoulos et al. (2020) Eq. 2-7.
     """
-    return _linear(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, p, v_scale, v_scale_mode)
+    def twin() -> np.ndarray:
+        return definition("linear_attention")(q, k, v, feature_map, eps, eps_policy, clamp_min, p, v_scale=v_scale,
+                                              v_scale_mode=v_scale_mode)
+
+    return _linear(q, k, v, None, feature_map, eps, eps_policy, clamp_min, 1.0, p, v_scale, v_scale_mode, twin)
 
 
 def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
@@ -159,12 +176,18 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     References
     ----------
     RALA (Fan et al., CVPR 2025) Eq. 2-3.
+
+    Range: as :func:`linear_attention` (the NumPy definition of operation "reweighted_linear_attention").
     """
     if kernel not in _RALA_KERNELS:
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
     _real(kv_scale, "kv_scale")
+
+    def twin() -> np.ndarray:
+        return definition("reweighted_linear_attention")(q, k, v, alpha, kernel, kv_scale, eps)
+
     return _linear(q, k, v, alpha, kernel, eps, "add", None, float(kv_scale), config.FLATTEN_FOCUSING_FACTOR,
-                   None, "divide")
+                   None, "divide", twin)
 
 
 def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
@@ -230,6 +253,9 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     References
     ----------
     RALA (Fan et al., CVPR 2025) Eq. 4.
+
+    Range: float64 q or k above 2^``config.RANGE_RESCALE_EXPONENT``, or a NaN / Inf result, are answered by the
+    NumPy definition of operation "rala_alpha" (as the registered wrapper).
     """
     _load()
     if global_query not in _RALA_GLOBAL_QUERIES:
@@ -253,8 +279,12 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
     qa, ka = _validate._contiguous(qa), _validate._contiguous(ka)
     ws = _workspace("refimpl_rala_alpha_plain_workspace", d, dtype=dt)
     result = empty_aligned((b_, h, m), dt)
+    def twin() -> np.ndarray:
+        return definition("rala_alpha")(qa, ka, global_query, kernel, scale)
+
     return run_kernel("rala_alpha_plain", result, qa, ka, LINEAR_ATTENTION_MAPS[kernel],
-                      _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, workspace=ws)
+                      _RALA_GLOBAL_QUERIES[global_query], float(scale), b_ * h, n, m, d, ws.size, workspace=ws,
+                      twin=twin, band=(qa, ka))
 
 
 def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, bias: Any = None,
@@ -278,6 +308,10 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     References
     ----------
     Swin Transformer (Liu et al., 2021) Sec. 3.2, Eq. 4; Vaswani et al. (2017) Eq. 1.
+
+    Range: float64 q, k, v or bias above 2^``config.RANGE_RESCALE_EXPONENT``, or a NaN / Inf result (a fully
+    masked row included), are answered by the NumPy definition of operation "window_softmax_attention" (as the
+    registered wrapper).
     """
     _load()
     _real(scale, "scale")
@@ -289,5 +323,9 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     bias_count, mask_count = max(bias_count, 1), max(mask_count, 1)   # the plain kernel's counts are >= 1
     ws = _workspace("refimpl_window_attention_plain_workspace", m, dtype=dt)
     result = empty_aligned(a.out_shape, dt)
+    def twin() -> np.ndarray:
+        return definition("window_softmax_attention")(q, k, v, float(scale), bias, mask)
+
     return run_kernel("window_attention_plain", result, a.q, a.k, a.v, bias_c, mask_c, float(scale), bw * h, h, n,
-                      m, d, sz["e"], bias_count, mask_count, ws.size, workspace=ws)
+                      m, d, sz["e"], bias_count, mask_count, ws.size, workspace=ws, twin=twin,
+                      band=(a.q, a.k, a.v, bias_c))

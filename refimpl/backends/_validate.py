@@ -80,6 +80,18 @@ def real_scalar(x: Any) -> bool:
     return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
+def check_focusing_factor(p: Any) -> float:
+    """FLatten's focusing factor p of the C kernels' "focused" map (Eq. 6) as a float: a real number (not bool),
+    finite, >= 1; TypeError / ValueError naming 'p' otherwise.  Shared by the fast and the plain C wrappers
+    (refimpl.backends._c_linear, refimpl.backends._c_plain)."""
+    if not real_scalar(p):
+        raise TypeError(f"argument 'p': expected a real number (the focusing factor), got {type(p).__name__}")
+    pf = float(p)
+    if not np.isfinite(pf) or pf < 1:
+        raise ValueError(f"argument 'p': expected a finite focusing factor p >= 1, got {p!r}")
+    return pf
+
+
 @dataclass(frozen=True)
 class DepthwiseArgs:
     """Validated arguments of one depthwise-conv kernel call (arrays C-contiguous, one dtype)."""

@@ -1,0 +1,110 @@
+"""linear_attention_bound on the rows linear attention rescales or recomputes, against mpmath.
+
+1. The rows whose normaliser underflows (ELU + 1 features of inputs near -715 are subnormal: the definition
+   recomputes those rows from log-features, normaliser_range.rebalanced_output) with an eps that is comparable
+   to the normaliser (1e-310), dominant (1e-300), or zero, for both eps policies and with L2ViT's clamp_min: the
+   reference lies within the bound of the float64 computation of the exact output (mpmath, 60 digits, exp
+   without underflow), and the bound accounts for eps as the direct rows do: the same problem moved into the
+   normal range (inputs + 700, eps and clamp_min times e^700: the same output, L2ViT Eq. 4 being of degree 0
+   in phi(Q) with the constants scaled along) has the same first-order bound but for the recomputation's own
+   terms (the rounding of the factor exp(r), which eps does not share, and the products by it).
+2. Tiny inputs (ReLU features of size 2^-530, products below 2^-1060) with eps of the normaliser's size
+   (a subnormal): the rows the definition rescales up by powers of two (numerics.pow2_exponent with
+   ``scale_up``) lie within the bound of that rescaled computation, against mpmath.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+import pytest
+
+from refimpl import numerics
+from refimpl.attention import linear as L
+
+mpmath.mp.dps = 60
+
+
+def _phi(x: float, fmap: str) -> mpmath.mpf:
+    xm = mpmath.mpf(float(x))
+    if fmap == "relu":
+        return max(xm, mpmath.mpf(0))
+    return xm + 1 if xm > 0 else mpmath.exp(xm)                    # ELU + 1 (Katharopoulos et al. Eq. 7)
+
+
+def _exact(q, k, v, fmap, eps, policy, clamp_min) -> np.ndarray:
+    """L2ViT Eq. 4 with the normaliser policy (Appendix 8's clamp first, then eps), in 60-digit arithmetic,
+    rounded once to float64."""
+    b_, h, n, d = q.shape
+    m, e = v.shape[2], v.shape[3]
+    out = np.empty((b_, h, n, e))
+    for b in range(b_):
+        for hh in range(h):
+            pk = [[_phi(k[b, hh, j, c], fmap) for c in range(d)] for j in range(m)]
+            for i in range(n):
+                pq = [_phi(q[b, hh, i, c], fmap) for c in range(d)]
+                w = [mpmath.fsum(pq[c] * pk[j][c] for c in range(d)) for j in range(m)]
+                den = mpmath.fsum(w)
+                if clamp_min is not None:
+                    den = max(den, mpmath.mpf(clamp_min))
+                den = den + mpmath.mpf(eps) if policy == "add" else max(den, mpmath.mpf(eps))
+                for c in range(e):
+                    out[b, hh, i, c] = float(mpmath.fsum(w[j] * mpmath.mpf(float(v[b, hh, j, c]))
+                                                         for j in range(m)) / den)
+    return out
+
+
+def _within(ref, exact, bound) -> np.ndarray:
+    return np.abs(ref - exact) <= bound.array("float64", ref.shape)
+
+
+POLICIES = [(0.0, "add", None), (1e-310, "add", None), (1e-300, "add", None), (1e-310, "clamp", None),
+            (1e-310, "add", 3e-311)]
+
+
+@pytest.mark.parametrize("eps,policy,clamp_min", POLICIES)
+def test_recomputed_rows_bound_holds_and_counts_eps(eps, policy, clamp_min):
+    """Item 1 (module docstring)."""
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((1, 2, 4, 3))
+    q[:, :, :2] = -715.0 + rng.random((1, 2, 2, 3))               # subnormal features: recomputed rows
+    k, v = rng.standard_normal((1, 2, 6, 3)), rng.standard_normal((1, 2, 6, 2))
+    kw = dict(feature_map="elu1", eps=eps, eps_policy=policy, clamp_min=clamp_min)
+    feats = L.feature_map(q, "elu1")
+    assert np.all(feats[:, :, :2] < np.finfo(np.float64).tiny)     # the rows the definition recomputes
+    ref = L.linear_attention(q, k, v, **kw)
+    bound = L.linear_attention_bound(q, k, v, dtype="float64", **kw)
+    exact = _exact(q, k, v, "elu1", eps, policy, clamp_min)
+    assert np.all(np.isfinite(bound.scale)) and np.all(_within(ref, exact, bound))
+    # the same rows in the normal range: the constants times e^700 (rounded: compared to rounding)
+    shift = float(mpmath.exp(700))
+    moved = dict(kw, eps=eps * shift, clamp_min=None if clamp_min is None else clamp_min * shift)
+    direct = L.linear_attention_bound(q + np.where(np.arange(4) < 2, 700.0, 0.0)[:, None], k, v, dtype=None,
+                                      **moved).scale
+    first = L.linear_attention_bound(q, k, v, dtype=None, **kw).scale
+    # the direct rows' terms, eps included, plus the recomputation's own (the factor exp(r)'s rounding, which
+    # eps does not share, and the products by it: linear_attention_bound), a fraction of them
+    assert np.all(direct[:, :, :2] <= first[:, :, :2] * (1 + 1e-9)), (first, direct)
+    assert np.all(first[:, :, :2] <= 2 * direct[:, :, :2]), (first, direct)
+    if eps >= 1e-300:       # eps dominates: the bound is that of num / eps, far below the eps-free one
+        free = L.linear_attention_bound(q, k, v, dtype=None, feature_map="elu1").scale
+        assert np.all(first[:, :, :2] < 1e-6 * free[:, :, :2])
+
+
+@pytest.mark.parametrize("eps,policy", [(0.0, "add"), (2.0 ** -1068, "add"), (2.0 ** -1066, "clamp")])
+def test_rescaled_tiny_rows_bound_holds(eps, policy):
+    """Item 2 (module docstring)."""
+    rng = np.random.default_rng(9)
+    q, k = (np.ldexp(np.round(rng.standard_normal((1, 2, 4, 3)) * 64) / 64, -530) for _ in range(2))
+    v = rng.standard_normal((1, 2, 4, 2))
+    kw = dict(feature_map="relu", eps=eps, eps_policy=policy)
+    ref = L.linear_attention(q, k, v, **kw)
+    bound = L.linear_attention_bound(q, k, v, dtype="float64", **kw)
+    exact = _exact(q, k, v, "relu", eps, policy, None)
+    live = np.isfinite(exact)                                      # eps = 0: a dead ReLU row is 0/0
+    assert np.any(live) and np.all(np.isfinite(bound.scale[live]))
+    assert np.all(_within(ref, exact, bound)[live]), (ref, exact)
+    # the bound is that of the rescaled computation: relative to the output's size, as in the normal range
+    big = L.linear_attention_bound(np.ldexp(q, 530), np.ldexp(k, 530), v, dtype="float64", feature_map="relu",
+                                   eps=np.ldexp(eps, 1060), eps_policy=policy).scale
+    assert np.allclose(bound.scale[live], big[live], rtol=1e-9, atol=numerics.underflow_eta("float64") * 1e3)
