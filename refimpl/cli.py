@@ -186,7 +186,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     vp.add_argument("--grad", action="store_true",
                     help="also compare your input and parameter gradients for a random cotangent with those of "
                          "refimpl's float64 PyTorch twin of the reference (a layer reference, or a registered "
-                         "network: its logits' cotangent; not with --examples for a network)")
+                         "network: its logits' cotangent, for every example with --examples)")
     vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
                                      "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")

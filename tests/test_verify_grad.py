@@ -142,9 +142,6 @@ def test_grad_needs_nothing_from_the_source_tree(monkeypatch):
 def test_grad_argument_checks():
     with pytest.raises(V.VerifyError, match=r"argument 'grad': expected True or False, got 'yes'"):
         V.verify(PortCastling(16, 2), "castling.attention", hw=HW, grad="yes")
-    # examples of a network are drawn without gradients (refused by name)
-    with pytest.raises(V.VerifyError, match=r"argument 'grad': examples of a registered network are drawn without gradients"):
-        V.verify_examples(None, "ravlt_t", 2, grad=True)
 
 
 def test_gradient_bound_is_inconclusive_when_void():

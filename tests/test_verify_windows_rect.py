@@ -9,7 +9,8 @@ enters) with the buffer named; the padding put at the top and left at ``windows`
 movement).  The pre-windowed layout takes the windows of the zero-padded grid (Swin's block pads before
 partitioning) and compares the output on the unpadded grid.  ``--grad`` runs the package's twins
 (``refimpl.twins.modules.softmax.WindowAttention``, ``refimpl.twins.modules.focused.FocusedWindowAttention``)
-between the layout's own data movement; backward-only bugs (forward exact) diverge at the tensor they corrupt.
+between the layout's own data movement, square or (wh, ww) windows and (sh, sw) shifts; backward-only bugs
+(forward exact) diverge at the tensor they corrupt.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 
 import numpy as np
 import pytest
+import torch
 
 from refimpl import cli
 from refimpl import layers
@@ -172,12 +174,73 @@ def test_backward_bugs_diverge_at_their_tensor(grad_bug, diverging):
     assert r.gradients["first_divergence"]["tensor"] == sorted(diverging, key=lambda k: k != "input")[0]
 
 
+class _HalfBackward(torch.autograd.Function):
+    """The identity forward; a backward that halves the gradient (a fused kernel's missing factor)."""
+
+    @staticmethod
+    def forward(ctx, t):
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return 0.5 * g
+
+
+def _focused_backward_bug(m):
+    """``m`` (a :class:`PortShiftedFocused`) with the gradient into its DWC's input halved, the forward exact."""
+    m.dwc.register_forward_pre_hook(lambda mod, args: (_HalfBackward.apply(args[0]),))
+    return m
+
+
+@pytest.mark.parametrize("make, ref, kw", [
+    (lambda: _rect(), "softmax.window_attention", {}),
+    (lambda: _rect(layout="nhwc"), "softmax.window_attention", {"hw": (5, 7)}),
+    (lambda: PortWindowAttentionMasked(16, (2, 4), 2), "softmax.window_attention", {"hw": (5, 7),
+                                                                                     "config": {"shift": [1, 2]}}),
+    (lambda: PortShiftedFocused(32, 2, **RECT), "flatten.attention", {"preset": "paper", "hw": (4, 8)}),
+    (lambda: PortShiftedFocused(32, 2, window_size=(4, 2), shift_size=(0, 1)), "flatten.attention",
+     {"preset": "paper", "hw": (8, 4)}),
+])
+def test_grad_of_rectangular_shifted_layouts_matches(make, ref, kw):
+    """``--grad`` on (wh, ww) windows and (sh, sw) shifts (one axis unshifted included): the twins take the pairs."""
+    r = V.verify(make(), ref, dtype="float32", grad=True, **kw)
+    assert r.verdict == "match" and r.gradients["verdict"] == "match", r.gradients
+    assert r.gradients["twin_forward"]["verdict"] == "match"
+    assert all(v == "match" for v in _grads(r).values())
+    assert max(t["err_over_bound"] for t in r.gradients["tensors"]) < 0.01
+
+
+@pytest.mark.parametrize("grad_bug, diverging", [
+    ("roll_backward", {"input"}),
+    ("bias_grad_index", {"relative_position_bias_table"})])
+def test_rectangular_backward_bugs_diverge_at_their_tensor(grad_bug, diverging):
+    """On a (2, 4) window shifted by (1, 2) on a padded grid (the twin pads and rolls each axis by its own
+    amounts): the cyclic shift's backward rolled the wrong way, the table's gradient scattered with the axes
+    exchanged."""
+    r = V.verify(_rect(layout="nhwc", grad_bug=grad_bug), "softmax.window_attention", hw=(5, 7), dtype="float32",
+                 grad=True)
+    assert all(s.verdict == "match" for s in r.stages) and r.whole_module["verdict"] == "match"
+    assert r.verdict == "diverges" and r.gradients["verdict"] == "diverges"
+    assert {k for k, v in _grads(r).items() if v == "diverges"} == diverging
+    assert r.gradients["first_divergence"]["tensor"] == sorted(diverging, key=lambda k: k != "input")[0]
+
+
+def test_rectangular_focused_backward_bug_diverges():
+    r = V.verify(_focused_backward_bug(PortShiftedFocused(32, 2, **RECT)), "flatten.attention", preset="paper",
+                 hw=(4, 8), dtype="float32", grad=True)
+    assert all(s.verdict == "match" for s in r.stages) and r.whole_module["verdict"] == "match"
+    assert r.verdict == "diverges" and r.gradients["verdict"] == "diverges"
+    assert {k for k, v in _grads(r).items() if v == "diverges"} == {"input", "qkv.weight", "qkv.bias"}
+    assert r.gradients["first_divergence"]["tensor"] == "input"
+
+
 def test_grad_refusals_name_why():
-    with pytest.raises(V.VerifyError, match=r"takes square windows and equal shifts.*window \(2, 4\), shift \(1, 2\)"):
-        V.verify(PortShiftedFocused(32, 2, **RECT), "flatten.attention", preset="paper", hw=(4, 8), grad=True)
     with pytest.raises(V.VerifyError, match=r"every key masked.*multiple of the window"):
         V.verify(PortWindowAttentionMasked(16, 4, 2), "softmax.window_attention", preset="paper",
                  config={"shift": 2}, hw=(6, 7), grad=True)
+    with pytest.raises(V.VerifyError, match=r"every key masked.*multiple of the window \(2, 4\)"):
+        V.verify(PortWindowAttentionMasked(16, (2, 4), 2), "softmax.window_attention", preset="paper",
+                 config={"shift": [1, 2]}, hw=(5, 7), grad=True)
 
 
 def test_examples_draw_grids_in_multiples_of_each_axis():

@@ -65,9 +65,8 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     from .steps import _check_grad, _example_factory, _example_score, _run_examples
     if isinstance(examples, bool) or not isinstance(examples, int) or examples < 1:
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
-    _check_grad(kwargs.get("grad", False), is_network(reference))
+    _check_grad(kwargs.get("grad", False))
     if is_network(reference):
-        kwargs.pop("grad", None)                # False here: a network is verified forward only
         return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
     max_side = 12 if max_side is None else max_side
     module = _example_factory(module)

@@ -2,9 +2,9 @@
 
 Layer: the verify tool (torch).  :func:`verify_network_examples` draws image sizes (on the network's size step,
 :func:`image_step`), the batch and the seed with Hypothesis and runs :func:`refimpl.verify.networks.verify_network`
-on each; a network built for one resolution is rebuilt per size through the target's size keyword
-(:data:`SIZE_KEYWORDS`), with the same weights where every parameter keeps its shape; the worst report, or the
-shrunk failing example, is returned.
+on each (with ``grad``, its gradients too); a network built for one resolution is rebuilt per size through the
+target's size keyword (:data:`SIZE_KEYWORDS`), with the same weights where every parameter keeps its shape; the
+worst report, or the shrunk failing example, is returned.
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def _sizes_keeping_shapes(fam: Any, cfg: Any, field: str, step: int, top: int, s
 
 
 def verify_network_examples(module: Any, reference: str, examples: int, *, max_side: int | None = None,
-                            seed: int = 0, **kwargs: Any) -> Report:
+                            seed: int = 0, grad: bool = False, **kwargs: Any) -> Report:
     """:func:`verify_network` on ``examples`` inputs drawn by Hypothesis from ``seed``: the image size (H and W each
     a multiple of the network's :func:`image_step` up to ``max_side``, by default the largest side of the image
     :func:`verify_network` uses without ``hw``; sizes the reference refuses are rejected, not counted), the batch
@@ -134,15 +134,23 @@ def verify_network_examples(module: Any, reference: str, examples: int, *, max_s
     first run, and left out at the drawn sizes, where they are recomputed), the sizes drawn among those at which
     every parameter keeps its shape (:func:`_sizes_keeping_shapes`: a position embedding with a row per patch keeps
     it at none but the weights' own token count, a window clamped to a small grid changes its tables); where there
-    is none up to ``max_side``, a :class:`VerifyError` names a parameter that moves."""
+    is none up to ``max_side``, a :class:`VerifyError` names a parameter that moves.
+
+    ``grad``: each example is also verified with the network's gradients (:func:`verify_network` with
+    ``grad=True``: the images' and every parameter's gradient for the example's cotangent, and each unit's backward
+    teacher-forced, against the float64 twin, :mod:`refimpl.verify.network_gradients`); an example whose gradients
+    diverge (or stay inconclusive) fails as one whose forward does, and the example shown when all match is the
+    one closest to its bound over its stages and its gradient tensors."""
     from hypothesis import HealthCheck, Phase, given, reject, settings, strategies as st
     from hypothesis import seed as h_seed
 
-    from .steps import _example_factory, _example_score, _run_examples
+    from .steps import _check_grad, _example_factory, _example_score, _run_examples
     from .. import models as rm
 
+    _check_grad(grad)
     module = _example_factory(module)
     other = {k: v for k, v in kwargs.items() if k not in ("hw", "input", "batch")}
+    other["grad"] = grad
     cfg = network_config(reference, other.get("preset"), other.get("config"), None)[0]
     fam = rm.family_of(reference)
     field = size_field(cfg)

@@ -346,7 +346,7 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     from .networks import is_network, verify_network
-    _check_grad(grad, False)            # a registered network's gradients: verify_network(grad=True)
+    _check_grad(grad)                   # a registered network's gradients: verify_network(grad=True)
     if is_network(reference):
         return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                               input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,

@@ -50,14 +50,10 @@ def _check_arguments(dtype: str, batch: Any, seed: Any, hw: Any, device: str) ->
                           f", got {device!r}")
 
 
-def _check_grad(grad: Any, network: bool) -> None:
-    """``grad`` is a bool; with ``network`` (examples drawn for a registered network, ``verify_examples``) it must
-    be False: the examples are drawn without gradients (``--grad`` on one network input is built)."""
+def _check_grad(grad: Any) -> None:
+    """``grad`` is a bool."""
     if not isinstance(grad, bool):
         raise VerifyError(f"argument 'grad': expected True or False, got {grad!r}")
-    if grad and network:
-        raise VerifyError("argument 'grad': examples of a registered network are drawn without gradients; verify "
-                          "the network once with --grad (no --examples), or the examples without --grad")
 
 
 def _example_factory(module: Any) -> Any:

@@ -39,9 +39,9 @@ like a mask (float: 0 = attend, anything else = masked; bool: True = attend, or 
 with :func:`refimpl.layers.shifted_window_mask` of the padded grid.  A difference is a finding naming the buffer and
 its first differing entry.
 
-``--grad``: the package's twins (:func:`twin_softmax_window`, :func:`twin_focused_window`) between the layout's data
-movement in torch; refused (``WindowSetup.no_twin``) where the twins do not cover the configuration (rectangular
-windows or unequal shifts; the paper preset's padded rows whose every key is masked).
+``--grad``: the package's twins (:func:`twin_softmax_window`, :func:`twin_focused_window`, which take the (wh, ww)
+window and the (sh, sw) shift) between the layout's data movement in torch; refused (``WindowSetup.no_twin``) where
+the reference's gradient is not defined: the paper preset's padded query rows whose every key is masked.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ class WindowSetup(Setup):
     layout: str = "nhwc"
     hw_args: bool = False
     grid_fixed: bool = False
-    #: why ``--grad`` is refused (the PyTorch twin does not cover this configuration), or ""
+    #: why ``--grad`` is refused (the reference's gradient is not defined in this configuration), or ""
     no_twin: str = ""
 
     @property
@@ -426,15 +426,6 @@ class _ShiftedWindows(Reference):
         return out
 
 
-def _twin_gap(what: str, s: WindowSetup) -> str:
-    """Why the PyTorch twin ``what`` cannot run this configuration (it takes square windows and one shift for both
-    axes), or ""."""
-    if s.window[0] != s.window[1] or s.shift[0] != s.shift[1]:
-        return (f"the PyTorch twin of {what} takes square windows and equal shifts on both axes; this module has "
-                f"window {s.window}, shift {s.shift}")
-    return ""
-
-
 class SoftmaxWindowAttention(_ShiftedWindows):
     """Swin's (shifted) window attention on the whole grid (:func:`refimpl.attention.softmax.window_attention`):
     the foreign module pads, rolls, partitions, attends per window with the relative-position bias and the shift
@@ -497,9 +488,8 @@ class SoftmaxWindowAttention(_ShiftedWindows):
         if layout == "windows" and s.padded != g:
             fields["hw"] += (f"; the windows cover the grid padded to {s.padded[0]} x {s.padded[1]} (Swin's zero "
                              f"padding), the output is compared on the {g[0]} x {g[1]} grid")
-        s.no_twin = _twin_gap("Swin's window attention (refimpl.twins.modules.softmax.WindowAttention)", s)
         dead = int(np.sum(~_keep(s, cfg.mask_padding).any(axis=-1)))
-        if dead and not s.no_twin:
+        if dead:
             s.no_twin = (f"with the padded keys masked (mask_padding) and the shift, {dead} padded query slot(s) of "
                          f"the {s.padded[0]} x {s.padded[1]} grid have every key masked: the reference's softmax is "
                          f"0/0 = NaN there (cropped from the output), and the backward carries the NaN into every "
@@ -562,7 +552,6 @@ class FlattenAttentionLayouts(FlattenAttention):
         s = WindowSetup(cfg, fields, g, shapes, points, [], window=ws, shift=sh, layout=layout, hw_args=takes_hw,
                         grid_fixed=fixed, extra={"window_size": _compact(ws), "shift": _compact(sh), "layout": layout,
                                                  "grid_fixed": fixed})
-        s.no_twin = _twin_gap("FLatten's Swin layout (refimpl.twins.modules.focused.FocusedWindowAttention)", s)
         return s
 
     def _w(self, s: Setup) -> bool:
@@ -625,14 +614,14 @@ def _twin_io(s: WindowSetup) -> tuple[Callable, Callable]:
 def twin_softmax_window(s: WindowSetup) -> tuple[Any, Callable]:
     """The twin of ``softmax.window_attention`` (:class:`refimpl.twins.modules.softmax.WindowAttention`, Swin's
     padding, shift and masks on the grid) with the configuration's options, and its forward on the foreign
-    layout; square windows and equal shifts only (:func:`_twin_gap`)."""
+    layout: the (wh, ww) window and the (sh, sw) shift of the setup."""
     from refimpl.twins.modules.softmax import WindowAttention
     if s.no_twin:
         raise VerifyError(f"argument 'grad': {s.no_twin}")
     c = s.cfg
-    m = WindowAttention(c.dim, c.num_heads, s.window[0], shift=s.shift[0], pad=True, rel_pos_bias=c.rel_pos_bias,
-                        mask_padding=c.mask_padding, mask_value=c.mask_value, qkv_bias=c.qkv_bias,
-                        proj_bias=c.proj_bias, scale=c.scale)
+    m = WindowAttention(c.dim, c.num_heads, tuple(s.window), shift=tuple(s.shift), pad=True,
+                        rel_pos_bias=c.rel_pos_bias, mask_padding=c.mask_padding, mask_value=c.mask_value,
+                        qkv_bias=c.qkv_bias, proj_bias=c.proj_bias, scale=c.scale)
     to_grid, out = _twin_io(s)
     return m, lambda x: out(m(to_grid(x)))
 
@@ -640,15 +629,15 @@ def twin_softmax_window(s: WindowSetup) -> tuple[Any, Callable]:
 def twin_focused_window(s: WindowSetup) -> tuple[Any, Callable]:
     """The twin of ``flatten.attention`` in the Swin layout on the grid
     (:class:`refimpl.twins.modules.focused.FocusedWindowAttention`: cyclic shift, windows, the shift mask per
-    ``shift_mask``) and its forward on the foreign layout; square windows and equal shifts only."""
+    ``shift_mask``) and its forward on the foreign layout, with the (wh, ww) window and the (sh, sw) shift."""
     from refimpl.twins.modules.focused import FocusedWindowAttention
     if s.no_twin:
         raise VerifyError(f"argument 'grad': {s.no_twin}")
-    m = FocusedWindowAttention(s.cfg, s.window[0])
+    m = FocusedWindowAttention(s.cfg, tuple(s.window))
     to_grid, out = _twin_io(s)
 
     def fwd(x):
         g = to_grid(x)
         b, h, w, c = g.shape
-        return out(m(g.reshape(b, h * w, c), (h, w), shift=s.shift[0]).reshape(b, h, w, c))
+        return out(m(g.reshape(b, h * w, c), (h, w), shift=tuple(s.shift)).reshape(b, h, w, c))
     return m, fwd

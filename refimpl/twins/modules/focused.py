@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from refimpl.twins.taps import capture, tap
-from refimpl.twins.modules.layers import shifted_window_mask, window_partition, window_reverse
+from refimpl.twins.modules.layers import pair, shifted_window_mask, window_partition, window_reverse
 from refimpl.attention.focused import FocusedConfig
 
 
@@ -176,31 +176,39 @@ class FocusedLinearAttention(_FocusedBase):
 
 
 class FocusedWindowAttention(_FocusedBase):
-    """Swin layout (square windows): forward(x (B, N, C), hw, shift=0, order="linear") -> (B, N, C)."""
+    """Swin layout: forward(x (B, N, C), hw, shift=0, order="linear") -> (B, N, C).  window_size : an int ws or a
+    pair (wh, ww); shift : an int or a pair (sh, sw), 0 <= shift < window on each axis (each axis rolled by its
+    own shift; the DWC runs on the wh x ww window grid; the positional encoding covers wh ww tokens)."""
 
-    def __init__(self, cfg: FocusedConfig, window_size: int):
+    def __init__(self, cfg: FocusedConfig, window_size):
         super().__init__()
         self.cfg, self.ws = cfg, window_size
+        self.wpair = pair(window_size, "window_size")
+        if min(self.wpair) < 1:
+            raise ValueError(f"argument 'window_size': expected an int >= 1 or a pair of them, got {window_size!r}")
         c = cfg.dim
         self.qkv = nn.Linear(c, 3 * c, bias=cfg.qkv_bias)
-        self._common(cfg, window_size * window_size)
+        self._common(cfg, self.wpair[0] * self.wpair[1])
 
-    def forward(self, x: torch.Tensor, hw, shift: int = 0, order: str = "linear") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, hw, shift=0, order: str = "linear") -> torch.Tensor:
         b, n, c = x.shape
         big_h, big_w = hw
-        ws = self.ws
+        ws = self.wpair
+        sh, sw = pair(shift, "shift")
+        if not (0 <= sh < ws[0] and 0 <= sw < ws[1]):
+            raise ValueError(f"argument 'shift': expected 0 <= shift < window {ws} on each axis, got {shift!r}")
         g = x.reshape(b, big_h, big_w, c)
-        if shift:
-            g = torch.roll(g, shifts=(-shift, -shift), dims=(1, 2))
+        if sh or sw:
+            g = torch.roll(g, shifts=(-sh, -sw), dims=(1, 2))
         win = window_partition(g, ws)
         q, k, v = self.qkv(win).chunk(3, dim=-1)
         mask = None
-        if shift and self.cfg.shift_mask == "apply":
-            mask = shifted_window_mask(big_h, big_w, ws, shift).to(x.device)
-        y = self._tail(q, k, v, (ws, ws), (ws, ws), mask, order)
+        if (sh or sw) and self.cfg.shift_mask == "apply":
+            mask = shifted_window_mask(big_h, big_w, ws, (sh, sw)).to(x.device)
+        y = self._tail(q, k, v, ws, ws, mask, order)
         g = window_reverse(y, ws, big_h, big_w)
-        if shift:
-            g = torch.roll(g, shifts=(shift, shift), dims=(1, 2))
+        if sh or sw:
+            g = torch.roll(g, shifts=(sh, sw), dims=(1, 2))
         return g.reshape(b, n, c)
 
 

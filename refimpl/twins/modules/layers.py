@@ -6,6 +6,8 @@ counterpart; the modules below cover the rest.  State-dict keys equal the refimp
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -65,46 +67,62 @@ class PatchMerging(nn.Module):
         return self.reduction(self.norm(torch.cat(parts, dim=-1)))
 
 
-def window_partition(x: torch.Tensor, ws: int) -> torch.Tensor:
-    """(B, H, W, C) -> (B * nW, ws * ws, C) by unfolding each window (a different route from refimpl's
-    reshape/transpose: ``unfold`` over both grid axes)."""
+def pair(v, name: str) -> tuple[int, int]:
+    """A window or shift given as an int n (n, n) or a pair (a, b) of ints, as a pair; a clear error otherwise."""
+    if isinstance(v, numbers.Integral) and not isinstance(v, bool):
+        return int(v), int(v)
+    if isinstance(v, (tuple, list)) and len(v) == 2 and all(
+            isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in v):
+        return int(v[0]), int(v[1])
+    raise TypeError(f"argument '{name}': expected an int or a pair of ints, got {v!r}")
+
+
+def window_partition(x: torch.Tensor, ws) -> torch.Tensor:
+    """(B, H, W, C) -> (B * nW, wh * ww, C) by unfolding each window (a different route from refimpl's
+    reshape/transpose: ``unfold`` over both grid axes).  ws : an int or a pair (wh, ww)."""
     b, h, w, c = x.shape
-    win = x.unfold(1, ws, ws).unfold(2, ws, ws)  # (B, H/ws, W/ws, C, ws, ws)
-    return win.permute(0, 1, 2, 4, 5, 3).reshape(-1, ws * ws, c)
+    wh, ww = pair(ws, "ws")
+    win = x.unfold(1, wh, wh).unfold(2, ww, ww)  # (B, H/wh, W/ww, C, wh, ww)
+    return win.permute(0, 1, 2, 4, 5, 3).reshape(-1, wh * ww, c)
 
 
-def window_reverse(windows: torch.Tensor, ws: int, h: int, w: int) -> torch.Tensor:
-    """(B * nW, ws * ws, C) -> (B, H, W, C) by writing each window into place."""
+def window_reverse(windows: torch.Tensor, ws, h: int, w: int) -> torch.Tensor:
+    """(B * nW, wh * ww, C) -> (B, H, W, C) by writing each window into place.  ws : an int or (wh, ww)."""
     c = windows.shape[-1]
-    nh, nw = h // ws, w // ws
+    wh, ww = pair(ws, "ws")
+    nh, nw = h // wh, w // ww
     b = windows.shape[0] // (nh * nw)
     out = windows.new_empty(b, h, w, c)
-    win = windows.reshape(b, nh, nw, ws, ws, c)
+    win = windows.reshape(b, nh, nw, wh, ww, c)
     for i in range(nh):
         for j in range(nw):
-            out[:, i * ws:(i + 1) * ws, j * ws:(j + 1) * ws] = win[:, i, j]
+            out[:, i * wh:(i + 1) * wh, j * ww:(j + 1) * ww] = win[:, i, j]
     return out
 
 
-def shifted_window_mask(h: int, w: int, ws: int, shift: int) -> torch.Tensor:
-    """bool (nW, ws*ws, ws*ws), True where attention is allowed, derived from the roll itself rather than
-    from Swin's region slices: the token at rolled position p came from (p + shift) mod n, so it *wrapped*
-    iff p + shift >= n.  Two tokens of one window were neighbours before the roll iff, along each axis,
-    both wrapped or neither did."""
-    def wrapped(n: int) -> torch.Tensor:
-        return (torch.arange(n) + shift >= n).long()
-    lab = (wrapped(h)[:, None] * 2 + wrapped(w)[None, :]).reshape(1, h, w, 1).double()
+def shifted_window_mask(h: int, w: int, ws, shift) -> torch.Tensor:
+    """bool (nW, wh*ww, wh*ww), True where attention is allowed, derived from the roll itself rather than
+    from Swin's region slices: the token at rolled position p came from (p + s) mod n, so it *wrapped*
+    iff p + s >= n (s the axis's shift).  Two tokens of one window were neighbours before the roll iff, along
+    each axis, both wrapped or neither did.  ws, shift : ints or pairs (wh, ww), (sh, sw)."""
+    sh, sw = pair(shift, "shift")
+
+    def wrapped(n: int, s: int) -> torch.Tensor:
+        return (torch.arange(n) + s >= n).long()
+    lab = (wrapped(h, sh)[:, None] * 2 + wrapped(w, sw)[None, :]).reshape(1, h, w, 1).double()
     lab = window_partition(lab, ws)[..., 0]
     return lab[:, :, None] == lab[:, None, :]
 
 
-def relative_position_index(ws: int) -> torch.Tensor:
-    """Swin's (ws*ws, ws*ws) index into the ((2ws-1)^2, h) table, built with explicit loops."""
-    n = ws * ws
+def relative_position_index(ws, ww: int | None = None) -> torch.Tensor:
+    """Swin's (wh*ww, wh*ww) index into the ((2wh-1)(2ww-1), h) table, built with explicit loops.  ws : an int
+    (square window, or wh with ``ww``) or a pair (wh, ww)."""
+    wh, ww = pair(ws, "ws") if ww is None else (ws, ww)
+    n = wh * ww
     idx = torch.empty(n, n, dtype=torch.long)
     for i in range(n):
         for j in range(n):
-            dy = i // ws - j // ws + ws - 1
-            dx = i % ws - j % ws + ws - 1
-            idx[i, j] = dy * (2 * ws - 1) + dx
+            dy = i // ww - j // ww + wh - 1
+            dx = i % ww - j % ww + ww - 1
+            idx[i, j] = dy * (2 * ww - 1) + dx
     return idx

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from refimpl.twins.modules.layers import relative_position_index, window_partition, window_reverse
+from refimpl.twins.modules.layers import pair, relative_position_index, window_partition, window_reverse
 
 
 class SoftmaxAttention(nn.Module):
@@ -34,12 +34,13 @@ class SoftmaxAttention(nn.Module):
         return torch.softmax(a, dim=-1) @ v
 
 
-def _shift_labels(hp: int, wp: int, ws: int, sh: int, sw: int, device) -> torch.Tensor:
-    """Swin's region labels of the padded grid (3 slices per axis), as its released block builds them."""
+def _shift_labels(hp: int, wp: int, wh: int, ww: int, sh: int, sw: int, device) -> torch.Tensor:
+    """Swin's region labels of the padded grid (3 slices per shifted axis, cut at -window and -shift of that
+    axis), as its released block builds them."""
     img = torch.zeros(1, hp, wp, 1, device=device)
     cnt = 0
-    hs = (slice(0, -ws), slice(-ws, -sh), slice(-sh, None)) if sh else (slice(0, None),)
-    wsl = (slice(0, -ws), slice(-ws, -sw), slice(-sw, None)) if sw else (slice(0, None),)
+    hs = (slice(0, -wh), slice(-wh, -sh), slice(-sh, None)) if sh else (slice(0, None),)
+    wsl = (slice(0, -ww), slice(-ww, -sw), slice(-sw, None)) if sw else (slice(0, None),)
     for a in hs:
         for b in wsl:
             img[:, a, b, :] = cnt
@@ -49,35 +50,44 @@ def _shift_labels(hp: int, wp: int, ws: int, sh: int, sw: int, device) -> torch.
 
 class WindowAttention(nn.Module):
     """Swin (shifted) window attention on (B, H, W, C) with the options of refimpl's window_attention:
-    shift, pad, rel_pos_bias, mask_padding, mask_value (None = -inf exclusion, else additive)."""
+    shift, pad, rel_pos_bias, mask_padding, mask_value (None = -inf exclusion, else additive).
+
+    window_size : an int ws or a pair (wh, ww); shift : an int or a pair (sh, sw), 0 <= shift < window on each
+    axis.  The relative-position table has (2 wh - 1)(2 ww - 1) rows; each axis is padded to a multiple of its
+    own window side and rolled by its own shift."""
 
     def __init__(self, dim: int, num_heads: int, window_size: int, *, shift: int = 0, pad: bool = True,
                  rel_pos_bias: bool = True, mask_padding: bool = True, mask_value: float | None = None,
                  qkv_bias: bool = True, proj_bias: bool = True, scale: float | None = None):
         super().__init__()
         self.dim, self.num_heads, self.ws, self.shift = dim, num_heads, window_size, shift
+        self.wpair, self.spair = pair(window_size, "window_size"), pair(shift, "shift")
+        wh, ww = self.wpair
+        if min(self.wpair) < 1 or not (0 <= self.spair[0] < wh and 0 <= self.spair[1] < ww):
+            raise ValueError(f"arguments 'window_size', 'shift': expected a window >= 1 and 0 <= shift < window on "
+                             f"each axis, got window_size {window_size!r}, shift {shift!r}")
         self.pad, self.mask_padding, self.mask_value = pad, mask_padding, mask_value
         self.scale = (dim // num_heads) ** -0.5 if scale is None else scale
         self.qkv = nn.Linear(dim, 3 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim, bias=proj_bias)
         self.rel_pos_bias = rel_pos_bias
         if rel_pos_bias:
-            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1) ** 2, num_heads))
-            self.register_buffer("relative_position_index", relative_position_index(window_size), persistent=False)
+            self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * wh - 1) * (2 * ww - 1), num_heads))
+            self.register_buffer("relative_position_index", relative_position_index(wh, ww), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
-        ws, s = self.ws, self.shift
-        ph, pw = (ws - h % ws) % ws, (ws - w % ws) % ws
+        ws, (wh, ww), (sh, sw) = self.wpair, self.wpair, self.spair
+        ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
         if (ph or pw) and not self.pad:
             raise ValueError("grid not a multiple of the window and pad=False")
         x = F.pad(x, (0, 0, 0, pw, 0, ph))
         hp, wp = h + ph, w + pw
         real = torch.zeros(1, hp, wp, 1, device=x.device)
         real[:, :h, :w] = 1
-        if s:
-            x = torch.roll(x, shifts=(-s, -s), dims=(1, 2))
-            real = torch.roll(real, shifts=(-s, -s), dims=(1, 2))
+        if sh or sw:
+            x = torch.roll(x, shifts=(-sh, -sw), dims=(1, 2))
+            real = torch.roll(real, shifts=(-sh, -sw), dims=(1, 2))
         xw = window_partition(x, ws)                                      # (B nW, n, C)
         bw, n, _ = xw.shape
         nw = bw // b
@@ -88,8 +98,8 @@ class WindowAttention(nn.Module):
             bias = self.relative_position_bias_table[self.relative_position_index.reshape(-1)]
             attn = attn + bias.reshape(n, n, -1).permute(2, 0, 1).unsqueeze(0)
         keep = torch.ones(nw, n, n, dtype=torch.bool, device=x.device)
-        if s:
-            lab = window_partition(_shift_labels(hp, wp, ws, s, s, x.device), ws)[..., 0]
+        if sh or sw:
+            lab = window_partition(_shift_labels(hp, wp, wh, ww, sh, sw, x.device), ws)[..., 0]
             keep &= lab[:, :, None] == lab[:, None, :]
         if self.mask_padding and (ph or pw):
             keep &= (window_partition(real, ws)[..., 0] > 0)[:, None, :]
@@ -102,6 +112,6 @@ class WindowAttention(nn.Module):
             attn = attn.reshape(bw, self.num_heads, n, n)
         o = (torch.softmax(attn, dim=-1) @ v).transpose(1, 2).reshape(bw, n, c)
         y = window_reverse(self.proj(o), ws, hp, wp)
-        if s:
-            y = torch.roll(y, shifts=(s, s), dims=(1, 2))
+        if sh or sw:
+            y = torch.roll(y, shifts=(sh, sw), dims=(1, 2))
         return y[:, :h, :w, :].contiguous()
