@@ -114,7 +114,38 @@ def _precision_findings(run: Any, dtype: str) -> list[dict[str, str]]:
             f"{len(ops)} operation(s) of the forward compute in {str(dt_).replace('torch.', '')}, "
             f"{'a lower' if lower else 'a higher'} precision than the {dtype} asked ({names}); the bounds assume "
             f"{dtype}" + (": the module may be judged divergent for it" if lower else ""))})
+    if getattr(run.out, "is_cuda", False):
+        findings += _cuda_findings(dtype)
     return findings
+
+
+def _cuda_findings(dtype: str) -> list[dict[str, str]]:
+    """What the CUDA backends' settings do to the arithmetic the bounds assume: TF32 for float32 matmuls and
+    convolutions (inputs rounded to 10-bit mantissas: a correct module may be judged divergent), and cuBLAS's
+    reduced-precision split-K reductions for float16 / bfloat16 (partial sums rounded to T, where the bounds
+    assume sums accumulated in config.ACCUMULATION_FORMAT)."""
+    import torch
+
+    out = []
+    if dtype == "float32":
+        tf32 = [name for name, on in (
+            ("torch.backends.cuda.matmul.allow_tf32", torch.backends.cuda.matmul.allow_tf32
+             or torch.get_float32_matmul_precision() != "highest"),
+            ("torch.backends.cudnn.allow_tf32", torch.backends.cudnn.allow_tf32)) if on]
+        if tf32:
+            out.append({"kind": "dtype", "message": (
+                f"TF32 is allowed on CUDA ({', '.join(tf32)}): float32 matmuls / convolutions may round their "
+                "inputs to 10-bit mantissas, far coarser than float32; the bounds assume float32 arithmetic, so the "
+                "module may be judged divergent for it.  Verify float32 arithmetic with these set to False (and "
+                "torch.set_float32_matmul_precision('highest'))")})
+    elif dtype in ("float16", "bfloat16"):
+        flag = f"allow_{'fp16' if dtype == 'float16' else 'bf16'}_reduced_precision_reduction"
+        if getattr(torch.backends.cuda.matmul, flag, False):
+            out.append({"kind": "note", "message": (
+                f"torch.backends.cuda.matmul.{flag} is True: cuBLAS may round split-K partial sums to {dtype}, "
+                "where the bounds assume sums accumulated in float32 (config.ACCUMULATION_FORMAT); set it to False "
+                "if the verdict is 'diverges' by a small factor")})
+    return out
 
 
 NOT_SHADOWED = "not shadowed"
