@@ -1,8 +1,11 @@
 """The error calculus: one rule per primitive for the running error bounds of the computations the reference
 defines, written once and used by the bounds of RALA (:mod:`refimpl.attention.rala_bounds`), FLatten, L2ViT and
 the networks (:mod:`refimpl.attention.focused_bounds`' ``err_linear`` / ``err_layer_norm`` / ``err_dwconv``,
-:mod:`refimpl.models.common`, :mod:`refimpl.models._netparts`) and Castling-ViT
-(:mod:`refimpl.attention.angular_series`' ``_e_matmul``).
+:mod:`refimpl.models.common`, :mod:`refimpl.models._netparts`), Castling-ViT
+(:mod:`refimpl.attention.angular_series`' ``_e_matmul``) and the layers' own bounds (:mod:`refimpl.layers`'
+``linear_bound``, ``layer_norm_bound``, ``depthwise_conv2d_bound``, ``batch_norm2d_bound``, ``gelu_bound``: their
+magnitudes S and rounding counts are :func:`linear_scale`, :func:`layer_norm_scale`, :func:`depthwise_scale`,
+:func:`batch_norm_scale`, :func:`gelu_roundings`).
 
 Every intermediate x of a computation carries a bound E_x on its error; a rule takes the operands, their bounds
 and a :class:`Precision` and returns the bound of the result.  Two models share the rules:
@@ -36,11 +39,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import numerics
+from . import config, numerics
 
 __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e_sum2", "e_quotient",
            "e_accumulate", "e_linear", "e_depthwise", "layer_norm_parts", "e_layer_norm", "layer_norm_cap",
-           "e_elementwise"]
+           "e_elementwise", "e_roundings", "e_mean", "linear_scale", "depthwise_scale", "layer_norm_scale",
+           "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
+           "LAYER_NORM_ROUNDINGS"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,13 +148,28 @@ def e_product(a, ea, b, eb, pr: Precision) -> np.ndarray:
     return pr.g(1) * ap * bp + ea * bp + np.abs(a) * eb + pr.eta
 
 
-def e_sum2(a, ea, b, eb, pr: Precision) -> np.ndarray:
+def e_sum2(a, ea, b, eb, pr: Precision, *, on_sum: bool = False) -> np.ndarray:
     """Error of a + b (one rounding; no underflow term: additions are exact in the subnormal range):
-    E_a + E_b + u (|a| + |b| + E_a + E_b) (first order: u (|a| + |b|))."""
-    s = np.abs(a) + np.abs(b)
+    E_a + E_b + u (|a| + |b| + E_a + E_b) (first order: u (|a| + |b|)).
+
+    ``on_sum``: the rounding charged on the sum itself, fl(a' + b') = (a' + b')(1 + delta) with
+    |a' + b'| <= |a + b| + E_a + E_b: E_a + E_b + u (|a + b| + E_a + E_b) (first order: u |a + b|), never
+    larger (a residual connection's bound, :func:`refimpl.models.common.e_add`)."""
+    s = np.abs(a + b) if on_sum else np.abs(a) + np.abs(b)
     if not pr.first_order:
         s = s + ea + eb
     return ea + eb + pr.u * s
+
+
+def e_mean(x, ex, axis: Any, pr: Precision) -> np.ndarray:
+    """Error of the mean of x over ``axis`` (an int or a tuple; n terms), x carrying E_x: the sum of n terms
+    (n - 1 additions, counted by :meth:`Precision.sums` as sums(n - 1): n - 1, or (n - 1) u_A / u_T + 1 with a
+    wider accumulation format) and the division by n (one more rounding, r = sums(n - 1) + 1), each term's
+    error passing through the mean: mean(E_x) + gamma_r mean(X+) + eta (the division's underflow; the
+    additions are exact in the subnormal range); first order mean(E_x) + r mean(|x|), r = n in T."""
+    n = int(np.prod([np.shape(x)[a] for a in np.atleast_1d(axis)]))
+    r = pr.sums(n - 1) + 1
+    return e_roundings(np.mean(pr.mag(x, ex), axis=axis), np.mean(ex, axis=axis), r, pr, underflows=1)
 
 
 def e_quotient(y, a_err, b, b_err, pr: Precision, roundings: int = 2) -> np.ndarray:
@@ -182,16 +202,26 @@ def e_linear(x, ex, weight, bias, pr: Precision, *, flat: bool = False) -> np.nd
 
     ``flat``: S as one 2-D product of the rows (refimpl.layers.linear's evaluation) instead of NumPy's stacked
     matmul; the two differ only in the float64 rounding of the bound itself."""
-    n = weight.shape[-1]
     aw = np.abs(weight)
-    xp = pr.mag(x, ex)
+    s = _linear_s(pr.mag(x, ex), aw, bias, flat)
+    return e_accumulate(s, ex @ aw.T, weight.shape[-1], bias is not None, pr)
+
+
+def linear_scale(x, weight, bias, *, flat: bool = True) -> np.ndarray:
+    """The magnitude S = |x||W|^T + |b| of x W^T + b (exact operands; :func:`e_linear`'s S), evaluated as one 2-D
+    product of the rows (``flat``, refimpl.layers.linear's evaluation) or as NumPy's stacked matmul."""
+    return _linear_s(np.abs(x), np.abs(weight), bias, flat)
+
+
+def _linear_s(xp, aw, bias, flat: bool) -> np.ndarray:
+    n = aw.shape[-1]
     if flat:
         s = (xp.reshape(-1, n) @ aw.T).reshape(*xp.shape[:-1], aw.shape[0])
     else:
         s = xp @ aw.T
     if bias is not None:
         s = s + np.abs(bias)
-    return e_accumulate(s, ex @ aw.T, n, bias is not None, pr)
+    return s
 
 
 def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarray]) -> np.ndarray:
@@ -205,6 +235,12 @@ def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarr
     return e_accumulate(s, conv(ex, aw, None), kk, bias is not None, pr)
 
 
+def depthwise_scale(x, weight, bias, conv: Callable[..., np.ndarray]) -> np.ndarray:
+    """The magnitude S = conv(|x|, |W|, |b|) of a depthwise convolution (exact operands; :func:`e_depthwise`'s
+    S), ``conv`` the caller's convolution."""
+    return conv(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
+
+
 def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np.ndarray, np.ndarray, float]:
     """(S, P, k) of LayerNorm over the last axis, x carrying E_x, first order (the parts of :func:`e_layer_norm`;
     an l2 coefficient joins them in its own way).
@@ -216,6 +252,26 @@ def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np
     Input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n), bounded by
     P = |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)); P = 0 over one channel (the output is the bias)."""
     n = x.shape[-1]
+    scale, d, s = _layer_norm_s(x, weight, bias, eps)
+    xh = d / s
+    w = 1.0 if weight is None else np.abs(weight)
+    prop = w / s * (ex + np.mean(ex, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * ex, axis=-1,
+                                                                                       keepdims=True))
+    if n == 1:
+        prop = np.zeros_like(prop)
+    return scale, prop, pr.sums(n) + LAYER_NORM_ROUNDINGS
+
+
+def layer_norm_scale(x, weight, bias, eps: float, pr: Precision) -> tuple[np.ndarray, float]:
+    """(S, k) of LayerNorm's own rounding over the last axis on an exact input, first order
+    (:func:`layer_norm_parts`: S = (|d| + mean|x|) / s |w| + |b|, k = sums(n) + 8;
+    refimpl.layers.layer_norm_bound)."""
+    return _layer_norm_s(x, weight, bias, eps)[0], pr.sums(x.shape[-1]) + LAYER_NORM_ROUNDINGS
+
+
+def _layer_norm_s(x, weight, bias, eps: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(S, d, s): the scale of :func:`layer_norm_parts`, the centred input d = x - mean and s = sqrt(var + eps)."""
+    n = x.shape[-1]
     mu = np.mean(x, axis=-1, keepdims=True)
     d = x - mu
     s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
@@ -225,13 +281,7 @@ def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np
         scale = scale * np.abs(weight)
     if bias is not None:
         scale = scale + np.abs(bias)
-    xh = (x - mu) / s
-    w = 1.0 if weight is None else np.abs(weight)
-    prop = w / s * (ex + np.mean(ex, axis=-1, keepdims=True) + np.abs(xh) * np.mean(np.abs(xh) * ex, axis=-1,
-                                                                                       keepdims=True))
-    if n == 1:
-        prop = np.zeros_like(prop)
-    return scale, prop, pr.sums(n) + 8
+    return scale, d, s
 
 
 def e_layer_norm(x, ex, weight, bias, eps: float, pr: Precision, axis: int = -1) -> tuple[np.ndarray, float]:
@@ -248,6 +298,11 @@ def e_layer_norm(x, ex, weight, bias, eps: float, pr: Precision, axis: int = -1)
     return (e if axis in (-1, x.ndim - 1) else np.moveaxis(e, -1, axis)), k
 
 
+#: LayerNorm's roundings besides its n-term sum (the k = sums(n) + 8 of :func:`layer_norm_parts`: n + 1 for the
+#: mean, the variance's relative gamma_(n+3) halved by the sqrt, the quotient, the scale and the shift).
+LAYER_NORM_ROUNDINGS = 8
+
+
 def layer_norm_cap(x, weight, bias, eps: float, dtype: Any) -> np.ndarray:
     """A bound, in units of u_T, on the error of LayerNorm over the last axis whatever its input's error:
     xh = (x - mean) / sqrt(var + eps) has sum_i xh_i^2 <= C, so |xh_i| <= sqrt(C), and the computed xh' obeys
@@ -259,14 +314,71 @@ def layer_norm_cap(x, weight, bias, eps: float, dtype: Any) -> np.ndarray:
     xh = np.abs(x - mu) / np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
     w, b = np.abs(weight), np.abs(bias)
     root = math.sqrt(c)
-    return (w * (xh + root * (1.0 + numerics.gamma(c + 8, u))) + 2 * u * (w * root + b)) / u
+    return (w * (xh + root * (1.0 + numerics.gamma(c + LAYER_NORM_ROUNDINGS, u))) + 2 * u * (w * root + b)) / u
 
 
-def e_elementwise(y, ex, lipschitz: float, roundings: float, pr: Precision) -> np.ndarray:
-    """Error of y = f(x) for an element-wise f with Lipschitz constant L, evaluated with ``roundings`` relative
-    roundings (an elementary function counts config.ELEMENTARY_FUNCTION_ULPS, each further operation 1):
+def e_roundings(s, prop, roundings: float, pr: Precision, *, underflows: float | None = None) -> np.ndarray:
+    """Error of a stage of r = ``roundings`` relative roundings whose intermediates are bounded by S, the input
+    errors P already propagated through it: P + gamma_r S + m eta, m = ``underflows`` (default r: every
+    rounding may underflow).  In the rigorous model S must bound the computed operands (the magnitudes widened
+    by their errors, :meth:`Precision.mag`); first order: P + r S."""
+    m = roundings if underflows is None else underflows
+    return prop + pr.g(roundings) * s + m * pr.eta
+
+
+def e_elementwise(y, ex, lipschitz, roundings: float, pr: Precision) -> np.ndarray:
+    """Error of y = f(x) for an element-wise f with Lipschitz constant L (a number, or an array broadcasting
+    with E_x: a per-channel scale g x has L = |g|), evaluated with ``roundings`` relative roundings (an
+    elementary function counts config.ELEMENTARY_FUNCTION_ULPS, each further operation 1):
     |f(x') - f(x)| <= L E_x (mean value theorem) and |fl(f(x')) - f(x')| <= gamma_r |f(x')| + r eta with
-    |f(x')| <= |y| + L E_x, so gamma_r (|y| + L E_x) + L E_x + r eta (first order: r |y| + L E_x)."""
+    |f(x')| <= |y| + L E_x, so gamma_r (|y| + L E_x) + L E_x + r eta (first order: r |y| + L E_x;
+    :func:`e_roundings`)."""
     ay = np.abs(y)
     mag = ay if pr.first_order else ay + lipschitz * ex
-    return pr.g(roundings) * mag + lipschitz * ex + roundings * pr.eta
+    return e_roundings(mag, lipschitz * ex, roundings, pr)
+
+
+def gelu_roundings(approximate: str = "none") -> int:
+    """The rounding count of GELU relative to |x| (refimpl.numerics.gelu): erf (or tanh) carries
+    config.ELEMENTARY_FUNCTION_ULPS ulps relative to |erf| <= 1, and the factor 1 + erf cancels for x << 0, so
+    the evaluation errs by at most |x| (ELEMENTARY_FUNCTION_ULPS + 4) u (the argument's scaling, the addition,
+    two products); the tanh form 3 more (its cubic polynomial)."""
+    if approximate not in ("none", "tanh"):
+        raise numerics.ArgumentError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
+    return config.ELEMENTARY_FUNCTION_ULPS + 4 + (3 if approximate == "tanh" else 0)
+
+
+def e_gelu(x, ex, pr: Precision, approximate: str = "none") -> np.ndarray:
+    """Error of GELU(x), x carrying E_x: its own rounding is bounded relative to |x|, not |GELU(x)|
+    (:func:`gelu_roundings`), so gamma_r (|x| + E_x) + L E_x + r eta, L = config.GELU_LIPSCHITZ
+    (sup |GELU'| = 1.1289..., both forms); first order r |x| + L E_x (:func:`e_roundings`)."""
+    return e_roundings(pr.mag(x, ex), config.GELU_LIPSCHITZ * ex, gelu_roundings(approximate), pr)
+
+
+#: The roundings of eval BatchNorm per element (subtract, add eps, sqrt, divide, multiply, add; the folded form
+#: x * scale + shift, PyTorch's, has as many on the same magnitudes).
+BATCH_NORM_ROUNDINGS = 6
+
+
+def batch_norm_scale(x, weight, bias, running_mean, running_var, eps: float) -> np.ndarray:
+    """The magnitude S = (|x| + |rm|) / sqrt(rv + eps) |w| + |b| of eval BatchNorm over the channels of
+    (B, C, H, W) (refimpl.layers.batch_norm2d_bound)."""
+    col = (slice(None), None, None)
+    return (np.abs(x) + np.abs(running_mean)[col]) / np.sqrt(running_var[col] + eps) * np.abs(weight)[col] \
+        + np.abs(bias)[col]
+
+
+def e_batch_norm(x, ex, weight, bias, running_mean, running_var, eps: float, pr: Precision) -> np.ndarray:
+    """Error of eval BatchNorm (B, C, H, W), x carrying E_x, an affine map per channel with gain
+    g = |w| / sqrt(rv + eps): gamma_6 S(X+) + g E_x + 6 eta (:data:`BATCH_NORM_ROUNDINGS`, :func:`batch_norm_scale`
+    on the computed operand's magnitude; first order 6 S + g E_x).  Rigorous model: an underflow of the quotient
+    (or of the folded scale) is then multiplied by |w| (or by |x|, |rm|), so eta (1 + gamma_2)(|w| + X+ + |rm|)
+    is charged besides."""
+    col = (slice(None), None, None)
+    xp = pr.mag(x, ex)
+    gain = (np.abs(weight) / np.sqrt(running_var + eps))[col]
+    e = e_roundings(batch_norm_scale(xp, weight, bias, running_mean, running_var, eps), gain * ex,
+                    BATCH_NORM_ROUNDINGS, pr)
+    if pr.eta > 0:
+        e = e + pr.eta * pr.factor(2) * (np.abs(weight)[col] + xp + np.abs(running_mean)[col])
+    return e

@@ -18,10 +18,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from . import backends, config, validation
+from . import backends, bounds, config, validation
 from .errors import ArgumentError, ArgumentTypeError, ParameterKeyError
 from . import numerics
-from .numerics import Bound, as_float, check_positive_int, check_shapes, sum_depth
+from .numerics import Bound, as_float, check_positive_int, check_shapes
 from .verdict import accumulation_format
 
 __all__ = [
@@ -74,6 +74,16 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
 
     x : (..., in) float; weight : (out, in); bias : (out,) or None.  Returns (..., out).
     """
+    x, weight, bias, dims = _validate_linear(x, weight, bias)
+    # One 2-D product: NumPy's stacked matmul on (..., N, in) inputs is up to 10x slower than BLAS gemm.
+    y = (x.reshape(-1, dims["in"]) @ weight.T).reshape(*x.shape[:-1], dims["out"])
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def _validate_linear(x, weight, bias):
+    """The boundary checks of :func:`linear` and its bound; returns (x, weight, bias, dims) validated."""
     x = as_float(x, "x")
     weight = as_float(weight, "weight")
     dims = check_shapes(weight=(weight, "out in"))
@@ -85,20 +95,16 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
         if np.shape(bias) != (dims["out"],):     # name both: either may be the wrong one
             raise ArgumentError(f"arguments 'weight', 'bias': expected weight (out, in) and bias (out,) with the "
                                 f"same out, got weight {weight.shape} and bias {bias.shape}")
-    # One 2-D product: NumPy's stacked matmul on (..., N, in) inputs is up to 10x slower than BLAS gemm.
-    y = (x.reshape(-1, dims["in"]) @ weight.T).reshape(*x.shape[:-1], dims["out"])
-    if bias is not None:
-        y = y + bias
-    return y
+    return x, weight, bias, dims
 
 
 def linear_bound(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -> Bound:
     """Higham (3.12): |fl(xW^T + b) - (xW^T + b)| <= gamma_{n+1} (|x||W|^T + |b|), n = in_features
-    (n products and n-1 additions, plus one addition for the bias).  Rigorous for any summation order."""
-    weight = as_float(weight, "weight")
-    bias = None if bias is None else as_float(bias, "bias")
+    (n products and n-1 additions, plus one addition for the bias).  Rigorous for any summation order.
+    The scale is :func:`refimpl.bounds.linear_scale` (the S of the calculus's linear rule)."""
+    x, weight, bias, _ = _validate_linear(x, weight, bias)
     n = np.shape(weight)[-1]
-    s = linear(np.abs(as_float(x, "x")), np.abs(weight), None if bias is None else np.abs(bias))
+    s = bounds.linear_scale(x, weight, bias)
     return Bound(s, n + (1 if bias is not None else 0), f"linear: gamma_(n+1), n = {n} (Higham 3.12)",
                  accumulation=True)
 
@@ -154,22 +160,14 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None = None, bias: np.n
     not rigorous for n u close to 1.  Over a single channel (n = 1) the mean is x itself, exactly, so
     d = 0 and y = b exactly: only the bias term remains.  With a mixed-precision ``dtype``
     (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
-    stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8."""
+    stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8.
+    The scale and k are :func:`refimpl.bounds.layer_norm_scale` (the calculus's LayerNorm rule)."""
     validation.check_eps(eps)
     x = _ln_input(x)
     n = x.shape[-1]
     weight = None if weight is None else check_vector(weight, "weight", n)
     bias = None if bias is None else check_vector(bias, "bias", n)
-    mu = np.mean(x, axis=-1, keepdims=True)
-    d = x - mu
-    s = np.sqrt(np.mean(d * d, axis=-1, keepdims=True) + eps)
-    mean_err = np.mean(np.abs(x), axis=-1, keepdims=True) if n > 1 else 0.0
-    scale = (np.abs(d) + mean_err) / s
-    if weight is not None:
-        scale = scale * np.abs(as_float(weight, "weight"))
-    if bias is not None:
-        scale = scale + np.abs(as_float(bias, "bias"))
-    k = sum_depth(n, dtype) + 8
+    scale, k = bounds.layer_norm_scale(x, weight, bias, eps, bounds.Precision.coefficients(dtype))
     how = "" if k == n + 8 else f" (the sums over n accumulated in {accumulation_format(dtype)}: k = {k:.4g})"
     return Bound(scale, k, f"layer_norm over n = {n}: first-order, k = n + 8{how}", ref_depth=n + 8)
 
@@ -215,11 +213,10 @@ def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BA
     validation.check_eps(eps)
     x = as_float(x, "x")
     c = check_shapes(x=(x, "B C H W"))["C"]
-    col = (slice(None), None, None)
     rm, rv = check_vector(running_mean, "running_mean", c), check_vector(running_var, "running_var", c)
     weight, bias = check_vector(weight, "weight", c), check_vector(bias, "bias", c)
-    s = (np.abs(x) + np.abs(rm)[col]) / np.sqrt(rv[col] + eps) * np.abs(weight)[col] + np.abs(bias)[col]
-    return Bound(s, 6, "batch_norm2d eval: 6 roundings per element")
+    s = bounds.batch_norm_scale(x, weight, bias, rm, rv, eps)
+    return Bound(s, bounds.BATCH_NORM_ROUNDINGS, "batch_norm2d eval: 6 roundings per element")
 
 
 #: The definition of operation "gelu" is refimpl.numerics.gelu itself (it never dispatches: numerics is below
@@ -248,8 +245,7 @@ def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:
     Not rigorous beyond the assumed libm accuracy (see config.ELEMENTARY_FUNCTION_ULPS)."""
     x = as_float(x, "x")
     validation.check_option(approximate, "approximate", ("none", "tanh"))
-    extra = 3 if approximate == "tanh" else 0  # the cubic polynomial inside tanh
-    return Bound(np.abs(x), config.ELEMENTARY_FUNCTION_ULPS + 4 + extra, "gelu: libm ulps + 4 on |x|")
+    return Bound(np.abs(x), bounds.gelu_roundings(approximate), "gelu: libm ulps + 4 on |x|")
 
 
 # ===================================================================================================
@@ -426,11 +422,12 @@ def _depthwise_conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray 
 
 
 def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1) -> Bound:
-    """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12)."""
+    """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12;
+    :func:`refimpl.bounds.depthwise_scale` through the NumPy definition)."""
     x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
-    w = np.abs(weight)
-    s = _depthwise_conv2d_numpy(np.abs(x), w, None if bias is None else np.abs(bias), stride, pads, dilation)
-    n = w.shape[2] * w.shape[3]
+    s = bounds.depthwise_scale(x, weight, bias,
+                               lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation))
+    n = weight.shape[2] * weight.shape[3]
     return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}",
                  accumulation=True)
 

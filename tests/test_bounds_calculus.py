@@ -9,9 +9,12 @@
   bound at every element.
 - Safety (first-order model, Precision.coefficients): LayerNorm (channels last and channels first), linear and
   depthwise conv on exact inputs, |err| <= u_T E.
+- Safety of the networks' stage rules (a sum charged on itself, the mean, GELU in both forms, a per-column scale,
+  eval BatchNorm in the definition's and PyTorch's folded order) on random depth-2 trees and leaves in float32
+  and float16, in both models.
 - Tightness: on inputs where the worst case of an evaluation order is reached (a sequential sum 1 + u + ... + u
-  that rounds every addition down by u; a product and a sum that round by a full u), the bound is within the
-  stated factor of the attained error.
+  that rounds every addition down by u, also as a mean; a product and a sum that round by a full u), the bound is
+  within the stated factor of the attained error.
 - Pins computed by hand in the docstrings.
 """
 
@@ -399,3 +402,170 @@ def test_precision_models_and_errors():
         bounds.e_layer_norm(np.ones((1, 2)), np.zeros((1, 2)), None, None, 0.0, p16)
     with pytest.raises(TypeError, match="dtype"):
         bounds.Precision.of("int32")
+
+
+def _t(v, dt):
+    """``v`` rounded to T (a scalar or an array)."""
+    return np.asarray(v, dtype=np.float64).astype(dt)
+
+
+def _mean_t(a, dt, n):
+    """The mean of a[:, :n] in T: the n-term sum accumulated in the accumulation format left to right, stored in T,
+    then divided by n in T."""
+    acc = ACC[dt]
+    s = np.array([_seq(list(row[:n]), acc) for row in a]).astype(dt)
+    return (s / _t(n, dt))[:, None]
+
+
+def _gelu_t(x, dt, approximate):
+    """GELU evaluated in T operation by operation (every constant rounded to T; erf and tanh evaluated in float64
+    and rounded to T, within 1 ulp of T)."""
+    from scipy.special import erf
+    half, one = _t(0.5, dt), _t(1.0, dt)
+    if approximate == "none":
+        inner = _t(erf((x * _t(1 / np.sqrt(2.0), dt)).astype(np.float64)), dt)
+    else:
+        arg = _t(np.sqrt(2.0 / np.pi), dt) * (x + _t(config.GELU_TANH_COEF, dt) * x * x * x)
+        inner = _t(np.tanh(arg.astype(np.float64)), dt)
+    return half * x * (one + inner)
+
+
+def _gelu_mp(x, approximate):
+    if approximate == "none":
+        return x / 2 * (1 + mpmath.erf(x / mpmath.sqrt(2)))
+    c = mpmath.mpf(float(np.sqrt(2.0 / np.pi)))       # the definition's float64 constants (refimpl.numerics.gelu)
+    return x / 2 * (1 + mpmath.tanh(c * (x + mpmath.mpf(config.GELU_TANH_COEF) * x ** 3)))
+
+
+def _batch_norm_t(x, w, b, rm, rv, eps, dt, folded):
+    """Eval BatchNorm over the channels (axis 1) of (1, C, H, 1) in T: as refimpl.layers.batch_norm2d
+    ((x - rm) / sqrt(rv + eps) * w + b) or folded as PyTorch does (x * scale + (b - rm * scale),
+    scale = w / sqrt(rv + eps))."""
+    col = (slice(None), None, None)
+    root = np.sqrt(rv + _t(eps, dt))
+    if folded:
+        scale = w / root
+        return x * scale[col] + (b - rm * scale)[col]
+    return (x - rm[col]) / root[col] * w[col] + b[col]
+
+
+def _new_rule_nodes(rng, dt, pr, pc):
+    """One random operand (a depth-2 tree or a leaf) through each rule added for the networks' stages; yields
+    (name, computed in T, exact, rigorous bound, first-order bound or None).  The first-order bound (``pc``, with
+    the underflow term) is given where the operand is exact (a leaf)."""
+    seen: list = []
+    a = _tree(rng, dt, pr, 2, seen)
+    b = _tree(rng, dt, pr, 2, seen)
+    exact = not np.any(a.e)
+    yield (seen, a, b)
+    # a + b, the rounding charged on the sum
+    yield ("sum on_sum", a.t + b.t, a.x + b.x, bounds.e_sum2(a.v, a.e, b.v, b.e, pr, on_sum=True),
+           bounds.e_sum2(a.v, a.e, b.v, b.e, pc, on_sum=True) if exact and not np.any(b.e) else None)
+    # mean of the first 3 columns
+    xm = np.array([[mpmath.fsum(row[:3]) / 3] for row in a.x], dtype=object)
+    yield ("mean", _mean_t(a.t, dt, 3), xm, bounds.e_mean(a.v[:, :3], a.e[:, :3], 1, pr)[:, None],
+           bounds.e_mean(a.v[:, :3], a.e[:, :3], 1, pc)[:, None] if exact else None)
+    for approximate in ("none", "tanh"):
+        gx = np.vectorize(lambda v: _gelu_mp(v, approximate), otypes=[object])(a.x)
+        yield (f"gelu {approximate}", _gelu_t(a.t, dt, approximate), gx,
+               bounds.e_gelu(a.v, a.e, pr, approximate), bounds.e_gelu(a.v, a.e, pc, approximate) if exact else None)
+    # a per-column scale g x: e_elementwise with the Lipschitz constants |g|
+    g = _leaf(rng, dt)
+    gy = g.x[0][None, :] * a.x
+    yield ("scale", g.t[0][None, :] * a.t, gy,
+           bounds.e_elementwise(_hp(gy), a.e, np.abs(g.v[0])[None, :], 1, pr),
+           bounds.e_elementwise(_hp(gy), a.e, np.abs(g.v[0])[None, :], 1, pc) if exact else None)
+    # eval BatchNorm over the 4 rows as channels, in both evaluation orders
+    w, bias, rm = (_leaf(rng, dt).t[0] for _ in range(3))
+    rv = (np.abs(rng.standard_normal(4)) * 2).astype(dt)
+    eps = 2.0 ** -16
+    x4, e4 = a.v[None, :, :, None], a.e[None, :, :, None]
+    mp_rv = np.array([mpmath.sqrt(mpmath.mpf(float(v)) + mpmath.mpf(eps)) for v in rv], dtype=object)
+    bx = np.empty(SHAPE, dtype=object)
+    for i, j in np.ndindex(SHAPE):
+        bx[i, j] = (a.x[i, j] - mpmath.mpf(float(rm[i]))) / mp_rv[i] * mpmath.mpf(float(w[i])) \
+            + mpmath.mpf(float(bias[i]))
+    f64 = [v.astype(np.float64) for v in (w, bias, rm, rv)]
+    e_bn = bounds.e_batch_norm(x4, e4, *f64, eps, pr)[0, :, :, 0]
+    e_bn1 = bounds.e_batch_norm(x4, e4, *f64, eps, pc)[0, :, :, 0] if exact else None
+    for folded in (False, True):
+        t = _batch_norm_t(a.t[None, :, :, None], w, bias, rm, rv, eps, dt, folded)[0, :, :, 0]
+        yield (f"batch_norm folded={folded}", t, bx, e_bn, e_bn1)
+
+
+@pytest.mark.parametrize("dt", ["float32", "float16"])
+def test_network_stage_rules_are_safe_on_random_operands(dt):
+    """The rules of the networks' stages (e_sum2 charged on the sum, e_mean, e_gelu in both forms, e_elementwise
+    with per-column Lipschitz constants, e_batch_norm in the definition's and PyTorch's folded order) on random
+    depth-2 expression trees and leaves: |fl_T(f(x')) - f(x)| <= E (rigorous model) at every element, and
+    <= u_T E (first-order model with its underflow term) where the operand is exact.  Operands or results
+    reaching T's largest finite number are excluded (the calculus does not model overflow); every rule must be
+    checked on at least 15 operands and make a rounding error somewhere (the check is not vacuous)."""
+    rng = np.random.default_rng(21 if dt == "float32" else 22)
+    pr = bounds.Precision.of(dt)
+    u = numerics.unit_roundoff(dt)
+    pc = bounds.Precision.coefficients(dt, eta=numerics.underflow_eta(dt) / u)
+    checked: dict = {}
+    worst: dict = {}
+    for _ in range(30):
+        with np.errstate(all="ignore"), mpmath.workdps(DPS):
+            gen = _new_rule_nodes(rng, dt, pr, pc)
+            seen, a, b = next(gen)
+            results = list(gen)
+        if not all(_in_range(n, dt) for n in seen):
+            continue
+        for name, t, x, e, e1 in results:
+            with np.errstate(all="ignore"):
+                xv = _hp(x)
+                if not np.all(np.abs(xv) + np.where(np.isfinite(e), e, 0) < float(np.finfo(dt).max)):
+                    continue
+            checked[name] = checked.get(name, 0) + 1
+            with mpmath.workdps(DPS), np.errstate(invalid="ignore"):   # NaN only where an operand's bound is inf
+                err = _hp(np.vectorize(lambda p, q: abs(mpmath.mpf(float(p)) - q), otypes=[object])(t, x))
+            fin = np.isfinite(e)
+            assert np.all(err[fin] <= e[fin]), (dt, name, err[fin] / e[fin])
+            assert np.all(np.isfinite(t)[fin]), (dt, name)
+            if e1 is not None:
+                assert np.all(err <= u * e1), (dt, name, err / (u * e1))
+            with np.errstate(all="ignore"):
+                r = np.where(fin & (e > 0), err / np.where(fin & (e > 0), e, 1), 0.0)
+            worst[name] = max(worst.get(name, 0.0), float(np.max(r)))
+    assert set(checked) == set(worst) and len(checked) == 7, checked
+    assert min(checked.values()) >= 15, checked
+    assert min(worst.values()) > 0, worst
+
+
+def test_mean_and_the_sum_charged_on_itself_are_tight():
+    """The mean of x = (1, u, ..., u) (n = 64 entries, u = 2^-24) in float32, summed left to right: every 1 + u is
+    a tie and rounds to 1, so the computed sum is 1 and the computed mean 1/64 (exact), while the exact mean is
+    (1 + 63u) / 64: error 63u / 64.  e_mean's gamma_64 mean|x| + eta (63 additions and the division) is within
+    64/63 (1 + 64u) / (1 - 64u) <= 1.02 of it.  1 + u (a tie, rounds to 1, error u) with e_sum2 charged on the
+    sum: u (1 + u), within 1 + u; and with E_a = E_b = 0 never above the rule charged on |a| + |b|."""
+    n = 64
+    x = np.array([[1.0] + [U32] * (n - 1)])
+    assert _seq(x[0]) == np.float32(1.0)
+    e = bounds.e_mean(x, np.zeros_like(x), 1, PR32)
+    assert _ratio(e[0], Fraction(n - 1, n) * Fraction(U32)) <= Fraction(102, 100)
+    ratio = _ratio(bounds.e_sum2(1.0, 0.0, U32, 0.0, PR32, on_sum=True), Fraction(U32))
+    assert ratio <= (1 + Fraction(U32)) * (1 + Fraction(1, 2 ** 50))
+    a, b = np.array([3.0, -3.0, 1e-300]), np.array([-2.0, 1.0, 0.0])
+    assert np.all(bounds.e_sum2(a, 0 * a, b, 0 * b, PR32, on_sum=True) <= bounds.e_sum2(a, 0 * a, b, 0 * b, PR32))
+
+
+def test_pinned_first_order_gelu_batch_norm_and_mean():
+    """First order, no underflow term.  GELU at x = (2, -1) with E_x = (0, 1): r = ELEMENTARY_FUNCTION_ULPS + 4 = 8
+    (tanh form 11), E = r |x| + 1.13 E_x = (16, 9.13) (tanh: (22, 12.13)).  Eval BatchNorm of one channel,
+    x = 3, E_x = 2, w = -2, b = 1, rm = 1, rv = 3, eps = 1: s = 2, S = (3 + 1) / 2 * 2 + 1 = 5, gain 1,
+    E = 2 + 6 * 5 = 32.  The mean of (1, -3) with E = (2, 0): 1 + 2 * 2 = 5."""
+    pc = bounds.Precision.coefficients()
+    assert config.ELEMENTARY_FUNCTION_ULPS == 4 and config.GELU_LIPSCHITZ == 1.13
+    x, ex = np.array([2.0, -1.0]), np.array([0.0, 1.0])
+    assert np.allclose(bounds.e_gelu(x, ex, pc), [16.0, 9.13], rtol=1e-15, atol=0)
+    assert np.allclose(bounds.e_gelu(x, ex, pc, "tanh"), [22.0, 12.13], rtol=1e-15, atol=0)
+    one = np.ones((1, 1, 1, 1))
+    e = bounds.e_batch_norm(3 * one, 2 * one, np.array([-2.0]), np.array([1.0]), np.array([1.0]), np.array([3.0]),
+                            1.0, pc)
+    assert e.shape == (1, 1, 1, 1) and e[0, 0, 0, 0] == 32.0
+    assert bounds.e_mean(np.array([[1.0, -3.0]]), np.array([[2.0, 0.0]]), -1, pc)[0] == 5.0
+    with pytest.raises(ValueError, match="argument 'approximate'"):
+        bounds.gelu_roundings("erf")

@@ -117,14 +117,15 @@ def e_pad(t: Err, multiple: int) -> Err:
 
 def e_batch_norm(t: Err, p: Mapping[str, Any], prefix: str, eps: float) -> Err:
     """Eval BatchNorm2d (B, C, H, W), an affine map per channel: E = |w| / sqrt(rv + eps) E_x plus its own
-    6 roundings on the magnitudes of layers.batch_norm2d_bound."""
+    6 roundings on the magnitudes of layers.batch_norm2d_bound (:func:`refimpl.bounds.e_batch_norm`, first-order
+    model)."""
     w, b = p[prefix + ".weight"], p[prefix + ".bias"]
     rm, rv = p[prefix + ".running_mean"], p[prefix + ".running_var"]
-    y = layers.batch_norm2d(t.value, w, b, rm, rv, eps)
-    own = layers.batch_norm2d_bound(t.value, w, b, rm, rv, eps)
-    col = (slice(None), None, None)
-    gain = (np.abs(numerics.as_float(w, "weight")) / np.sqrt(numerics.as_float(rv, "running_var") + eps))[col]
-    return Err(y, gain * t.err + own.k * np.asarray(own.scale), t.depth + int(own.k))
+    y = layers.batch_norm2d(t.value, w, b, rm, rv, eps)     # validates the five arrays and eps
+    f = numerics.as_float
+    e = bounds.e_batch_norm(t.value, t.err, f(w, "weight"), f(b, "bias"), f(rm, "running_mean"),
+                            f(rv, "running_var"), eps, bounds.Precision.coefficients())
+    return Err(y, e, t.depth + bounds.BATCH_NORM_ROUNDINGS)
 
 
 def e_relu(t: Err) -> Err:
@@ -152,10 +153,11 @@ def e_dwconv(t: Err, weight: Any, bias: Any) -> Err:
 
 
 def e_scale(t: Err, gamma: Any) -> Err:
-    """A per-channel scale g x (layer scale): E = |g| E_x + |g x| (one rounding)."""
+    """A per-channel scale g x (layer scale): E = |g| E_x + |g x| (one rounding; :func:`refimpl.bounds.e_elementwise`
+    with Lipschitz constant |g|, first-order model)."""
     g = numerics.as_float(gamma, "gamma")
     y = g * t.value
-    return Err(y, np.abs(g) * t.err + np.abs(y), t.depth + 1)
+    return Err(y, bounds.e_elementwise(y, t.err, np.abs(g), 1, bounds.Precision.coefficients()), t.depth + 1)
 
 
 def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, dtype: Any) -> Err:

@@ -252,10 +252,12 @@ def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float) -> Err:
 
 
 def e_gelu(t: Err, approximate: str = "none") -> Err:
-    """GELU: E = L E_x + k |x| (L = config.GELU_LIPSCHITZ; k and |x| from layers.gelu_bound)."""
-    b = layers.gelu_bound(t.value, approximate)
-    return Err(numerics.gelu(t.value, approximate), config.GELU_LIPSCHITZ * t.err + b.k * np.asarray(b.scale),
-               t.depth + int(math.ceil(b.k)))
+    """GELU: E = L E_x + k |x| (L = config.GELU_LIPSCHITZ; k = layers.gelu_bound's; :func:`refimpl.bounds.e_gelu`,
+    first-order model)."""
+    validation.check_option(approximate, "approximate", ("none", "tanh"))
+    k = bounds.gelu_roundings(approximate)
+    return Err(numerics.gelu(t.value, approximate),
+               bounds.e_gelu(t.value, t.err, bounds.Precision.coefficients(), approximate), t.depth + int(math.ceil(k)))
 
 
 def e_mlp(t: Err, p: Mapping[str, Any]) -> Err:
@@ -265,9 +267,11 @@ def e_mlp(t: Err, p: Mapping[str, Any]) -> Err:
 
 
 def e_add(a: Err, b: Err) -> Err:
-    """a + b: E = E_a + E_b + |a + b| (one rounding)."""
+    """a + b: E = E_a + E_b + |a + b| (one rounding; :func:`refimpl.bounds.e_sum2` on the sum, first-order
+    model)."""
     y = a.value + b.value
-    return Err(y, a.err + b.err + np.abs(y), max(a.depth, b.depth) + 1)
+    return Err(y, bounds.e_sum2(a.value, a.err, b.value, b.err, bounds.Precision.coefficients(), on_sum=True),
+               max(a.depth, b.depth) + 1)
 
 
 def e_conv2d(t: Err, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0) -> Err:
@@ -286,10 +290,10 @@ def e_conv2d(t: Err, weight: Any, bias: Any = None, stride: Any = 1, padding: An
 
 def e_mean(t: Err, axis: Any) -> Err:
     """Mean over ``axis`` (n terms): the sum has gamma_(n-1) on sum |x|, the division one more rounding, so
-    E = mean(E_x) + n mean(|x|)."""
+    E = mean(E_x) + n mean(|x|) (:func:`refimpl.bounds.e_mean`, first-order model, every sum charged at u_T)."""
     y = np.mean(t.value, axis=axis)
     n = int(np.prod([t.value.shape[a] for a in np.atleast_1d(axis)]))
-    return Err(y, np.mean(t.err, axis=axis) + n * np.mean(np.abs(t.value), axis=axis), t.depth + n)
+    return Err(y, bounds.e_mean(t.value, t.err, axis, bounds.Precision.coefficients()), t.depth + n)
 
 
 def e_patch_merging(t: Err, p: Mapping[str, Any], eps: float) -> Err:
