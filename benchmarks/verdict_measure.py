@@ -250,8 +250,10 @@ def _rel_delta(delta: np.ndarray, ref: np.ndarray) -> float:
 def stage_tightness(sw: StageWise, t64: dict, rep: Any) -> dict:
     """(a) per stage: max_i threshold_i over the largest error of the stage's legitimate evaluations (the tested
     twin's stage tensor, the stage's NumPy naive run in T and the teacher-forced torch ensemble, all on the
-    twin's inputs to the stage);
-    threshold_i = min(b_i, F_max Z w_i) as in :func:`tightness`.  None for a stage both evaluate exactly."""
+    twin's inputs to the stage, and the stage's own alternative algorithms run in T, ``Stage.alternatives``);
+    threshold_i = min(b_i, F_max Z w_i) as in :func:`tightness`, b_i with the union bound's lam of
+    refimpl.verdict.compare (one event per element for a bound with an l2 coefficient).  None for a stage both
+    evaluate exactly."""
     dt = sw.dt
     u = numerics.unit_roundoff(dt)
     p = config.VERDICT_FALSE_ALARM / len(sw.stages)
@@ -261,13 +263,16 @@ def stage_tightness(sw: StageWise, t64: dict, rep: Any) -> dict:
         ref = np.asarray(st.reference(*args), dtype=np.float64)
         bound = st.bound(*args, dtype=dt)
         fin = np.isfinite(ref)
-        lam = verdict.confidence_lambda(ref.size * max(bound.k, 1.0), p, u)
+        events = ref.size if (bound.sigma is not None and not bound.accumulation) else ref.size * max(bound.k, 1.0)
+        lam = verdict.confidence_lambda(events, p, u)
         b = bound.array(dt, ref.shape, lam)
         w = verdict._weights(bound, ref, fin, dt)
         with np.errstate(invalid="ignore", over="ignore"):
             thr = np.minimum(b, r.zmax_threshold * w)
         legit = 0.0
         members = [ref + e for e in (sw.errors or {}).get(st.name, {}).values()]
+        members += [np.asarray(numerics.naive_same_precision(fn, *args, dtype=dt), dtype=np.float64)
+                    for _, fn in getattr(st, "alternatives", ())]
         for x in [t64[st.name], np.asarray(numerics.naive_same_precision(st.reference, *args, dtype=dt),
                                            dtype=np.float64)] + members:
             m = fin & np.isfinite(x)

@@ -17,6 +17,7 @@ import torch
 
 from refimpl import ensemble, numerics, verdict
 from refimpl.numerics import Bound, ErrorReport
+from refimpl.ensemble import stage_ensemble  # noqa: F401  (the teacher-forced stage ensemble, in the package)
 from refimpl.verdict import INCONCLUSIVE
 # The tap mechanism lives with the twins (refimpl.twins.taps); re-exported for the suite's tests.
 from refimpl.twins.taps import QKV_PROJ_POINTS, Taps, capture, forced, tap  # noqa: F401
@@ -134,21 +135,3 @@ def naive(fn: Callable[..., Any], *args: Any, dtype_name: str, **kwargs: Any) ->
     if dtype_name == "float64":
         return None
     return numerics.naive_same_precision(fn, *args, dtype=dtype_name, **kwargs)
-
-
-def stage_ensemble(tensors_of: Callable[..., dict[str, torch.Tensor]], tested: Mapping[str, torch.Tensor],
-                   variants: Any = ensemble.DEFAULT_VARIANTS) -> dict[str, dict[str, torch.Tensor]]:
-    """Teacher-forced legitimate evaluations of every stage: ``{stage: {variant: tensor}}``.
-
-    ``tensors_of(force=...)`` runs the twin once and returns its stage tensors (:func:`capture`, or a module's
-    ``stage_tensors``); ``tested`` is the tested run's.  Under each variant of :mod:`refimpl.ensemble` the twin
-    runs with every tested tensor forced, so each stage is computed by that variant's arithmetic from exactly
-    the inputs the tested run gave it - the inputs its stage-wise reference is computed from
-    (:func:`refimpl.verdict.compare_stages`'s ``ensembles``)."""
-    out: dict[str, dict[str, torch.Tensor]] = {}
-    for name in variants:
-        with torch.no_grad(), ensemble.variant(name):
-            got = tensors_of(force=tested)
-        for key, val in got.items():
-            out.setdefault(key, {})[name] = val
-    return out

@@ -72,6 +72,7 @@ def _render(report: Any) -> None:
                   f"{report.shadow_first_divergence['why']}")
     if report.gradients is not None:
         _render_gradients(con, Table, report.gradients)
+    con.print(report.ensemble_text(), markup=False, highlight=False)
     for f in report.findings:
         con.print(f"finding ({f['kind']}): {f['message']}")
 
@@ -121,7 +122,7 @@ def _verify(ns: argparse.Namespace) -> int:
         inp = next(iter(w.values()))
     kw = dict(preset=ns.preset, config=_json_arg("config", ns.config), init=_json_arg("init", ns.init),
               weights=ns.weights, map=_json_arg("map", ns.map), dtype=ns.dtype, device=ns.device, seed=ns.seed,
-              call=_json_arg("call", ns.call), shadow=ns.shadow, grad=ns.grad)
+              call=_json_arg("call", ns.call), shadow=ns.shadow, grad=ns.grad, ensemble=not ns.no_ensemble)
     try:
         if ns.examples:
             if inp is not None:
@@ -187,6 +188,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="also compare your input and parameter gradients for a random cotangent with those of "
                          "refimpl's float64 PyTorch twin of the reference (a layer reference, or a registered "
                          "network: its logits' cotangent, for every example with --examples)")
+    vp.add_argument("--no-ensemble", action="store_true",
+                    help="judge against the NumPy naive run and the random-rounding model only, without re-running "
+                         "refimpl's PyTorch twin of the reference under other summation orders, elementary-function "
+                         "evaluations, FFT convolution and oneDNN toggled (faster, looser; docs/verify.md)")
     vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
                                      "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")

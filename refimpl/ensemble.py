@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import config
 
-__all__ = ["ORDERS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "variant", "ordered_sum"]
+__all__ = ["ORDERS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "stage_ensemble", "variant", "ordered_sum"]
 
 ORDERS = ("recursive", "reversed", "pairwise", "blocked")
 VARIANTS = ORDERS + ("libm", "fft conv", "onednn toggled", "threads 1", "threads 2", "threads 16")
@@ -70,6 +70,26 @@ def legitimate_runs(fn: Callable[[], Any], variants: Sequence[str] = DEFAULT_VAR
     for name in variants:
         with torch.no_grad(), variant(name):
             out[name] = fn()
+    return out
+
+
+def stage_ensemble(tensors_of: Callable[..., dict[str, Any]], tested: Mapping[str, Any],
+                   variants: Sequence[str] = DEFAULT_VARIANTS) -> dict[str, dict[str, Any]]:
+    """Teacher-forced legitimate evaluations of every stage: ``{stage: {variant: tensor}}``.
+
+    ``tensors_of(force=...)`` runs the twin once and returns its stage tensors (:func:`refimpl.twins.taps.capture`,
+    or a twin module's ``stage_tensors``); ``tested`` is the tested run's.  Under each variant the twin runs with
+    every tested tensor forced, so each stage is computed by that variant's arithmetic from exactly the inputs
+    the tested run gave it - the inputs its stage-wise reference is computed from
+    (:func:`refimpl.verdict.compare_stages`'s ``ensembles``; the verify tool's stage-wise verdict)."""
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for name in variants:
+        with torch.no_grad(), variant(name):
+            got = tensors_of(force=tested)
+        for key, val in got.items():
+            out.setdefault(key, {})[name] = val
     return out
 
 

@@ -87,7 +87,8 @@ to fail.  With fewer than two legitimate evaluations left (the kernel-agreement 
 NumPy naive run; members equal to each other bit for bit count once), the random-rounding model's typical
 accumulated error
 ``sqrt(k) u_T S_i`` (the typical size of the bound's own worst case ``k u_T S_i``; S carries the
-conditioning, |ref_i| would not) joins too, as it does when the ensemble holds fewer than
+conditioning, |ref_i| would not; where the bound knows the l2 coefficient of each element's roundings,
+:attr:`Bound.typical`, ``u_T typical_i`` instead, and the z units are ``typical_i + eta_T``) joins too, as it does when the ensemble holds fewer than
 ``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
 sample of another algorithm's error on a handful of elements is no measure of a third algorithm's.  The two
 factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate
@@ -243,8 +244,15 @@ def _weights(bound: Bound, ref: np.ndarray, finite: np.ndarray, dtype_name: str)
     """w_i = S_i + eta_T: the magnitude each element's rounding errors scale with.  Where S is not finite (a
     coefficient that overflowed, or a depth K whose gamma_K(u_T) is void), the bound's l2 coefficient sigma_i
     stands in where it is finite (the magnitude the probabilistic bound lam u_T sigma_i itself scales with), and
-    the size of the quantity max(|ref_i|, rms(ref)) where neither is."""
+    the size of the quantity max(|ref_i|, rms(ref)) where neither is.  A bound that knows each element's typical
+    error (:attr:`Bound.typical`, the l2 coefficient of its roundings) is measured in that unit instead, where it
+    is finite and positive: it is the magnitude the element's rounding errors actually scale with, where the
+    elements of one output carry different roundings (S_i, the l1 count over K, spreads them evenly)."""
     s = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
+    if bound.typical is not None:
+        typ = np.abs(np.broadcast_to(np.asarray(bound.typical, dtype=np.float64), ref.shape))
+        with np.errstate(invalid="ignore"):
+            s = np.where(np.isfinite(typ) & (typ > 0), typ, s)
     size = np.maximum(np.abs(ref), _rms(ref[finite]))
     if bound.sigma is not None:
         sig = np.abs(np.broadcast_to(np.asarray(bound.sigma, dtype=np.float64), ref.shape))
@@ -375,9 +383,15 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         # sqrt(k) u S: the random-rounding model's typical size of the bound's own worst case k u S (S, the
         # computation on magnitudes, carries the conditioning: arccos near +-1 turns a cosine's last-bit error
         # into 1e4 ulps of the angle, |ref| does not know that).
+        # Where the bound knows the l2 coefficient of each element's roundings (Bound.typical), that is the
+        # model's typical error itself, u_T sqrt(sum_r c_r^2): sqrt(k) S_i bounds it only as a worst case of the
+        # coefficients (each |c_r| <= S_i), which a resampling or a normalisation with a d-term norm is far from.
         s_mag = np.broadcast_to(np.asarray(bound.scale, dtype=np.float64), ref.shape)
-        s_mag = np.where(np.isfinite(s_mag), np.abs(s_mag), np.abs(ref))
-        stats["rounding model"] = _z_stats(math.sqrt(max(bound.k, 1.0)) * u * s_mag, w, finite)
+        s_mag = math.sqrt(max(bound.k, 1.0)) * np.where(np.isfinite(s_mag), np.abs(s_mag), np.abs(ref))
+        if bound.typical is not None:
+            typ = np.abs(np.broadcast_to(np.asarray(bound.typical, dtype=np.float64), ref.shape))
+            s_mag = np.where(np.isfinite(typ), typ, s_mag)
+        stats["rounding model"] = _z_stats(u * s_mag, w, finite)
     if u <= unit_roundoff("float64"):
         # T is the reference's own precision: the reference is not more accurate than the tested code, and every
         # error above is measured against it, so each holds the reference's own rounding error too, of the same
@@ -504,6 +518,12 @@ class Stage:
     reference : float64 arrays of ``inputs`` -> the stage's output (the paper's equation for this stage).
     bound     : (float64 arrays of ``inputs``, dtype=T) -> :class:`Bound` of the stage computed in T on them.
     equation  : where the stage is written down (paper and equation).
+    alternatives : other legitimate algorithms for the same equation, ``(name, fn)`` pairs, each a float64
+            function of ``inputs`` like ``reference`` (a complex-FFT convolution for a real-FFT one): where the
+            comparison is given a ``naive`` runner, each is run in T on the stage's inputs as the naive run is and
+            joins the stage's ensemble.  For a stage whose tested code has no variant in :mod:`refimpl.ensemble`
+            (every torch variant computes the same bits), they are the evaluations that tell what another
+            correct algorithm errs, instead of the random-rounding model's worst-case-shaped sqrt(k) u S.
 
     Teacher forcing: each stage is evaluated on the *tested* implementation's own inputs to it (rounded to T,
     hence exact data for the stage), so its bound holds its own rounding errors only.  A module whose
@@ -515,6 +535,7 @@ class Stage:
     reference: Callable[..., np.ndarray]
     bound: Callable[..., "Bound"]
     equation: str = ""
+    alternatives: tuple = ()
 
 
 @dataclasses.dataclass
@@ -561,7 +582,8 @@ def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: A
         computed from the tested code's own inputs to the stage (teacher-forced; the equivalence suite's
         ``stage_ensemble`` re-runs a twin under refimpl.ensemble's variants with every stage tensor forced).
         With at least two distinct members a stage's threshold is set by real algorithms; with the naive run
-        alone the random-rounding model's sqrt(k) u S joins (:func:`compare`).
+        alone the random-rounding model's sqrt(k) u S joins (:func:`compare`).  A stage's
+        :attr:`Stage.alternatives` join too, each run in T by ``naive``.
     p_false_alarm : the whole comparison's budget (default ``config.VERDICT_FALSE_ALARM``), split evenly
         between the stages (union bound).
 
@@ -579,9 +601,12 @@ def compare_stages(stages: Sequence[Stage], tensors: Mapping[str, Any], dtype: A
         args = [_to_numpy64(tensors[key]) for key in s.inputs]
         ref = s.reference(*args)
         nv = None if naive is None else naive(s.reference, *args, dtype=dtype)
+        members = dict((ensembles or {}).get(s.name) or {})
+        if naive is not None:
+            for alt_name, fn in s.alternatives:
+                members[f"numpy {alt_name}"] = naive(fn, *args, dtype=dtype)
         reports.append(compare(tensors[s.name], ref, s.bound(*args, dtype=dtype), dtype, naive=nv,
-                               ensemble=(ensembles or {}).get(s.name), name=s.name,
-                               p_false_alarm=p / len(stages)))
+                               ensemble=members or None, name=s.name, p_false_alarm=p / len(stages)))
     first = next((r.name for r in reports if r.verdict == DIVERGES), None)
     if first is not None:
         verdict = DIVERGES

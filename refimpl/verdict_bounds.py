@@ -188,6 +188,15 @@ class Bound:
     ref_scale : the scale of the float64 reference's own error gamma_{ref_depth}(u_64) ref_scale, when it differs
             from ``scale``: where a rigorous composite bound is infinite in T (RALA's quotient and softmax rules in
             bfloat16) while the same analysis in float64 is finite, the reference's own error is that finite one.
+    typical : the random-rounding model's typical error of each element, in units of u_T, where it is known more
+            sharply than sqrt(k) S (:func:`refimpl.verdict.compare` uses that by default): sqrt(sum_r c_r^2) over
+            the roundings r of the element's computation (c_r their first-order coefficients; Higham & Mary 2019:
+            a sum of independent mean-zero roundings is of the size of its l2 coefficient, not its l1 one), or
+            None.  It is the unit of the element's error in the ensemble criterion (its z units) and the size of
+            the rounding-model member.  sqrt(k) S bounds it whenever every |c_r| <= S, but where the coefficients
+            differ (a resampling's products of lambda x_j; a normalisation whose d-term norm enters every element
+            once) the l2 sum of the actual coefficients is several times smaller.  Not a bound: the bound is
+            ``scale`` and ``k`` (and ``sigma``, which a rigorous l2 coefficient may also give).
     """
 
     scale: np.ndarray
@@ -197,6 +206,7 @@ class Bound:
     ref_depth: float | None = None
     sigma: Any = None
     ref_scale: Any = None
+    typical: Any = None
 
     def factor(self, dtype: Any, lam: float | None = None) -> float:
         """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,

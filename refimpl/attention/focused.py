@@ -62,7 +62,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics, validation
+from .. import config, numerics, validation, verdict
 from ..errors import ArgumentError, ArgumentTypeError
 from ..layers import conv2d, conv2d_bound, depthwise_conv2d, depthwise_conv2d_bound, layer_norm, layer_norm_bound, linear, linear_bound, \
     shifted_window_mask, window_partition, window_reverse
@@ -70,9 +70,9 @@ from .focused_bounds import (_both, _bound, _err_attend, _err_core, _err_feature
                              _feature_depth, _own, err_layer_norm, err_linear, err_norm_linear_l2,
                              focused_attention_bound, focused_function_bound, focused_function_error,
                              resample_linear_bound)
-from .focused_core import (FocusedConfig, _attend, _check_order, _core, _features, _merge_heads, _p, _resample_v,
-                           _split_heads, _to_grid, focused_attention, focused_feature_map, focused_function,
-                           resample_linear)
+from .focused_core import (FocusedConfig, _attend, _check_order, _core, _features, _merge_heads, _p, _resample_plan,
+                           _resample_v, _split_heads, _to_grid, focused_attention, focused_feature_map,
+                           focused_function, resample_linear)
 
 __all__ = [
     "FocusedConfig", "focused_function", "focused_feature_map", "focused_function_error", "focused_function_bound",
@@ -425,6 +425,46 @@ def focused_window_attention_bound(x: Any, params: Mapping[str, Any], cfg: Focus
 # port; its bound holds with exact (tested) q, k, v.  Tensor names: "x" the module input (the windows for the
 # Swin layout), then each stage's name.
 
+def _resample_index_exact(n_in: int, n_out: int, dtype: Any) -> bool:
+    """Whether linear resampling n_in -> n_out (:func:`refimpl.attention.focused_core._resample_plan`) computes its
+    source coordinates and weights exactly in T: the scale n_in / n_out is a power of two (so the correctly
+    rounded quotient is exact), and every intermediate of src = (i + 1/2) scale - 1/2, lambda = src - floor(src)
+    and 1 - lambda is representable in the format that computes it (T's accumulation format: torch's upsampling
+    computes them in its opmath type), so each correctly rounded operation returns it exactly (Higham eq. 2.4
+    with delta = 0).  Then the weights carry no error and the config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS term of
+    the general bound vanishes.  False for ``dtype`` None (no format to check)."""
+    if dtype is None:
+        return False
+    mant, _ = math.frexp(n_in / n_out)
+    if mant != 0.5:
+        return False
+    fmt = verdict.accumulation_format(dtype)
+    i = np.arange(n_out, dtype=np.float64) + 0.5
+    src = np.maximum(i * (n_in / n_out) - 0.5, 0.0)
+    lam = src - np.floor(src)
+    return all(np.array_equal(numerics.round_to(v, fmt), v) for v in (i, i * (n_in / n_out), src, lam, 1.0 - lam))
+
+
+def _resample_exact_pass(x, e_x, s_x, size, axis):
+    """One pass of linear resampling along ``axis`` whose weights are exact (:func:`_resample_index_exact`):
+    y = a (1 - lambda) + b lambda rounds the two products and the sum, with first-order coefficients |a (1 -
+    lambda)|, |b lambda| and |y|.  Returns (y, E, sigma): E the l1 coefficient (the inputs' E interpolated, plus
+    3 (|a| (1 - lambda) + |b| lambda), which covers the three), sigma the l2 one (the inputs' sigma interpolated,
+    by Minkowski, in quadrature with sqrt(|a (1 - lambda)|^2 + |b lambda|^2 + |y|^2)), all in units of u_T."""
+    ax = axis % x.ndim
+    _, i0, i1, lam = _resample_plan(x.shape[ax], size)
+    shape = [1] * x.ndim
+    shape[ax] = size
+    lam = lam.reshape(shape)
+    a, b = np.take(x, i0, axis=ax), np.take(x, i1, axis=ax)
+    p1, p2 = np.abs(a) * (1.0 - lam), np.abs(b) * lam
+    y = a * (1.0 - lam) + b * lam
+    e = np.take(e_x, i0, axis=ax) * (1.0 - lam) + np.take(e_x, i1, axis=ax) * lam + 3.0 * (p1 + p2)
+    s = np.hypot(np.take(s_x, i0, axis=ax) * (1.0 - lam) + np.take(s_x, i1, axis=ax) * lam,
+                 np.sqrt(p1 * p1 + p2 * p2 + y * y))
+    return y, e, s
+
+
 def _core_stage(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q, mask, split) -> numerics.Stage:
     def reference(*t):
         q, k, v = split(*t)
@@ -496,6 +536,24 @@ def _fine_core_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q
         vh = vh_of(*t)
         if tuple(hw_kv) == tuple(hw_q):
             return numerics.Bound(np.zeros(1), 1.0, "a reshape of V: exact")
+        if cfg.dwc_resample == "linear_flat":
+            passes = [(hw_kv[0] * hw_kv[1], big_h * big_w)]
+        else:
+            passes = [(hw_kv[0], big_h), (hw_kv[1], big_w)]
+        if all(_resample_index_exact(n_in, n_out, dtype) for n_in, n_out in passes):
+            # exact weights (a power-of-two scale: every PVT stage's sr): only the blends' own roundings
+            z = np.zeros_like(vh)
+            if cfg.dwc_resample == "linear_flat":
+                _, e, sig = _resample_exact_pass(vh, z, z, big_h * big_w, 2)
+            else:
+                g, zg = _to_grid(vh, hw_kv), _to_grid(z, hw_kv)
+                g, eg, sg = _resample_exact_pass(g, zg, zg, big_h, 2)
+                g, eg, sg = _resample_exact_pass(g, eg, sg, big_w, 3)
+                e, sig = (t.reshape(vh.shape[0], h, big_h * big_w, -1) for t in (eg, sg))
+            bnd = _bound(to_conv(e), 3 * len(passes), f"V resampled {hw_kv} -> {hw_q} ({cfg.dwc_resample}): "
+                                                      f"exact weights, 3 roundings per pass", dtype,
+                         sigma=to_conv(sig))
+            return dataclasses.replace(bnd, typical=bnd.sigma)
         if cfg.dwc_resample == "linear_flat":
             _, e = _err_resample(vh, np.zeros_like(vh), big_h * big_w, 2, dtype)
             k = config.FLATTEN_RESAMPLE_INDEX_ROUNDINGS + 3

@@ -49,6 +49,7 @@ Layer: attention (imports config, numerics, validation, layers and lisa_cores).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -57,7 +58,8 @@ from .. import config, numerics, validation
 from ..errors import ArgumentError, ParameterKeyError
 from ..layers import gelu_bound, layer_norm, layer_norm_bound, linear, linear_bound, mlp, subparams
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
-from .lisa_cores import (RPE_KINDS, SA_FORMS, TRANSFORMS, _check_grid, _convolve, _finish, _guard, _l2, _tr_add,
+from .lisa_cores import (RPE_KINDS, SA_FORMS, TRANSFORMS, _check_grid, _convolve, _fft_lengths,
+                         _fft_product_typical, _finish, _guard, _l2, _tr_add,
                          _tr_conv, _tr_core, _tr_l2, lisa_core,
                          lisa_core_bound, resample_circular_kernel, resample_toeplitz_kernel, rpe_matrix, sa_core_bound,
                          sa_elements, sa_eq4, sa_eq5, sa_eq6, sa_eq7, sa_eq8_terms)
@@ -670,8 +672,14 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
 
     def l2_stage(name, index):
         def bound(qkv, dtype=None):
-            _, err, depth = _tr_l2(heads(qkv)[index], None, cfg.l2_eps)
-            return numerics.running_bound(err, depth, f"L2 normalisation of {name[0].upper()}", dtype)
+            y, err, depth = _tr_l2(heads(qkv)[index], None, cfg.l2_eps)
+            b = numerics.running_bound(err, depth, f"L2 normalisation of {name[0].upper()}", dtype)
+            # The l2 coefficient of its roundings (Bound.typical): the norm's c squares and c - 1 additions, each
+            # with a coefficient <= ||x||^2 in the sum of squares (numerics.sum_depth_l2(c) of them), reach y_i
+            # halved by the square root: (1/4) sum_depth_l2(c) y_i^2; the sqrt, the scaling and the quotient one
+            # |y_i| each.
+            count = numerics.sum_depth_l2(y.shape[-1], dtype) / 4.0 + 3.0
+            return dataclasses.replace(b, typical=math.sqrt(count) * np.abs(y))
 
         return numerics.Stage(name, ("qkv",), lambda qkv: _l2(heads(qkv)[index], cfg.l2_eps), bound,
                               f"LiSA Eq. 10: {name[0].upper()} / ||{name[0].upper()}||")
@@ -681,23 +689,37 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
         return _tr_conv(x[..., None], None, kern, cfg.grid, exact_toeplitz=cfg.exact_toeplitz,
                         fft_lengths=cfg.fft_lengths)
 
-    def conv_stage(name, source, key, bias_key, of):
-        def reference(t):
-            x = of(t)
-            kern = w[key] if key == "weight_a" else w[key][:, None, :]
-            return _convolve(x[..., None], kern, tuple(cfg.grid), cfg.exact_toeplitz, cfg.fft_lengths,
-                             cfg.transform) + w[bias_key]
+    grid = tuple(cfg.grid)
+    lens = _fft_lengths(grid, cfg.exact_toeplitz, cfg.fft_lengths)
 
+    def conv_with(key, bias_key, of, transform, lengths):
+        def fn(t):
+            kern = w[key] if key == "weight_a" else w[key][:, None, :]
+            return _convolve(of(t)[..., None], kern, grid, cfg.exact_toeplitz, lengths, transform) + w[bias_key]
+        return fn
+
+    def conv_stage(name, source, key, bias_key, of):
         def bound(t, dtype=None):
             # the FFT product's own bound (its transforms' arithmetic in the accumulation format, then rounded
             # to T: numerics.sum_depth-style counting), the rounding of that result, and the bias addition
-            y, err, k = conv(of(t), key)
+            x = of(t)
+            y, err, k = conv(x, key)
             r = numerics.accumulation_ratio(dtype)
             e = err * r + np.abs(y) + (np.abs(y) + np.abs(w[bias_key]))
-            return numerics.running_bound(e, k * r + 2, f"{name}: FFT convolution, then + bias", dtype)
+            b = numerics.running_bound(e, k * r + 2, f"{name}: FFT convolution, then + bias", dtype)
+            kern = w[key] if key == "weight_a" else w[key][:, None, :]
+            fft = _fft_product_typical(x, kern, grid, cfg.exact_toeplitz, lens)
+            return dataclasses.replace(b, typical=np.hypot(r * fft, np.hypot(y, y + w[bias_key])))
 
-        return numerics.Stage(name, (source,), reference, bound,
-                              f"LiSA Eq. 9-10: the Toeplitz/circulant product with {key} (by FFT) plus {bias_key}")
+        other = "fft" if cfg.transform == "rfft" else "rfft"
+        alternatives = [(f"{other} convolution", conv_with(key, bias_key, of, other, cfg.fft_lengths))]
+        if cfg.exact_toeplitz:
+            pow2 = tuple(1 << (2 * n - 2).bit_length() for n in grid)
+            if pow2 != tuple(lens):
+                alternatives.append((f"rfft convolution on {pow2}", conv_with(key, bias_key, of, "rfft", pow2)))
+        return numerics.Stage(name, (source,), conv_with(key, bias_key, of, cfg.transform, cfg.fft_lengths), bound,
+                              f"LiSA Eq. 9-10: the Toeplitz/circulant product with {key} (by FFT) plus {bias_key}",
+                              alternatives=tuple(alternatives))
 
     def contraction(qn, ga, gb):
         return merge(np.einsum("bhic,bhicd,bhivd->bhiv", qn, ga, gb, optimize=True))

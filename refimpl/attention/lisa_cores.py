@@ -15,6 +15,7 @@ names (their documented home).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -147,6 +148,26 @@ def _kernel_on_lengths(kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz
     kg = tuple(2 * n - 1 for n in grid) if exact_toeplitz else grid
     kern = kernel.reshape(kg + kernel.shape[1:])
     return tz.periodize(kern, r, lens) if exact_toeplitz else kern
+
+
+def _fft_product_typical(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz: bool,
+                         lens: tuple[int, ...]) -> np.ndarray:
+    """The random-rounding model's typical error of :func:`_convolve` by FFT (numerics.Bound.typical, in units of
+    u), x (B, h, N, c) and kernel (P, c|1, D) -> (B, h, 1, c, D), the same for every token.
+
+    Each of the three transforms (of x, of the kernel, the inverse) has log2 L stages; a stage's roundings have
+    an l2 coefficient of at most 3 times the norm of the stage's output (a complex multiply w b errs by at most
+    2 |w b| in modulus, the sum by |a + w b|).  A rounding's error reaches the outputs through unit-modulus
+    twiddles, multiplied by the other operand's spectrum: in the worst case by its maximum (what
+    refimpl.toeplitz.fft_convolution_bound charges, max|K| ||x||_2), typically by its rms, ||k_p||_2 (or
+    ||x||_2; Parseval: the rms of the L-point spectrum of k_p is ||k_p||_2).  The L outputs share the error
+    evenly, so an element's typical error is sqrt(3 * 3 log2 L / L) ||x||_2 ||k_p||_2 (norms over the grid per
+    channel, k_p the kernel actually transformed: :func:`_kernel_on_lengths`)."""
+    kp = _kernel_on_lengths(kernel, grid, exact_toeplitz, lens)                   # (*lens, c|1, D)
+    n_len = float(np.prod(lens))
+    nk = np.sqrt(np.sum(kp * kp, axis=tuple(range(len(grid)))))                     # (c|1, D)
+    nx = np.sqrt(np.sum(x * x, axis=2, keepdims=True))[..., None]                  # (B, h, 1, c, 1)
+    return math.sqrt(9.0 * max(math.log2(n_len), 1.0) / n_len) * nx * nk
 
 
 def _convolve_dispatched(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...], exact_toeplitz: bool,

@@ -21,14 +21,17 @@ What happens::
     gradients (``grad=True``; for a network from its logits, :mod:`.network_gradients`): the input and parameter gradients for a random cotangent against
         those of refimpl's float64 PyTorch twin (its forward first checked against the NumPy reference),
         each against its bound (:mod:`.gradients`)
+    the ensemble (``ensemble=True``, the default): refimpl's PyTorch twin of the reference, loaded with the mapped
+        weights in ``dtype``, run plainly and under every variant of :mod:`refimpl.ensemble` (whole module; per
+        stage teacher-forced on the module's own stage tensors): the legitimate evaluations the ensemble criterion
+        compares the module's error with, besides the NumPy naive run in ``dtype`` (:mod:`.ensemble`)
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says
 what would).  Shifted windows (Swin's softmax window attention and FLatten's Swin layout on the whole grid, with
 the cyclic shift and the shift mask; square or (wh, ww) windows; Swin's pre-windowed ``WindowAttention(x, mask)``,
 its grid padded) are :mod:`.windows`.  Not yet built: the references of LiSA's direct forms, block and 1-D / 3-D
-grids; ``--grad`` of the shifted-window layouts with (wh, ww) windows or unequal shifts (the twins take square
-windows); ``--grad`` for networks with ``examples``; configurations (heads, width) drawn by ``examples``; the torch ensemble
-in the verifier (the NumPy naive run and the rounding model are its members today).
+grids; configurations (heads, width) drawn by ``examples``; a torch
+ensemble for whole networks unit by unit, and for the layouts and precisions no twin runs in (the report says which).
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
     _check_grad(kwargs.get("grad", False))
     if is_network(reference):
+        kwargs.pop("ensemble", None)            # a network has no torch ensemble (verify's report says so)
         return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
     max_side = 12 if max_side is None else max_side
     module = _example_factory(module)

@@ -49,11 +49,14 @@ class StageResult:
     bound: float | None = None           # the largest element-wise bound
     err_over_bound: float | None = None
     detail: str = ""
+    #: the comparison's ensemble (refimpl.verify.ensemble.members_summary): each member's zmax, zrms and status,
+    #: the thresholds; None where the stage was not compared
+    ensemble: dict[str, Any] | None = None
 
     def as_dict(self) -> dict:
         return {"name": self.name, "foreign": self.foreign, "verdict": self.verdict, "ok": self.verdict == "match",
                 "max_abs_err": _f(self.max_abs_err), "max_rel_err": _f(self.max_rel_err), "bound": _f(self.bound),
-                "err_over_bound": _f(self.err_over_bound), "detail": self.detail}
+                "err_over_bound": _f(self.err_over_bound), "detail": self.detail, "ensemble": self.ensemble}
 
 
 @dataclasses.dataclass
@@ -83,6 +86,9 @@ class Report:
     #: gradient verification (``--grad``; refimpl.verify.gradients): the twin's forward check, the cotangent and
     #: one entry per gradient tensor (None: not run)
     gradients: dict[str, Any] | None = None
+    #: the ensemble of legitimate evaluations (refimpl.verify.ensemble): whether refimpl's PyTorch twin was run
+    #: (``torch``), its members, the ones that failed, the cost; None: not recorded
+    ensemble: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -99,7 +105,7 @@ class Report:
                            for i, s in enumerate(self.stages)],
                 "first_divergence": self.first_divergence, "shadow": self.shadow is not None,
                 "shadow_first_divergence": self.shadow_first_divergence,
-                "gradients": self.gradients,
+                "gradients": self.gradients, "ensemble": self.ensemble,
                 "findings": self.findings} | ({"network": self.network} if self.network is not None else {})
 
     def to_json(self) -> str:
@@ -131,6 +137,7 @@ class Report:
                          f"{_g(st.bound)} | {_g(st.err_over_bound)} |{shc} {detail.replace('|', '/')} |")
         if self.gradients is not None:
             lines += ["", "## Gradients", "", self.gradients_text(markdown=True)]
+        lines += ["", "## Ensemble", "", self.ensemble_text(markdown=True)]
         if plot:
             lines += ["", f"![error over bound per stage]({plot})"]
         lines += ["", "## Configuration", ""] + [f"- `{k}` = `{v!r}` ({self.config_sources.get(k, '')})"
@@ -195,6 +202,7 @@ class Report:
                             self.shadow[i].verdict != "not shadowed" else ""))
         if self.gradients is not None:
             lines.append(self.gradients_text())
+        lines.append(self.ensemble_text())
         for f in self.findings:
             lines.append(f"finding ({f['kind']}): {f['message']}")
         return "\n".join(lines)
@@ -240,3 +248,53 @@ class Report:
         lines += [f"{t['name']:<24} {t['verdict']:<13} {_g(_num(t['max_abs_err'])):>10} {_g(_num(t['bound'])):>10} "
                   f"{_g(_num(t['err_over_bound'])):>9}" + (f"  {t['detail']}" if t["detail"] else "") for t in rows]
         return "\n".join(lines)
+
+    def ensemble_text(self, markdown: bool = False) -> str:
+        """The ensemble of legitimate evaluations the verdicts were judged against (``ensemble``, and each
+        comparison's members): as text lines or Markdown tables."""
+        en = self.ensemble or {}
+        if en.get("torch"):
+            head = (f"ensemble: refimpl's PyTorch twin ({en.get('twin')}) in {self.dtype}, run as "
+                    f"{', '.join(en.get('members', []))} ({en.get('seconds', 0):.3g} s), with the NumPy naive run")
+        else:
+            head = f"ensemble: the NumPy naive run and the random-rounding model ({en.get('why') or 'no torch ensemble'})"
+        if en.get("failed"):
+            head += "; left out: " + "; ".join(f"{k} ({v})" for k, v in en["failed"].items())
+        rows = [("whole module", self.whole_module.get("ensemble"))] + [(s.name, s.ensemble) for s in self.stages]
+        rows = [(n, e) for n, e in rows if e]
+        if markdown:
+            lines = [head] + (["", "| compared | zmax | zmax threshold | zrms | zrms threshold | members used (zmax, "
+                               "zrms) | dropped |", "|---|---|---|---|---|---|---|"] if rows else [])
+            for n, e in rows:
+                used, dropped = _members(e)
+                lines.append(f"| {n} | {_g(_num(e['zmax']))} | {_g(_num(e['zmax_threshold']))} | "
+                             f"{_g(_num(e['zrms']))} | {_g(_num(e['zrms_threshold']))} | {used} | {dropped or '-'} |")
+            notes = en.get("stages_without_members") or {}
+            if notes:
+                lines += ["", "Stages without teacher-forced twin members: " + "; ".join(
+                    f"`{k}`: {v}" for k, v in notes.items())]
+            return "\n".join(lines)
+        lines = [head]
+        for n, e in rows:
+            by = {st: [k for k, m in e["members"].items() if m["status"] == st] for st in (
+                "used", "outside the bound: not used", "equal to the tested output bit for bit: dropped")}
+            lines.append(f"  {n}: zmax {_g(_num(e['zmax']))} (threshold {_g(_num(e['zmax_threshold']))}), zrms "
+                         f"{_g(_num(e['zrms']))} (threshold {_g(_num(e['zrms_threshold']))}); "
+                         f"{len(by['used'])} members used"
+                         + (f"; outside the bound: {', '.join(by['outside the bound: not used'])}"
+                            if by["outside the bound: not used"] else "")
+                         + (f"; bit-identical to the tested output: "
+                            f"{', '.join(by['equal to the tested output bit for bit: dropped'])}"
+                            if by["equal to the tested output bit for bit: dropped"] else ""))
+        return "\n".join(lines)
+
+
+def _members(e: dict) -> tuple[str, str]:
+    """(the members used, with their zmax and zrms; the members dropped, with why) of one comparison's ensemble."""
+    used = ", ".join(f"{k} ({_g(_num(m['zmax']))}, {_g(_num(m['zrms']))})" for k, m in e["members"].items()
+                     if m["status"] == "used")
+    why = {"outside the bound: not used": "outside the bound", "equal to the tested output bit for bit: dropped":
+           "bit-identical to the tested output"}
+    dropped = ", ".join(f"{k} ({why.get(m['status'], m['status'])})" for k, m in e["members"].items()
+                        if m["status"] != "used")
+    return used, dropped

@@ -3,7 +3,9 @@
 Layer: the verify tool (torch).  :func:`verify` is the whole procedure; each step is a function below, in the
 order it runs: prepare (load, cast, infer the configuration, map the weights), run (hooks and the op recorder),
 observe (the stage tensors from hooks, the wiring checks, the stages located by value), judge (the whole module
-and each stage, teacher-forced), conclude (the verdict and the first divergence).
+and each stage, teacher-forced, each against its bound and an ensemble that includes refimpl's twin of the
+reference run under :mod:`refimpl.ensemble`'s variants: :mod:`.ensemble`), conclude (the verdict and the first
+divergence).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import numpy as np
 
 from .. import verdict as _verdict
 from ..numerics import naive_same_precision, round_to
+from .ensemble import members_summary, stage_members, twin_ensemble
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import locate, recorder, to_foreign
 from .mapping import map_weights
@@ -185,12 +188,13 @@ def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: di
 
 
 def _judged(st: Any, where: str | None, got: np.ndarray, r: np.ndarray, a: list[np.ndarray], dtype: str,
-            p_stage: float) -> StageResult:
+            p_stage: float, ensemble: Mapping[str, np.ndarray] | None = None) -> StageResult:
     """The stage ``st`` computed as ``got`` from the inputs ``a`` against its reference ``r`` on them and its bound
-    in ``dtype``."""
+    in ``dtype``; ``ensemble``: the twin's teacher-forced members of the stage (:mod:`.ensemble`), besides the NumPy
+    naive run in ``dtype``."""
     bound = st.bound(*a, dtype=dtype)
     rep = _verdict.compare(got, r, bound, dtype, naive=naive_same_precision(st.reference, *a, dtype=dtype),
-                           name=st.name, p_false_alarm=p_stage)
+                           ensemble=ensemble or None, name=st.name, p_false_alarm=p_stage)
     detail = "" if rep.verdict == _verdict.MATCH else "; ".join(rep.reasons)
     if detail and got.shape == r.shape and not np.any(np.asarray(bound.scale)):
         # an exact stage (data movement: padding, a roll, a window partition): say which element moved wrongly
@@ -202,13 +206,16 @@ def _judged(st: Any, where: str | None, got: np.ndarray, r: np.ndarray, a: list[
     return StageResult(
         st.name, where, rep.verdict, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
         max_rel_err=rep.rel_err, bound=float(np.max(_verdict._nan_to_inf(bound.array(dtype, r.shape)), initial=0.0)),
-        err_over_bound=rep.max_err_over_bound, detail=detail)
+        err_over_bound=rep.max_err_over_bound, detail=detail,
+        ensemble=members_summary(rep, sorted(ensemble or {})))
 
 
 def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unlocated: dict,
-                  refs: dict[str, np.ndarray], dtype: str, p_stage: float) -> list[StageResult]:
+                  refs: dict[str, np.ndarray], dtype: str, p_stage: float,
+                  ensembles: Mapping[str, Mapping[str, np.ndarray]] | None = None) -> list[StageResult]:
     """Each stage teacher-forced: its reference on the module's own inputs to it, against its bound in
-    ``dtype``, with the false-alarm probability ``p_stage`` each."""
+    ``dtype``, with the false-alarm probability ``p_stage`` each; ``ensembles``: stage -> the twin's
+    teacher-forced members (:func:`.ensemble.stage_members`)."""
     results: list[StageResult] = []
     for st in stage_list:
         where = seen.get(st.name)
@@ -225,7 +232,7 @@ def _judge_stages(stage_list: list, tensors: dict, seen: dict, wiring: dict, unl
             continue
         a = [tensors[k] for k in st.inputs]
         r = refs[st.name] if st.name in refs else st.reference(*a)
-        results.append(_judged(st, where, tensors[st.name], r, a, dtype, p_stage))
+        results.append(_judged(st, where, tensors[st.name], r, a, dtype, p_stage, (ensembles or {}).get(st.name)))
     return results
 
 
@@ -313,7 +320,7 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
            device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-           progress: bool = False, shadow: bool = False, grad: bool = False) -> Report:
+           progress: bool = False, shadow: bool = False, grad: bool = False, ensemble: bool = True) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
     ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``), or against a
     registered network (a ``refimpl.models`` name such as ``"ravlt_t"``: unit by unit, see
@@ -343,14 +350,25 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         twin is the network's (:mod:`refimpl.verify.network_gradients`); the twins
         ship with the package (:mod:`refimpl.twins`).  The false-alarm budget is then split between the
         forward and the gradients.
+    ensemble : judge the whole module and each stage against an ensemble of legitimate evaluations that includes
+        refimpl's PyTorch twin of the reference, loaded with the module's mapped weights in ``dtype`` and run
+        plainly and under every variant of :data:`refimpl.ensemble.DEFAULT_VARIANTS` (per stage teacher-forced on
+        the module's own stage tensors; :mod:`refimpl.verify.ensemble`; the report's ``ensemble``).  False: the
+        NumPy naive run in ``dtype`` and the verdict's random-rounding model only (faster, looser; ``--no-ensemble``).
+        Where no twin covers the reference or its configuration, the report says so and the latter ensemble is used.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
     from .networks import is_network, verify_network
     _check_grad(grad)                   # a registered network's gradients: verify_network(grad=True)
+    if not isinstance(ensemble, bool):
+        raise VerifyError(f"argument 'ensemble': expected True or False, got {ensemble!r}")
     if is_network(reference):
-        return verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
-                              input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
-                              progress=progress, shadow=shadow, grad=grad)
+        report = verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
+                                input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
+                                progress=progress, shadow=shadow, grad=grad)
+        report.ensemble = {"torch": False, "why": "a registered network is verified unit by unit against the NumPy "
+                           "naive run and the random-rounding model (no torch ensemble per unit)"}
+        return report
     batch = 2 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
     ref = get_reference(reference)
@@ -390,15 +408,18 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
                                                           f"element(s) on finite input"})
     budget = _verdict.config.VERDICT_FALSE_ALARM / (2 if grad else 1)
     fwd_bound = ref.bound(x, params, s, dtype)
+    te = twin_ensemble(ref, s, params, x, want.shape, dtype, device) if ensemble else None
+    members = te.outputs if te is not None else {}
     whole = _verdict.compare(got, want, fwd_bound, dtype,
                              naive=naive_same_precision(ref.forward, x, params, s, dtype=dtype), name="output",
-                             p_false_alarm=budget)
+                             ensemble=members or None, p_false_alarm=budget)
 
     stage_list = ref.stages(params, s)
     tensors, seen, wiring = _observe(run, x, s, wm)
     unlocated, refs = _locate_stages(stage_list, ref.value_stages, run, tensors, seen, dtype)
     p_stage = budget / max(len(stage_list), 1) / (2 if shadow else 1)
-    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype, p_stage)
+    stage_ens = stage_members(te, s, stage_list, tensors, dtype, device) if te is not None else {}
+    results = _judge_stages(stage_list, tensors, seen, wiring, unlocated, refs, dtype, p_stage, stage_ens)
     verdict, first = _conclude(results, whole, got, want)
     shadowed = _shadow_stages(module, run, stage_list, x, s, wm, refs, dtype, device, p_stage) if shadow else None
     verdict = _with_shadow(verdict, shadowed)
@@ -421,7 +442,21 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         mapping_decisions=wm.decisions, ignored_foreign_keys=wm.ignored, derived_buffers=wm.derived,
         whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
-                      "reasons": list(whole.reasons)},
+                      "reasons": list(whole.reasons), "ensemble": members_summary(whole, sorted(members))},
         stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole),
         shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed),
-        gradients=gradients)
+        gradients=gradients, ensemble=_ensemble_section(te, dtype))
+
+
+def _ensemble_section(te: Any, dtype: str) -> dict[str, Any]:
+    """The report's ``ensemble``: whether the twin's members were used, which, what failed, what it cost, and the
+    stages left without teacher-forced members."""
+    if te is None:
+        return {"torch": False, "why": "not asked for (--no-ensemble / ensemble=False): the NumPy naive run in "
+                f"{dtype} and the random-rounding model only"}
+    out = {"torch": te.ran, "twin": te.twin or None, "why": te.why or None, "members": sorted(te.outputs),
+           "failed": dict(te.failed), "seconds": round(te.seconds, 3),
+           "stages_without_members": dict(te.stage_notes)}
+    if not te.ran:
+        out["why"] = (te.why + f": the ensemble is the NumPy naive run in {dtype} and the random-rounding model")
+    return out
