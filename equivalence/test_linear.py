@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 from equivalence.assertions import assert_matches, naive, to_torch
 from refimpl.twins.modules.linear import LinearAttention
 from equivalence.strategies import adversarial_arrays
-from refimpl import analysis, numerics
+from refimpl import analysis, numerics, verdict
 from refimpl.attention import linear as L
 
 NONNEG_MAPS = (("relu", {}), ("elu1", {}), ("softmax", {}), ("l1", {}))
@@ -45,6 +45,7 @@ def _check(device, dtype_name, q, k, v, kw, order, normalize):
     sel = keep = None  # the rows compared (all unless some lose their normaliser in T, below)
     taps: dict = {}
     ref = L.linear_attention(qr, kr, vr, order=order, normalize=normalize, taps=taps, **kw)
+    full = ref.shape  # (B, h, N, e): the bounds are broadcast to it before the kept rows are selected
     bound = L.linear_attention_bound(qr, kr, vr, normalize=normalize, dtype=dtype_name, **kw)
     nv = naive(L.linear_attention, qr, kr, vr, order=order, normalize=normalize, dtype_name=dtype_name, **kw)
     if normalize and kw["eps"] == 0 and kw["clamp_min"] is None:
@@ -54,13 +55,28 @@ def _check(device, dtype_name, q, k, v, kw, order, normalize):
         fm, opts = kw["feature_map"], kw["feature_map_options"]
         base = {} if fm != "l1" else {"base_q": L.feature_map(qr, opts.get("base", "relu")),
                                       "base_k": L.feature_map(kr, opts.get("base", "relu"))}
+        # Also the rows whose normaliser is 0 already in float64 although the exact one is > 0 (features or
+        # products below float64's range, which the reference recomputes from log-features and a direct
+        # evaluation cannot): positive maps (ELU+1, softmax), or a term with two nonzero non-negative factors.
+        positive = (fm in ("elu1", "softmax")) | np.any(
+            (taps["phi_q"] > 0) & (taps["phi_k"].sum(axis=-2) > 0)[..., None, :], axis=-1)
         lost = analysis.lost_normaliser_rows(taps["phi_q"], taps["phi_k"], dtype_name, order=order, **base) \
-            | ((taps["denominator"] > 0) & (numerics.round_to(taps["denominator"], dtype_name) == 0))
-        if lost.any():
+            | ((taps["denominator"] > 0) & (numerics.round_to(taps["denominator"], dtype_name) == 0)) \
+            | ((taps["denominator"] == 0) & positive)
+        # Rows whose float64 normaliser is subnormal: a direct evaluation in float64 (the twin; float32's
+        # fallback) underflows there, so its bound reaches the output's size - no precision available resolves
+        # them.  They are checked on their own not to diverge, and left out of the comparison.
+        deep = (taps["denominator"] > 0) & (taps["denominator"] < np.finfo(np.float64).tiny) & ~lost
+        if lost.any() or deep.any():
             got = out.detach().cpu().double().numpy()
             assert np.all(np.isnan(got[lost])), "rows predicted to lose their normaliser are not NaN"
-            keep = ~lost
-            bound = numerics.Bound(np.broadcast_to(np.asarray(bound.scale), ref.shape)[keep], bound.k, bound.note)
+            if deep.any():
+                rep = numerics.compare(got[deep], ref[deep], numerics.Bound(
+                    np.broadcast_to(np.asarray(bound.scale), full)[deep], bound.k, bound.note), dtype_name,
+                    name="rows with a subnormal float64 normaliser")
+                assert rep.verdict != verdict.DIVERGES, str(rep)
+            keep = ~(lost | deep)
+            bound = numerics.Bound(np.broadcast_to(np.asarray(bound.scale), full)[keep], bound.k, bound.note)
             out, ref = got[keep], ref[keep]
             nv = None if nv is None else nv[keep]
             sel = torch.from_numpy(keep).to(device)
@@ -68,8 +84,7 @@ def _check(device, dtype_name, q, k, v, kw, order, normalize):
 
     def bound64():
         b = L.linear_attention_bound(qr, kr, vr, normalize=normalize, dtype="float64", **kw)
-        return b if sel is None else numerics.Bound(np.broadcast_to(np.asarray(b.scale), sel.shape)[keep], b.k,
-                                                    b.note)
+        return b if sel is None else numerics.Bound(np.broadcast_to(np.asarray(b.scale), full)[keep], b.k, b.note)
 
     assert_matches(out, ref, bound, dtype_name, naive=nv, name=f"linear attention {kw['feature_map']} {order}",
                    rerun=lambda: mod(*ts) if sel is None else mod(*ts)[sel],

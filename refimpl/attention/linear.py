@@ -728,11 +728,17 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
     (:func:`feature_map_error`) enter through F_num and F_den; k = d + M + 2 (normalize) or d + M.
 
     Range (docs/guarantees.md), normalised: the rows are bounded as :func:`linear_attention` computes them.
-    A row whose normaliser underflows although the exact one is > 0 (the rows it recomputes from log-features)
-    takes the bound of those rebalanced features (relu, elu1, softmax; inf for the other maps) with the
-    normaliser it divides by, eps and clamp_min scaled along exactly as in the direct rows.  For T = float64
+    For T = float64 (or ``dtype=None``) a row whose normaliser underflows although the exact one is > 0 (the
+    rows it recomputes from log-features) takes the bound of those rebalanced features (relu, elu1, softmax; inf
+    for the other maps) with the normaliser it divides by, eps and clamp_min scaled along exactly as in the
+    direct rows, or (T = float64) the direct bound where that is larger and finite: a direct evaluation (the
+    twins) does not recompute, and its features underflow as T's do, which the direct bound's underflow terms
+    eta_T over the tiny normaliser cover (where the float64 normaliser is itself 0 a direct evaluation has no
+    result, 0/0 = NaN).  Other precisions evaluate such a row directly: it keeps the direct bound (inf where
+    the float64 normaliser is 0).  For T = float64
     (or ``dtype=None``) the rows whose groups it rescales by powers of two (outside [2^-B, 2^B], B =
-    ``config.RANGE_RESCALE_EXPONENT``) take the bound of the rescaled computation; other precisions do not
+    ``config.RANGE_RESCALE_EXPONENT``) take the bound of the rescaled computation (float64: or the direct
+    bound where that is larger and finite, covering a direct evaluation's underflow); other precisions do not
     rescale, and neither does the unnormalised bound: for inputs above 2^B whose bound overflows,
     FloatingPointError naming the stage (numerics.check_bound_range).
 
@@ -769,12 +775,25 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
         with np.errstate(over="ignore", invalid="ignore", under="ignore"):
             k_sum = np.sum(pk, axis=-2)
             den, g = normaliser_scaled(np.einsum("bhnd,bhd->bhn", pq, k_sum), (x_q + x_k)[..., 0], **pol)
-        if (np.any(x_q) or np.any(x_k) or np.any(x_v)) and (dtype is None or numerics.format_name(dtype) == "float64"):
+        as_reference = dtype is None or numerics.format_name(dtype) == "float64"
+        if (np.any(x_q) or np.any(x_k) or np.any(x_v)) and as_reference:
             # the rescaled rows (only float64 rescales): their bound in the scaled units
             scale = np.ldexp(_kernelized_bound(pq, pk, vs, np.ldexp(e_q, -x_q), np.ldexp(e_k, -x_k), True,
                                                dtype=dtype, normaliser=(den, g), **pol).scale, x_v)
+            if dtype is not None:
+                # or a direct float64 evaluation (the twins: no rescaling), whose tiny products and values
+                # underflow: the direct bound where it is larger and finite (beyond float64 a direct
+                # evaluation overflows, which the NaN/Inf patterns catch)
+                scale = np.where(np.isfinite(bound.scale), np.maximum(scale, bound.scale), scale)
         hit = underflow_rows(den, pq, k_sum, feature_map in _POSITIVE_MAPS, (phi_q, phi_k))
-        if np.any(hit):
+        # A direct evaluation in T (no rescaling, no recomputation: the twins; every precision but float64)
+        # computes such a row with features that underflow as T's do: the direct bound covers it (its eta_T
+        # terms are relative to the tiny normaliser); where that is NaN (the float64 normaliser itself is 0,
+        # 0/0) no bound exists.
+        direct = np.where(hit[..., None] & np.isnan(bound.scale), np.inf, bound.scale)
+        if np.any(hit) and not as_reference:
+            scale = np.where(hit[..., None], direct, scale)
+        elif np.any(hit):
             # the rows linear_attention recomputes from log-features: the bound of the rebalanced features with the
             # normaliser rebalanced_output divides by (eps, clamp_min scaled along; inf without log-features), plus
             # f = exp(lq*) exp(m*)'s own relative error rho u (two exps, their arguments: the error ratios), which
@@ -794,6 +813,10 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
                     o = np.ldexp(np.abs(rq) @ (np.abs(rk).swapaxes(-1, -2) @ np.abs(vs)), -g_r[..., None]) / \
                         (den_r / f0)[..., None]
                     fix = np.ldexp(b_r.scale + o * ((w * rho + 2.0) / b_r.k)[..., None], x_v)
+            if dtype is not None:   # float64: the recomputed rows, or a direct evaluation of them (the larger),
+                # where that has a result: with a normaliser 0 in float64 it has none (0/0 = NaN, which no bound
+                # can excuse), and only the recomputation is bounded
+                fix = np.where(np.isfinite(direct), np.maximum(fix, direct), fix)
             scale = np.where(hit[..., None], fix, scale)
     return numerics.check_bound_range(numerics.Bound(scale, bound.k, f"feature map {feature_map!r}; {bound.note}"),
                                       "linear_attention_bound", q=q, k=k, v=v)
