@@ -135,3 +135,24 @@ def naive(fn: Callable[..., Any], *args: Any, dtype_name: str, **kwargs: Any) ->
     if dtype_name == "float64":
         return None
     return numerics.naive_same_precision(fn, *args, dtype=dtype_name, **kwargs)
+
+
+def assert_window_twin_matches(mod: torch.nn.Module, seed: int, x: np.ndarray, kw: Mapping[str, Any], dtype_name: str,
+                               device: str, name: str) -> None:
+    """The window-attention twin ``mod`` with random parameters (seeded, N(0, 1) scaled by C^-1/2 for the
+    projection matrices, rounded to T) against refimpl.attention.softmax.window_attention(x, params, **kw) through
+    the error model, x (B, H, W, C) already rounded to T."""
+    from refimpl.attention import softmax as S
+    c = x.shape[-1]
+    rng = np.random.default_rng(seed)
+    params = round_params({k: rng.standard_normal(v.shape) * (c ** -0.5 if v.ndim == 2 and "table" not in k else 1.0)
+                           for k, v in state_dict_to_numpy(mod).items()}, dtype_name)
+    mod = mod.to(device=device, dtype=torch_dtype(dtype_name)).eval()
+    load_numpy_state(mod, params)
+    xt = to_torch(x, dtype_name, device)
+    with torch.no_grad():
+        out = mod(xt)
+    ref = S.window_attention(x, params, **kw)
+    assert_matches(out, ref, S.window_attention_bound(x, params, dtype=dtype_name, **kw), dtype_name,
+                   naive=naive(S.window_attention, x, params, dtype_name=dtype_name, **kw), name=name,
+                   rerun=lambda: mod(xt))

@@ -17,8 +17,8 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, state_dict_to_numpy,
-                                    to_numpy, to_torch, torch_dtype)
+from equivalence.assertions import (assert_matches, assert_window_twin_matches, load_numpy_state, naive,
+                                    round_params, state_dict_to_numpy, to_numpy, to_torch, torch_dtype)
 from equivalence.strategies import KINDS, adversarial_arrays, generate
 from refimpl import layers, numerics
 from refimpl.attention import focused as F
@@ -91,21 +91,10 @@ def test_rectangular_window_attention(device, dtype_name, data):
     mod = WindowAttention(c, heads, ws, **opts)
     if mod.rel_pos_bias:
         assert mod.relative_position_bias_table.shape[0] == (2 * ws[0] - 1) * (2 * ws[1] - 1)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    params = round_params({k: rng.standard_normal(v.shape) * (c ** -0.5 if v.ndim == 2 and "table" not in k else 1.0)
-                           for k, v in state_dict_to_numpy(mod).items()}, dtype_name)
-    mod = mod.to(device=device, dtype=torch_dtype(dtype_name)).eval()
-    load_numpy_state(mod, params)
+    seed = data.draw(st.integers(0, 2**31))
     x = numerics.round_to(data.draw(adversarial_arrays((data.draw(st.integers(1, 2)), h_, w_, c))), dtype_name)
-    xt = to_torch(x, dtype_name, device)
-    with torch.no_grad():
-        out = mod(xt)
-    kw = dict(num_heads=heads, window_size=ws, **opts)
-    ref = S.window_attention(x, params, **kw)
-    assert_matches(out, ref, S.window_attention_bound(x, params, dtype=dtype_name, **kw), dtype_name,
-                   naive=naive(S.window_attention, x, params, dtype_name=dtype_name, **kw),
-                   name=f"window attention ({preset}, window {ws}, shift {opts['shift']}, grid {h_} x {w_})",
-                   rerun=lambda: mod(xt))
+    assert_window_twin_matches(mod, seed, x, dict(num_heads=heads, window_size=ws, **opts), dtype_name, device,
+                               f"window attention ({preset}, window {ws}, shift {opts['shift']}, grid {h_} x {w_})")
 
 
 @given(st.integers(0, 2**32 - 1), st.sampled_from(("paper", "official")), rect_windows(max_side=4, pad=False),

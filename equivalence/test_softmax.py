@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from hypothesis import given, strategies as st
 
-from equivalence.assertions import (assert_matches, load_numpy_state, naive, round_params, state_dict_to_numpy,
-                                    to_torch, torch_dtype)
+from equivalence.assertions import (assert_matches, assert_window_twin_matches, naive,
+                                    to_torch)
 from refimpl.twins.modules.softmax import SoftmaxAttention, WindowAttention
 from equivalence.strategies import adversarial_arrays, benign_arrays, window_configs
 from refimpl import numerics
@@ -61,18 +61,7 @@ def test_window_attention(device, dtype_name, data):
     opts.setdefault("shift", shift)
     qkv_bias = data.draw(st.booleans())
     mod = WindowAttention(c, heads, ws, qkv_bias=qkv_bias, **opts)
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    params = round_params({k_: rng.standard_normal(v_.shape) * (c ** -0.5 if v_.ndim == 2 and "table" not in k_
-                                                                   else 1.0)
-                            for k_, v_ in state_dict_to_numpy(mod).items()}, dtype_name)
-    mod = mod.to(device=device, dtype=torch_dtype(dtype_name)).eval()
-    load_numpy_state(mod, params)
+    seed = data.draw(st.integers(0, 2**31))
     x = numerics.round_to(data.draw(adversarial_arrays((data.draw(st.integers(1, 2)), h_, w_, c))), dtype_name)
-    xt = to_torch(x, dtype_name, device)
-    with torch.no_grad():
-        out = mod(xt)
-    kw = dict(num_heads=heads, window_size=ws, **opts)
-    ref = S.window_attention(x, params, **kw)
-    assert_matches(out, ref, S.window_attention_bound(x, params, dtype=dtype_name, **kw), dtype_name,
-                   naive=naive(S.window_attention, x, params, dtype_name=dtype_name, **kw),
-                   name=f"window attention ({preset}, shift {opts['shift']})", rerun=lambda: mod(xt))
+    assert_window_twin_matches(mod, seed, x, dict(num_heads=heads, window_size=ws, **opts), dtype_name, device,
+                               f"window attention ({preset}, shift {opts['shift']})")
