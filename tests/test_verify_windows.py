@@ -158,6 +158,30 @@ def test_rala_token_layout_matches(dtype):
     assert r.config["layout"] == "tokens" and r.config["input_layout"] == "tokens (B, N, C)"
     assert "forward(x, H, W)" in r.config_sources["layout"]
     assert {s.name: s.foreign for s in r.stages}["proj_in"].startswith("to_qkvg:output (read as (2, 6, 4, 64))")
+    # the twin runs the tokens layout (the channels-first twin between views: refimpl.verify.gradients._twin_rala):
+    # the whole module's torch ensemble, and --grad against the float64 twin
+    assert r.ensemble["torch"] is True, r.ensemble
+    g = V.verify(PortRALATokens(16, 2), "rala.attention", hw=(6, 4), dtype=dtype, grad=True)
+    assert g.verdict == "match" and g.gradients["verdict"] == "match", g
+    assert g.gradients["twin_forward"]["verdict"] == "match"
+    assert {t["name"] for t in g.gradients["tensors"]} == {"input", "qkvo.weight", "qkvo.bias", "lepe.weight",
+                                                          "lepe.bias", "proj.weight", "proj.bias"}
+
+
+def test_rala_token_layout_planted_bugs_with_gradients():
+    """With --grad on the tokens layout: a backward-only bug (the output projection's weight gradient scaled by
+    1.01) leaves the forward matching and diverges in that gradient only; the forward bug still diverges at the
+    stage the forward tests name."""
+    m = PortRALATokens(16, 2)
+    m.out.weight.register_hook(lambda grad: grad * 1.01)
+    r = V.verify(m, "rala.attention", hw=(6, 4), dtype="float32", grad=True)
+    assert r.whole_module["verdict"] == "match" and all(s.verdict == "match" for s in r.stages), r
+    assert r.verdict == "diverges" and r.gradients["verdict"] == "diverges", r
+    assert r.gradients["first_divergence"]["tensor"] == "proj.weight"
+    assert [t["name"] for t in r.gradients["tensors"] if t["verdict"] == "diverges"] == ["proj.weight"]
+    r = V.verify(PortRALATokens(16, 2, bug="softmax_axis"), "rala.attention", hw=(6, 4), dtype="float32", grad=True)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "alpha" and _before_ok(r, "alpha")
+    assert r.gradients["twin_forward"]["verdict"] == "match" and r.gradients["verdict"] == "diverges"
 
 
 def test_rala_token_layout_bug_and_the_channels_first_port_unchanged():

@@ -63,8 +63,66 @@ def _twin_enhanced(s: Any) -> tuple[Any, Callable]:
 
 
 def _twin_rala(s: Any) -> tuple[Any, Callable]:
+    """RALA's twin.  Channels-first: the twin as it is.  The reference's "tokens" layout (input tokens (B, N, C) or
+    channels-last (B, H, W, C), nn.Linear weights): with the fused q, k, v and gate projection ("qkvo", the only
+    projection the verifier infers) the twin has no forward in that layout (its channels-last branch runs the
+    split "qkv" projections), so the channels-first twin of the same configuration computes it
+    (:func:`_rala_tokens_twin`); with split projections, the twin's own channels-last forward."""
+    import dataclasses as _dc
+
     from refimpl.twins.modules.rala import RALAttention
-    m = RALAttention(s.cfg)
+    cfg, (h, w) = s.cfg, tuple(s.hw)
+    if cfg.layout == "channels_first":
+        m = RALAttention(cfg)
+        return m, lambda x: m(x)
+    if cfg.gate_source == "qkvo":
+        return _rala_tokens_twin(_dc.replace(cfg, layout="channels_first"), (h, w))
+    m = RALAttention(cfg)
+    return m, lambda x: m(x.reshape(x.shape[0], h, w, x.shape[-1])).reshape(x.shape)
+
+
+def _rala_tokens_twin(cf_cfg: Any, hw: tuple[int, int]) -> tuple[Any, Callable]:
+    """RALA in the reference's "tokens" layout with the fused "qkvo" projection, by the channels-first twin
+    (``cf_cfg``: the same configuration, layout "channels_first"): the same mathematics (refimpl.attention.rala:
+    ``_weight2d`` reads a 1 x 1 conv weight (out, in, 1, 1) and an nn.Linear one (out, in) as the same matrix; the
+    keys are the same).  The twin's 1 x 1 convs "qkvo" and "proj" are replaced by nn.Linear modules of the tokens
+    layout's shapes applied over the channel axis (F.linear on the channels-last view, so that the gradients'
+    magnitudes see a multilinear use of each weight); the returned module registers the twin's submodules at their
+    own names, so its parameters have the reference's keys and shapes.  The forward views x, (B, N, C) or
+    (B, H, W, C), as (B, C, H, W) for the twin and its output back in x's shape (exact data movement).  The module
+    is not a RALAttention: the ensemble records no teacher-forced stage tensors of it (they would be
+    channels-first, the tested ones channels-last), only the whole module's members."""
+    import torch
+    import torch.nn.functional as F
+
+    from refimpl.twins.modules.rala import RALAttention
+
+    class _OverChannels(torch.nn.Linear):
+        """nn.Linear (out, in) applied to the channel axis of (B, C, H, W): a 1 x 1 conv's map."""
+
+        def forward(self, x):
+            return F.linear(x.permute(0, 2, 3, 1), self.weight, self.bias).permute(0, 3, 1, 2)
+
+    class RALAttentionOnTokens(torch.nn.Module):
+        """The channels-first RALA twin on the tokens layout (:func:`refimpl.verify.gradients._rala_tokens_twin`)."""
+
+        def __init__(self):
+            super().__init__()
+            twin = RALAttention(cf_cfg)
+            c = cf_cfg.dim
+            twin.qkvo = _OverChannels(c, 4 * c, bias=cf_cfg.qkv_bias)
+            if cf_cfg.out_proj:
+                twin.proj = _OverChannels(c, c, bias=True)
+            for name, sub in twin.named_children():
+                self.add_module(name, sub)
+            object.__setattr__(self, "twin", twin)     # not registered: the parameters once, at the twin's names
+
+        def forward(self, x):
+            b, c, (h, w) = x.shape[0], x.shape[-1], hw
+            y = self.twin(x.reshape(b, h, w, c).permute(0, 3, 1, 2))
+            return y.permute(0, 2, 3, 1).reshape(x.shape)
+
+    m = RALAttentionOnTokens()
     return m, lambda x: m(x)
 
 
