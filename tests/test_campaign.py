@@ -79,7 +79,8 @@ MODULE_PARTS = {"angular": ("refimpl.attention.angular_series", "refimpl.attenti
                 "lisa": ("refimpl.attention.lisa_cores",),
                 "rala": ("refimpl.attention.rala_core", "refimpl.attention.rala_bounds"),
                 "focused": ("refimpl.attention.focused_core", "refimpl.attention.focused_bounds"),
-                "enhanced": ("refimpl.attention.enhanced_core",)}
+                "enhanced": ("refimpl.attention.enhanced_core",),
+                "linear": ("refimpl.attention.linear_maps",)}
 
 # Corruptions after which only an error is acceptable (a finite result would be a silent acceptance).
 REFUSED = {"dtype_int", "dtype_bool", "dtype_object", "dtype_complex", "str", "none", "not_mapping", "key_missing",
