@@ -28,6 +28,17 @@ for :func:`refimpl.verdict.compare`'s ensemble criterion:
 ``"fft conv"``
     convolutions by FFT (real transforms of the zero-padded input and kernel): a different algorithm with a
     normwise rather than element-wise error.
+``"winograd conv"``
+    3 x 3 convolutions of stride and dilation 1 by Winograd's minimal filtering F(6 x 6, 3 x 3) (Lavin & Gray,
+    "Fast algorithms for convolutional neural networks", CVPR 2016; interpolation points 0, +-1, +-2, +-1/2 and
+    infinity), with the input, kernel and output transforms evaluated in the accumulation dtype: NNPACK's 3 x 3
+    algorithm, which PyTorch's CPU convolution takes when oneDNN is off, and one of cuDNN's.  Its transforms
+    have entries up to 32 and 21/4, so its error is several times a direct convolution's (tens of u per
+    element of sum |w| |x|): a legitimate error that no summation order reproduces.  Other convolutions run
+    as PyTorch's own.
+``"winograd conv end-aligned"``
+    the same with the tiles aligned to the end of the image instead of its start: an output's error depends on
+    its place in its 6 x 6 tile, and an image smaller than a tile (a Swin window) sits at the other end of it.
 ``"onednn toggled"``
     PyTorch with oneDNN (mkldnn) in the other setting: switched off when it is on (PyTorch's own convolution,
     GEMM and activation kernels), switched on when the tested run has it off (REFIMPL_TORCH_ONEDNN=0, a build
@@ -50,14 +61,15 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import config
 
-__all__ = ["ORDERS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "stage_ensemble", "variant", "ordered_sum"]
+__all__ = ["ORDERS", "CONV_VARIANTS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "stage_ensemble", "variant", "ordered_sum"]
 
 ORDERS = ("recursive", "reversed", "pairwise", "blocked")
-VARIANTS = ORDERS + ("libm", "fft conv", "onednn toggled", "threads 1", "threads 2", "threads 16")
-#: What the equivalence suite runs: the four summation orders, other elementary-function evaluations, FFT
-#: convolution and oneDNN in its other setting.  The thread variants change nothing on most CPU kernels at test
+CONV_VARIANTS = ("fft conv", "winograd conv", "winograd conv end-aligned")
+VARIANTS = ORDERS + ("libm",) + CONV_VARIANTS + ("onednn toggled", "threads 1", "threads 2", "threads 16")
+#: What the equivalence suite runs: the four summation orders, other elementary-function evaluations, FFT and
+#: Winograd convolution and oneDNN in its other setting.  The thread variants change nothing on most CPU kernels at test
 #: sizes (bit-identical outputs) and are run by benchmarks/verdict.py instead.
-DEFAULT_VARIANTS = ORDERS + ("libm", "fft conv", "onednn toggled")
+DEFAULT_VARIANTS = ORDERS + ("libm",) + CONV_VARIANTS + ("onednn toggled",)
 
 
 def legitimate_runs(fn: Callable[[], Any], variants: Sequence[str] = DEFAULT_VARIANTS) -> dict[str, Any]:
@@ -98,7 +110,7 @@ def variant(name: str) -> Iterator[None]:
     """Run the enclosed torch code under one legitimate-algorithm variant (module docstring)."""
     import torch
 
-    if name in ORDERS or name in ("fft conv", "libm"):
+    if name in ORDERS or name in CONV_VARIANTS or name == "libm":
         with _AlgorithmMode(name):
             yield
     elif name == "onednn toggled":
@@ -276,6 +288,83 @@ def _conv2d_fft(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: 
     return out.to(dtype)
 
 
+# Winograd F(6, 3): y = A^T [(G g) * (B^T d)] for the 6 outputs of a 3-tap correlation over 8 inputs, from the
+# interpolation points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (Lavin & Gray 2016, section 4; every entry is the
+# exact rational; tests/test_ensemble.py checks the identity in float64).  NNPACK and ncnn scale G's rows for
+# +-1/2 by 1/32 and A^T's columns by 32: powers of two, so the computed values are the same bit for bit.  In two
+# dimensions the transforms act on both axes of an 8 x 8 input tile: Y = A^T [(G g G^T) * (B^T d B)] A.
+_WINO_BT = ((1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0),
+            (0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0),
+            (0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0),
+            (0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0),
+            (0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0),
+            (0, 2, 4, -5 / 2, -5, 1 / 2, 1, 0),
+            (0, -2, 4, 5 / 2, -5, -1 / 2, 1, 0),
+            (0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1))
+_WINO_G = ((1, 0, 0),
+           (-2 / 9, -2 / 9, -2 / 9),
+           (-2 / 9, 2 / 9, -2 / 9),
+           (1 / 90, 1 / 45, 2 / 45),
+           (1 / 90, -1 / 45, 2 / 45),
+           (32 / 45, 16 / 45, 8 / 45),
+           (32 / 45, -16 / 45, 8 / 45),
+           (0, 0, 1))
+_WINO_AT = ((1, 1, 1, 1, 1, 1, 1, 0),
+            (0, 1, -1, 2, -2, 1 / 2, -1 / 2, 0),
+            (0, 1, 1, 4, 4, 1 / 4, 1 / 4, 0),
+            (0, 1, -1, 8, -8, 1 / 8, -1 / 8, 0),
+            (0, 1, 1, 16, 16, 1 / 16, 1 / 16, 0),
+            (0, 1, -1, 32, -32, 1 / 32, -1 / 32, 1))
+
+
+def _conv2d_winograd(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: int,
+                     align: str = "start", absolute: bool = False) -> Any:
+    """Cross-correlation with a 3 x 3 kernel, stride 1 and dilation 1 by Winograd F(6 x 6, 3 x 3): the padded
+    input cut into 8 x 8 tiles overlapping by 2, each transformed (B^T d B), multiplied element-wise by the
+    transformed kernel (G g G^T) and summed over the group's input channels, then transformed back (A^T m A)
+    into a 6 x 6 output tile.  Every step in the accumulation dtype.  ``align="start"``: the first tile starts at
+    the first output (NNPACK's tiling); ``"end"``: the last tile ends at the last output, the zeros completing the
+    tiles going before the image.  An output's error depends on its position in its tile (A^T's row for output 5
+    reaches 32, row 0 is all ones), so the two alignments are two differently placed error patterns.  Other
+    convolutions raise NotImplementedError, so that PyTorch's own runs them.
+
+    ``absolute=True`` runs the same steps on |x|, |w|, |bias| with the transforms' absolute values: the
+    algorithm's componentwise rounding-error coefficient (each transform is a short inner product, so its error
+    is at most gamma of its depth times the transform of absolute values; tests/test_ensemble.py bounds the
+    float32 algorithm by it)."""
+    import torch
+    import torch.nn.functional as F
+
+    if tuple(w.shape[-2:]) != (3, 3) or tuple(stride) != (1, 1) or tuple(dilation) != (1, 1):
+        raise NotImplementedError
+    x, _ = _pad_for_conv(x, w, padding, dilation)
+    dtype = x.dtype
+    acc = _acc_dtype(dtype)
+    bt, g, at = (torch.tensor(m, dtype=acc, device=x.device) for m in (_WINO_BT, _WINO_G, _WINO_AT))
+    if absolute:
+        bt, g, at, x, w = bt.abs(), g.abs(), at.abs(), x.abs(), w.abs()
+        bias = None if bias is None else bias.abs()
+    bsz, cin, hh, ww = x.shape
+    cout, cg, _, _ = w.shape
+    hout, wout = hh - 2, ww - 2
+    th, tw = -(-hout // 6), -(-wout // 6)
+    eh, ew = 6 * th - hout, 6 * tw - wout                           # the tiles' overhang
+    before_h, before_w = (eh, ew) if align == "end" else (0, 0)
+    xa = F.pad(x.to(acc), (before_w, ew - before_w, before_h, eh - before_h))
+    d = xa.unfold(2, 8, 6).unfold(3, 8, 6)                          # (B, cin, th, tw, 8, 8)
+    v = torch.einsum("ij,bctsjk,lk->bctsil", bt, d, bt)             # B^T d B
+    u = torch.einsum("ij,ocjk,lk->ocil", g, w.to(acc), g)           # G g G^T
+    v = v.reshape(bsz, groups, cg, th, tw, 8, 8)
+    u = u.reshape(groups, cout // groups, cg, 8, 8)
+    m = torch.einsum("bgctsil,gocil->bgotsil", v, u)                 # element-wise product, summed over channels
+    y = torch.einsum("ij,bgotsjk,lk->bgotsil", at, m, at)           # A^T m A: (..., 6, 6)
+    y = y.reshape(bsz, cout, th, tw, 6, 6).permute(0, 1, 2, 4, 3, 5).reshape(bsz, cout, 6 * th, 6 * tw)
+    out = y[..., before_h:before_h + hout, before_w:before_w + wout]
+    if bias is not None:
+        out = out + bias.to(acc).reshape(1, -1, 1, 1)
+    return out.to(dtype)
+
+
 def _pair(v: Any) -> tuple[int, int]:
     return (int(v), int(v)) if isinstance(v, int) else (int(v[0]), int(v[1]))
 
@@ -432,7 +521,9 @@ def _make_mode(name: str) -> Any:
     from torch.overrides import TorchFunctionMode
 
     fft = name == "fft conv"
-    order = "pairwise" if fft else name
+    winograd = name in ("winograd conv", "winograd conv end-aligned")
+    conv_only = fft or winograd               # these variants change the convolutions and nothing else
+    order = "pairwise" if conv_only else name
 
     def floating(*ts: Any) -> bool:
         return all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in ts)
@@ -441,6 +532,9 @@ def _make_mode(name: str) -> Any:
         stride, dilation = _pair(stride), _pair(dilation)
         if fft:
             return _conv2d_fft(x, w, bias, stride, padding, dilation, groups)
+        if winograd:
+            return _conv2d_winograd(x, w, bias, stride, padding, dilation, groups,
+                                    "end" if name.endswith("end-aligned") else "start")
         return _conv2d_im2col(x, w, bias, stride, padding, dilation, groups, order)
 
     def linear(x, w, b=None):
@@ -495,7 +589,7 @@ def _make_mode(name: str) -> Any:
     handlers: dict[Any, Callable[..., Any]] = {torch.conv2d: conv2d, F.conv2d: conv2d}
     if libm:
         handlers = _libm_handlers()
-    elif not fft:
+    elif not conv_only:
         handlers.update({
             F.linear: linear, torch.matmul: matmul, torch.Tensor.matmul: matmul, torch.Tensor.__matmul__: matmul,
             torch.bmm: matmul, torch.Tensor.bmm: matmul, torch.mm: matmul, torch.Tensor.mm: matmul,
@@ -509,7 +603,7 @@ def _make_mode(name: str) -> Any:
     class Mode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if func is rmatmul and not (fft or libm):
+            if func is rmatmul and not (conv_only or libm):
                 return matmul(args[1], args[0])
             h = handlers.get(func)
             tensors = [a for a in args if isinstance(a, torch.Tensor)]
