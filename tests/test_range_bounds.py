@@ -19,6 +19,19 @@
    inconclusive and not "match") - in float32 (the definition recomputes the row from log-features in
    float64, but the float32 bound is that of the direct evaluation) and in float64 (a feature subnormal in
    float64: the bound of the recomputation, or of the direct evaluation where that is larger).
+4. RALA's core (rala_bounds.rala_core_bound) on tiny inputs (2^-600, 2^-1000, subnormal; paper and official
+   presets, ELU + 1 and ReLU, with and without reweighting; ELU + 1 features near 2^-600): the rows rala_core
+   rescales take the bound of that computation, finite, holding against Eq. 2-4 in 60 digits (the paper
+   preset's ReLU and 2^-600-feature cases fail with the unscaled model, which gives them inf), and tight:
+   homogeneous like the computation (the same inputs moved into the normal range have the same bound, scaled
+   back, where alpha = 1), at most 1e-10 of the head's largest value (S_num / D <= max |v|; 2^-1022 where
+   that is smaller), and not vacuous: the worst element's error is >= 1 / (128 K) of its bound.  Derivation
+   of the factor: the bound's leading term is gamma_K (S_num + |O| S_D) / D with S_num / D, |O| S_D / D
+   <= max |v| (non-negative features), RoPE's rotations at most doubling each of its two operands'
+   magnitudes, so E <= 8 K u max |v| (measured <= 7.3 K u max |v|); the values are full-precision and cancel,
+   so the worst element of a head errs by at least a sixteenth of a rounding of max |v| (measured
+   0.07 .. 0.76 u max |v|; ELU + 1 of tiny inputs is exactly 1, the least rounding).  Measured err / E:
+   7e-4 .. 3.5e-2 (official ReLU's outputs underflow, eps dominating: E ~ eta).
 """
 
 from __future__ import annotations
@@ -29,6 +42,8 @@ import pytest
 
 from refimpl import numerics
 from refimpl.attention import linear as L
+from refimpl.attention.rala_bounds import rala_core_bound
+from refimpl.attention.rala_core import RALAConfig, rala_core
 
 mpmath.mp.dps = 60
 
@@ -160,3 +175,127 @@ def test_direct_evaluation_of_underflowing_features_is_covered(dtype, q):
     q2 = np.concatenate([q, np.full((1, 1, 1, 3), 0.5)], axis=2)
     b2 = L.linear_attention_bound(q2, k, v, dtype=dtype, **kw)
     assert np.asarray(b2.scale)[0, 0, 1, 0] < 10 * abs(ref[0, 0, 0, 0])
+def _kappa(x: float, kernel: str) -> mpmath.mpf:
+    return _phi(x, "relu" if kernel == "relu" else "elu1")
+
+
+def _rot(vec: list, i: int, w: int, base: float) -> list:
+    """RALA's 2-D RoPE of one head vector at token i (pairs (2p, 2p+1); the first d/4 pairs rotate by the row
+    times base^(-t/(d/4 - 1)), the others by the column), in 60 digits."""
+    d, out = len(vec), list(vec)
+    n = d // 4
+    for p in range(d // 2):
+        t = p if p < n else p - n
+        om = mpmath.mpf(base) ** (-mpmath.mpf(t) / (n - 1)) if n > 1 else mpmath.mpf(1)
+        th = (i // w if p < n else i % w) * om
+        c, s = mpmath.cos(th), mpmath.sin(th)
+        out[2 * p], out[2 * p + 1] = vec[2 * p] * c - vec[2 * p + 1] * s, vec[2 * p + 1] * c + vec[2 * p] * s
+    return out
+
+
+def _rala_exact(q, k, v, cfg: RALAConfig, w: int) -> np.ndarray:
+    """RALA Eq. 2-4 with the released code's options (global query, alpha scale, RoPE, token mean, eps) in
+    60-digit arithmetic, rounded once to float64 (NaN where the normaliser is 0: a dead ReLU row)."""
+    b_, h, n, d = q.shape
+    out = np.empty(q.shape)
+    for b in range(b_):
+        for hh in range(h):
+            f = lambda x: [[mpmath.mpf(float(t)) for t in row] for row in x[b, hh]]
+            kq = [[_kappa(t, cfg.kernel) for t in row] for row in q[b, hh]]
+            kk = [[_kappa(t, cfg.kernel) for t in row] for row in k[b, hh]]
+            vv = f(v)
+            alpha = [mpmath.mpf(1)] * n
+            if cfg.reweight:
+                src = f(q) if cfg.global_query == "q" else kq
+                qg = [mpmath.fsum(src[i][c] for i in range(n)) / n for c in range(d)]
+                sc = 1 / mpmath.sqrt(d) if cfg.alpha_scale == "head_dim" else 1
+                s = [sc * mpmath.fsum(qg[c] * kk[j][c] for c in range(d)) for j in range(n)]
+                ex = [mpmath.exp(t - max(s)) for t in s]
+                alpha = [n * t / mpmath.fsum(ex) for t in ex]
+            kw = [[alpha[j] * t for t in kk[j]] for j in range(n)]
+            qn, kn = kq, kw
+            if cfg.rope:
+                qn, kn = [_rot(kq[i], i, w, cfg.rope_base) for i in range(n)], [_rot(kw[j], j, w, cfg.rope_base)
+                                                                                for j in range(n)]
+            norm = mpmath.mpf(1) / n if cfg.token_scaling == "mean" else 1
+            for i in range(n):
+                a = [mpmath.fsum(qn[i][c] * kn[j][c] for c in range(d)) for j in range(n)]
+                den = norm * mpmath.fsum(kq[i][c] * kw[j][c] for j in range(n) for c in range(d)) + cfg.eps
+                for e in range(d):
+                    num = norm * mpmath.fsum(a[j] * vv[j][e] for j in range(n))
+                    out[b, hh, i, e] = float(num / den) if den != 0 else np.nan
+    return out
+
+
+RALA_TINY = [(preset, kernel, ex) for preset in ("paper", "official") for kernel in ("relu", "elu1")
+             for ex in (-600, -1000, -1072)] + [("paper", "exp", -600), ("official", "exp", -600)]
+
+
+@pytest.mark.parametrize("preset,kernel,ex", RALA_TINY)
+def test_rala_core_bound_on_tiny_inputs(preset, kernel, ex):
+    """Item 3 (module docstring): q, k (and v, but for the subnormal case) times 2^ex; "exp": ELU + 1 of q, k
+    near -416, features near 2^-600 whose products underflow (the unscaled model has no bound there)."""
+    rng = np.random.default_rng(abs(ex) + len(preset) + len(kernel))
+    cfg = RALAConfig.preset(preset, dim=8, num_heads=2, kernel="elu1" if kernel == "exp" else kernel,
+                            reweight=ex != -1000)
+    q, k, v = (rng.standard_normal((1, 2, 4, 4)) for _ in range(3))
+    v = v - np.mean(v, axis=-2, keepdims=True)                   # cancelling values: outputs near 0 occur
+    ex_v = ex if ex > -1022 else -600
+    if kernel == "exp":
+        q, k, v = q - 416.0, k - 416.0, np.ldexp(v, ex_v)
+    else:
+        q, k, v = np.ldexp(q, ex), np.ldexp(k, ex), np.ldexp(v, ex_v)
+    out = rala_core(q, k, v, cfg, (2, 2))
+    bound = rala_core_bound(q, k, v, cfg, (2, 2), dtype="float64")
+    e = bound.array("float64", out.shape)
+    exact = _rala_exact(q, k, v, cfg, 2)
+    live = np.isfinite(exact)                                      # eps = 0: a dead ReLU row is 0/0
+    assert np.any(live) and np.all(np.isfinite(e[live]))
+    err = np.abs(out - exact)
+    assert np.all(err[live] <= e[live]), (out, exact, e)
+    size = np.maximum(np.max(np.abs(v), axis=(-2, -1), keepdims=True), np.finfo(float).tiny)   # per head
+    assert np.all(e[live] <= 1e-10 * np.broadcast_to(size, e.shape)[live])
+    if np.all(np.abs(exact[live]) < np.finfo(float).tiny):        # eps dominates: the output underflows
+        return
+    assert np.max(np.where(live, err / e, 0.0)) >= 1.0 / (128 * bound.k)
+    if cfg.eps == 0 and not cfg.reweight and kernel != "exp":
+        # homogeneity: kappa(Q) rows, kappa(K) of degree 0 (ReLU; Eq. 4's alpha is not: its logits scale), V of 1
+        sq = 0 if kernel == "elu1" else -ex
+        big = rala_core_bound(np.ldexp(q, sq), np.ldexp(k, sq), np.ldexp(v, -ex_v), cfg, (2, 2), dtype="float64")
+        moved = np.ldexp(big.array("float64", out.shape), ex_v)
+        eta = numerics.underflow_eta("float64")
+        assert np.allclose(e[live], moved[live], rtol=1e-9, atol=100 * eta), (e, moved)
+
+
+def test_rala_core_bound_scaled_rows_only():
+    """Only the elements whose groups rala_core rescales change: a head of tiny ReLU inputs beside a head in
+    the normal range keeps the latter's bound bit for bit, and the tiny head's is finite (the unscaled model
+    gives it none: its products underflow)."""
+    rng = np.random.default_rng(3)
+    cfg = RALAConfig.preset("paper", dim=8, num_heads=2, kernel="relu", reweight=False)
+    q, k, v = (rng.random((1, 2, 4, 4)) + 0.1 for _ in range(3))
+    tiny = [np.concatenate([np.ldexp(x[:, :1], -700), x[:, 1:]], axis=1) for x in (q, k)]
+    b_normal = rala_core_bound(q, k, v, cfg, dtype="float64").scale
+    b_mixed = rala_core_bound(tiny[0], tiny[1], v, cfg, dtype="float64").scale
+    assert np.array_equal(b_mixed[:, 1:], b_normal[:, 1:])
+    assert np.all(np.isfinite(b_mixed[:, :1]))
+    assert np.allclose(b_mixed[:, :1], b_normal[:, :1], rtol=1e-9)    # degree 0 (alpha = 1: no reweighting)
+
+
+@pytest.mark.parametrize("preset,kernel,ex", [("paper", "relu", -515), ("paper", "relu", -530),
+                                              ("official", "relu", -520), ("official", "elu1", -600)])
+def test_rala_core_bound_covers_a_direct_evaluation(preset, kernel, ex):
+    """The rescaled rows' bound covers the other legitimate float64 evaluation too: the PyTorch twin's core,
+    which does not rescale, so its tiny products underflow (its error there is far above the rescaled
+    computation's, and within the direct model's eta_T terms, which the bound keeps where they are finite)."""
+    torch = pytest.importorskip("torch")
+    from refimpl.twins.modules.rala import rala_core as rala_core_t
+    rng = np.random.default_rng(11 + abs(ex))
+    cfg = RALAConfig.preset(preset, dim=8, num_heads=2, kernel=kernel, reweight=ex != -1000)
+    q, k, v = (np.ldexp(rng.standard_normal((1, 2, 4, 4)), ex) for _ in range(3))
+    exact = _rala_exact(q, k, v, cfg, 2)
+    e = rala_core_bound(q, k, v, cfg, (2, 2), dtype="float64").array("float64", exact.shape)
+    with torch.no_grad():
+        direct = rala_core_t(*(torch.from_numpy(a) for a in (q, k, v)), cfg, (2, 2)).numpy()
+    live = np.isfinite(exact) & np.isfinite(direct)        # products below 2^-1074 give the twin 0/0 = NaN
+    assert np.any(live) and np.all(np.abs(direct - exact)[live] <= e[live]), np.max((np.abs(direct - exact) / e)[live])

@@ -17,6 +17,7 @@ public name is re-exported by :mod:`refimpl.attention.rala`, its documented home
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ import numpy as np
 
 from .. import bounds, config, layers, numerics, validation, verdict
 from .focused_bounds import _token_quadrature
-from .normaliser_range import log_features, rebalance
+from .normaliser_range import log_features, normaliser_scaled, rebalance, scaling_exponents
 from .rala_core import (RALAConfig, _merge_heads, _param, _reweighting, _split_heads, _tokens_to_cf, _weight2d,
                         apply_rope_2d, kappa, rala_core, recomputed_rows, rope_2d_angles)
 
@@ -618,9 +619,13 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     derivation in the module's "Error model" section.  Valid for both orders and for the stage orders of the
     PyTorch twin (official: 1/(den + eps) then a product; k * softmax * N).  The rows whose normaliser
     underflows (the rows rala_core recomputes from log-features, rala_core.recomputed_rows) take the bound of
-    that computation (:func:`_recomputed_error`; with RoPE the direct model's).  Range: the bound is not rescaled;
-    where q, k or v exceeds 2^256 (config.RANGE_RESCALE_EXPONENT) and the bound overflows, FloatingPointError
-    naming the stage (numerics.check_bound_range).
+    that computation (:func:`_recomputed_error`; with RoPE the direct model's).  Range: for T = float64 the
+    elements whose groups rala_core rescales by powers of two (a row of kappa(Q), a head's kappa(K), a column of
+    V outside [2^-B, 2^B], B = config.RANGE_RESCALE_EXPONENT: tiny and subnormal inputs, ELU + 1 of inputs
+    below -177) take the bound of that rescaled computation (:func:`_rescaled_error`), so that it is finite and
+    relative to the output's size there; other precisions do not rescale (float32 holds no magnitude outside the
+    band).  Where the bound overflows for inputs above 2^B, FloatingPointError naming the stage
+    (numerics.check_bound_range).
 
     References: RALA Eq. 2-4, 6; Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
     """
@@ -635,21 +640,77 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     z = np.zeros_like(q)
     e, depth = _core_error(q, z, k, z, v, z, cfg, hw, pr)
     sigma = _core_sigma(q, z, k, z, v, z, cfg, hw, pr)
-    hit, alpha = recomputed_rows(q, k, cfg)
+    e, scaled = _rescaled_error(e, q, k, v, cfg, hw, pr)
     note = ""
+    if np.any(scaled):  # sigma is of the unscaled computation: E / u_T (_as_bound), the worst case, there
+        sigma = np.where(scaled, np.inf, sigma)
+        note = "; rows rescaled by powers of two: the rescaled computation's bound (_rescaled_error)"
+    hit, alpha = recomputed_rows(q, k, cfg)
     if np.any(hit):     # the rows rala_core recomputes from log-features: the bound of that computation
         e = _recomputed_error(e, hit, q, k, v, alpha, cfg, pr)
         sigma = np.where(hit[..., None], np.inf, sigma)     # (_as_bound: E / u_T, the worst case, there)
-        note = "; rows recomputed from log-features: the rebalanced features' bound (_recomputed_error)"
+        note += "; rows recomputed from log-features: the rebalanced features' bound (_recomputed_error)"
     e64 = None
     if not (np.all(np.isfinite(e)) and math.isfinite(pr.g(depth))):    # the reference's own error, finite
         p64 = _Prec.of("float64")
-        e64 = _core_error(q, z, k, z, v, z, cfg, hw, p64)[0]
+        e64 = _rescaled_error(_core_error(q, z, k, z, v, z, cfg, hw, p64)[0], q, k, v, cfg, hw, p64)[0]
         if np.any(hit):
             e64 = _recomputed_error(e64, hit, q, k, v, alpha, cfg, p64)
     bound = _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth:.4g}; l2 "
                                     f"coefficient sigma (_core_sigma){note}", sigma=sigma, e_ref=e64)
     return numerics.check_bound_range(bound, "rala_core_bound", q=q, k=k, v=v)
+
+
+def _rescaled_error(e: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: RALAConfig, hw: Any,
+                    pr: _Prec) -> tuple[np.ndarray, np.ndarray]:
+    """(E, scaled): E (B, h, N, d) with the elements that :func:`rala_core` computes on groups rescaled by powers
+    of two (``scaled``: e_q of the row, e_k of the head or e_v of the column nonzero, normaliser_range.
+    scaling_exponents; T = float64 only, the one format with magnitudes outside the band) given the bound of that
+    computation; every other element keeps ``e``, bit for bit.  The computation: kappa(Q), kappa(K) and alpha as
+    unscaled (alpha's logits are not scaled up: their absolute underflow moves alpha relatively by eta_T);
+    kappa(Q_i) 2^-e_q, kappa(K) 2^-e_k, V 2^-e_v exact (a group scaled down may underflow: eta_T per entry);
+    Eq. 2-3 on them (:func:`_attention_parts_error` without eps); the normaliser den (eps = 0) as
+    normaliser_range.normaliser_scaled forms it, den 2^-g + eps 2^-(e_q + e_k + g) (the ldexp of den and of the
+    constant each eta_T where they underflow, the addition one rounding, :func:`refimpl.bounds.e_sum2`); the
+    quotient (two roundings, the twin's order included) scaled back by 2^(e_v - g), whose rounding into the
+    subnormal range adds eta_T.  That bound is homogeneous like the computation: on tiny inputs it is the bound
+    of the same inputs moved into the normal range, scaled back (up to its eta_T terms).  Where the direct bound
+    ``e`` is finite and larger (a direct evaluation, which does not rescale, underflows), it is kept: the
+    bound covers both evaluations."""
+    kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
+    e_q, e_k, e_v = scaling_exponents(kq, kk, v)
+    scaled = np.broadcast_to((e_q != 0) | (e_k != 0) | (e_v != 0), e.shape)
+    if pr.dtype != "float64" or not np.any(scaled):
+        return e, np.zeros(e.shape, dtype=bool)
+    z = np.zeros_like(q)
+    ekq, ekk = _e_kappa(q, z, cfg.kernel, pr), _e_kappa(k, z, cfg.kernel, pr)
+    if cfg.reweight:
+        alpha, ealpha, _ = _alpha_error(q, z, kq, ekq, kk, ekk, cfg, pr)
+    else:
+        alpha, ealpha = np.ones(q.shape[:-1]), np.zeros(q.shape[:-1])
+    down = lambda x: np.where(x > 0, pr.eta, 0.0)      # a group scaled down: an entry may underflow
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        kq_s, ekq_s = np.ldexp(kq, -e_q), np.ldexp(ekq, -e_q) + down(e_q)
+        kk_s, ekk_s = np.ldexp(kk, -e_k), np.ldexp(ekk, -e_k) + down(e_k)
+        kw_s = alpha[..., None] * kk_s
+        ekw_s = _e_product(alpha[..., None], ealpha[..., None], kk_s, ekk_s, pr) + pr.eta
+        v_s, ev_s = np.ldexp(v, -e_v), np.broadcast_to(down(e_v), v.shape)
+        num, enum, den, eden, _ = _attention_parts_error(kq_s, ekq_s, kw_s, ekw_s, v_s, ev_s,
+                                                         dataclasses.replace(cfg, eps=0.0), hw, pr)
+        e_qk = (e_q + e_k)[..., 0]
+        den_eff, g = normaliser_scaled(den, e_qk, eps=cfg.eps, eps_policy="add", clamp_min=None)
+        den_g, eden_g = np.ldexp(den, -g), np.ldexp(eden, -g) + down(g)
+        if cfg.eps:
+            eps_c = np.ldexp(cfg.eps, -e_qk - g)
+            eden_g = _e_sum2(den_g, eden_g, eps_c, np.where(eps_c < np.finfo(np.float64).tiny, pr.eta, 0.0), pr)
+        y = num / den_eff[..., None]
+        fix = np.ldexp(_e_quotient(y, enum, den_eff[..., None], eden_g[..., None], pr, roundings=2),
+                       e_v - g[..., None]) + pr.eta
+    fix = np.where(np.isnan(fix), np.inf, fix)
+    # A direct float64 evaluation (the twins: no rescaling) computes these rows with products that underflow,
+    # which the direct bound's eta_T terms cover: the larger of the two where the direct one is finite.
+    fix = np.where(np.isfinite(e), np.maximum(fix, e), fix)
+    return np.where(scaled, fix, e), scaled
 
 
 def _recomputed_error(e: np.ndarray, hit: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
