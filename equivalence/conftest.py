@@ -8,6 +8,12 @@ deterministic algorithms are required, so a CUDA run is reproducible and its flo
 Other legitimate algorithms, for running the whole suite as another machine would (the verdict must accept
 them all): ``REFIMPL_TORCH_ONEDNN=0`` switches oneDNN (mkldnn) off, ``REFIMPL_TORCH_THREADS=N`` sets torch's
 intra-op thread count.
+
+The convolution algorithms the bounds cover (refimpl.bounds.covering_conv_algorithms): with oneDNN off PyTorch's
+CPU convolution takes NNPACK (batch >= 16), whose Winograd F(6x6, 3x3) and 8 x 8 / 16 x 16 FFT tiles err far
+beyond a direct convolution's bound (up to 10^5 times it next to a large input); cuDNN may choose Winograd or
+tiled FFT too.  There every convolution bound also covers Winograd and tiled FFT (wider, as those algorithms'
+errors are); on the default CPU path (oneDNN) the bounds are the direct convolution's.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ import os
 
 import pytest
 import torch
+
+from refimpl import bounds
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -47,3 +55,18 @@ def device(request) -> str:
 @pytest.fixture(scope="session", params=["float32", "float64"])
 def dtype_name(request) -> str:
     return request.param
+
+
+def nnpack_may_run() -> bool:
+    """PyTorch's CPU convolution may take NNPACK: oneDNN off and NNPACK built in and enabled."""
+    return (not torch._C._get_mkldnn_enabled()) and torch.backends.nnpack.is_available() \
+        and torch._C._get_nnpack_enabled()
+
+
+@pytest.fixture(autouse=True)
+def conv_algorithms_of_this_run(request):
+    """Every test's bounds cover the convolution algorithms its torch run may take (module docstring)."""
+    cuda = "device" in request.fixturenames and request.getfixturevalue("device") == "cuda"
+    algorithms = ("winograd", "fft") if cuda or nnpack_may_run() else ()
+    with bounds.covering_conv_algorithms(*algorithms):
+        yield algorithms

@@ -33,9 +33,10 @@ tests/test_import_graph.py::test_the_error_calculus_sits_below_the_layers); docs
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -45,7 +46,9 @@ __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e
            "e_accumulate", "e_linear", "e_depthwise", "layer_norm_parts", "e_layer_norm", "layer_norm_cap",
            "e_elementwise", "e_roundings", "e_mean", "linear_scale", "depthwise_scale", "layer_norm_scale",
            "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
-           "LAYER_NORM_ROUNDINGS"]
+           "LAYER_NORM_ROUNDINGS", "CONV_ALGORITHMS", "conv_algorithms", "covering_conv_algorithms",
+           "WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_applies", "winograd_roundings", "winograd_scale",
+           "conv_scale", "fft_tile_roundings", "fft_tile_scale", "other_algorithm_scales"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,15 +227,25 @@ def _linear_s(xp, aw, bias, flat: bool) -> np.ndarray:
     return s
 
 
-def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarray]) -> np.ndarray:
+def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarray],
+                padding: Any = None) -> np.ndarray:
     """Error of a depthwise convolution (B, C, H, W) with weight (C, 1, KH, KW), x carrying E_x:
     :func:`e_accumulate` with S = conv(X+, |W|, |b|), P = conv(E_x, |W|), n = KH KW.  ``conv(x, w, b)`` is the
     caller's convolution (refimpl.layers.depthwise_conv2d with its padding and stride): the calculus sits below
-    the layers."""
+    the layers.  ``padding`` (top, bottom, left, right, or one int), given where ``conv`` has stride and dilation 1:
+    the larger of that and the bound gamma_k S + P of every other algorithm :func:`conv_algorithms` covers
+    (:func:`other_algorithm_scales`; the input errors propagate through the same linear map, so P is
+    unchanged)."""
     kk = weight.shape[2] * weight.shape[3]
     aw = np.abs(weight)
-    s = conv(pr.mag(x, ex), aw, None if bias is None else np.abs(bias))
-    return e_accumulate(s, conv(ex, aw, None), kk, bias is not None, pr)
+    ab = None if bias is None else np.abs(bias)
+    mag = pr.mag(x, ex)
+    prop = conv(ex, aw, None)
+    e = e_accumulate(conv(mag, aw, ab), prop, kk, bias is not None, pr)
+    if padding is not None:
+        for s_alg, k_alg in other_algorithm_scales(mag, aw, ab, padding, 1, 1, groups=weight.shape[0]):
+            e = np.maximum(e, pr.g(pr.sums(k_alg)) * s_alg + prop + k_alg * pr.eta)
+    return e
 
 
 def depthwise_scale(x, weight, bias, conv: Callable[..., np.ndarray]) -> np.ndarray:
@@ -382,3 +395,182 @@ def e_batch_norm(x, ex, weight, bias, running_mean, running_var, eps: float, pr:
     if pr.eta > 0:
         e = e + pr.eta * pr.factor(2) * (np.abs(weight)[col] + xp + np.abs(running_mean)[col])
     return e
+
+
+# ===================================================================================================
+# Convolution algorithms: which the bounds cover, and Winograd's error
+# ===================================================================================================
+
+#: The algorithms a convolution's bound may be asked to cover.  "direct": every evaluation as sums of the KH KW
+#: (C / groups) products in any order (direct loops, im2col + GEMM, oneDNN's direct kernels): gamma_n on the
+#: convolution of absolute values (Higham 3.12).  "winograd": Winograd's minimal filtering F(6 x 6, 3 x 3) for
+#: 3 x 3 kernels of stride and dilation 1 (Lavin & Gray, CVPR 2016), which PyTorch's CPU convolution takes
+#: through NNPACK when oneDNN is off (batch >= 16) and cuDNN may choose on a GPU: its transforms cancel, so its
+#: error is tens to thousands of u on sum |w| |x| (tests/test_ensemble.py) and the direct bound does not cover
+#: it.  "fft": FFT convolution on tiles of config.CONV_FFT_TILE (NNPACK's other algorithm, for kernels up to 16;
+#: cuDNN's FFT_TILING): its error is normwise over a tile, so an output next to a large input errs in proportion
+#: to that input.  FFT over a whole plane larger than the tile (cuDNN's FFT) is not covered.
+CONV_ALGORITHMS = ("direct", "winograd", "fft")
+_covered: list[tuple[str, ...]] = [("direct",)]
+
+
+def conv_algorithms() -> tuple[str, ...]:
+    """The convolution algorithms the bounds cover now (default: "direct" only)."""
+    return _covered[-1]
+
+
+@contextlib.contextmanager
+def covering_conv_algorithms(*names: str) -> Iterator[None]:
+    """Within the block every convolution bound also covers ``names`` (:data:`CONV_ALGORITHMS`): the tested run
+    may take them (PyTorch's CPU path with oneDNN off: NNPACK, cuDNN).  The stages those algorithms apply to
+    get bounds as wide as their errors, 10^2 - 10^4 times the direct bound; elsewhere nothing changes."""
+    bad = [n for n in names if n not in CONV_ALGORITHMS]
+    if bad:
+        raise ValueError(f"argument 'names': expected algorithms from {CONV_ALGORITHMS}, got {bad}")
+    _covered.append(tuple(dict.fromkeys(("direct",) + names)))
+    try:
+        yield
+    finally:
+        _covered.pop()
+
+
+# F(6, 3): y = A^T [(G g) * (B^T d)] gives the 6 outputs of a 3-tap correlation over 8 inputs, from the
+# interpolation points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (Lavin & Gray 2016, section 4; the exact rationals;
+# tests/test_ensemble.py checks the identity).  NNPACK and ncnn scale G's rows for +-1/2 by 1/32 and A^T's columns
+# by 32: powers of two, the same computed values.  In two dimensions: Y = A^T [(G g G^T) * (B^T d B)] A on an
+# 8 x 8 input tile.
+WINOGRAD_BT = ((1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0),
+               (0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0),
+               (0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0),
+               (0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0),
+               (0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0),
+               (0, 2, 4, -5 / 2, -5, 1 / 2, 1, 0),
+               (0, -2, 4, 5 / 2, -5, -1 / 2, 1, 0),
+               (0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1))
+WINOGRAD_G = ((1, 0, 0),
+              (-2 / 9, -2 / 9, -2 / 9),
+              (-2 / 9, 2 / 9, -2 / 9),
+              (1 / 90, 1 / 45, 2 / 45),
+              (1 / 90, -1 / 45, 2 / 45),
+              (32 / 45, 16 / 45, 8 / 45),
+              (32 / 45, -16 / 45, 8 / 45),
+              (0, 0, 1))
+WINOGRAD_AT = ((1, 1, 1, 1, 1, 1, 1, 0),
+               (0, 1, -1, 2, -2, 1 / 2, -1 / 2, 0),
+               (0, 1, 1, 4, 4, 1 / 4, 1 / 4, 0),
+               (0, 1, -1, 8, -8, 1 / 8, -1 / 8, 0),
+               (0, 1, 1, 16, 16, 1 / 16, 1 / 16, 0),
+               (0, 1, -1, 32, -32, 1 / 32, -1 / 32, 1))
+
+
+def winograd_applies(kernel: Sequence[int], stride: Any, dilation: Any) -> bool:
+    """Whether F(6 x 6, 3 x 3) can evaluate the convolution: a 3 x 3 kernel, stride and dilation 1."""
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)     # noqa: E731
+    return tuple(kernel) == (3, 3) and pair(stride) == (1, 1) and pair(dilation) == (1, 1)
+
+
+def winograd_roundings(group_channels: int, biased: bool) -> int:
+    """The depth kw of Winograd's bound, summed along the computation: the kernel transform G g G^T (two passes
+    of 3-term sums and the rounded constants: 8), the input transform B^T d B (two passes of 8-term sums: 16),
+    the element-wise product (1), the sum over the group's input channels (C / groups), the output transform
+    A^T m A (two passes of 8-term sums: 16) and the bias (1)."""
+    return 2 * 3 + 2 + 2 * 8 + 1 + int(group_channels) + 2 * 8 + (1 if biased else 0)
+
+
+def winograd_scale(x, weight, bias, padding: Sequence[int], groups: int = 1) -> np.ndarray:
+    """Winograd's componentwise error magnitude S_w (B, O, OH, OW) for a 3 x 3 convolution of stride 1:
+    the algorithm run on |x|, |W|, |b| with its transforms' absolute values, |A^T| (sum_c |G||g_c||G|^T *
+    |B^T||d_c||B|) |A| + |b| per 6 x 6 output tile, so that |err| <= gamma_kw S_w to first order (each transform
+    is a short sum whose error is gamma of its depth times its transform of absolute values, carried through the
+    later transforms by their absolute values).  An output's S_w depends on its place in its tile; the tiling
+    may start anywhere, so S_w is the largest over the 36 placements.  x (B, C, H, W), weight (O, C / groups,
+    3, 3), padding (top, bottom, left, right) or one int for all four."""
+    bt, g, at = (np.abs(np.array(m, dtype=np.float64)) for m in (WINOGRAD_BT, WINOGRAD_G, WINOGRAD_AT))
+    padding = (padding,) * 4 if isinstance(padding, (int, np.integer)) else tuple(padding)
+    x, w = np.abs(np.asarray(x, dtype=np.float64)), np.abs(np.asarray(weight, dtype=np.float64))
+    bsz, cin = x.shape[:2]
+    cout, cg = w.shape[:2]
+    xp = np.pad(x, ((0, 0), (0, 0), tuple(padding[:2]), tuple(padding[2:])))
+    ho, wo = xp.shape[2] - 2, xp.shape[3] - 2
+    u = np.einsum("ij,ocjk,lk->ocil", g, w, g).reshape(groups, cout // groups, cg, 8, 8)
+    out = np.zeros((bsz, cout, ho, wo))
+    for oh in range(6):
+        for ow in range(6):
+            th, tw = -(-(ho + oh) // 6), -(-(wo + ow) // 6)
+            xq = np.pad(xp, ((0, 0), (0, 0), (oh, 6 * th + 2 - oh - xp.shape[2]), (ow, 6 * tw + 2 - ow - xp.shape[3])))
+            d = np.lib.stride_tricks.sliding_window_view(xq, (8, 8), axis=(2, 3))[:, :, ::6, ::6]
+            v = np.einsum("ij,bctsjk,lk->bctsil", bt, d, bt).reshape(bsz, groups, cg, th, tw, 8, 8)
+            m = np.einsum("bgctsil,gocil->bgotsil", v, u)
+            y = np.einsum("ij,bgotsjk,lk->bgotsil", at, m, at)
+            y = y.reshape(bsz, cout, th, tw, 6, 6).transpose(0, 1, 2, 4, 3, 5).reshape(bsz, cout, 6 * th, 6 * tw)
+            np.maximum(out, y[:, :, oh:oh + ho, ow:ow + wo], out=out)
+    if bias is not None:
+        out = out + np.abs(np.asarray(bias, dtype=np.float64))[:, None, None]
+    return out
+
+
+def fft_tile_roundings(group_channels: int, biased: bool, tile: int = config.CONV_FFT_TILE) -> int:
+    """The depth of a tiled FFT convolution's bound: three T x T real 2-D FFTs (input tile, kernel, inverse), each
+    2 (log2 T + config.FFT_REAL_SPLIT_STAGES) stages of config.FFT_STAGE_ROUNDINGS (Higham Thm 24.2's per-stage
+    eta, as refimpl.toeplitz counts it), the spectral product (config.FFT_PRODUCT_ROUNDINGS), the sum over the
+    group's input channels, the 1/T^2 scaling and store (config.FFT_SCALE_ROUNDINGS) and the bias."""
+    stages = 2 * (int(math.ceil(math.log2(tile))) + config.FFT_REAL_SPLIT_STAGES)
+    return (3 * stages * config.FFT_STAGE_ROUNDINGS + config.FFT_PRODUCT_ROUNDINGS + int(group_channels)
+            + config.FFT_SCALE_ROUNDINGS + (1 if biased else 0))
+
+
+def fft_tile_scale(x, weight, bias, padding: Any, groups: int = 1, tile: int = config.CONV_FFT_TILE) -> np.ndarray:
+    """A tiled FFT convolution's componentwise error magnitude S_f (B, O, OH, OW), stride and dilation 1, tiles of
+    T x T input (NNPACK's ft8x8 / ft16x16, cuDNN's FFT_TILING; T = config.CONV_FFT_TILE covers them): each spectral coefficient of a
+    tile is a sum over the whole tile with unit-modulus weights, so its error is gamma of its depth times
+    sum_tile |x| (sum |w| for the kernel's), and the inverse transform (1/T^2 sum over T^2 coefficients) carries
+    that to every output of the tile: |err| <= gamma_kf (sum_tile |x|)(sum |w|) per input channel, summed over
+    the group.  The tile of an output may sit anywhere around its receptive field, so sum_tile |x| is taken
+    over the union of those placements, a (2T - KH) x (2T - KW) box.  Normwise within the box: an output next
+    to a large input errs in proportion to it, as FFT convolution does."""
+    padding = (padding,) * 4 if isinstance(padding, (int, np.integer)) else tuple(padding)
+    x, w = np.abs(np.asarray(x, dtype=np.float64)), np.abs(np.asarray(weight, dtype=np.float64))
+    bsz = x.shape[0]
+    cout, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), tuple(padding[:2]), tuple(padding[2:])))
+    ho, wo = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    bh, bw = 2 * tile - kh, 2 * tile - kw
+    # box sums of |x_pad| over rows [i + kh - T, i + T - 1] and columns likewise (outside the plane: zeros)
+    c = np.pad(xp, ((0, 0), (0, 0), (tile - kh + 1, tile), (tile - kw + 1, tile))).cumsum(2).cumsum(3)
+    c = np.pad(c, ((0, 0), (0, 0), (1, 0), (1, 0)))
+    box = c[:, :, bh:bh + ho, bw:bw + wo] - c[:, :, :ho, bw:bw + wo] - c[:, :, bh:bh + ho, :wo] + c[:, :, :ho, :wo]
+    box = np.maximum(box, 0.0).reshape(bsz, groups, cg, ho, wo)
+    wsum = w.sum(axis=(2, 3)).reshape(groups, cout // groups, cg)
+    out = np.einsum("bgcij,goc->bgoij", box, wsum).reshape(bsz, cout, ho, wo)
+    if bias is not None:
+        out = out + np.abs(np.asarray(bias, dtype=np.float64))[:, None, None]
+    return out
+
+
+def other_algorithm_scales(x, weight, bias, padding: Any, stride: Any, dilation: Any,
+                           groups: int) -> list[tuple[np.ndarray, int]]:
+    """[(S, k)] of every algorithm besides "direct" that :func:`conv_algorithms` covers and that can evaluate
+    this convolution: Winograd for a 3 x 3 kernel of stride and dilation 1, tiled FFT for kernels up to the
+    tile of stride and dilation 1."""
+    w = np.asarray(weight)
+    out = []
+    algorithms = conv_algorithms()
+    if "winograd" in algorithms and winograd_applies(w.shape[2:], stride, dilation):
+        out.append((winograd_scale(x, w, bias, padding, groups), winograd_roundings(w.shape[1], bias is not None)))
+    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)     # noqa: E731
+    if "fft" in algorithms and pair(stride) == (1, 1) and pair(dilation) == (1, 1) \
+            and max(w.shape[2:]) <= config.CONV_FFT_TILE:
+        out.append((fft_tile_scale(x, w, bias, padding, groups), fft_tile_roundings(w.shape[1], bias is not None)))
+    return out
+
+
+def conv_scale(s_direct: np.ndarray, k_direct: float, x, weight, bias, padding: Any, stride: Any,
+               dilation: Any, groups: int) -> np.ndarray:
+    """The magnitude that, with the direct bound's depth ``k_direct``, covers every algorithm of
+    :func:`conv_algorithms`: ``s_direct``, or max(S_d, S_a k_a / k_d) over the other algorithms a that apply -
+    gamma_kd max(...) >= gamma_ka S_a to first order, and the probabilistic bound lam sqrt(k_d) u S_a k_a / k_d
+    is at least the algorithm's lam sqrt(k_a) u S_a (k_a >= k_d), so a Bound of depth k_d stays safe for all."""
+    out = s_direct
+    for s_alg, k_alg in other_algorithm_scales(x, weight, bias, padding, stride, dilation, groups):
+        out = np.maximum(out, s_alg * (max(k_alg, k_direct) / k_direct))
+    return out

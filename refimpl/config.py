@@ -331,6 +331,10 @@ FFT_SCALE_ROUNDINGS = 2
 #: compute a length-n real FFT through a half-length complex FFT plus one twiddle pass).
 FFT_REAL_SPLIT_STAGES = 1
 
+#: Input tile side T of the tiled FFT convolution the bounds cover when asked (refimpl.bounds "fft": NNPACK's
+#: ft8x8 and ft16x16, cuDNN's FFT_TILING 32 x 32; a bound for T covers every smaller power of two).
+CONV_FFT_TILE = 32
+
 #: FFT counting convention (models/counting.py ``fft_macs``; the MAC tables state FFTs with it).  A
 #: length-n complex FFT costs n/2 log2 n complex multiply-accumulates (radix-2 Cooley-Tukey: n/2 butterflies
 #: per stage, one twiddle multiplication each, log2 n stages; Cooley & Tukey 1965; a multi-axis transform

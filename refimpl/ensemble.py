@@ -288,37 +288,11 @@ def _conv2d_fft(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: 
     return out.to(dtype)
 
 
-# Winograd F(6, 3): y = A^T [(G g) * (B^T d)] for the 6 outputs of a 3-tap correlation over 8 inputs, from the
-# interpolation points 0, 1, -1, 2, -2, 1/2, -1/2 and infinity (Lavin & Gray 2016, section 4; every entry is the
-# exact rational; tests/test_ensemble.py checks the identity in float64).  NNPACK and ncnn scale G's rows for
-# +-1/2 by 1/32 and A^T's columns by 32: powers of two, so the computed values are the same bit for bit.  In two
-# dimensions the transforms act on both axes of an 8 x 8 input tile: Y = A^T [(G g G^T) * (B^T d B)] A.
-_WINO_BT = ((1, 0, -21 / 4, 0, 21 / 4, 0, -1, 0),
-            (0, 1, 1, -17 / 4, -17 / 4, 1, 1, 0),
-            (0, -1, 1, 17 / 4, -17 / 4, -1, 1, 0),
-            (0, 1 / 2, 1 / 4, -5 / 2, -5 / 4, 2, 1, 0),
-            (0, -1 / 2, 1 / 4, 5 / 2, -5 / 4, -2, 1, 0),
-            (0, 2, 4, -5 / 2, -5, 1 / 2, 1, 0),
-            (0, -2, 4, 5 / 2, -5, -1 / 2, 1, 0),
-            (0, -1, 0, 21 / 4, 0, -21 / 4, 0, 1))
-_WINO_G = ((1, 0, 0),
-           (-2 / 9, -2 / 9, -2 / 9),
-           (-2 / 9, 2 / 9, -2 / 9),
-           (1 / 90, 1 / 45, 2 / 45),
-           (1 / 90, -1 / 45, 2 / 45),
-           (32 / 45, 16 / 45, 8 / 45),
-           (32 / 45, -16 / 45, 8 / 45),
-           (0, 0, 1))
-_WINO_AT = ((1, 1, 1, 1, 1, 1, 1, 0),
-            (0, 1, -1, 2, -2, 1 / 2, -1 / 2, 0),
-            (0, 1, 1, 4, 4, 1 / 4, 1 / 4, 0),
-            (0, 1, -1, 8, -8, 1 / 8, -1 / 8, 0),
-            (0, 1, 1, 16, 16, 1 / 16, 1 / 16, 0),
-            (0, 1, -1, 32, -32, 1 / 32, -1 / 32, 1))
+# Winograd's matrices are the error calculus's (refimpl.bounds.WINOGRAD_BT, _G, _AT), which also bounds its error.
 
 
 def _conv2d_winograd(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilation: Any, groups: int,
-                     align: str = "start", absolute: bool = False) -> Any:
+                     align: str = "start") -> Any:
     """Cross-correlation with a 3 x 3 kernel, stride 1 and dilation 1 by Winograd F(6 x 6, 3 x 3): the padded
     input cut into 8 x 8 tiles overlapping by 2, each transformed (B^T d B), multiplied element-wise by the
     transformed kernel (G g G^T) and summed over the group's input channels, then transformed back (A^T m A)
@@ -326,12 +300,8 @@ def _conv2d_winograd(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilat
     the first output (NNPACK's tiling); ``"end"``: the last tile ends at the last output, the zeros completing the
     tiles going before the image.  An output's error depends on its position in its tile (A^T's row for output 5
     reaches 32, row 0 is all ones), so the two alignments are two differently placed error patterns.  Other
-    convolutions raise NotImplementedError, so that PyTorch's own runs them.
-
-    ``absolute=True`` runs the same steps on |x|, |w|, |bias| with the transforms' absolute values: the
-    algorithm's componentwise rounding-error coefficient (each transform is a short inner product, so its error
-    is at most gamma of its depth times the transform of absolute values; tests/test_ensemble.py bounds the
-    float32 algorithm by it)."""
+    convolutions raise NotImplementedError, so that PyTorch's own runs them.  Its error bound:
+    refimpl.bounds.winograd_scale."""
     import torch
     import torch.nn.functional as F
 
@@ -340,10 +310,9 @@ def _conv2d_winograd(x: Any, w: Any, bias: Any, stride: Any, padding: Any, dilat
     x, _ = _pad_for_conv(x, w, padding, dilation)
     dtype = x.dtype
     acc = _acc_dtype(dtype)
-    bt, g, at = (torch.tensor(m, dtype=acc, device=x.device) for m in (_WINO_BT, _WINO_G, _WINO_AT))
-    if absolute:
-        bt, g, at, x, w = bt.abs(), g.abs(), at.abs(), x.abs(), w.abs()
-        bias = None if bias is None else bias.abs()
+    from .bounds import WINOGRAD_AT, WINOGRAD_BT, WINOGRAD_G
+
+    bt, g, at = (torch.tensor(m, dtype=acc, device=x.device) for m in (WINOGRAD_BT, WINOGRAD_G, WINOGRAD_AT))
     bsz, cin, hh, ww = x.shape
     cout, cg, _, _ = w.shape
     hout, wout = hh - 2, ww - 2

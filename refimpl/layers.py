@@ -352,11 +352,17 @@ def conv2d_bound(x, weight, bias=None, stride=1, padding=0, groups=1, dilation=1
     """gamma_{n+1} on the convolution of absolute values, n = (C / groups) KH KW (a dot product per
     output; +1 for the bias).  Rigorous for any summation order (Higham 3.12)."""
     w = np.abs(as_float(weight, "weight"))
-    s = conv2d(np.abs(as_float(x, "x")), w, None if bias is None else np.abs(as_float(bias, "bias")),
-               stride, padding, groups, dilation)
+    x = np.abs(as_float(x, "x"))
+    s = conv2d(x, w, None if bias is None else np.abs(as_float(bias, "bias")), stride, padding, groups, dilation)
     n = int(np.prod(w.shape[1:]))
-    return Bound(s, n + (1 if bias is not None else 0), f"conv2d: gamma_(n+1), n = {n}",
-                 accumulation=True)
+    k = n + (1 if bias is not None else 0)
+    pads = conv_padding(padding, w.shape[2:], _pair(stride, "stride"), _pair(dilation, "dilation"))
+    s2 = bounds.conv_scale(s, k, x, w, bias, pads, stride, dilation, groups)
+    return Bound(s2, k, f"conv2d: gamma_(n+1), n = {n}" + _winograd_note(s2 is not s), accumulation=True)
+
+
+def _winograd_note(covered: bool) -> str:
+    return "; or Winograd F(6x6, 3x3): S = max(S, S_w kw / k) (refimpl.bounds.conv_scale)" if covered else ""
 
 
 def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride=1,
@@ -428,7 +434,9 @@ def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1
     s = bounds.depthwise_scale(x, weight, bias,
                                lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation))
     n = weight.shape[2] * weight.shape[3]
-    return Bound(s, n + (1 if bias is not None else 0), f"depthwise conv: gamma_(n+1), n = KH KW = {n}",
+    k = n + (1 if bias is not None else 0)
+    s2 = bounds.conv_scale(s, k, x, weight, bias, pads, stride, dilation, groups=weight.shape[0])
+    return Bound(s2, k, f"depthwise conv: gamma_(n+1), n = KH KW = {n}" + _winograd_note(s2 is not s),
                  accumulation=True)
 
 

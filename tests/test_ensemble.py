@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.nn.functional as F  # noqa: E402
 
-from refimpl import ensemble, layers, verdict  # noqa: E402
+from refimpl import bounds, ensemble, layers, verdict  # noqa: E402
 from refimpl.verdict import Bound  # noqa: E402
 
 GEN = torch.Generator().manual_seed(7)
@@ -159,9 +159,8 @@ def test_legitimate_runs_runs_every_variant_once():
                                   dict(padding=(1, 0), groups=1)])
 def test_winograd_convolution_is_the_convolution(align, conv):
     """Winograd F(6 x 6, 3 x 3) in float64 against torch's conv2d, within the algorithm's own componentwise
-    bound: gamma_k on the same evaluation with absolute transforms and data, k the summed depths of the three
-    transforms (kernel 2 x 3 plus the rounded constants, input and output 2 x 8), the element-wise product
-    and the channel sum.  The grid (2 x 13 x 17) needs several tiles in each direction and a ragged last one."""
+    bound (refimpl.bounds.winograd_scale and winograd_roundings).  The grid (2 x 13 x 17) needs several tiles
+    in each direction and a ragged last one."""
     x = _t(2, 4, 13, 17)
     groups = conv.get("groups", 1)
     w, b = _t(8, 4 // groups, 3, 3), _t(8)
@@ -169,9 +168,10 @@ def test_winograd_convolution_is_the_convolution(align, conv):
     name = "winograd conv" if align == "start" else "winograd conv end-aligned"
     with torch.no_grad(), ensemble.variant(name):
         got = F.conv2d(x, w, b, **conv)
-    s = ensemble._conv2d_winograd(x, w, b, (1, 1), conv["padding"], (1, 1), groups, align, absolute=True)
-    k = 2 * 3 + 2 + 2 * 8 + 1 + (4 // groups) + 2 * 8 + 1
-    verdict.assert_close(got, ref.numpy(), _abs_bound(s.numpy(), k), "float64", name=f"winograd {conv} [{align}]")
+    pads = layers.conv_padding(conv["padding"], (3, 3), (1, 1), (1, 1))
+    s = bounds.winograd_scale(x.numpy(), w.numpy(), b.numpy(), pads, groups)
+    k = bounds.winograd_roundings(4 // groups, True)
+    verdict.assert_close(got, ref.numpy(), _abs_bound(s, k), "float64", name=f"winograd {conv} [{align}]")
 
 
 def test_winograd_leaves_other_convolutions_to_torch():
@@ -201,9 +201,8 @@ def test_winograd_float32_error_is_its_own_not_a_direct_convolutions():
         got = F.conv2d(x, w, padding=1, groups=8)
     err = np.abs(got.double().numpy() - ref.numpy())
     u = verdict.unit_roundoff("float32")
-    own = ensemble._conv2d_winograd(x.double(), w.double(), None, (1, 1), 1, (1, 1), 8, absolute=True).numpy()
-    k = 2 * 3 + 2 + 2 * 8 + 1 + 1 + 2 * 8
-    assert np.all(err <= verdict.gamma(k, u) * own)
+    own = bounds.winograd_scale(x.double().numpy(), w.double().numpy(), None, 1, groups=8)
+    assert np.all(err <= verdict.gamma(bounds.winograd_roundings(1, False), u) * own)
     assert np.max(err / (verdict.gamma(10, u) * direct)) > 1
     with ensemble.variant("pairwise"):
         im2col = F.conv2d(x, w, padding=1, groups=8)

@@ -275,8 +275,9 @@ def err_dwconv(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndar
     k = pr.sums(taps) + extra
     conv = lambda z, w, b: depthwise_conv2d(z, w, b, padding=pad)     # noqa: E731
     if not l2:
-        return y, bounds.e_depthwise(x, e_x, weight, bias, pr, conv), k
-    s = conv(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
+        return y, bounds.e_depthwise(x, e_x, weight, bias, pr, conv, padding=pad), k
+    s = bounds.conv_scale(conv(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias)), k, x, weight,
+                          bias, pad, 1, 1, groups=weight.shape[0])
     own = _own(k, numerics.sum_depth_l2(taps, dtype) + extra, s, l2)
     return y, _join(conv(e_x, np.abs(weight), None), own, l2), k
 

@@ -75,7 +75,8 @@ _e_linear = bounds.e_linear
 def _e_depthwise(x, ex, wgt, bias, pr: _Prec) -> np.ndarray:
     """'same'-padded depthwise conv (B, C, H, W) of x carrying E_x (:func:`refimpl.bounds.e_depthwise`)."""
     pad = wgt.shape[-1] // 2
-    return bounds.e_depthwise(x, ex, wgt, bias, pr, lambda z, w, b: layers.depthwise_conv2d(z, w, b, padding=pad))
+    return bounds.e_depthwise(x, ex, wgt, bias, pr, lambda z, w, b: layers.depthwise_conv2d(z, w, b, padding=pad),
+                              padding=pad)
 
 
 def _e_kappa(x, ex, kernel: str, pr: _Prec) -> np.ndarray:

@@ -1,0 +1,162 @@
+"""Convolution bounds that cover other algorithms (refimpl.bounds.covering_conv_algorithms): Winograd
+F(6 x 6, 3 x 3) and FFT on tiles, the algorithms of NNPACK (PyTorch's CPU convolution with oneDNN off, batch >= 16)
+and of cuDNN.
+
+Their errors are not a direct convolution's: Winograd's transforms cancel and FFT errs normwise over a tile, so
+next to a large input a small output errs by up to 10^5 times the direct bound gamma_n conv(|x|, |w|).  Checked
+here: the default bounds are the direct ones bit for bit; covering changes only the convolutions the algorithms
+apply to; our own float32 evaluations by each algorithm (refimpl.ensemble's Winograd, a tiled FFT written
+below) lie within the covering bound, worst case, on N(0, 1) and on mixed-scale input, where they break the
+direct bound; and PyTorch's own NNPACK path does too where this build has it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.nn.functional as F  # noqa: E402
+
+from refimpl import bounds, config, ensemble, layers, verdict  # noqa: E402
+from refimpl.attention import focused_bounds  # noqa: E402
+
+COVER = ("winograd", "fft")
+
+
+def _data(hw: int, mixed: bool, k: int = 3, c: int = 8, batch: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed + 31 * hw + k)
+    x = torch.randn(batch, c, hw, hw, generator=g)
+    if mixed:                       # one large entry per image and channel: small outputs beside a large input
+        x[:, :, hw // 2, hw // 2] *= 1e4
+    return x, torch.randn(c, 1, k, k, generator=g), torch.randn(c, generator=g)
+
+
+def _ratio(got: torch.Tensor, x, w, b, k: int, cover: tuple[str, ...]) -> float:
+    """max |err| / worst-case bound of the float32 result ``got`` under the bounds covering ``cover``."""
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=k // 2, groups=x.shape[1]).numpy()
+    with bounds.covering_conv_algorithms(*cover):
+        bd = layers.depthwise_conv2d_bound(x.double().numpy(), w.double().numpy(), b.double().numpy(), padding=k // 2)
+    err = np.abs(got.double().numpy() - ref)
+    return float(np.max(err / bd.array("float32", err.shape)))
+
+
+def _tiled_fft_conv(x, w, b, tile: int):
+    """Depthwise 'same' correlation by FFT on tiles (overlap-save, as NNPACK's ft8x8 / ft16x16): each
+    (tile - k + 1)^2 output block from the tile x tile input around it, its real 2-D spectrum times the
+    kernel's, in float32."""
+    k = w.shape[-1]
+    step = tile - k + 1
+    bsz, c, h, wd = x.shape
+    th, tw = -(-h // step), -(-wd // step)
+    xp = F.pad(x, (k // 2, step * tw + tile - wd - k // 2 - step, k // 2, step * th + tile - h - k // 2 - step))
+    tiles = xp.unfold(2, tile, step).unfold(3, tile, step)                       # (B, C, th, tw, T, T)
+    kern = torch.zeros(c, tile, tile, dtype=x.dtype)
+    kern[:, :k, :k] = w[:, 0]
+    spec = torch.fft.rfft2(tiles) * torch.conj(torch.fft.rfft2(kern))[None, :, None, None]
+    y = torch.fft.irfft2(spec, s=(tile, tile))[..., :step, :step]               # correlation: valid part first
+    y = y.permute(0, 1, 2, 4, 3, 5).reshape(bsz, c, th * step, tw * step)[:, :, :h, :wd]
+    return y + b[None, :, None, None]
+
+
+def test_default_bounds_are_the_direct_ones():
+    assert bounds.conv_algorithms() == ("direct",)
+    x, w, b = (t.double().numpy() for t in _data(9, False, batch=2))
+    bd = layers.depthwise_conv2d_bound(x, w, b, padding=1)
+    direct = F.conv2d(torch.from_numpy(np.abs(x)), torch.from_numpy(np.abs(w)), torch.from_numpy(np.abs(b)),
+                      padding=1, groups=8).numpy()
+    assert np.allclose(bd.scale, direct, rtol=1e-15, atol=0) and bd.k == 10 and "Winograd" not in bd.note
+
+
+def test_covering_changes_only_the_convolutions_the_algorithms_apply_to():
+    x = np.random.default_rng(0).standard_normal((2, 4, 9, 9))
+    w3, w5 = (np.random.default_rng(1).standard_normal(s) for s in ((4, 4, 3, 3), (4, 4, 5, 5)))
+    cases = [(w3, dict(padding=1), True), (w5, dict(padding=2), True), (w3, dict(stride=2, padding=1), False),
+             (w3, dict(dilation=2, padding=2), False)]
+    for w, kw, applies in cases:
+        plain = layers.conv2d_bound(x, w, **kw)
+        with bounds.covering_conv_algorithms("winograd"):
+            wino = layers.conv2d_bound(x, w, **kw)
+        with bounds.covering_conv_algorithms("fft"):
+            fft = layers.conv2d_bound(x, w, **kw)
+        assert np.array_equal(wino.scale, plain.scale) == (not applies or w.shape[-1] != 3), kw
+        assert np.array_equal(fft.scale, plain.scale) == (not applies), kw
+        if applies:
+            assert np.all(fft.scale >= plain.scale) and np.all(wino.scale >= plain.scale)
+    assert bounds.conv_algorithms() == ("direct",)
+
+
+def test_unknown_algorithm_is_refused():
+    with pytest.raises(ValueError, match="argument 'names'.*'bogus'"):
+        with bounds.covering_conv_algorithms("bogus"):
+            pass
+
+
+@pytest.mark.parametrize("hw", [2, 7, 14])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_winograd_float32_lies_within_the_covering_bound(hw, mixed):
+    """Both tile alignments; on mixed-scale input (and for grids of a tile or more on N(0, 1)) the direct
+    bound is broken by far, and the covering bound is not vacuous there (>= 1e-3 of it reached)."""
+    x, w, b = _data(hw, mixed)
+    worst = []
+    for name in ("winograd conv", "winograd conv end-aligned"):
+        with ensemble.variant(name):
+            got = F.conv2d(x, w, b, padding=1, groups=8)
+        assert _ratio(got, x, w, b, 3, COVER) <= 1.0
+        worst.append(_ratio(got, x, w, b, 3, ()))
+    if mixed or hw >= 7:
+        assert max(worst) > 10.0, worst
+    if mixed:
+        with ensemble.variant("winograd conv"):
+            got = F.conv2d(x, w, b, padding=1, groups=8)
+        assert _ratio(got, x, w, b, 3, COVER) >= 1e-3
+
+
+@pytest.mark.parametrize("tile", [8, 16, 32])
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_tiled_fft_float32_lies_within_the_covering_bound(tile, k, mixed):
+    x, w, b = _data(20, mixed, k=k, batch=2)
+    with torch.no_grad():
+        got = _tiled_fft_conv(x, w, b, tile)
+        exact = _tiled_fft_conv(x.double(), w.double(), b.double(), tile)
+    assert np.allclose(exact.numpy(), F.conv2d(x.double(), w.double(), b.double(), padding=k // 2,
+                                               groups=8).numpy(), rtol=0, atol=1e-9 * float(x.abs().max()))
+    assert tile <= config.CONV_FFT_TILE
+    assert _ratio(got, x, w, b, k, ("fft",)) <= 1.0
+    if mixed:
+        assert _ratio(got, x, w, b, k, ()) > 1.0        # normwise: the direct bound does not cover it
+
+
+@pytest.mark.parametrize("k", [3, 5, 7])
+@pytest.mark.parametrize("hw", [2, 7, 14, 28])
+@pytest.mark.parametrize("mixed", [False, True])
+def test_pytorch_nnpack_path_lies_within_the_covering_bound(k, hw, mixed):
+    """PyTorch's CPU convolution with oneDNN off (NNPACK at batch 16), as it is on this build."""
+    if not (torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()):
+        pytest.skip("this PyTorch build has no NNPACK")
+    x, w, b = _data(hw, mixed, k=k)
+    with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+        got = F.conv2d(x, w, b, padding=k // 2, groups=8)
+    assert _ratio(got, x, w, b, k, COVER) <= 1.0
+
+
+def test_running_bounds_cover_them_too():
+    """The running form (bounds.e_depthwise through focused_bounds.err_dwconv, as FLatten's, L2ViT's and the
+    networks' bounds use it) takes the same coverage: Winograd's float32 output within it, and outside the
+    direct running bound; the l2 coefficient widens with it."""
+    x, w, b = _data(7, True)
+    with ensemble.variant("winograd conv"):
+        got = F.conv2d(x, w, b, padding=1, groups=8).double().numpy()
+    xd, wd, bd = (t.double().numpy() for t in (x, w, b))
+    ref = F.conv2d(x.double(), w.double(), b.double(), padding=1, groups=8).numpy()
+    u = verdict.unit_roundoff("float32")
+    zero = np.zeros_like(xd)
+    _, e_direct, _ = focused_bounds.err_dwconv(xd, zero, wd, bd, dtype="float32")
+    with bounds.covering_conv_algorithms(*COVER):
+        _, e_cover, _ = focused_bounds.err_dwconv(xd, zero, wd, bd, dtype="float32")
+        _, s_l2, _ = focused_bounds.err_dwconv(xd, zero, wd, bd, dtype="float32", l2=True)
+    err = np.abs(got - ref) / u                      # first-order coefficients: units of u
+    assert np.all(err <= e_cover) and np.max(err / e_direct) > 10
+    # the l2 coefficient sigma (the probabilistic bound lam u sigma; lam = 6: P <= 2 exp(-18) per element) covers it
+    assert np.all(np.isfinite(s_l2)) and np.all(err <= 6.0 * s_l2)
