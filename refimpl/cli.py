@@ -122,7 +122,9 @@ def _verify(ns: argparse.Namespace) -> int:
         inp = next(iter(w.values()))
     kw = dict(preset=ns.preset, config=_json_arg("config", ns.config), init=_json_arg("init", ns.init),
               weights=ns.weights, map=_json_arg("map", ns.map), dtype=ns.dtype, device=ns.device, seed=ns.seed,
-              call=_json_arg("call", ns.call), shadow=ns.shadow, grad=ns.grad, ensemble=not ns.no_ensemble)
+              call=_json_arg("call", ns.call), shadow=ns.shadow, grad=ns.grad, ensemble=not ns.no_ensemble,
+              conv_algorithms=None if ns.conv_algorithms == "auto" else tuple(
+                  a for a in ns.conv_algorithms.split(",") if a and a != "direct"))
     try:
         if ns.examples:
             if inp is not None:
@@ -192,6 +194,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="judge against the NumPy naive run and the random-rounding model only, without re-running "
                          "refimpl's PyTorch twin of the reference under other summation orders, elementary-function "
                          "evaluations, FFT convolution and oneDNN toggled (faster, looser; docs/verify.md)")
+    vp.add_argument("--conv-algorithms", default="auto",
+                    help="the convolution algorithms the bounds cover besides direct evaluation: 'auto' (what the "
+                         "run may take: winograd,fft on CUDA and on a CPU with oneDNN off and NNPACK on), 'direct' "
+                         "(none), or a comma list of winograd, fft (their errors are 10^2 - 10^5 times a direct "
+                         "convolution's, and the convolution stages' bounds widen as much)")
     vp.add_argument("--report", help="write the report as Markdown to this file (and a plot beside it when "
                                      "matplotlib is installed)")
     vp.add_argument("--json", help="write the JSON report to this file ('-': standard output, no table)")

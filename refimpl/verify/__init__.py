@@ -71,7 +71,11 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     _check_grad(kwargs.get("grad", False))
     if is_network(reference):
         kwargs.pop("ensemble", None)            # a network has no torch ensemble (verify's report says so)
-        return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
+        from .. import bounds
+        from .run import _conv_algorithms
+        algorithms = _conv_algorithms(kwargs.pop("conv_algorithms", None), kwargs.get("device", "cpu"))
+        with bounds.covering_conv_algorithms(*algorithms):
+            return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
     max_side = 12 if max_side is None else max_side
     module = _example_factory(module)
     first = verify(module, reference, seed=seed, **kwargs)          # the configuration, and usage errors, once

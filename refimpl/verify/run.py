@@ -11,11 +11,11 @@ divergence).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import verdict as _verdict
+from .. import bounds as _bounds, verdict as _verdict
 from ..numerics import naive_same_precision, round_to
 from .ensemble import members_summary, stage_members, twin_ensemble
 from .loading import VerifyError, instantiate, load_target, load_weights
@@ -320,7 +320,8 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
            init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
            input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
            device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-           progress: bool = False, shadow: bool = False, grad: bool = False, ensemble: bool = True) -> Report:
+           progress: bool = False, shadow: bool = False, grad: bool = False, ensemble: bool = True,
+           conv_algorithms: Sequence[str] | None = None) -> Report:
     """Verify ``module`` (an ``nn.Module``, or a class / factory called with ``init``, or a ``"pkg.mod:Name"`` /
     ``"file.py:Name"`` string) against the registered reference ``reference`` (``REFERENCES``), or against a
     registered network (a ``refimpl.models`` name such as ``"ravlt_t"``: unit by unit, see
@@ -357,7 +358,46 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         NumPy naive run in ``dtype`` and the verdict's random-rounding model only (faster, looser; ``--no-ensemble``).
         Where no twin covers the reference or its configuration, the report says so and the latter ensemble is used.
 
+    conv_algorithms : the convolution algorithms besides a direct one that the bounds must cover
+        (:func:`refimpl.bounds.covering_conv_algorithms`: "winograd", "fft"; their errors are 10^2 - 10^5 times a
+        direct convolution's, so the bounds of the stages they apply to widen as much).  None: what the run may
+        take - both on CUDA (cuDNN) and on a CPU whose PyTorch has oneDNN off and NNPACK on (NNPACK's Winograd
+        and FFT tiles, batch >= 16), none otherwise; a finding names them.  () for direct convolutions only.
+
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
+    algorithms = _conv_algorithms(conv_algorithms, device)
+    with _bounds.covering_conv_algorithms(*algorithms):
+        report = _verify(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
+                         input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
+                         progress=progress, shadow=shadow, grad=grad, ensemble=ensemble)
+    if algorithms:
+        report.findings.append({"kind": "note", "message": (
+            f"the convolution bounds cover {' and '.join(algorithms)} besides direct evaluation "
+            f"({'given' if conv_algorithms is not None else 'what this ' + device + ' run may take'}): the "
+            "convolution stages are checked only to those algorithms' accuracy (refimpl.bounds.conv_algorithms)")})
+    return report
+
+
+def _conv_algorithms(asked: Sequence[str] | None, device: str) -> tuple[str, ...]:
+    """The algorithms :func:`verify` covers (its ``conv_algorithms``)."""
+    if asked is not None:
+        if isinstance(asked, str) or any(a not in _bounds.CONV_ALGORITHMS for a in asked):
+            raise VerifyError(f"argument 'conv_algorithms': expected a sequence of {_bounds.CONV_ALGORITHMS[1:]}, "
+                              f"got {asked!r}")
+        return tuple(a for a in asked if a != "direct")
+    import torch
+
+    nnpack = (device == "cpu" and not torch._C._get_mkldnn_enabled() and torch.backends.nnpack.is_available()
+              and torch._C._get_nnpack_enabled())
+    return ("winograd", "fft") if device == "cuda" or nnpack else ()
+
+
+def _verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
+           init: Mapping[str, Any] | None = None, weights: Any = None, map: Mapping[str, Any] | None = None,
+           input: Any = None, hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
+           device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
+           progress: bool = False, shadow: bool = False, grad: bool = False, ensemble: bool = True) -> Report:
+    """The body of :func:`verify`."""
     from .networks import is_network, verify_network
     _check_grad(grad)                   # a registered network's gradients: verify_network(grad=True)
     if not isinstance(ensemble, bool):
