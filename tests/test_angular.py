@@ -646,3 +646,41 @@ def test_token_conv_is_banded_toeplitz_matrix():
         ref = m @ v[:, hh]
         numerics.assert_close(got[:, hh], ref, Bound(np.abs(m) @ np.abs(v[:, hh]), 5, "length-5 sums"),
                               np.float64, name="toeplitz")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("preset,over", [("paper", {}), ("official", dict(qkv_bias=True, sparse="always"))])
+def test_castling_bound_charges_qkv_and_proj_by_the_calculus_linear_rule(dtype, preset, over, monkeypatch):
+    """castling_attention_bound takes the error of both linear maps from refimpl.bounds.e_linear in the bound's
+    precision (first order with the underflow term): the qkv term is k (|x||W|^T + |b|) + C eta with
+    k = sum_depth(C) + [bias] (Higham 3.12, the sums accumulated in config.ACCUMULATION_FORMAT), the bound's
+    E is the output projection's e_linear, and K counts both maps' k."""
+    from refimpl import bounds, layers
+    cfg = A.CastlingConfig.preset(preset, dim=6, num_heads=2, **over)
+    params = A.init_castling_params(cfg, 3)
+    x = np.random.default_rng(4).standard_normal((2, 6, 6))
+    calls = []
+    orig = bounds.e_linear
+
+    def spy(x_, ex_, w_, b_, pr_, **kw):
+        calls.append((w_, b_, pr_, orig(x_, ex_, w_, b_, pr_, **kw)))
+        return calls[-1][-1]
+
+    monkeypatch.setattr(bounds, "e_linear", spy)
+    b = A.castling_attention_bound(x, params, cfg, dtype=dtype, training=True, hw=(2, 3))
+    monkeypatch.undo()
+    assert len(calls) == 2
+    (wq, bq, prq, e_qkv), (wp, bp, prp, e_proj) = calls
+    eta_u = numerics.underflow_eta(dtype) / numerics.unit_roundoff(dtype)
+    assert prq == prp == bounds.Precision.coefficients(dtype, eta_u)
+    np.testing.assert_array_equal(wq, params["qkv.weight"])
+    np.testing.assert_array_equal(wp, params["proj.weight"])
+    assert (bq is None) == (not cfg.qkv_bias) and bp is params["proj.bias"]
+    k_qkv = numerics.sum_depth(6, dtype) + (1 if cfg.qkv_bias else 0)
+    s_qkv = layers.linear(np.abs(x), np.abs(params["qkv.weight"]),
+                          np.abs(params["qkv.bias"]) if cfg.qkv_bias else None)
+    np.testing.assert_allclose(e_qkv, k_qkv * s_qkv + 6 * eta_u, rtol=1e-15, atol=0)
+    if dtype in ("float16", "bfloat16"):
+        assert k_qkv < 6
+    np.testing.assert_allclose(b.scale * b.k, e_proj, rtol=1e-15, atol=0)
+    assert b.k >= 2 * numerics.sum_depth(6, dtype) + (1 if cfg.qkv_bias else 0) + 1

@@ -337,6 +337,65 @@ def test_block_is_pre_norm_residual(case):
     assert "attn.G_a" in taps
 
 
+@pytest.mark.parametrize("dtype", [None, "float64", "float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("with_input_error", [False, True])
+def test_block_layer_norm_term_is_the_calculus_rule(dtype, with_input_error):
+    """The LayerNorm term of lisa_block_bound (LN1 on the exact input, LN2 with the propagated error) is the
+    calculus's rule: k S + |w| / s (E + mean E + |xh| mean(|xh| E)) with (S, k) those of
+    refimpl.layers.layer_norm_bound in the same precision (k = sum_depth(C) + 8: the two C-term sums
+    accumulated in config.ACCUMULATION_FORMAT, so below C + 8 for float16 / bfloat16), equal to
+    refimpl.bounds.e_layer_norm."""
+    from refimpl import bounds
+    rng = np.random.default_rng(3)
+    c = 12
+    x = rng.standard_normal((2, 9, c)) * 3.0 + 0.5
+    w, b = 1.0 + 0.1 * rng.standard_normal(c), rng.standard_normal(c)
+    ex = np.abs(rng.standard_normal(x.shape)) * 40.0 if with_input_error else None
+    y, err, k = lisa._tr_layer_norm(x, ex, w, b, 1e-5, dtype)
+    np.testing.assert_array_equal(y, layers.layer_norm(x, w, b, 1e-5))
+    lb = layers.layer_norm_bound(x, w, b, 1e-5, dtype=dtype)
+    assert k == lb.k == numerics.sum_depth(c, dtype) + 8
+    if dtype in ("float16", "bfloat16"):
+        assert k < c + 8
+    expect = lb.k * np.asarray(lb.scale)
+    if ex is not None:
+        mu = x.mean(axis=-1, keepdims=True)
+        s = np.sqrt(((x - mu) ** 2).mean(axis=-1, keepdims=True) + 1e-5)
+        xh = np.abs(x - mu) / s
+        expect = expect + np.abs(w) / s * (ex + ex.mean(axis=-1, keepdims=True)
+                                           + xh * (xh * ex).mean(axis=-1, keepdims=True))
+    np.testing.assert_allclose(err, expect, rtol=1e-14, atol=0)
+    rule, k_rule = bounds.e_layer_norm(x, np.zeros_like(x) if ex is None else ex, w, b, 1e-5,
+                                       bounds.Precision.coefficients(dtype))
+    np.testing.assert_array_equal(err, rule)
+    assert k_rule == k
+
+
+def test_block_bound_takes_both_layer_norms_from_the_calculus(monkeypatch):
+    """lisa_block_bound charges LN1 and LN2 by refimpl.bounds.e_layer_norm in the bound's precision, and the
+    float16 bound still covers the naive float16 run of the block (the sums of LayerNorm are counted in
+    config.ACCUMULATION_FORMAT, as NumPy's float16 mean computes them)."""
+    from refimpl import bounds
+    cfg = lisa.LiSAConfig(dim=6, num_heads=2, grid=(3, 4), latent=2)
+    p = lisa.init_params(lisa.lisa_block_param_shapes(cfg), 5)
+    p = {k: numerics.round_to(v, "float16") for k, v in p.items()}
+    x = numerics.round_to(np.random.default_rng(5).standard_normal((2, cfg.num_tokens, cfg.dim)), "float16")
+    calls = []
+    orig = bounds.e_layer_norm
+
+    def spy(x_, ex_, w_, b_, eps_, pr_, *a, **kw):
+        calls.append((w_, pr_))
+        return orig(x_, ex_, w_, b_, eps_, pr_, *a, **kw)
+
+    monkeypatch.setattr(bounds, "e_layer_norm", spy)
+    bound = lisa.lisa_block_bound(x, p, cfg, dtype="float16")
+    monkeypatch.undo()
+    assert [c[0] is p[n] for c, n in zip(calls, ("norm1.weight", "norm2.weight"))] == [True, True]
+    assert all(c[1] == bounds.Precision.coefficients("float16") for c in calls) and len(calls) == 2
+    got = np.asarray(numerics.naive_same_precision(lisa.lisa_block, x, p, cfg, dtype="float16"), np.float64)
+    assert np.all(np.abs(got - lisa.lisa_block(x, p, cfg)) <= bound.array("float16", x.shape))
+
+
 def test_direct_sa_refuses_large_sizes():
     """The quadratic path refuses past the memory guard and names the FFT function to use instead."""
     cfg = lisa.SAConfig(dim=32, num_heads=2, grid=(56, 56), latent=16)

@@ -31,9 +31,9 @@ from ._validate import empty_aligned, float_arrays, real_scalar
 # Fused kernelized linear attention (ckernels/linattn.c)
 # ---------------------------------------------------------------------------------------------------
 
-#: Feature maps of the fused kernel and their codes (REFIMPL_LA_MAP_* in ckernels/refimpl_kernels.h).
-LINEAR_ATTENTION_MAPS = {"relu": 0, "elu1": 1, "focused": 2}
-_EPS_POLICIES = {"add": 0, "clamp": 1}
+#: Feature maps of the fused kernel and their codes (REFIMPL_LA_MAP_* in ckernels/refimpl_kernels.h); defined
+#: with the option checks in refimpl.backends._validate.
+LINEAR_ATTENTION_MAPS = _validate.LINEAR_ATTENTION_MAPS
 
 
 def linear_attention_workspace_size(B: int, h: int, M: int, d: int, e: int, threads: int | None = None) -> int:
@@ -178,54 +178,21 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
                            clamp_min: Any, kv_scale: float, out: Any, workspace: Any, threads: Any,
                            p: Any = config.FLATTEN_FOCUSING_FACTOR, v_scale: Any = None,
                            v_scale_mode: str = "divide", twin: Any = None) -> np.ndarray:
-    """Validate, then run refimpl_linear_attention_f32/_f64 (refimpl.backends._c.run_kernel: poison, call,
+    """Validate (refimpl.backends._validate.linear_attention_options, the checks shared with the plain
+    kernel), then run refimpl_linear_attention_f32/_f64 (refimpl.backends._c.run_kernel: poison, call,
     status); ``twin()`` (the NumPy definition) answers instead where the range check says so."""
     _load()  # ImportError before any validation when the compiled module is missing
-    power = _validate.check_focusing_factor(p)
-    if feature_map not in LINEAR_ATTENTION_MAPS:
-        raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
-                         f"{feature_map!r} (other maps run on the NumPy definition)")
-    if eps_policy not in _EPS_POLICIES:
-        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
-    for name, val in (("eps", eps), ("clamp_min", clamp_min)):
-        if (val is not None or name == "eps") and (isinstance(val, (bool, np.bool_)) or
-                                                   not isinstance(val, (int, float, np.integer, np.floating))):
-            raise TypeError(f"argument '{name}': expected a real number{' or None' if name != 'eps' else ''}, "
-                            f"got {type(val).__name__}")
-    nthreads = _threads(threads)
-    a = _validate.linear_attention_args(q, k, v, out, "C")
+    o = _validate.linear_attention_options(q, k, v, out, key_weight, feature_map, eps, eps_policy, clamp_min, p,
+                                           v_scale, v_scale_mode,
+                                           map_note=" (other maps run on the NumPy definition)",
+                                           threads_check=lambda: _threads(threads))
+    a, kw, vs, nthreads = o.arrays, o.key_weight, o.v_scale, o.threads
     sz = a.sizes
     dt = a.q.dtype
-    kw = None
-    if key_weight is not None:
-        kw = _validate._array(key_weight, "alpha", "C")
-        if kw.dtype != dt:
-            raise TypeError(f"argument 'alpha': expected dtype {dt} (the dtype of 'q'), got {kw.dtype}; the C "
-                            f"kernel does not mix precisions")
-        if kw.shape != (sz["B"], sz["h"], sz["M"]):
-            raise ValueError(f"argument 'alpha': expected shape ({sz['B']}, {sz['h']}, {sz['M']}) (B, h, M), got "
-                             f"{kw.shape}")
-        kw = _validate._contiguous(kw)
-    vs = None
-    if v_scale is not None:
-        if v_scale_mode not in ("divide", "multiply"):
-            raise ValueError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
-        vs = _validate._array(v_scale, "v_scale", "C")
-        if vs.dtype != dt:
-            raise TypeError(f"argument 'v_scale': expected dtype {dt} (the dtype of 'q'), got {vs.dtype}; the C "
-                            f"kernel does not mix precisions")
-        if vs.size not in (1, sz["h"]):
-            raise ValueError(f"argument 'v_scale': expected 1 value or one per head ({sz['h']}), got shape "
-                             f"{vs.shape}")
-        vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # (B, h): one per bh
     need = linear_attention_workspace_size(sz["B"], sz["h"], sz["M"], sz["d"], sz["e"], nthreads)
     ws = workspace_for(workspace, need, dt, (("q", q), ("k", k), ("v", v), ("out", out), ("alpha", key_weight)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
-    options = _load().ffi.new("struct refimpl_la_options *", {
-        "feature_map": LINEAR_ATTENTION_MAPS[feature_map], "eps_policy": _EPS_POLICIES[eps_policy],
-        "clamp": 0 if clamp_min is None else 1, "v_scale_divide": 1 if v_scale_mode == "divide" else 0,
-        "power": power, "clamp_min": 0.0 if clamp_min is None else float(clamp_min), "eps": float(eps),
-        "kv_scale": float(kv_scale)})
+    options = _load().ffi.new("struct refimpl_la_options *", o.c_options(kv_scale))
     return run_kernel("linear_attention", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"], sz["N"],
                       sz["M"], sz["d"], sz["e"], ws.size, nthreads, workspace=ws, twin=twin,
                       band=(a.q, a.k, a.v, kw, vs), tiny=(a.q, a.k, a.v, vs),

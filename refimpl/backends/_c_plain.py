@@ -46,29 +46,8 @@ from ._c_linear import LINEAR_ATTENTION_MAPS, elu1_underflows
 from ._registry import definition
 from ._validate import empty_aligned
 
-_EPS_POLICIES = {"add": 0, "clamp": 1}
 _RALA_KERNELS = ("elu1", "relu")
 _RALA_GLOBAL_QUERIES = {"q": 0, "kappa_q": 1}
-
-
-def _real(value: Any, name: str, allow_none: bool = False) -> None:
-    """TypeError naming ``name`` unless ``value`` is a real number (not bool), or None where allowed."""
-    if value is None and allow_none:
-        return
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"argument '{name}': expected a real number{' or None' if allow_none else ''}, got "
-                        f"{type(value).__name__}")
-
-
-def _same_dtype(a: Any, name: str, dt: np.dtype, shape: tuple[int, ...] | None, spec: str) -> np.ndarray:
-    """``a`` as a C-contiguous array of dtype ``dt`` (and shape ``shape``, unless None), errors naming ``name``."""
-    arr = _validate._array(a, name, "C")
-    if arr.dtype != dt:
-        raise TypeError(f"argument '{name}': expected dtype {dt} (the dtype of 'q'), got {arr.dtype}; the C kernel "
-                        f"does not mix precisions")
-    if shape is not None and arr.shape != shape:
-        raise ValueError(f"argument '{name}': expected shape {shape} {spec}, got {arr.shape}")
-    return _validate._contiguous(arr)
 
 
 def _workspace(fn: str, *sizes: int, dtype: np.dtype) -> np.ndarray:
@@ -80,37 +59,17 @@ def _workspace(fn: str, *sizes: int, dtype: np.dtype) -> np.ndarray:
 
 def _linear(q: Any, k: Any, v: Any, key_weight: Any, feature_map: Any, eps: Any, eps_policy: Any, clamp_min: Any,
             kv_scale: float, p: Any, v_scale: Any, v_scale_mode: Any, twin: Any) -> np.ndarray:
-    """Validate, then run refimpl_linear_attention_plain_f32/_f64; ``twin()`` (the NumPy definition) answers
+    """Validate (refimpl.backends._validate.linear_attention_options, the checks shared with the fast
+    kernel), then run refimpl_linear_attention_plain_f32/_f64; ``twin()`` (the NumPy definition) answers
     instead where the range check says so (refimpl.backends._c.run_kernel)."""
     mod = _load()
-    power = _validate.check_focusing_factor(p)
-    if feature_map not in LINEAR_ATTENTION_MAPS:
-        raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
-                         f"{feature_map!r}")
-    if eps_policy not in _EPS_POLICIES:
-        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
-    _real(eps, "eps")
-    _real(clamp_min, "clamp_min", allow_none=True)
-    a = _validate.linear_attention_args(q, k, v, None, "C")
+    o = _validate.linear_attention_options(q, k, v, None, key_weight, feature_map, eps, eps_policy, clamp_min, p,
+                                           v_scale, v_scale_mode)
+    a, kw, vs = o.arrays, o.key_weight, o.v_scale
     sz = a.sizes
     dt = a.q.dtype
-    kw = None if key_weight is None else _same_dtype(key_weight, "alpha", dt, (sz["B"], sz["h"], sz["M"]),
-                                                     "(B, h, M)")
-    vs = None
-    if v_scale is not None:
-        if v_scale_mode not in ("divide", "multiply"):
-            raise ValueError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
-        vs = _same_dtype(v_scale, "v_scale", dt, None, "")
-        if vs.size not in (1, sz["h"]):
-            raise ValueError(f"argument 'v_scale': expected 1 value or one per head ({sz['h']}), got shape "
-                             f"{vs.shape}")
-        vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # one per head bh
     ws = _workspace("refimpl_linear_attention_plain_workspace", sz["d"], sz["e"], dtype=dt)
-    options = mod.ffi.new("struct refimpl_la_options *", {
-        "feature_map": LINEAR_ATTENTION_MAPS[feature_map], "eps_policy": _EPS_POLICIES[eps_policy],
-        "clamp": 0 if clamp_min is None else 1, "v_scale_divide": 1 if v_scale_mode == "divide" else 0,
-        "power": power, "clamp_min": 0.0 if clamp_min is None else float(clamp_min), "eps": float(eps),
-        "kv_scale": float(kv_scale)})
+    options = mod.ffi.new("struct refimpl_la_options *", o.c_options(kv_scale))
     result = empty_aligned(a.out_shape, dt)
     return run_kernel("linear_attention_plain", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"],
                       sz["N"], sz["M"], sz["d"], sz["e"], ws.size, workspace=ws, twin=twin,
@@ -181,7 +140,7 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
     """
     if kernel not in _RALA_KERNELS:
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
-    _real(kv_scale, "kv_scale")
+    _validate.check_real(kv_scale, "kv_scale")
 
     def twin() -> np.ndarray:
         return definition("reweighted_linear_attention")(q, k, v, alpha, kernel, kv_scale, eps)
@@ -217,7 +176,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
         raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
     if normalizer not in ("none", "similarity_sum"):
         raise ValueError(f"argument 'normalizer': expected 'none' or 'similarity_sum', got {normalizer!r}")
-    _real(eps, "eps")
+    _validate.check_real(eps, "eps")
     if not eps >= 0:
         raise ValueError(f"argument 'eps': expected a real number >= 0, got {eps!r}")
     a = _validate.linear_attention_args(q, k, v, None, "C")
@@ -262,7 +221,7 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
         raise ValueError(f"argument 'global_query': expected 'q' or 'kappa_q', got {global_query!r}")
     if kernel not in _RALA_KERNELS:
         raise ValueError(f"argument 'kernel': expected 'elu1' or 'relu', got {kernel!r}")
-    _real(scale, "scale")
+    _validate.check_real(scale, "scale")
     qa = _validate._array(q, "q", "C")
     dt = qa.dtype
     if qa.ndim != 4 or min(qa.shape) < 1:
@@ -314,7 +273,7 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     registered wrapper).
     """
     _load()
-    _real(scale, "scale")
+    _validate.check_real(scale, "scale")
     a = _validate.linear_attention_args(q, k, v, None, "C")
     sz = a.sizes
     bw, h, n, m, d = sz["B"], sz["h"], sz["N"], sz["M"], sz["d"]

@@ -245,6 +245,118 @@ def linear_attention_args(q: Any, k: Any, v: Any, out: Any, backend: str) -> Lin
                                sizes=dict(B=b_, h=h, N=n, M=m, d=d, e=e))
 
 
+#: Feature maps of the fused linear-attention kernels and their codes (REFIMPL_LA_MAP_* in
+#: ckernels/refimpl_kernels.h); public as ``refimpl.backends._c_linear.LINEAR_ATTENTION_MAPS``.
+LINEAR_ATTENTION_MAPS = {"relu": 0, "elu1": 1, "focused": 2}
+#: Normaliser policies of the fused kernels and their codes (``struct refimpl_la_options.eps_policy``).
+EPS_POLICIES = {"add": 0, "clamp": 1}
+
+
+def check_real(value: Any, name: str, allow_none: bool = False) -> None:
+    """TypeError naming ``name`` unless ``value`` is a real number (not bool), or None where allowed (the
+    scalar check of the C wrappers' options)."""
+    if value is None and allow_none:
+        return
+    if not real_scalar(value):
+        raise TypeError(f"argument '{name}': expected a real number{' or None' if allow_none else ''}, got "
+                        f"{type(value).__name__}")
+
+
+def _check_finite(value: Any, name: str) -> None:
+    """ValueError naming ``name`` unless the real number ``value`` is finite (a NaN or infinite option would
+    reach the C kernel and give NaN for finite input)."""
+    if not math.isfinite(float(value)):
+        raise ValueError(f"argument '{name}': expected a finite real number, got {float(value)!r}")
+
+
+@dataclass(frozen=True)
+class LinearAttentionOptions:
+    """Validated arguments of one fused linear-attention kernel call, fast (ckernels/linattn.c) or plain
+    (ckernels/linattn_plain.c): the arrays (:class:`LinearAttentionArgs`), the key weights and V scale in the
+    kernel's layout, and the scalar options as given (converted to C doubles by :meth:`c_options`, at the
+    point of the call)."""
+
+    arrays: LinearAttentionArgs
+    key_weight: np.ndarray | None   # (B, h, M), C-contiguous, q's dtype
+    v_scale: np.ndarray | None      # (B, h): one per head bh, C-contiguous, q's dtype
+    feature_map: str
+    power: float                    # the focusing factor p (float, finite, >= 1)
+    eps: Any                        # a real number
+    eps_policy: str
+    clamp_min: Any                  # a real number or None
+    v_scale_mode: str
+    threads: int | None             # the value of ``threads_check()``, None without one
+
+    def c_options(self, kv_scale: float) -> dict:
+        """The fields of ``struct refimpl_la_options`` (ckernels/refimpl_kernels.h); ``kv_scale`` a finite real
+        number (TypeError / ValueError naming it)."""
+        check_real(kv_scale, "kv_scale")
+        _check_finite(kv_scale, "kv_scale")
+        return {"feature_map": LINEAR_ATTENTION_MAPS[self.feature_map],
+                "eps_policy": EPS_POLICIES[self.eps_policy], "clamp": 0 if self.clamp_min is None else 1,
+                "v_scale_divide": 1 if self.v_scale_mode == "divide" else 0,
+                "power": self.power, "clamp_min": 0.0 if self.clamp_min is None else float(self.clamp_min),
+                "eps": float(self.eps), "kv_scale": float(kv_scale)}
+
+
+def linear_attention_options(q: Any, k: Any, v: Any, out: Any, key_weight: Any, feature_map: Any, eps: Any,
+                             eps_policy: Any, clamp_min: Any, p: Any, v_scale: Any, v_scale_mode: Any, *,
+                             map_note: str = "", threads_check: Any = None) -> LinearAttentionOptions:
+    """Check every argument of a fused linear-attention kernel call (the fast and the plain C wrappers,
+    refimpl.backends._c_linear and refimpl.backends._c_plain, call this one function), in this order:
+
+    1. the focusing factor ``p`` (:func:`check_focusing_factor`; checked for every map, used by "focused");
+    2. ``feature_map`` in :data:`LINEAR_ATTENTION_MAPS` (``map_note`` is appended to the message);
+    3. ``eps_policy`` "add" | "clamp"; ``eps`` a real number; ``clamp_min`` a real number or None;
+    4. ``threads_check()`` where given (the fast wrapper's thread count; its value is returned as ``threads``);
+    5. q, k, v and ``out`` (:func:`linear_attention_args`);
+    6. ``key_weight`` (reported as 'alpha'): q's dtype, shape (B, h, M);
+    7. with a ``v_scale``: ``v_scale_mode`` "divide" | "multiply", then q's dtype and 1 or h values (broadcast
+       to one per head bh).
+
+    TypeError / ValueError naming the argument, the expected and the given value."""
+    power = check_focusing_factor(p)
+    if feature_map not in LINEAR_ATTENTION_MAPS:
+        raise ValueError(f"argument 'feature_map': the C kernel implements {tuple(LINEAR_ATTENTION_MAPS)}, got "
+                         f"{feature_map!r}{map_note}")
+    if eps_policy not in EPS_POLICIES:
+        raise ValueError(f"argument 'eps_policy': expected 'add' or 'clamp', got {eps_policy!r}")
+    check_real(eps, "eps")
+    check_real(clamp_min, "clamp_min", allow_none=True)
+    _check_finite(eps, "eps")
+    if clamp_min is not None:
+        _check_finite(clamp_min, "clamp_min")
+    nthreads = None if threads_check is None else threads_check()
+    a = linear_attention_args(q, k, v, out, "C")
+    sz = a.sizes
+    dt = a.q.dtype
+    kw = None
+    if key_weight is not None:
+        kw = _array(key_weight, "alpha", "C")
+        if kw.dtype != dt:
+            raise TypeError(f"argument 'alpha': expected dtype {dt} (the dtype of 'q'), got {kw.dtype}; the C "
+                            f"kernel does not mix precisions")
+        if kw.shape != (sz["B"], sz["h"], sz["M"]):
+            raise ValueError(f"argument 'alpha': expected shape ({sz['B']}, {sz['h']}, {sz['M']}) (B, h, M), got "
+                             f"{kw.shape}")
+        kw = _contiguous(kw)
+    vs = None
+    if v_scale is not None:
+        if v_scale_mode not in ("divide", "multiply"):
+            raise ValueError(f"argument 'v_scale_mode': expected 'divide' or 'multiply', got {v_scale_mode!r}")
+        vs = _array(v_scale, "v_scale", "C")
+        if vs.dtype != dt:
+            raise TypeError(f"argument 'v_scale': expected dtype {dt} (the dtype of 'q'), got {vs.dtype}; the C "
+                            f"kernel does not mix precisions")
+        if vs.size not in (1, sz["h"]):
+            raise ValueError(f"argument 'v_scale': expected 1 value or one per head ({sz['h']}), got shape "
+                             f"{vs.shape}")
+        vs = np.ascontiguousarray(np.broadcast_to(vs.reshape(1, -1), (sz["B"], sz["h"])))   # (B, h): one per bh
+    return LinearAttentionOptions(arrays=a, key_weight=kw, v_scale=vs, feature_map=feature_map, power=power,
+                                  eps=eps, eps_policy=eps_policy, clamp_min=clamp_min, v_scale_mode=v_scale_mode,
+                                  threads=nthreads)
+
+
 def _check_out(out: Any, dt: np.dtype, shape: tuple[int, ...], inputs: Any, first: str,
                name: str = "out") -> None:
     """Refuse an output buffer the kernel cannot write in place (see the module docstring)."""
