@@ -10,10 +10,11 @@ them all): ``REFIMPL_TORCH_ONEDNN=0`` switches oneDNN (mkldnn) off, ``REFIMPL_TO
 intra-op thread count.
 
 The convolution algorithms the bounds cover (refimpl.bounds.covering_conv_algorithms): with oneDNN off PyTorch's
-CPU convolution takes NNPACK (batch >= 16), whose Winograd F(6x6, 3x3) and 8 x 8 / 16 x 16 FFT tiles err far
-beyond a direct convolution's bound (up to 10^5 times it next to a large input); cuDNN may choose Winograd or
-tiled FFT too.  There every convolution bound also covers Winograd and tiled FFT (wider, as those algorithms'
-errors are); on the default CPU path (oneDNN) the bounds are the direct convolution's.
+CPU convolution takes NNPACK for float32 inputs of batch >= 16 (config.NNPACK_MIN_BATCH), whose Winograd
+F(6x6, 3x3) and 8 x 8 / 16 x 16 FFT tiles err far beyond a direct convolution's bound (up to 10^5 times it next
+to a large input); cuDNN may choose Winograd or tiled FFT at any batch and precision.  There the convolution
+bounds also cover Winograd and tiled FFT (wider, as those algorithms' errors are); on the default CPU path
+(oneDNN) the bounds are the direct convolution's.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import os
 import pytest
 import torch
 
-from refimpl import bounds
+from refimpl import bounds, config
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -67,6 +68,12 @@ def nnpack_may_run() -> bool:
 def conv_algorithms_of_this_run(request):
     """Every test's bounds cover the convolution algorithms its torch run may take (module docstring)."""
     cuda = "device" in request.fixturenames and request.getfixturevalue("device") == "cuda"
-    algorithms = ("winograd", "fft") if cuda or nnpack_may_run() else ()
-    with bounds.covering_conv_algorithms(*algorithms):
+    dtype = request.getfixturevalue("dtype_name") if "dtype_name" in request.fixturenames else None
+    if cuda:
+        algorithms, min_batch = ("winograd", "fft"), 1
+    elif nnpack_may_run() and dtype in (None, "float32"):        # NNPACK: float32, batch >= 16
+        algorithms, min_batch = ("winograd", "fft"), config.NNPACK_MIN_BATCH
+    else:
+        algorithms, min_batch = (), 1
+    with bounds.covering_conv_algorithms(*algorithms, min_batch=min_batch):
         yield algorithms

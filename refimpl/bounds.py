@@ -48,7 +48,7 @@ __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e
            "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
            "LAYER_NORM_ROUNDINGS", "CONV_ALGORITHMS", "conv_algorithms", "covering_conv_algorithms",
            "WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_applies", "winograd_roundings", "winograd_scale",
-           "conv_scale", "fft_tile_roundings", "fft_tile_scale", "other_algorithm_scales"]
+           "conv_scale", "conv_min_batch", "fft_tile_roundings", "fft_tile_scale", "other_algorithm_scales"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -411,23 +411,32 @@ def e_batch_norm(x, ex, weight, bias, running_mean, running_var, eps: float, pr:
 #: cuDNN's FFT_TILING): its error is normwise over a tile, so an output next to a large input errs in proportion
 #: to that input.  FFT over a whole plane larger than the tile (cuDNN's FFT) is not covered.
 CONV_ALGORITHMS = ("direct", "winograd", "fft")
-_covered: list[tuple[str, ...]] = [("direct",)]
+_covered: list[tuple[tuple[str, ...], int]] = [(("direct",), 1)]
 
 
 def conv_algorithms() -> tuple[str, ...]:
     """The convolution algorithms the bounds cover now (default: "direct" only)."""
-    return _covered[-1]
+    return _covered[-1][0]
+
+
+def conv_min_batch() -> int:
+    """The smallest batch from which the other algorithms of :func:`conv_algorithms` are covered."""
+    return _covered[-1][1]
 
 
 @contextlib.contextmanager
-def covering_conv_algorithms(*names: str) -> Iterator[None]:
-    """Within the block every convolution bound also covers ``names`` (:data:`CONV_ALGORITHMS`): the tested run
-    may take them (PyTorch's CPU path with oneDNN off: NNPACK, cuDNN).  The stages those algorithms apply to
-    get bounds as wide as their errors, 10^2 - 10^4 times the direct bound; elsewhere nothing changes."""
+def covering_conv_algorithms(*names: str, min_batch: int = 1) -> Iterator[None]:
+    """Within the block every convolution bound also covers ``names`` (:data:`CONV_ALGORITHMS`) for inputs of
+    batch ``min_batch`` or more: the tested run may take them (PyTorch's CPU convolution with oneDNN off takes
+    NNPACK for float32 inputs of batch >= config.NNPACK_MIN_BATCH; cuDNN at any batch).  The stages those
+    algorithms apply to get bounds as wide as their errors, 10^2 - 10^4 times the direct bound; elsewhere
+    nothing changes."""
     bad = [n for n in names if n not in CONV_ALGORITHMS]
     if bad:
         raise ValueError(f"argument 'names': expected algorithms from {CONV_ALGORITHMS}, got {bad}")
-    _covered.append(tuple(dict.fromkeys(("direct",) + names)))
+    if isinstance(min_batch, bool) or not isinstance(min_batch, int) or min_batch < 1:
+        raise ValueError(f"argument 'min_batch': expected an integer >= 1, got {min_batch!r}")
+    _covered.append((tuple(dict.fromkeys(("direct",) + names)), min_batch))
     try:
         yield
     finally:
@@ -550,10 +559,12 @@ def fft_tile_scale(x, weight, bias, padding: Any, groups: int = 1, tile: int = c
 def other_algorithm_scales(x, weight, bias, padding: Any, stride: Any, dilation: Any,
                            groups: int) -> list[tuple[np.ndarray, int]]:
     """[(S, k)] of every algorithm besides "direct" that :func:`conv_algorithms` covers and that can evaluate
-    this convolution: Winograd for a 3 x 3 kernel of stride and dilation 1, tiled FFT for kernels up to the
-    tile of stride and dilation 1."""
+    this convolution (x (B, C, H, W) with B >= :func:`conv_min_batch`): Winograd for a 3 x 3 kernel of stride and
+    dilation 1, tiled FFT for kernels up to the tile of stride and dilation 1."""
     w = np.asarray(weight)
-    out = []
+    out: list[tuple[np.ndarray, int]] = []
+    if np.shape(x)[0] < conv_min_batch():
+        return out
     algorithms = conv_algorithms()
     if "winograd" in algorithms and winograd_applies(w.shape[2:], stride, dilation):
         out.append((winograd_scale(x, w, bias, padding, groups), winograd_roundings(w.shape[1], bias is not None)))

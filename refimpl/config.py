@@ -335,6 +335,11 @@ FFT_REAL_SPLIT_STAGES = 1
 #: ft8x8 and ft16x16, cuDNN's FFT_TILING 32 x 32; a bound for T covers every smaller power of two).
 CONV_FFT_TILE = 32
 
+#: PyTorch's CPU convolution takes NNPACK (Winograd, FFT tiles; refimpl.bounds.covering_conv_algorithms) only for
+#: float32 inputs of batch >= 16 with oneDNN off (ATen's ConvParams::use_nnpack; measured on torch 2.13: batch 4
+#: errs as a direct convolution, batch 16 as Winograd).
+NNPACK_MIN_BATCH = 16
+
 #: FFT counting convention (models/counting.py ``fft_macs``; the MAC tables state FFTs with it).  A
 #: length-n complex FFT costs n/2 log2 n complex multiply-accumulates (radix-2 Cooley-Tukey: n/2 butterflies
 #: per stage, one twiddle multiplication each, log2 n stages; Cooley & Tukey 1965; a multi-axis transform

@@ -160,3 +160,32 @@ def test_running_bounds_cover_them_too():
     assert np.all(err <= e_cover) and np.max(err / e_direct) > 10
     # the l2 coefficient sigma (the probabilistic bound lam u sigma; lam = 6: P <= 2 exp(-18) per element) covers it
     assert np.all(np.isfinite(s_l2)) and np.all(err <= 6.0 * s_l2)
+
+
+def test_min_batch_limits_the_covering():
+    x2, x16 = (np.random.default_rng(2).standard_normal((b, 4, 9, 9)) for b in (2, 16))
+    w = np.random.default_rng(3).standard_normal((4, 1, 3, 3))
+    with bounds.covering_conv_algorithms("winograd", min_batch=16):
+        small = layers.depthwise_conv2d_bound(x2, w, padding=1)
+        large = layers.depthwise_conv2d_bound(x16, w, padding=1)
+    assert np.array_equal(small.scale, layers.depthwise_conv2d_bound(x2, w, padding=1).scale)
+    assert np.all(large.scale >= layers.depthwise_conv2d_bound(x16, w, padding=1).scale)
+    assert not np.array_equal(large.scale, layers.depthwise_conv2d_bound(x16, w, padding=1).scale)
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="argument 'min_batch'"):
+            with bounds.covering_conv_algorithms("winograd", min_batch=bad):
+                pass
+
+
+def test_pytorch_takes_nnpack_from_the_stated_batch():
+    """config.NNPACK_MIN_BATCH is PyTorch's rule: with oneDNN off, a float32 3 x 3 convolution of batch 15 errs as
+    a direct one (within the direct bound on mixed-scale input), of batch 16 as Winograd (far outside it)."""
+    if not (torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()):
+        pytest.skip("this PyTorch build has no NNPACK")
+    ratios = {}
+    for batch in (config.NNPACK_MIN_BATCH - 1, config.NNPACK_MIN_BATCH):
+        x, w, b = _data(7, True, batch=batch)
+        with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
+            got = F.conv2d(x, w, b, padding=1, groups=8)
+        ratios[batch] = _ratio(got, x, w, b, 3, ())
+    assert ratios[config.NNPACK_MIN_BATCH - 1] <= 1.0 < 10.0 < ratios[config.NNPACK_MIN_BATCH], ratios

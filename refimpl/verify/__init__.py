@@ -73,8 +73,9 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
         kwargs.pop("ensemble", None)            # a network has no torch ensemble (verify's report says so)
         from .. import bounds
         from .run import _conv_algorithms
-        algorithms = _conv_algorithms(kwargs.pop("conv_algorithms", None), kwargs.get("device", "cpu"))
-        with bounds.covering_conv_algorithms(*algorithms):
+        algorithms, min_batch = _conv_algorithms(kwargs.pop("conv_algorithms", None), kwargs.get("device", "cpu"),
+                                                 kwargs.get("dtype", "float32"))
+        with bounds.covering_conv_algorithms(*algorithms, min_batch=min_batch):
             return verify_network_examples(module, reference, examples, max_side=max_side, seed=seed, **kwargs)
     max_side = 12 if max_side is None else max_side
     module = _example_factory(module)

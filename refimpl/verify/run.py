@@ -361,35 +361,39 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
     conv_algorithms : the convolution algorithms besides a direct one that the bounds must cover
         (:func:`refimpl.bounds.covering_conv_algorithms`: "winograd", "fft"; their errors are 10^2 - 10^5 times a
         direct convolution's, so the bounds of the stages they apply to widen as much).  None: what the run may
-        take - both on CUDA (cuDNN) and on a CPU whose PyTorch has oneDNN off and NNPACK on (NNPACK's Winograd
-        and FFT tiles, batch >= 16), none otherwise; a finding names them.  () for direct convolutions only.
+        take - both on CUDA (cuDNN) and, for float32 convolutions of batch >= config.NNPACK_MIN_BATCH, on a CPU
+        whose PyTorch has oneDNN off and NNPACK on (NNPACK's Winograd and FFT tiles), none otherwise; a finding
+        names them.  () for direct convolutions only.
 
     Raises :class:`VerifyError` for any usage, loading or mapping problem (the message names it)."""
-    algorithms = _conv_algorithms(conv_algorithms, device)
-    with _bounds.covering_conv_algorithms(*algorithms):
+    algorithms, min_batch = _conv_algorithms(conv_algorithms, device, dtype)
+    with _bounds.covering_conv_algorithms(*algorithms, min_batch=min_batch):
         report = _verify(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                          input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
                          progress=progress, shadow=shadow, grad=grad, ensemble=ensemble)
     if algorithms:
         report.findings.append({"kind": "note", "message": (
-            f"the convolution bounds cover {' and '.join(algorithms)} besides direct evaluation "
+            f"the convolution bounds cover {' and '.join(algorithms)} besides direct evaluation"
+            + (f" for inputs of batch >= {min_batch} " if min_batch > 1 else " ") +
             f"({'given' if conv_algorithms is not None else 'what this ' + device + ' run may take'}): the "
             "convolution stages are checked only to those algorithms' accuracy (refimpl.bounds.conv_algorithms)")})
     return report
 
 
-def _conv_algorithms(asked: Sequence[str] | None, device: str) -> tuple[str, ...]:
-    """The algorithms :func:`verify` covers (its ``conv_algorithms``)."""
+def _conv_algorithms(asked: Sequence[str] | None, device: str, dtype: str) -> tuple[tuple[str, ...], int]:
+    """(algorithms, smallest batch) :func:`verify` covers (its ``conv_algorithms``; given ones at any batch)."""
     if asked is not None:
         if isinstance(asked, str) or any(a not in _bounds.CONV_ALGORITHMS for a in asked):
             raise VerifyError(f"argument 'conv_algorithms': expected a sequence of {_bounds.CONV_ALGORITHMS[1:]}, "
                               f"got {asked!r}")
-        return tuple(a for a in asked if a != "direct")
+        return tuple(a for a in asked if a != "direct"), 1
+    if device == "cuda":
+        return ("winograd", "fft"), 1
     import torch
 
-    nnpack = (device == "cpu" and not torch._C._get_mkldnn_enabled() and torch.backends.nnpack.is_available()
+    nnpack = (dtype == "float32" and not torch._C._get_mkldnn_enabled() and torch.backends.nnpack.is_available()
               and torch._C._get_nnpack_enabled())
-    return ("winograd", "fft") if device == "cuda" or nnpack else ()
+    return (("winograd", "fft"), _verdict.config.NNPACK_MIN_BATCH) if nnpack else ((), 1)
 
 
 def _verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
