@@ -31,7 +31,7 @@ what would).  Shifted windows (Swin's softmax window attention and FLatten's Swi
 the cyclic shift and the shift mask; square or (wh, ww) windows; Swin's pre-windowed ``WindowAttention(x, mask)``,
 its grid padded) are :mod:`.windows`.  Not yet built: the references of LiSA's direct forms, block and 1-D / 3-D
 grids; configurations (heads, width) drawn by ``examples``; a torch
-ensemble for whole networks unit by unit, and for the layouts and precisions no twin runs in (the report says which).
+ensemble for a network's ``examples`` and for the layouts and precisions no twin runs in (the report says which).
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
     _check_grad(kwargs.get("grad", False))
     if is_network(reference):
-        kwargs.pop("ensemble", None)            # a network has no torch ensemble (verify's report says so)
+        kwargs.pop("ensemble", None)     # examples on a network run without the twin members (cost: 9 runs per unit)
         from .. import bounds
         from .run import _conv_algorithms
         algorithms, min_batch = _conv_algorithms(kwargs.pop("conv_algorithms", None), kwargs.get("device", "cpu"),

@@ -22,6 +22,12 @@ as a half-precision op on the CPU) is left out and named; LiSA's FFT convolution
 accumulation format and round to T once, as the equivalence suite runs them.  Where no twin covers the reference or its
 configuration, the ensemble stays what it was: the NumPy definition run in T and the verdict's random-rounding
 model (:func:`refimpl.verdict.compare` adds it when fewer than two distinct evaluations exist).
+
+A registered network (:func:`network_twin`, :func:`unit_members`) is judged unit by unit, so its members are unit
+by unit too, teacher-forced: the network's twin (:func:`refimpl.twins.models.build`, the one ``--grad`` uses),
+loaded with the network's values and cast to the tested dtype, runs each unit (``run_unit``) on exactly the input
+the foreign network's unit received (rounded to the dtype), plainly and under each variant; a unit judged part by
+part (its own bound void) gets the twin's ``run_unit_part`` on the part's tested input likewise.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ import numpy as np
 
 from .. import ensemble as _ensemble
 from .. import verdict as _verdict
+from ..numerics import round_to
 from .loading import VerifyError
 from .steps import _to64, _torch_dtype
 
-__all__ = ["TwinEnsemble", "twin_ensemble", "stage_members", "members_summary", "PLAIN"]
+__all__ = ["TwinEnsemble", "twin_ensemble", "stage_members", "members_summary", "PLAIN", "NetworkEnsemble",
+           "network_twin", "unit_members", "network_section"]
 
 #: the member name of the twin run plainly in the tested dtype
 PLAIN = "twin"
@@ -223,6 +231,100 @@ def members_summary(rep: Any, given: Sequence[str]) -> dict[str, Any]:
             members[name] = {"zmax": None, "zrms": None, "status": "equal to the tested output bit for bit: dropped"}
     return {"members": members, "zmax": _num(rep.zmax), "zrms": _num(rep.zrms),
             "zmax_threshold": _num(rep.zmax_threshold), "zrms_threshold": _num(rep.zrms_threshold)}
+
+
+@dataclasses.dataclass
+class NetworkEnsemble:
+    """The network's twin in the tested dtype (``module``), or why there is none (``why``), and what its unit runs
+    gave: the members that ran (``members``), those that raised (``failed``: "member (unit)" -> the error) and the
+    units left without members (``unit_notes``)."""
+
+    twin: str = ""
+    why: str = ""
+    module: Any = None
+    dtype: str = "float32"
+    device: str = "cpu"
+    variants: tuple[str, ...] = ()
+    members: set[str] = dataclasses.field(default_factory=set)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)
+    unit_notes: dict[str, str] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def network_twin(cfg: Any, params: Mapping[str, np.ndarray], dtype: str, device: str,
+                 variants: Sequence[str] = _ensemble.DEFAULT_VARIANTS) -> NetworkEnsemble:
+    """The twin of the network of config ``cfg`` (:func:`refimpl.twins.models.build`), loaded strictly with
+    ``params`` (the values the foreign network computes with, reference keys: exact in ``dtype``) and cast to
+    ``dtype`` on ``device``; a :class:`NetworkEnsemble` saying why where none can be built or it has no units."""
+    from .network_gradients import _build_twin
+    t0 = time.perf_counter()
+    try:
+        m = _build_twin(cfg, params)
+    except VerifyError as exc:
+        return NetworkEnsemble(why=str(exc).replace("argument 'grad': ", ""), dtype=dtype, device=device)
+    name = type(m).__module__ + "." + type(m).__name__
+    if not hasattr(m, "run_unit"):
+        return NetworkEnsemble(twin=name, why=f"the network's twin ({name}) has no run_unit: no unit-wise members",
+                               dtype=dtype, device=device)
+    m = m.to(device=device, dtype=_torch_dtype(dtype)).eval()
+    return NetworkEnsemble(twin=name, module=m, dtype=dtype, device=device, variants=tuple(variants),
+                           seconds=time.perf_counter() - t0)
+
+
+def unit_members(ne: NetworkEnsemble, unit: str, x: np.ndarray, shape: tuple[int, ...],
+                 part: str | None = None) -> dict[str, np.ndarray]:
+    """``{member: output}``: the twin's unit ``unit`` (or its part ``part``) on ``x`` (the tested input to it, in
+    the reference's layout) rounded to the dtype, plainly (member ``"twin"``) and under each variant
+    (:func:`refimpl.ensemble.legitimate_runs`, one variant at a time so that one without a kernel in this
+    precision is left out alone); outputs of another shape than ``shape`` (the reference's) are left out."""
+    import torch
+    if ne.module is None:
+        return {}
+    t0 = time.perf_counter()
+    what = unit if part is None else f"{unit}/{part}"
+    if part is not None and not hasattr(ne.module, "run_unit_part"):
+        ne.unit_notes[what] = f"the network's twin ({ne.twin}) has no run_unit_part"
+        return {}
+    xt = torch.from_numpy(np.ascontiguousarray(round_to(x, ne.dtype))).to(device=ne.device,
+                                                                          dtype=_torch_dtype(ne.dtype))
+    run = ((lambda: ne.module.run_unit(unit, xt)) if part is None else
+           (lambda: ne.module.run_unit_part(unit, part, xt)))
+    out: dict[str, np.ndarray] = {}
+    for name in (PLAIN,) + ne.variants:
+        try:
+            with _transforms_in_accumulation_format(ne.dtype):
+                if name == PLAIN:
+                    with torch.no_grad():
+                        y = run()
+                else:
+                    y = _ensemble.legitimate_runs(run, (name,))[name]
+            y = _to64(y[0] if isinstance(y, (tuple, list)) else y)
+            if y.shape != tuple(shape):
+                raise ValueError(f"the twin's output has shape {y.shape}, the reference's {tuple(shape)}")
+            out[name] = y
+        except Exception as exc:        # a twin op without a kernel in this precision on this device
+            ne.failed[f"{name} ({what})"] = f"{type(exc).__name__}: {exc}"
+    ne.members.update(out)
+    if not out:
+        ne.unit_notes[what] = "every twin run raised (see failed)"
+    ne.seconds += time.perf_counter() - t0
+    return out
+
+
+def network_section(ne: NetworkEnsemble | None, dtype: str) -> dict[str, Any]:
+    """The report's ``ensemble`` for a network (the layer path's keys; ``stages_without_members``: the units and
+    parts left without twin members, with why)."""
+    if ne is None:
+        return {"torch": False, "why": "not asked for (--no-ensemble / ensemble=False): each unit against the NumPy "
+                f"naive run in {dtype} and the random-rounding model only"}
+    ran = bool(ne.members)
+    out = {"torch": ran, "twin": ne.twin or None, "why": ne.why or None, "members": sorted(ne.members),
+           "failed": dict(ne.failed), "seconds": round(ne.seconds, 3), "stages_without_members": dict(ne.unit_notes),
+           "per": "unit, teacher-forced: the twin's run_unit on the foreign network's own input to the unit"}
+    if not ran:
+        out["why"] = ((ne.why or f"the twin ({ne.twin}) ran no unit in {dtype} on {ne.device}") +
+                      f": the ensemble is the NumPy naive run in {dtype} and the random-rounding model")
+    return out
 
 
 def _num(x: Any) -> Any:

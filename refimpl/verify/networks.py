@@ -24,6 +24,10 @@ reference is a registered network name.  What happens::
         the head (:func:`_head_wiring`): its classifier (the submodule holding head.weight) must receive the
         head's features of the last unit's output, not another unit's output, another token, or the tokens
         without the final normalisation
+    ensemble (``ensemble=True``, :func:`refimpl.verify.ensemble.unit_members`): each unit's comparison also
+        against the network's twin in ``dtype`` run on the same unit input, plainly and under every variant of
+        refimpl.ensemble.DEFAULT_VARIANTS (a part judged alone: the twin's part likewise); the members per unit
+        in the report (False: the NumPy naive run and the random-rounding model only)
     whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
     shadow mode (``shadow=True``): each unit's submodule also run on the reference's own input to the unit
     examples (:func:`refimpl.verify.network_examples.verify_network_examples`): image sizes, batch and seed drawn by Hypothesis, a network built for
@@ -43,6 +47,7 @@ from .. import config as _config
 from .. import verdict as _verdict
 from ..errors import RefimplError
 from ..numerics import naive_same_precision, round_to
+from .ensemble import members_summary, network_section, network_twin, unit_members
 from .head_wiring import _classifier_module, _head_wiring
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import locate, recorder, to_foreign
@@ -312,9 +317,9 @@ def _run_network(module: Any, x: np.ndarray, mods: Mapping[str, str], sizes: set
 # ---------------------------------------------------------------------------------------------------------
 
 def _compare(got: np.ndarray, ref: np.ndarray, bound: Any, fn: Any, args: tuple, dtype: str, name: str,
-             p: float) -> Any:
+             p: float, ensemble: Mapping[str, np.ndarray] | None = None) -> Any:
     return _verdict.compare(got, ref, bound, dtype, naive=naive_same_precision(fn, *args, dtype=dtype), name=name,
-                            p_false_alarm=p)
+                            ensemble=ensemble or None, p_false_alarm=p)
 
 
 def _result(name: str, where: str | None, got: np.ndarray, ref: np.ndarray, bound: Any, rep: Any, dtype: str,
@@ -327,15 +332,16 @@ def _result(name: str, where: str | None, got: np.ndarray, ref: np.ndarray, boun
 
 
 def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, xin: np.ndarray, got: np.ndarray,
-                 where: str, run: _NetRun, dtype: str, p: float, unit_rep: Any) -> StageResult | None:
+                 where: str, run: _NetRun, dtype: str, p: float, unit_rep: Any, ne: Any = None) -> StageResult | None:
     """A unit whose own bound is void, judged part by part (``unit_parts``): each part teacher-forced on the
-    foreign intermediate (located by value among the tensors the unit's forward computed).  None when the family
-    has no parts for the unit."""
+    foreign intermediate (located by value among the tensors the unit's forward computed), with the twin's part on
+    it as the ensemble where ``ne`` (:class:`refimpl.verify.ensemble.NetworkEnsemble`) is given (the parts'
+    members in the result's ``ensemble["parts"]``).  None when the family has no parts for the unit."""
     parts = tuple(fam.unit_parts(cfg, u)) if hasattr(fam, "unit_parts") else ()
     if not parts:
         return None
     pool = [(label, t) for label, tag, t in run.recorded if tag == u and t.numel() == got.size]
-    xp, after, notes, worst = xin, 0, [], 0.0
+    xp, after, notes, worst, summaries = xin, 0, [], 0.0, {}
     for i, part in enumerate(parts):
         fn = (lambda prm, v, q=part: fam.run_unit_part(prm, u, q, v, cfg))
         rp = fn(params, xp)
@@ -353,19 +359,24 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
         else:
             gp = got
         bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
-        rep = _compare(gp, rp, bp, fn, (params, xp), dtype, f"{u}/{part}", p / len(parts))
+        members = unit_members(ne, u, xp, rp.shape, part=part) if ne is not None else None
+        rep = _compare(gp, rp, bp, fn, (params, xp), dtype, f"{u}/{part}", p / len(parts), members)
+        if ne is not None:
+            summaries[part] = members_summary(rep, sorted(members or {}))
         worst = max(worst, rep.max_err_over_bound)
         notes.append(f"{part} {rep.verdict} (err/bound {rep.max_err_over_bound:.3g})")
         if rep.verdict != _verdict.MATCH:
             res = _result(u, where, gp, rp, bp, rep, dtype, detail=(
                 f"stage-wise (the unit's own bound is void in {dtype}): part {part!r}: " + "; ".join(rep.reasons)))
+            res.ensemble = {"parts": summaries} if ne is not None else None
             return res
         xp = gp
     r = fam.run_unit(params, u, xin, cfg)
     return StageResult(u, where, _verdict.MATCH, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
                        max_rel_err=unit_rep.rel_err, bound=None, err_over_bound=worst,
                        detail=f"stage-wise: the unit's own bound is void in {dtype} (max relative bound "
-                              f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes))
+                              f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes),
+                       ensemble={"parts": summaries} if ne is not None else None)
 
 
 def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> str:
@@ -520,18 +531,24 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                    weights: Any = None, map: Mapping[str, Any] | None = None, input: Any = None,
                    hw: tuple[int, int] | None = None, batch: int | None = None, dtype: str = "float32",
                    device: str = "cpu", seed: int = 0, call: Mapping[str, Any] | None = None,
-                   progress: bool = False, shadow: bool = False, grad: bool = False) -> Report:
+                   progress: bool = False, shadow: bool = False, grad: bool = False, ensemble: bool = False) -> Report:
     """Verify the foreign network ``module`` against the registered network ``reference`` unit by unit (see the
     module docstring); arguments as :func:`refimpl.verify.verify` (``hw``: the image size; ``input``: images
     (B, C, H, W); ``batch`` default 1; ``config`` may hold ``"reduced": true``).  ``progress``: a rich progress
     bar over the units on stderr.  ``shadow``: also each unit's submodule on the reference's own input to the unit
     (:func:`_shadow_units`).  ``grad``: also the network's input and parameter gradients against its float64
-    twin's (:mod:`refimpl.verify.network_gradients`; the false-alarm budget then split in half)."""
+    twin's (:mod:`refimpl.verify.network_gradients`; the false-alarm budget then split in half).  ``ensemble``:
+    each unit also against the network's twin in ``dtype`` on the unit's tested input, plainly and under every
+    variant of refimpl.ensemble.DEFAULT_VARIANTS (:mod:`refimpl.verify.ensemble`; the report's ``ensemble`` and
+    each unit's); False (the default here; :func:`refimpl.verify.verify` asks for it by default): the NumPy naive
+    run in ``dtype`` and the random-rounding model only."""
     import torch
 
     from .steps import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
     batch = 1 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)
+    if not isinstance(ensemble, bool):
+        raise VerifyError(f"argument 'ensemble': expected True or False, got {ensemble!r}")
     if input is not None:
         input = np.asarray(input, dtype=np.float64)
         if input.ndim != 4:
@@ -593,6 +610,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
         findings.append({"kind": "non-finite", "message": f"{int(np.sum(~np.isfinite(got_logits)))} non-finite "
                                                           f"logit(s) on finite images"})
 
+    ne = network_twin(cfg, params, dtype, device) if ensemble else None
     p_unit = _verdict.config.VERDICT_FALSE_ALARM / max(len(units), 1) / (2 if shadow else 1) / (2 if grad else 1)
     results: list[StageResult] = []
     prev = x
@@ -632,13 +650,18 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
             else:
                 where = (where or "") + (how or "")
                 bound = fam.unit_bound(params, u, xin, cfg, dtype=dtype)
-                rep = _compare(got, r, bound, fn, (params, xin), dtype, u, p_unit)
+                members = unit_members(ne, u, xin, r.shape) if ne is not None else None
+                rep = _compare(got, r, bound, fn, (params, xin), dtype, u, p_unit, members)
                 res = None
                 if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
-                    res = _judge_parts(fam, params, cfg, u, xin, got, where, run, dtype, p_unit, rep)
+                    res = _judge_parts(fam, params, cfg, u, xin, got, where, run, dtype, p_unit, rep, ne)
+                parts = res.ensemble if res is not None else None
                 results.append(res or _result(u, where, got, r, bound, rep, dtype))
+                if ne is not None:
+                    results[-1].ensemble = {**members_summary(rep, sorted(members or {})), **(parts or {})}
             wired = _wiring(fam, params, cfg, units, k, mods, run, xin, r, results[-1], dtype, p_unit)
             if wired is not None:
+                wired[0].ensemble = results[-1].ensemble
                 results[-1] = wired[0]
                 findings.append(wired[1])
             prev = got if got is not None else r
@@ -674,5 +697,5 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                  "module_naming": mnaming.naming, "renames": dict(naming.renames),
                  "module_renames": dict(mnaming.renames), "observed_at": dict(mods)},
         shadow=shadowed, shadow_first_divergence=None if shadowed is None else _first(shadowed),
-        gradients=gradients)
+        gradients=gradients, ensemble=network_section(ne, dtype))
 

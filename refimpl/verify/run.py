@@ -357,6 +357,7 @@ def verify(module: Any, reference: str, *, preset: str | None = None, config: Ma
         the module's own stage tensors; :mod:`refimpl.verify.ensemble`; the report's ``ensemble``).  False: the
         NumPy naive run in ``dtype`` and the verdict's random-rounding model only (faster, looser; ``--no-ensemble``).
         Where no twin covers the reference or its configuration, the report says so and the latter ensemble is used.
+        For a registered network: each unit against the network's twin run teacher-forced on the unit's input.
 
     conv_algorithms : the convolution algorithms besides a direct one that the bounds must cover
         (:func:`refimpl.bounds.covering_conv_algorithms`: "winograd", "fft"; their errors are 10^2 - 10^5 times a
@@ -409,9 +410,7 @@ def _verify(module: Any, reference: str, *, preset: str | None = None, config: M
     if is_network(reference):
         report = verify_network(module, reference, preset=preset, config=config, init=init, weights=weights, map=map,
                                 input=input, hw=hw, batch=batch, dtype=dtype, device=device, seed=seed, call=call,
-                                progress=progress, shadow=shadow, grad=grad)
-        report.ensemble = {"torch": False, "why": "a registered network is verified unit by unit against the NumPy "
-                           "naive run and the random-rounding model (no torch ensemble per unit)"}
+                                progress=progress, shadow=shadow, grad=grad, ensemble=ensemble)
         return report
     batch = 2 if batch is None else batch
     _check_arguments(dtype, batch, seed, hw, device)

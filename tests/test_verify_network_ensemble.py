@@ -1,0 +1,148 @@
+"""The torch ensemble of a registered network, unit by unit (refimpl.verify.ensemble.unit_members): each unit's
+comparison is also judged against the network's twin in the tested dtype, run teacher-forced on the input the
+foreign network's unit received, plainly and under every variant of refimpl.ensemble.DEFAULT_VARIANTS (a unit
+judged part by part: the twin's parts likewise).  A correct network matches with it and its report lists the
+members of every unit; ``ensemble=False`` is the NumPy naive run and the random-rounding model only (the report as
+before); a unit bug just above the legitimate error, inside the unit's bound, is caught only with the twin's
+members.  The foreign networks are the twins of tests/verify_gallery/network_twins.py in the reduced
+configuration of Castling-DeiT (two blocks: blocks.0 is judged part by part in float32, its own bound void)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from refimpl import cli
+from refimpl import ensemble as E
+from refimpl import verify as V
+from refimpl.verify import ensemble as VE
+from tests.verify_gallery.network_twins import twin
+
+NAME = "castling_deit_t"
+KW = dict(config={"reduced": True}, dtype="float32")
+#: the members compare() forms itself, without a torch ensemble
+OWN = {"numpy naive", "final rounding", "rounding model", "reference's own error"}
+STATUSES = ("used", "outside the bound: not used", "equal to the tested output bit for bit: dropped")
+
+
+def _used(e: dict) -> set:
+    return {k for k, m in e["members"].items() if m["status"] == "used"}
+
+
+def _without_ensemble(d: dict) -> dict:
+    d = {k: v for k, v in d.items() if k != "ensemble"}
+    d["stages"] = [{k: v for k, v in s.items() if k != "ensemble"} for s in d["stages"]]
+    return d
+
+
+@pytest.fixture(scope="module")
+def correct():
+    return V.verify(twin(NAME), NAME, **KW)
+
+
+def test_a_correct_network_matches_with_the_twin_ensemble_and_lists_the_members_of_every_unit(correct):
+    r = correct
+    assert r.verdict == "match" and all(s.verdict == "match" for s in r.stages), str(r)
+    en = r.ensemble
+    assert en["torch"] and en["twin"].endswith("DeiT") and not en["failed"], en
+    assert set(en["members"]) == {VE.PLAIN, *E.DEFAULT_VARIANTS} and en["seconds"] > 0, en
+    assert not en["stages_without_members"], en["stages_without_members"]
+    for s in r.stages:
+        e = s.ensemble
+        # every twin member is listed with its statistics or why it was dropped; the foreign network is the twin
+        # itself, so its plain run is the tested output bit for bit
+        assert {VE.PLAIN, *E.DEFAULT_VARIANTS} <= set(e["members"]), (s.name, e)
+        assert all(m["status"] in STATUSES for m in e["members"].values()), (s.name, e)
+        assert e["members"][VE.PLAIN]["status"] == "equal to the tested output bit for bit: dropped", (s.name, e)
+        assert _used(e) & set(E.ORDERS), (s.name, e)
+        assert e["zmax"] <= e["zmax_threshold"] and e["zrms"] <= e["zrms_threshold"], (s.name, e)
+    # the block whose own bound is void in float32: judged part by part, each part with the twin's part members
+    blk = r.stages[[s.name for s in r.stages].index("blocks.0")]
+    assert "stage-wise" in blk.detail and set(blk.ensemble["parts"]) == {"attn", "mlp"}, blk
+    assert all(_used(p) & set(E.ORDERS) for p in blk.ensemble["parts"].values()), blk.ensemble["parts"]
+    json.dumps(r.as_dict())
+    text, md = str(r), r.to_markdown()
+    assert "ensemble: refimpl's PyTorch twin" in text and "  blocks.1: zmax" in text, text
+    assert "## Ensemble" in md and "| blocks.1 |" in md and "| head |" in md, md
+
+
+def test_no_ensemble_gives_the_report_without_twin_members(correct, capsys):
+    plain = V.verify(twin(NAME), NAME, ensemble=False, **KW)
+    assert plain.verdict == "match" and plain.ensemble["torch"] is False, plain.ensemble
+    assert "not asked for" in plain.ensemble["why"] and "random-rounding model" in plain.ensemble["why"]
+    assert all(s.ensemble is None for s in plain.stages), plain.stages
+    # everything else (verdicts, errors, bounds, the logits) as with the ensemble: its bound part does not depend on it
+    assert _without_ensemble(plain.as_dict()) == _without_ensemble(correct.as_dict())
+    # verify_network called directly keeps its former behaviour; the command line's --no-ensemble is the same
+    direct = V.verify_network(twin(NAME), NAME, **KW)
+    assert direct.as_dict() == plain.as_dict()
+    args = ["verify", "tests.verify_gallery.network_twins:twin", "--reference", NAME, "--init",
+            json.dumps({"name": NAME}), "--config", '{"reduced": true}', "--json", "-", "--no-ensemble"]
+    assert cli.main(args) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(plain.to_json())
+    with pytest.raises(V.VerifyError, match="argument 'ensemble': expected True or False, got 1"):
+        V.verify(twin(NAME), NAME, ensemble=1, **KW)
+
+
+def _blended(t: float, unit: str = "blocks.1"):
+    """The twin with ``unit``'s output blended towards a batch-state bug: y + t (y_bug - y), where y_bug gives
+    batch item 0 item 1's output (a state shared across the batch), in the network's precision."""
+    m = twin(NAME)
+
+    def hook(_m, _inp, y):
+        return y if t == 0.0 else y + t * (torch.cat([y[1:2], y[1:]]) - y)
+    dict(m.named_modules())[unit].register_forward_hook(hook)
+    return m
+
+
+def test_a_unit_bug_just_above_the_legitimate_error_is_caught_only_with_the_twin_ensemble():
+    """t chosen from the measured ensemble: the blend's largest error 4x the threshold the twin's members of the
+    unit set (F x their largest).  It is far inside the unit's bound and passes the NumPy naive + rounding-model
+    ensemble; the twin's members catch it at that unit, and only there."""
+    unit, kw = "blocks.1", dict(KW, batch=2)
+
+    def at(r):
+        return r.stages[[s.name for s in r.stages].index(unit)]
+    thr = at(V.verify(_blended(0.0), NAME, **kw)).ensemble["zmax_threshold"]
+    z1 = at(V.verify(_blended(1.0), NAME, **kw)).ensemble["zmax"]
+    t = 4.0 * thr / z1
+    r = V.verify(_blended(t), NAME, **kw)
+    s = at(r)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+    assert s.err_over_bound <= 1e-2 and "legitimate evaluations" in s.detail, s.detail
+    assert s.ensemble["zmax"] > s.ensemble["zmax_threshold"] and _used(s.ensemble) - OWN, s.ensemble
+    assert [x.name for x in r.stages if x.verdict != "match"] == [unit], str(r)
+    plain = V.verify(_blended(t), NAME, ensemble=False, **kw)
+    assert plain.verdict == "match" and at(plain).err_over_bound == s.err_over_bound, str(plain)
+
+
+def test_without_a_network_twin_or_with_a_failing_member_the_report_says_so(monkeypatch):
+    """No twin can be built (its keys do not fit the weights, as ``--grad`` would say): the units are judged by the
+    NumPy naive run and the random-rounding model and the report says why.  A variant that raises on one unit (an
+    op with no kernel in the precision) is left out there alone and named."""
+    from refimpl.verify import network_gradients
+
+    def no_twin(cfg, params):
+        raise V.VerifyError("argument 'grad': no PyTorch twin of the network (test)")
+    with monkeypatch.context() as mp:
+        mp.setattr(network_gradients, "_build_twin", no_twin)
+        r = V.verify(twin(NAME), NAME, **KW)
+    assert r.verdict == "match" and r.ensemble["torch"] is False, r.ensemble
+    assert r.ensemble["why"].startswith("no PyTorch twin of the network (test)"), r.ensemble
+    assert all(set(s.ensemble["members"]) <= OWN for s in r.stages), [s.ensemble for s in r.stages]
+    assert "the NumPy naive run and the random-rounding model" in str(r)
+    inner = E.legitimate_runs
+
+    def flaky(fn, variants):
+        if "libm" in variants and fn.__closure__ and any(getattr(c, "cell_contents", None) == "head"
+                                                         for c in fn.__closure__):
+            raise RuntimeError("no kernel for this dtype")
+        return inner(fn, variants)
+    monkeypatch.setattr(E, "legitimate_runs", flaky)
+    r = V.verify(twin(NAME), NAME, **KW)
+    assert r.verdict == "match" and r.ensemble["torch"] and list(r.ensemble["failed"]) == ["libm (head)"], r.ensemble
+    assert "no kernel" in r.ensemble["failed"]["libm (head)"] and "libm" in r.ensemble["members"]
+    head = r.stages[-1].ensemble["members"]
+    assert "libm" not in head and "recursive" in head, head
