@@ -13,10 +13,12 @@ over the T = k^r taps, finished by lisa_cores._finish as lisa_local_core_bound d
 definition's own float32 run (the ensemble criterion), on 1-, 2- and 3-axis grids, one token, non-square grids,
 windows larger than the grid, non-square windows, depth-wise and shared weights, c = 1, D = 1, leading shapes
 (), (B,), (B, h); the design property on every draw: the definition's bits in the same dtype (same products,
-same order) and the same bits on 1 and 3 threads; NaN / Inf in x and in the weights (an infinite weight in a
-tap that meets the zero padding gives the definition's NaN at the border); lisa_local_core under use("numba")
-within lisa_local_core_bound; NaN-poisoned and in-place outputs; bad input refused through local_convolve with
-the definition's messages on every backend, and by the kernel itself naming the argument; dispatch.
+same order) and the same bits on 1 and 3 threads; the same bits from work units that start and end anywhere
+(the kernel's ring of expanded token rows, its terms four per pass); NaN / Inf in x and in the weights (an
+infinite weight in a tap that meets the zero padding gives the definition's NaN at the border);
+lisa_local_core under use("numba") within lisa_local_core_bound; NaN-poisoned and in-place outputs; bad input
+refused through local_convolve with the definition's messages on every backend, and by the kernel itself naming
+the argument; dispatch.
 """
 
 from __future__ import annotations
@@ -217,6 +219,35 @@ def test_threaded_errors_reach_the_caller(monkeypatch):
         with pytest.raises(RuntimeError, match="unit failed"):
             kernel()(x, w, g, ks, threads=2)
     np.testing.assert_array_equal(kernel()(x, w, g, ks, threads=2), y1)
+
+
+@DTYPES
+@pytest.mark.parametrize("ks", [(3, 5), (3, 3), (1, 7), (5, 1), (1, 1)])
+@pytest.mark.parametrize("units", [1, 5, 13])
+def test_work_units_starting_anywhere_give_the_definitions_bits(dtype, ks, units, monkeypatch):
+    """The kernel's bookkeeping: work units that start and end anywhere in a slice and cross slices (3
+    threads, 1 to 13 units per thread), expanded token rows held in a ring shorter than the grid (9 x 11
+    tokens, reach at most 3 grid lines), window terms added up to four per pass with every remainder
+    (1 to 15 terms per output row), an infinite weight in a tap that meets the padding (its zero terms
+    added, the definition's NaN) and a shared weight: the definition's bits everywhere."""
+    if not HAVE_NUMBA:
+        return
+    monkeypatch.setattr(config, "LISA_PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(_numba_lisa_local, "_UNITS_PER_THREAD", units)
+    grid, taps = (9, 11), ks[0] * ks[1]
+    assert 2 * _numba_lisa_local._reach(grid, ks) + 1 < 99 or taps == 1
+    rng = np.random.default_rng(taps + units)
+    x = rng.standard_normal((3, 99, 4)).astype(dtype)
+    x[1, 5, 2] = -0.0
+    for w in (rng.standard_normal((taps, 4, 3)).astype(dtype), rng.standard_normal((taps, 1, 3)).astype(dtype)):
+        w[0, 0, 1] = np.inf                  # tap 0: outside the grid for the first rows/columns when taps > 1
+        with np.errstate(invalid="ignore"):
+            want = ll._local_convolve_numpy(x, w, grid, ks)
+        for threads in (1, 3):
+            got = kernel()(x, w, grid, ks, threads=threads)
+            np.testing.assert_array_equal(got, want)
+            num = ~np.isnan(want)
+            np.testing.assert_array_equal(np.signbit(got[num]), np.signbit(want[num]))
 
 
 # ---------------------------------------------------------------------------------------------------
