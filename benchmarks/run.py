@@ -13,6 +13,7 @@ Prints the tables and writes
 - refimpl/backends/auto_table.json (package data): per operation and dtype, the backends ordered fastest first, in
   the format ``refimpl.backends`` reads for ``use("auto")`` (``{"ops": {op: {"float64": [...],
   "float32": [...], "default": [...]}}}``), from the multi-thread column.  ``--no-auto-table`` skips it;
+  ``--auto-table-ops OPS`` (with ``--only``) replaces only those operations' entries, recorded under "merged";
   ``--quick`` never writes it (its sizes are not the ones that matter).
 
 Method
@@ -83,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     ap.add_argument("--out", default=str(RESULTS / "run.json"))
     ap.add_argument("--no-auto-table", action="store_true")
+    ap.add_argument("--auto-table-ops", default="", metavar="OPS",
+                    help="comma-separated operations whose auto-table entries this run replaces in the existing "
+                         "table, the others kept (with --only: a row for one operation without a full run)")
     ap.add_argument("--only", default="", help="comma-separated workload groups (dwconv,linear,window,lisa,"
                                                "ops,softmax,peak); default all")
     ap.add_argument("--markdown", default="", metavar="RUN_JSON",
@@ -133,12 +137,35 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1, default=float))
     print(f"\nwrote {args.out}")
+    if args.auto_table_ops:
+        if args.quick:
+            print("--auto-table-ops: not with --quick (its sizes are not the ones that matter)", file=sys.stderr)
+            return 2
+        return merge_auto_table(auto_table(columns[str(max(result["threads"]))]),
+                                [o for o in args.auto_table_ops.split(",") if o.strip()]) or (1 if failed else 0)
     if not args.quick and not args.no_auto_table and not args.only:
         table = auto_table(columns[str(max(result["threads"]))])
         path = AUTO_TABLE
         path.write_text(json.dumps(table, indent=1))
         print(f"wrote {path}")
     return 1 if failed else 0
+
+
+def merge_auto_table(table: dict, ops: list[str], path: Path = AUTO_TABLE) -> int:
+    """Replace the entries of ``ops`` in the auto table at ``path`` by this run's (``table``), keeping every
+    other entry and recording when and at how many threads each merged entry was measured ("merged")."""
+    missing = [o for o in ops if o not in table["ops"]]
+    if missing:
+        print(f"--auto-table-ops: this run measured no backend kernel for {missing} (measured: "
+              f"{sorted(table['ops'])})", file=sys.stderr)
+        return 2
+    old = json.loads(path.read_text()) if path.is_file() else {"generated_by": table["generated_by"], "ops": {}}
+    for o in ops:
+        old["ops"][o] = table["ops"][o]
+        old.setdefault("merged", {})[o] = {"generated": table["generated"], "threads": table["threads"]}
+    path.write_text(json.dumps(old, indent=1))
+    print(f"merged {ops} into {path}")
+    return 0
 
 
 if __name__ == "__main__":
