@@ -188,7 +188,11 @@ def markdown(result: dict) -> str:
         "(`refimpl.numerics.naive_same_precision`); the float64 reference and its bound run on the same rounded "
         "values; `refimpl.verdict.compare(tested, ref, bound, T, naive=..., ensemble=...)` gives the verdict.  "
         "LiSA in float16/bfloat16 (rows marked \\*): torch has no half-precision CPU FFT, so its two FFT "
-        "convolutions run in float32 and round to T (what `torch.autocast` does); everything else runs in T.",
+        "convolutions run in float32 and round to T (what `torch.autocast` does); everything else runs in T.  "
+        "Convolution bounds are a direct evaluation's (`refimpl.bounds.conv_algorithms`): the runs use oneDNN, "
+        "and no module here has a 3 x 3 stride-1 convolution (the Winograd members change nothing); with oneDNN "
+        "off at batch >= 16, or on CUDA, they also cover Winograd and tiled FFT (docs/design.md, \"The error "
+        "calculus\").",
         "",
         "## The statistic",
         "",
