@@ -132,6 +132,8 @@ TABLE: dict[str, tuple[object, str]] = {
     "FFT_PRODUCT_ROUNDINGS": (3, "Higham 2002 Lemma 3.5: complex product sqrt(2) gamma_2 < 3u"),
     "FFT_SCALE_ROUNDINGS": (2, "refimpl: 1/n scaling and the final store (config comment)"),
     "FFT_REAL_SPLIT_STAGES": (1, "refimpl: the rfft/irfft split/merge pass (pocketfft, cuFFT, MKL)"),
+    "CONV_FFT_TILE": (32, "refimpl: tiled FFT convolution covered (NNPACK ft8x8 / ft16x16, cuDNN FFT_TILING 32 x 32)"),
+    "NNPACK_MIN_BATCH": (16, "PyTorch ATen ConvParams::use_nnpack: batch >= 16 (tests/test_conv_algorithms.py)"),
     "FFT_COMPLEX_MACS_PER_POINT_STAGE": (0.5, "Cooley & Tukey 1965: radix-2 FFT, n/2 butterflies (one twiddle "
                                                 "multiply each) per stage, log2 n stages (counting convention)"),
     "COMPLEX_MAC_REAL_MACS": (4, "z += x y: 4 real multiplications each paired with an addition (counting "
