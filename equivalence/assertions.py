@@ -124,6 +124,13 @@ def assert_matches(actual: torch.Tensor | np.ndarray, reference: np.ndarray, bou
             raise AssertionError(f"error-model comparison: {dtype_name} inconclusive, float64 {again.verdict}\n"
                                  f"{report}\n{again}")
         return again
+    if report.verdict == INCONCLUSIVE and report.beyond_range and dtype_name == "float64":
+        # Every checkable slot matched; the rest lie beyond float64 for a direct evaluation (a legitimate float64
+        # run is non-finite there as the tested one is; the reference rescales and is exact).  No higher
+        # precision can settle them, so the example is no evidence either way: discarded, as an input outside
+        # the strategy's intent (equivalence/test_verdict_regressions.py pins the verdict on one).
+        from hypothesis import reject
+        reject()
     if not report.ok:
         raise AssertionError(f"error-model comparison: {report.verdict}\n{report}")
     return report

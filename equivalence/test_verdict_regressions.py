@@ -195,3 +195,38 @@ def _batch_state_bug(module, xt, hw):
     finally:
         for h in handles:
             h.remove()
+
+
+def test_subnormal_features_beyond_a_direct_float64_evaluation_are_inconclusive():
+    """Found by the thorough profile: FLatten's core in float64 on subnormal Q, K (seed 220; kind "subnormal",
+    b 1, h 2, 3 x 4 grid, d 2, p 1, linear order, sum normaliser, eps 0, 3 x 3 DWC).  The reference rescales
+    tiny features by powers of two and is exact; the twin, a direct evaluation as a port would be, has products
+    of subnormal features that underflow to 0/0 = NaN in 4 rows.  That is no divergence (every legitimate float64
+    evaluation in the ensemble is NaN there too) and no match either (the slots cannot be checked): the verdict
+    is "inconclusive" for that reason alone, every other slot matching, and the suite discards such examples
+    (equivalence.assertions.assert_matches)."""
+    from equivalence.assertions import compare_matches
+    from equivalence.strategies import generate
+    from equivalence.test_focused import _r, _torch_core
+    from refimpl.attention import focused as F
+
+    rng = np.random.default_rng(220)
+    hw, d, dt = (3, 4), 2, "float64"
+    q, k = (_r(generate(int(rng.integers(2**32)), "subnormal", (1, 2, 12, d)), dt) for _ in range(2))
+    v = _r(generate(int(rng.integers(2**32)), "normal", (1, 2, 12, d)), dt)
+    w = _r(rng.standard_normal((2 * d, 1, 3, 3)) / 3, dt)
+    bias = _r(0.1 * rng.standard_normal(2 * d), dt)
+    kw = dict(p=1.0, hw=hw, dwc_weight=w, dwc_bias=bias, normaliser="sum", eps=0.0)
+    want = F.focused_attention(q, k, v, order="linear", **kw)
+    t = [torch.from_numpy(a) for a in (q, k, v, w, bias)]
+
+    def run():
+        return _torch_core(t[0], t[1], t[2], p=1.0, hw=hw, w=t[3], b=t[4], order="linear", normaliser="sum",
+                           eps=0.0)
+
+    with torch.no_grad():
+        got = run()
+    assert np.isnan(got.numpy()).sum() > np.isnan(want).sum()            # the direct evaluation's extra NaN
+    report = compare_matches(got, want, F.focused_attention_bound(q, k, v, dtype=dt, **kw), dt, rerun=run)
+    assert report.verdict == INCONCLUSIVE and report.beyond_range == 4, str(report)   # range the only reason
+    assert report.max_err_over_bound <= 1.0

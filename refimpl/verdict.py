@@ -162,6 +162,7 @@ class ErrorReport:
     zrms_threshold: float
     pattern_ok: bool
     pattern_msg: str
+    beyond_range: int = 0              # slots excused as beyond T's range (the only reason when "inconclusive")
 
     @property
     def ok(self) -> bool:
@@ -274,16 +275,19 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     bound : :class:`Bound` for this operation (scale S and depth k).
     dtype : T, the precision the tested code computed in ("float32", np.float32, torch.float32, ...).
     naive : optional array, the NumPy definition run in T (:func:`refimpl.numerics.naive_same_precision`):
-        one member of the ensemble, and the judge of precision-excused non-finite slots (below).
+        one member of the ensemble, and a judge of precision-excused non-finite slots (below).
     ensemble : optional mapping name -> array of further legitimate evaluations in T
-        (:func:`refimpl.ensemble.legitimate_runs`).
+        (:func:`refimpl.ensemble.legitimate_runs`); judges of those slots too.
     p_false_alarm : the probability budget of this comparison (default ``config.VERDICT_FALSE_ALARM``);
         a caller comparing several stages passes its share.
 
-    Non-finite slots: the NaN/Inf patterns must agree exactly; the one exception is a slot where the naive T
-    computation is itself non-finite while the reference is finite (T cannot represent that result), which
-    the tested code may match: such slots are not divergences, but they cannot be checked either, so the
-    verdict is at best "inconclusive" (a port whose float16 output overflows is not shown correct by it).
+    Non-finite slots: the NaN/Inf patterns must agree exactly; the one exception is a slot where a legitimate
+    evaluation in T (the naive run, or an ensemble member other than the tested arithmetic again) is itself
+    non-finite while the reference is finite (T cannot represent that result by that evaluation: float16
+    overflow, or a direct float64 evaluation whose subnormal products underflow to 0/0 where the reference
+    rescales), which the tested code may match: such slots are not divergences, but they cannot be checked
+    either, so the verdict is at best "inconclusive" (``beyond_range`` counts them when that is the only reason;
+    a port whose float16 output overflows is not shown correct by it).
     """
     act = _to_numpy64(actual)
     ref = _to_numpy64(reference)
@@ -305,14 +309,17 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     same = [key for key, val in members.items() if key != "numpy naive" and np.array_equal(val, act, equal_nan=True)]
     for key in same:
         del members[key]
-    excused = np.zeros(ref.shape, dtype=bool)
-    if naive is not None:
-        nv = members["numpy naive"]
-        excused = np.isfinite(ref) & ~np.isfinite(nv) & ~np.isfinite(act)
+    # A slot is beyond T's range where the tested code and a legitimate evaluation in T (the naive run, or an
+    # ensemble member that is not the tested arithmetic again) are both non-finite and the reference is finite:
+    # a direct evaluation that underflows to 0/0 or overflows there (the reference may rescale and be exact).
+    beyond = np.zeros(ref.shape, dtype=bool)
+    for val in members.values():
+        beyond |= ~np.isfinite(val)
+    excused = np.isfinite(ref) & beyond & ~np.isfinite(act)
     pattern_ok, pattern_msg = _pattern(np.where(excused, ref, act), ref)
     if excused.any():
-        pattern_msg += (f"; {int(excused.sum())} slot(s) non-finite in the tested code where the naive"
-                        f" {dname} computation is non-finite too (beyond {dname}'s range; excused)")
+        pattern_msg += (f"; {int(excused.sum())} slot(s) non-finite in the tested code where a legitimate"
+                        f" {dname} evaluation is non-finite too (beyond {dname}'s range; excused)")
     finite = np.isfinite(act) & np.isfinite(ref)
     with np.errstate(invalid="ignore", over="ignore"):
         err = np.where(finite, np.abs(act - ref), 0.0)
@@ -428,14 +435,16 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         reasons.append(f"RMS error {zrms / max(zrms_thr, 1e-300) * config.VERDICT_RMS_FACTOR:.3g}x the largest"
                        f" of the legitimate evaluations (zrms {zrms:.3g} > {zrms_thr:.3g} ="
                        f" {config.VERDICT_RMS_FACTOR:g} x ensemble max)")
+    range_only = False
     if reasons:
         verdict = DIVERGES
     elif excused.any():
-        # T cannot represent the result there (the naive T computation overflows as the tested code does):
+        # T cannot represent the result there (a legitimate T evaluation is non-finite as the tested code is):
         # those slots were not checked, and an output that T cannot hold is no evidence of a correct port
         verdict = INCONCLUSIVE
-        reasons.append(f"{int(excused.sum())} slot(s) are beyond {dname}'s range (the tested code and the naive"
-                       f" {dname} computation are non-finite where the reference is finite): they cannot be"
+        range_only = True
+        reasons.append(f"{int(excused.sum())} slot(s) are beyond {dname}'s range (the tested code and a legitimate"
+                       f" {dname} evaluation are non-finite where the reference is finite): they cannot be"
                        f" checked.  To make it conclusive: a higher precision, or inputs that {dname} can hold")
     else:
         nonfinite_bound = bool(np.any(finite & ~np.isfinite(bnd)))
@@ -474,7 +483,8 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
         worst_case_bound=float(worst_case[worst]) if worst is not None else math.nan,
         ulp_at_worst=float(ulps[worst]) if worst is not None else 0.0, max_ulp=float(ulps.max(initial=0.0)),
         rel_err=rel_err, zmax=zmax, zrms=zrms, ensemble=stats, zmax_threshold=zmax_thr, zrms_threshold=zrms_thr,
-        pattern_ok=pattern_ok, pattern_msg=pattern_msg)
+        pattern_ok=pattern_ok, pattern_msg=pattern_msg,
+        beyond_range=int(excused.sum()) if range_only else 0)
 
 
 def assert_close(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
