@@ -24,7 +24,7 @@ import os
 import pytest
 import torch
 
-from refimpl import bounds, config
+from refimpl import bounds, config, ensemble
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -58,12 +58,6 @@ def dtype_name(request) -> str:
     return request.param
 
 
-def nnpack_may_run() -> bool:
-    """PyTorch's CPU convolution may take NNPACK: oneDNN off and NNPACK built in and enabled."""
-    return (not torch._C._get_mkldnn_enabled()) and torch.backends.nnpack.is_available() \
-        and torch._C._get_nnpack_enabled()
-
-
 @pytest.fixture(autouse=True)
 def conv_algorithms_of_this_run(request):
     """Every test's bounds cover the convolution algorithms its torch run may take (module docstring)."""
@@ -71,7 +65,7 @@ def conv_algorithms_of_this_run(request):
     dtype = request.getfixturevalue("dtype_name") if "dtype_name" in request.fixturenames else None
     if cuda:
         algorithms, min_batch = ("winograd", "fft"), 1
-    elif nnpack_may_run() and dtype in (None, "float32"):        # NNPACK: float32, batch >= 16
+    elif ensemble.nnpack_may_run(dtype or "float32"):           # NNPACK: float32, batch >= 16
         algorithms, min_batch = ("winograd", "fft"), config.NNPACK_MIN_BATCH
     else:
         algorithms, min_batch = (), 1

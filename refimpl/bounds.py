@@ -474,8 +474,13 @@ WINOGRAD_AT = ((1, 1, 1, 1, 1, 1, 1, 0),
 
 def winograd_applies(kernel: Sequence[int], stride: Any, dilation: Any) -> bool:
     """Whether F(6 x 6, 3 x 3) can evaluate the convolution: a 3 x 3 kernel, stride and dilation 1."""
+    return tuple(kernel) == (3, 3) and _unit_steps(stride, dilation)
+
+
+def _unit_steps(stride: Any, dilation: Any) -> bool:
+    """Stride and dilation (ints or pairs) both 1 on both axes."""
     pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)     # noqa: E731
-    return tuple(kernel) == (3, 3) and pair(stride) == (1, 1) and pair(dilation) == (1, 1)
+    return pair(stride) == (1, 1) and pair(dilation) == (1, 1)
 
 
 def winograd_roundings(group_channels: int, biased: bool) -> int:
@@ -568,9 +573,7 @@ def other_algorithm_scales(x, weight, bias, padding: Any, stride: Any, dilation:
     algorithms = conv_algorithms()
     if "winograd" in algorithms and winograd_applies(w.shape[2:], stride, dilation):
         out.append((winograd_scale(x, w, bias, padding, groups), winograd_roundings(w.shape[1], bias is not None)))
-    pair = lambda v: (v, v) if isinstance(v, int) else tuple(v)     # noqa: E731
-    if "fft" in algorithms and pair(stride) == (1, 1) and pair(dilation) == (1, 1) \
-            and max(w.shape[2:]) <= config.CONV_FFT_TILE:
+    if "fft" in algorithms and _unit_steps(stride, dilation) and max(w.shape[2:]) <= config.CONV_FFT_TILE:
         out.append((fft_tile_scale(x, w, bias, padding, groups), fft_tile_roundings(w.shape[1], bias is not None)))
     return out
 

@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from . import config
 
-__all__ = ["ORDERS", "CONV_VARIANTS", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "stage_ensemble", "variant", "ordered_sum"]
+__all__ = ["ORDERS", "CONV_VARIANTS", "nnpack_available", "nnpack_may_run", "VARIANTS", "DEFAULT_VARIANTS", "legitimate_runs", "stage_ensemble", "variant", "ordered_sum"]
 
 ORDERS = ("recursive", "reversed", "pairwise", "blocked")
 CONV_VARIANTS = ("fft conv", "winograd conv", "winograd conv end-aligned")
@@ -103,6 +103,23 @@ def stage_ensemble(tensors_of: Callable[..., dict[str, Any]], tested: Mapping[st
         for key, val in got.items():
             out.setdefault(key, {})[name] = val
     return out
+
+
+def nnpack_available() -> bool:
+    """This PyTorch build has NNPACK and it is enabled (``torch.backends.nnpack``)."""
+    import torch
+
+    return bool(torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled())
+
+
+def nnpack_may_run(dtype: Any = "float32") -> bool:
+    """PyTorch's CPU convolution may take NNPACK (Winograd, FFT tiles) now: oneDNN off, NNPACK available, and a
+    float32 convolution (its only format; from batch config.NNPACK_MIN_BATCH: refimpl.bounds
+    .covering_conv_algorithms's ``min_batch``)."""
+    import torch
+
+    return str(dtype).replace("torch.", "") == "float32" and not torch._C._get_mkldnn_enabled() \
+        and nnpack_available()
 
 
 @contextlib.contextmanager

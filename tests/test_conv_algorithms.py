@@ -133,7 +133,7 @@ def test_tiled_fft_float32_lies_within_the_covering_bound(tile, k, mixed):
 @pytest.mark.parametrize("mixed", [False, True])
 def test_pytorch_nnpack_path_lies_within_the_covering_bound(k, hw, mixed):
     """PyTorch's CPU convolution with oneDNN off (NNPACK at batch 16), as it is on this build."""
-    if not (torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()):
+    if not ensemble.nnpack_available():
         pytest.skip("this PyTorch build has no NNPACK")
     x, w, b = _data(hw, mixed, k=k)
     with torch.no_grad(), torch.backends.mkldnn.flags(enabled=False):
@@ -180,7 +180,7 @@ def test_min_batch_limits_the_covering():
 def test_pytorch_takes_nnpack_from_the_stated_batch():
     """config.NNPACK_MIN_BATCH is PyTorch's rule: with oneDNN off, a float32 3 x 3 convolution of batch 15 errs as
     a direct one (within the direct bound on mixed-scale input), of batch 16 as Winograd (far outside it)."""
-    if not (torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()):
+    if not ensemble.nnpack_available():
         pytest.skip("this PyTorch build has no NNPACK")
     ratios = {}
     for batch in (config.NNPACK_MIN_BATCH - 1, config.NNPACK_MIN_BATCH):

@@ -364,7 +364,9 @@ def test_block_layer_norm_term_is_the_calculus_rule(dtype, with_input_error):
         xh = np.abs(x - mu) / s
         expect = expect + np.abs(w) / s * (ex + ex.mean(axis=-1, keepdims=True)
                                            + xh * (xh * ex).mean(axis=-1, keepdims=True))
-    np.testing.assert_allclose(err, expect, rtol=1e-14, atol=0)
+    # the same float64 formula in another evaluation order: its means over c terms and about 16 more operations
+    np.testing.assert_allclose(err, expect, rtol=verdict.gamma(2 * x.shape[-1] + 16, verdict.unit_roundoff("float64")),
+                               atol=0)
     rule, k_rule = bounds.e_layer_norm(x, np.zeros_like(x) if ex is None else ex, w, b, 1e-5,
                                        bounds.Precision.coefficients(dtype))
     np.testing.assert_array_equal(err, rule)

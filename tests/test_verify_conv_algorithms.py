@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from refimpl import bounds, cli
+from refimpl import bounds, cli, ensemble
 from refimpl import verify as V
 from tests.verify_gallery.flatten_port import PortFocusedAttention
 
@@ -27,7 +27,7 @@ def test_default_run_covers_direct_convolution_only():
     assert not _covering_note(r) and bounds.conv_algorithms() == ("direct",)
 
 
-@pytest.mark.skipif(not (torch.backends.nnpack.is_available() and torch._C._get_nnpack_enabled()),
+@pytest.mark.skipif(not ensemble.nnpack_available(),
                     reason="this PyTorch build has no NNPACK")
 @pytest.mark.parametrize("kernel", [3, 5])
 def test_oneDNN_off_covers_nnpack_and_a_planted_bug_still_diverges(kernel):

@@ -390,11 +390,9 @@ def _conv_algorithms(asked: Sequence[str] | None, device: str, dtype: str) -> tu
         return tuple(a for a in asked if a != "direct"), 1
     if device == "cuda":
         return ("winograd", "fft"), 1
-    import torch
+    from ..ensemble import nnpack_may_run
 
-    nnpack = (dtype == "float32" and not torch._C._get_mkldnn_enabled() and torch.backends.nnpack.is_available()
-              and torch._C._get_nnpack_enabled())
-    return (("winograd", "fft"), _verdict.config.NNPACK_MIN_BATCH) if nnpack else ((), 1)
+    return (("winograd", "fft"), _verdict.config.NNPACK_MIN_BATCH) if nnpack_may_run(dtype) else ((), 1)
 
 
 def _verify(module: Any, reference: str, *, preset: str | None = None, config: Mapping[str, Any] | None = None,
