@@ -31,24 +31,16 @@ from .linear import apply_normaliser, kernelized_attention_bound
 from .focused_core import (FocusedConfig, _attend, _check_dwc_args, _check_p, _mask_groups,
                            _merge_heads, _p, _range_features, _resample_plan, _scaled_features, _split_heads,
                            _to_grid)
-from .focused_range import band_exponent, flagged_rows, live_rows
+from .focused_range import band_exponent, log_focused
+from .normaliser_range import rebalance_parts
+from .focused_underflow import _no_bound, _range_rows, _tiny_rows, direct_underflow, log_focused_error
+from .focused_underflow import eta_in_u as _eta_in_u
 
 __all__ = ["focused_function_error", "focused_function_bound", "resample_linear_bound", "focused_attention_bound"]
 
 # ===================================================================================================
 # The focused function's error coefficient (Eq. 6)
 # ===================================================================================================
-
-def _eta_in_u(dtype: Any) -> float:
-    """eta_T / u_T: Higham's absolute underflow error per rounding (eq. 2.8; half the smallest subnormal) in
-    units of u_T, formed without underflowing (2^-1022 for float64, 2^-126 for float32 and bfloat16, 2^-14
-    for float16); 0 for dtype None.  (numerics.underflow_eta("float64") itself evaluates to 0.0.)"""
-    if dtype is None:
-        return 0.0
-    name = numerics.format_name(dtype)         # torch or NumPy dtypes, or their names; else a named error
-    tiny = {"float64": 2.0 ** -1074, "float32": 2.0 ** -149, "float16": 2.0 ** -24, "bfloat16": 2.0 ** -133}[name]
-    return tiny / numerics.unit_roundoff(name) / 2.0
-
 
 def focused_function_error(x: Any, p: float, err_x: Any = None, *, axis: int = -1, dtype: Any = None,
                            l2: bool = False) -> np.ndarray:
@@ -470,162 +462,6 @@ def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtyp
     return out, eo, depth + k_proj
 
 
-#: Below this largest feature (2^-1022 2^53) a row's or a head's direct features carry absolute (subnormal)
-#: rounding errors that are not small beside them: the model's relative rounding terms no longer cover them.
-_TINY_FEATURE = 2.0 ** -969
-
-
-def _range_rows(scaled, eps, normaliser, phi_q, phi_k, tiny_resets=True):
-    """(reset, live, scaled) for ``scaled`` = (rescaled features pq, pk, their focused_range.RangeInfo) as the
-    definition computes them (focused_core._range_features) and the direct features phi_q, phi_k (head-split,
-    as the model below uses them): the live rows
-    (focused_range.live_rows) whose error the direct model does not bound, because the definition computes
-    them otherwise (focused_range): the row's or its head's keys' nonzero pre-features have direct features
-    all below 2^-969 (rounded to the subnormal grid, or flushed to 0: an error not relative to them, and the
-    model's eta-sized underflow terms underflow themselves in float64), or a normaliser below 2^-960 in the
-    rescaled units (recomputed from log-features; products underflowed).  ``scaled`` also gives the output
-    the definition returns.  ``tiny_resets`` False: the tiny rows keep their bound (the caller covers them with
-    :func:`direct_underflow`, see :func:`focused_attention_bound`); only the recomputed rows are reset."""
-    pq, pk, info = scaled
-    live = live_rows(info.a_q, info.a_k, eps)
-    reset = flagged_rows(pq, pk, info, eps, normaliser)
-    if tiny_resets:
-        reset = reset | _tiny_rows(info, phi_q, phi_k)
-    return live & reset, live, scaled
-
-
-def _tiny_rows(info, phi_q, phi_k) -> np.ndarray:
-    """(B, h, N): the rows whose (or whose head's keys') nonzero pre-features have features phi_q (phi_k) all
-    below 2^-969 (:func:`_range_rows`)."""
-    with np.errstate(invalid="ignore"):
-        tiny_q = (np.max(info.a_q, axis=-1) > 0) & ~(np.max(phi_q, axis=-1) >= _TINY_FEATURE)
-        tiny_k = (np.max(info.a_k, axis=(-2, -1)) > 0) & ~(np.max(phi_k, axis=(-2, -1)) >= _TINY_FEATURE)
-    return tiny_q | tiny_k[..., None]
-
-
-def _no_bound(e: np.ndarray, reset: np.ndarray, live: np.ndarray) -> np.ndarray:
-    """``e`` with no bound (inf: a comparison there is inconclusive, never "match") in the ``reset`` rows and
-    wherever the model's own arithmetic gave NaN in a live row (an overflow inf - inf, 0 inf); NaN stays only
-    in the rows whose exact result is 0/0 (dead rows with eps = 0)."""
-    return np.where(reset[..., None] | (live[..., None] & np.isnan(e)), np.inf, e)
-
-
-# ===================================================================================================
-# The underflow of a direct evaluation (no rescaling), for the bound of the attention core
-# ===================================================================================================
-
-def _frame(x: np.ndarray, axis: Any) -> np.ndarray:
-    """frexp's exponent (int64, keepdims) of max |x| along ``axis`` (0 where it is 0 or not finite): the exact
-    power-of-two frame in which :func:`direct_underflow` evaluates its terms without under- or overflowing."""
-    with np.errstate(invalid="ignore"):
-        m = np.max(np.abs(x), axis=axis, keepdims=True)
-    return np.where(np.isfinite(m) & (m > 0), np.frexp(m)[1], 0).astype(np.int64)
-
-
-def direct_underflow(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, *, p: float, eps: float, normaliser: str,
-                     dtype: Any, rescaled: Any = True) -> np.ndarray:
-    """The gradual-underflow part of the error of a DIRECT evaluation of the normalised attention (Eq. 4, or the
-    released mean-of-keys normaliser) on the pre-features a_q (B,h,N,d), a_k (B,h,n,d) >= 0 and values v
-    (B,h,n,e) in precision T, in units of u_T (an E coefficient, (B,h,N,e)): the absolute errors eta_T (half
-    T's smallest subnormal, Higham eq. 2.8) that the products, f_p's last products and the quotient's inputs
-    may take in T's subnormal range, amplified through num / den.  0 for ``dtype`` None.
-
-    An implementation that does not rescale (the PyTorch twin, a plain NumPy or C evaluation) computes
-    phi_p(Q), phi_p(K) and every product in the original units: where they fall below T's normal range each
-    rounding errs by up to eta_T absolutely, which the relative model of the definition's rescaled arithmetic
-    does not contain.  Counted (in eta_T, original units; d channels, M keys, q1 = ||phi_q_i||_1,
-    v1_e = sum_j |v_je|, O the output):
-
-    - f_p's own: the max-scaled f_p (||x|| = m ||r||, then ||x|| g) has two products that may be subnormal,
-      so an entry errs by delta = 2 eta_T where ||x|| < T's smallest normal, 1 elsewhere (only the last product),
-      plus 1 where ||x|| < 2^-960 (there focused_function_error's own underflow term (p + c + 4) ||x|| eta_T,
-      below eta_T, underflows in the model's float64 arithmetic), 0 for a zero token (f_p(0) = 0 exactly);
-      through the attention (first order, either order):
-      num: delta_q_i sum_c (|phi_k|^T |v|)_ce + q1 sum_j delta_k_j |v_je|,
-      den: delta_q_i sum_c sum_j |phi_k_jc| + q1 sum_j delta_k_j;
-    - the products' roundings (as linear.kernelized_attention_bound counts them, covering either order):
-      num: M q1 + d v1 + d + M, den: M q1 + d M + d + M (+ 1 for eps);
-    - the released normaliser computes (phi_k n^-1/2)^T (v n^-1/2) and phi_q . mean phi_k: the two scalings add
-      an eta per entry of phi_k and of v (so delta_k_j r + 1 and 1, r = n^-1/2), the mean one per channel.
-
-    Then the quotient: (err_num + |O| err_den) / (|den| - err_den) (inf where that is <= 0: rounding may reach
-    a zero normaliser, no bound exists).  ``rescaled`` (bool or (B,h,N) bool): the rows whose main bound models
-    the definition's rescaled arithmetic (its product roundings are not the direct ones), or whose model features
-    are below 2^-969 (the model's own float64 arithmetic errs by eta_64-sized terms of the same form, at most
-    k u_T of these); in the others the main
-    bound (linear.kernelized_attention_bound on the same values) already counts the products' roundings for
-    normaliser "sum", so only f_p's own term is added (the released normaliser's main bound is of the
-    equivalent Eq. 4 form, in other units: everything is added).
-
-    Every term is evaluated in an exact power-of-two frame (a per query row, b per head's keys, c per value
-    column: phi_q = 2^a pq, phi_k = 2^b pk, v = 2^c vs) so that it neither under- nor overflows where the
-    result is representable: eta_T 2^x / u_T = ldexp(eta_T / u_T, x), eta_T / u_T being T's smallest normal.
-
-    References: FLatten Eq. 4-6; Higham (2002) §2.1 eq. 2.8 (gradual underflow), §3.1.
-    """
-    shape = a_q.shape[:-1] + (v.shape[-1],)
-    if dtype is None:
-        return np.zeros(shape)
-    tiny = _eta_in_u(dtype)                                   # eta_T / u_T = T's smallest normal number
-    d, m_keys = a_q.shape[-1], a_k.shape[-2]
-    a, b, c = _frame(a_q, -1), _frame(a_k, (-2, -1)), _frame(v, -2)   # (B,h,N,1), (B,h,1,1), (B,h,1,e)
-    sq, sk = np.ldexp(a_q, -a), np.ldexp(a_k, -b)
-    pq, pk = _focused_function_numpy(sq, p), _focused_function_numpy(sk, p)
-    vs = np.abs(np.ldexp(v, -c))
-    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
-        def pw(x, shift=0):                                   # eta_T 2^(x - shift) / u_T
-            return np.ldexp(tiny, np.clip(x - shift, -2200, 2200))
-
-        def delta(s, e):                                      # f_p's own eta count per token
-            nrm = _norm_scaled(s, -1)[1]                      # ||x|| 2^-e
-            return np.where(nrm > 0, 1.0 + (nrm < pw(-e)) + (nrm < np.ldexp(1.0, np.clip(-960 - e, -2200, 2200))),
-                            0.0)
-        dq = delta(sq, a)                                     # (B,h,N,1)
-        dk = delta(sk, b)                                     # (B,h,M,1)
-        q1 = np.sum(pq, axis=-1, keepdims=True)               # (B,h,N,1)
-        v1 = np.sum(vs, axis=-2, keepdims=True)               # (B,h,1,e)
-        ksum = np.sum(pk, axis=-2, keepdims=True)             # (B,h,1,d)
-        kv = pk.swapaxes(-1, -2) @ vs                         # (B,h,d,e)
-        kvsum = np.sum(kv, axis=-2, keepdims=True)            # (B,h,1,e)
-        dkv = np.sum(dk * vs, axis=-2, keepdims=True)         # (B,h,1,e): sum_j delta_k_j |v_je|
-        dks = np.sum(dk, axis=-2, keepdims=True)              # (B,h,1,1)
-        qk = pq @ ksum.swapaxes(-1, -2)                       # (B,h,N,1)
-        s_num = pq @ kv                                       # (B,h,N,e)
-        # where eps dominates the normaliser beyond 2^1000 in this frame, the frame is shifted down by s
-        sh = np.maximum(-(a + b) + int(np.frexp(eps)[1]) - 1000, 0) if eps > 0 else np.zeros_like(a)
-        eps_s = np.ldexp(np.float64(eps), np.clip(-(a + b) - sh, -2200, 2200))
-        qk, s_num = np.ldexp(qk, -sh), np.ldexp(s_num, -sh)
-        rows = np.broadcast_to(np.asarray(rescaled, dtype=bool)[..., None] if np.ndim(rescaled) else
-                               np.asarray(rescaled, dtype=bool), a.shape)
-        prods = rows if normaliser == "sum" else np.ones_like(rows)
-        if normaliser == "sum":
-            den = qk + eps_s
-            o = s_num / den
-            num_t = dq * kvsum * pw(-a, sh) + q1 * dkv * pw(-b, sh)
-            den_t = dq * np.sum(ksum, axis=-1, keepdims=True) * pw(-a, sh) + q1 * dks * pw(-b, sh)
-            num_r = m_keys * q1 * pw(-b - c, sh) + d * v1 * pw(-a - b, sh) \
-                + (d + m_keys) * pw(-a - b - c, sh)
-            den_r = m_keys * q1 * pw(-b, sh) + (d * m_keys + d + m_keys + (eps > 0)) * pw(-a - b, sh)
-        else:
-            r = m_keys ** -0.5
-            den = qk / m_keys + eps_s
-            o = r * r * s_num / den
-            num_t = dq * r * r * kvsum * pw(-a, sh) + q1 * (r * r * dkv + r * v1) * pw(-b, sh) \
-                + r * qk * pw(-c)                             # qk is in the shifted frame already
-            den_t = dq * np.sum(ksum, axis=-1, keepdims=True) / m_keys * pw(-a, sh) \
-                + q1 * (dks / m_keys + 1.0) * pw(-b, sh)
-            num_r = m_keys * q1 * pw(-b - c, sh) + d * r * v1 * pw(-a - b, sh) \
-                + (d + m_keys) * pw(-a - b - c, sh)
-            den_r = m_keys * q1 * pw(-b, sh) + (2 * d + (eps > 0)) * pw(-a - b, sh)
-        live = prods & (q1 > 0)                               # a zero query row's products are exactly 0
-        num_e = num_t + np.where(live, num_r, 0.0)
-        den_e = den_t + np.where(live, den_r, 0.0)
-        low = den - numerics.unit_roundoff(dtype) * den_e
-        out = np.where(low > 0, (num_e + o * den_e) / low, np.inf)
-        out = np.where(den > 0, out, np.nan)                  # a dead row (0/0 exactly) stays NaN
-        return np.ldexp(out, c)
-
-
 def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=False):
     """(y, E_y, depth) of :func:`_core` (``l2``: sigma instead of E)."""
     if cfg.positional_encoding:
@@ -654,6 +490,67 @@ def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=Fal
     if cfg.power_scaling == "max":
         ey = _no_bound(ey, reset, live)
     return y, _merge_heads(ey), _feature_depth(cfg.p, dq, dtype) + k_att + k_dwc + 1
+
+
+def recomputed_error(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.ndarray, *, p: float, eps: float,
+                     normaliser: str, dtype: Any = None, l2: bool = False) -> np.ndarray:
+    """E (B, h, N, e), units of u_T, of the attention term in the ``rows`` (B, h, N) that the definition
+    recomputes from log-features (focused_range.recompute_rows: a live row whose normaliser underflowed);
+    0 elsewhere.  a_q, a_k: the exact pre-features (>= 0, original units); v the values.
+
+    The computation bounded (normaliser_range.rebalanced_output): lq = log phi(Q), lk = log phi(K)
+    (focused_range.log_focused), rebalanced into phi_q' = exp((lq - lq*) + (m - m*)), phi_k' = exp(lk - m)
+    (m the keys' per-channel max, lq* and m* those of the row's largest channel; the largest of each factor 1,
+    the normaliser >= 1), then Eq. 4 on phi_q', phi_k' and V, numerator and normaliser times the common factor
+    f = exp(lq*) exp(m*), eps (eps n for the mean-of-keys normaliser) added in those units, rho = eps exp(-r).
+    Every product exp(lq_ic + lk_jc) = exp(r_i) phi_q'_ic phi_k'_jc, so Eq. 4 of the rebalanced features is
+    the row's output and :func:`err_attention` applies to them with relative feature errors (units of u):
+    phi_q': log_focused_error(a_q) (the log-feature's absolute error is the feature's relative one) + c (exp)
+    + |lq - lq*| + |m - m*| + |(lq - lq*) + (m - m*)| (the argument's three roundings); phi_k':
+    log_focused_error(a_k) + c + |lk - m|; with eps > 0 also f's error (the row's largest log-feature errors
+    and 2 c + 2 for the two exps and their product), which cancels in num / den otherwise; the two products
+    by f are extra roundings.  Where rho is beyond float64 the output is below the underflow threshold: E =
+    (k + 4) eta_T / u_T.
+
+    References: FLatten Eq. 4-6 (focused_range H2-H3); normaliser_range (R1, R2); Higham (2002) §3.1."""
+    c = float(config.ELEMENTARY_FUNCTION_ULPS)
+    out = np.zeros(a_q.shape[:-1] + (v.shape[-1],))
+    if not np.any(rows):
+        return out
+    n_keys = a_k.shape[-2]
+    eps_eff = eps * n_keys if normaliser == "mean_scaled" else eps
+    e_v = band_exponent(v, -2)
+    vs = np.ldexp(v, -e_v)
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore", over="ignore"):
+        lq, lk = log_focused(np.log(a_q), p), log_focused(np.log(a_k), p)
+        elq, elk = log_focused_error(a_q, p), log_focused_error(a_k, p)
+        pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, False)
+        m = np.max(lk, axis=-2, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        dq, dm = lq - lq_t, m - m_t
+        coef_q = np.where(pq > 0, elq + c + np.abs(dq) + np.abs(dm) + np.abs(dq + dm), 0.0)
+        coef_k = np.where(pk > 0, elk + c + np.abs(lk - m), 0.0)
+        if eps_eff > 0:
+            coef_q = coef_q + np.where(pq > 0, np.max(elq, axis=-1, keepdims=True)
+                                       + np.max(elk, axis=(-2, -1), keepdims=True) + 2.0 * c + 2.0, 0.0)
+        rho = np.exp(math.log(eps_eff) - r[..., 0]) if eps_eff > 0 else np.zeros(r.shape[:-1])
+    eq, ek = coef_q * pq, coef_k * pk
+    for b, h in sorted({(int(i), int(j)) for i, j, _ in np.argwhere(rows)}):
+        one = (slice(b, b + 1), slice(h, h + 1))
+        idx = np.flatnonzero(rows[b, h])
+        # rows sharing one rho (all of them with eps = 0) in one call; rho beyond float64: an output below
+        # the underflow threshold, k = d + M + 4 roundings of eta_T each
+        groups = [idx] if eps_eff == 0 else [idx[rho[b, h, idx] == t] for t in np.unique(rho[b, h, idx])]
+        for g in groups:
+            t = float(rho[b, h, g[0]])
+            if not math.isfinite(t):
+                out[b, h, g] = (pk.shape[-1] + n_keys + 8) * _eta_in_u(dtype)
+                continue
+            sl = one + (g,)
+            e, _ = err_attention(pq[sl], pk[one], vs[one], eq[sl], ek[one], np.zeros_like(vs[one]), eps=t,
+                                 extra_roundings=2, dtype=dtype, l2=l2)
+            out[b, h, g] = e[0, 0]
+    return np.ldexp(out, e_v)
 
 
 def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> numerics.Bound:
@@ -752,11 +649,13 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
         dwc_bias = None if dwc_bias is None else numerics.as_float(dwc_bias, "dwc_bias")
 
     scaled = _range_features(q, k, _check_p(p), None, fp=_focused_function_numpy)
-    reset, live, (pq, pk, rng) = _range_rows(scaled, eps, normaliser, phi_q, phi_k, tiny_resets=False)
-    # rows whose model features are below 2^-969 (eps > 0 with rows far below the others): the model's own
-    # float64 arithmetic is not relative there; direct_underflow counts every product's eta_T for them, which
-    # also covers the model's own subnormal roundings (eta_64 <= eta_T)
-    rescaled = rescaled | _tiny_rows(scaled[2], phi_q, phi_k)
+    recomputed, live, (pq, pk, rng) = _range_rows(scaled, eps, normaliser, phi_q, phi_k, tiny_resets=False)
+    # rows whose model features are below 2^-969 (eps > 0 with rows far below the others), and the rows the
+    # definition recomputes (their products underflowed): the model's own float64 arithmetic is not relative
+    # there; direct_underflow counts every product's eta_T for them, which also covers the model's own
+    # subnormal roundings (eta_64 <= eta_T)
+    rescaled = rescaled | _tiny_rows(scaled[2], phi_q, phi_k) | recomputed
+    no_reset = np.zeros_like(recomputed)
     # a direct evaluation's underflow (any implementation that does not rescale: the twin, plain NumPy or C):
     # the tested side in T; the definition's own in float64 where it computes directly (inside the band)
     under = dict(p=p, eps=eps0, normaliser=normaliser, rescaled=rescaled)
@@ -765,11 +664,17 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
                                      u_tested.shape), 0.0,
                      direct_underflow(a_q, a_k, v, dtype="float64" if dtype is not None else None, **under))
 
-    def err(l2, u_direct):
+    def err(l2, u_direct, tested=True):
         e_q = focused_function_error(q, p, dtype=dtype, l2=l2)
         e_k = focused_function_error(k, p, dtype=dtype, l2=l2)
         e_att, k_att = _err_attend(phi_q, phi_k, v, e_q, e_k, np.zeros_like(v), cfg, None, dtype, l2)
-        e_att = _no_bound(_join(e_att, u_direct, l2), reset, live)
+        e_att = _no_bound(_join(e_att, u_direct, l2), no_reset, live)
+        if np.any(recomputed):
+            # the recomputed rows: the definition's log-feature computation (recomputed_error); a tested
+            # implementation may take either path (a direct one: the model above, inf where it has none)
+            e_rec = recomputed_error(a_q, a_k, v, recomputed, p=p, eps=eps0, normaliser=normaliser,
+                                     dtype=dtype if tested else "float64", l2=l2)
+            e_att = np.where(recomputed[..., None], np.fmax(e_att, e_rec) if tested else e_rec, e_att)
         depth = _feature_depth(p, sz["d"], dtype) + k_att
         if dwc_weight is None:
             return e_att, depth
@@ -778,14 +683,14 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
                       max_elements=None, rng=rng)
         dwc, e_dwc, k_dwc = _err_dwc(v, np.zeros_like(v), tuple(hw), tuple(hw), dwc_weight, dwc_bias, shared,
                                      "bilinear", dtype, l2)
-        return _no_bound(_join(e_att + e_dwc, np.abs(att) + np.abs(dwc), l2), reset, live), depth + k_dwc + 1
+        return _no_bound(_join(e_att + e_dwc, np.abs(att) + np.abs(dwc), l2), no_reset, live), depth + k_dwc + 1
 
     what = "focused attention" if dwc_weight is None else "focused attention + DWC"
     bound = _both(lambda l2: err(l2, u_tested), what, dtype)
     if dtype is None:
         return bound
     # the float64 reference's own error: the definition rescales outside the band (no direct underflow there)
-    e_ref, depth = err(False, u_ref)
+    e_ref, depth = err(False, u_ref, tested=False)
     with np.errstate(invalid="ignore", over="ignore"):
         return dataclasses.replace(bound, ref_scale=e_ref / max(float(depth), 1.0))
 

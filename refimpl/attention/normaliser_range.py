@@ -48,8 +48,9 @@ import numpy as np
 from .. import config, numerics, validation
 from ..errors import ArgumentError
 
-__all__ = ["apply_policy", "quotient", "unscaled", "scaling_exponents", "normaliser_scaled", "underflow_rows", "log_features", "rebalanced_output",
-           "rebalance", "rebalance_factor", "error_ratio", "normalised_up", "underflow_error", "log_pair"]
+__all__ = ["apply_policy", "quotient", "unscaled", "scaling_exponents", "normaliser_scaled", "underflow_rows",
+           "log_features", "rebalanced_output", "rebalance", "rebalance_parts", "rebalance_factor", "error_ratio",
+           "normalised_up", "underflow_error", "log_pair"]
 
 
 def apply_policy(den: Any, *, eps: float, eps_policy: str, clamp_min: float | None) -> np.ndarray:
@@ -254,7 +255,7 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
     return out, attn
 
 
-def _rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
+def rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
     """(phi_q', phi_k', r, lq*, m*) of :func:`rebalance`, with r = lq* + m* (the row's largest channel c*).
     phi_q' = exp((lq - lq*) + (m - m*)): the differences are formed first (exact by Sterbenz's lemma for the
     channels within a factor 2 of c*'s, the ones that matter), so phi_q' does not carry the rounding of
@@ -264,9 +265,10 @@ def _rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
         m = np.max(lk, axis=-2, keepdims=True)                              # (B,h,1,d)
         if pairs:
             m = np.repeat(np.max(m.reshape(*m.shape[:-1], -1, 2), axis=-1), 2, axis=-1)
-        m = np.where(np.isfinite(m), m, 0.0)           # a channel of zero keys (-inf) contributes 0 either way
-        pk = np.exp(lk - m)
-        a = lq + m
+        keyed = np.isfinite(m)                         # a channel where every key is 0 (-inf) adds no product:
+        m = np.where(keyed, m, 0.0)                    # it takes no part in r and its phi_q' is 0 (else r could
+        pk = np.exp(lk - m)                            # pick it and leave a subnormal normaliser)
+        a = np.where(keyed, lq + m, -np.inf)
         top = np.argmax(np.where(np.isnan(a), -np.inf, a), axis=-1)[..., None]
         lq_t = np.take_along_axis(lq, top, axis=-1)
         m_t = np.take_along_axis(np.broadcast_to(m, a.shape), top, axis=-1)
@@ -274,15 +276,16 @@ def _rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
         ok = np.isfinite(r)
         r = np.where(ok, r, 0.0)
         pq = np.where(ok, np.exp((lq - np.where(ok, lq_t, 0.0)) + (m - np.where(ok, m_t, 0.0))), np.exp(a - r))
+        pq = np.where(keyed, pq, 0.0)
         return pq, pk, r, np.where(ok, lq_t, 0.0), np.where(ok, m_t, 0.0)
 
 
 def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
     """(phi_q', phi_k', r) of :func:`rebalanced_output` from log-features: m_c = max_j lk_jc (per channel pair
     with ``pairs``), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic, phi_q' = exp(a - r) (formed as
-    :func:`_rebalance_parts` says), so that phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest
+    :func:`rebalance_parts` says), so that phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest
     of each factor 1."""
-    return _rebalance_parts(lq, lk, pairs)[:3]
+    return rebalance_parts(lq, lk, pairs)[:3]
 
 
 def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
@@ -291,7 +294,7 @@ def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tup
     [1/2, 2], s = s_1 + s_2), so that f carries exp's accuracy (one rounding more) but not the rounding of
     r = lq* + m*: numerator and normaliser share f, but an eps or clamp_min does not, and there an error
     u |r| of f would be one of the output."""
-    pq, pk, _, lq_t, m_t = _rebalance_parts(lq, lk, pairs)
+    pq, pk, _, lq_t, m_t = rebalance_parts(lq, lk, pairs)
     f1, s1 = numerics.exp_pow2_split(lq_t, axis=-1)
     f2, s2 = numerics.exp_pow2_split(m_t, axis=-1)
     return pq, pk, f1 * f2, s1 + s2
