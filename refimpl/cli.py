@@ -62,6 +62,8 @@ def _render(report: Any) -> None:
                   *((report.shadow[i].verdict, g(report.shadow[i].err_over_bound)) if sh else ()),
                   (s.detail or (report.shadow[i].detail if sh and report.shadow[i].verdict == "diverges" else ""))[:80])
     con.print(t)
+    if report.has_units:
+        _render_units(con, Table, report)
     wm = report.whole_module
     con.print(f"whole module: {wm['verdict']} (max relative bound {wm['max_relative_bound']:.3g}, "
               f"err/bound {wm['err_over_bound']:.3g})")
@@ -75,6 +77,24 @@ def _render(report: Any) -> None:
     con.print(report.ensemble_text(), markup=False, highlight=False)
     for f in report.findings:
         con.print(f"finding ({f['kind']}): {f['message']}")
+
+
+def _render_units(con: Any, Table: Any, report: Any) -> None:
+    """A network's units and their parts (a unit judged part by part): all of them when few
+    (config.VERIFY_SUMMARY_ROWS), else the ones that do not match and a count of the others."""
+    from . import config
+    con.print(report.units_summary(), markup=False, highlight=False)
+    rows, left = report.compact_unit_rows(config.VERIFY_SUMMARY_ROWS)
+    if rows:
+        colour = {"match": "green", "diverges": "red", "inconclusive": "yellow"}
+        t = Table("unit / part", "verdict", "worst err/bound", "first divergence")
+        for r in rows:
+            v = r["verdict"]
+            t.add_row(("  " if r["part"] else "") + r["name"], f"[{colour.get(v, 'white')}]{v}[/]",
+                      "-" if r["err_over_bound"] is None else f"{r['err_over_bound']:.3g}", r["first_divergence"])
+        con.print(t)
+    if left:
+        con.print(f"({left} more units and parts match)")
 
 
 def _render_gradients(con: Any, Table: Any, gr: dict) -> None:

@@ -543,3 +543,9 @@ VERIFY_LOCATE_GATE = 0.05
 #: gradient (a weight gradient's sum over the batch and tokens) is bounded separately by gamma_n on the
 #: magnitudes of its terms (refimpl.verify.gradients.GradientBound).
 VERIFY_GRAD_BACKWARD_FACTOR = 2.0
+
+#: The terminal summary of a network's units and their parts (``refimpl verify``, docs/verify.md "The report"):
+#: up to this many rows (units and parts together) it lists them all; beyond, the ones that do not match and a
+#: count of those that do.  A display choice, not a tolerance: the Markdown report (``--report``) and the JSON
+#: list every unit and part.
+VERIFY_SUMMARY_ROWS = 12

@@ -201,6 +201,7 @@ TABLE: dict[str, tuple[object, str]] = {
     "NUMBA_FASTMATH": (False, "refimpl: fastmath would void the error model (config comment)"),
     "C_KERNEL_THREADS_MAX": (2, "refimpl: default thread cap of the C kernels"),
     "VERIFY_LOCATE_GATE": (0.05, "refimpl: verify tool's locating threshold (docs/verify.md)"),
+    "VERIFY_SUMMARY_ROWS": (12, "refimpl: rows of the terminal summary of units and parts (docs/verify.md)"),
 }
 
 

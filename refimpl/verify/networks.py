@@ -17,7 +17,7 @@ reference is a registered network name.  What happens::
     judged teacher-forced: ``run_unit`` on the foreign network's own input to the unit, against
         ``unit_bound`` in ``dtype``; where a unit's bound is void and the family has ``unit_parts`` (a block's
         attention and MLP residual branches), each part is judged, the intermediate located by value among
-        the tensors the unit's forward computed
+        the tensors the unit's forward computed (every part's result in the unit's ``parts``)
     wiring (:func:`_wiring`): a unit's output must be what the next unit receives; a skipped unit, or a unit whose
         submodule is right while the next unit receives another tensor (blocks swapped, an output not used, the
         residual around the unit dropped), is a wiring divergence naming the unit and what was received; into
@@ -336,12 +336,17 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
     """A unit whose own bound is void, judged part by part (``unit_parts``): each part teacher-forced on the
     foreign intermediate (located by value among the tensors the unit's forward computed), with the twin's part on
     it as the ensemble where ``ne`` (:class:`refimpl.verify.ensemble.NetworkEnsemble`) is given (the parts'
-    members in the result's ``ensemble["parts"]``).  None when the family has no parts for the unit."""
+    members in the result's ``ensemble["parts"]``).  Every part is judged, also after a diverging one (on the
+    foreign intermediate, as the units are); one whose input could not be located is "not judged".  The unit's
+    verdict and detail are those of its first diverging part; each part's result is in the result's ``parts``, in
+    the order the reference computes them.  None when the family has no parts for the unit."""
     parts = tuple(fam.unit_parts(cfg, u)) if hasattr(fam, "unit_parts") else ()
     if not parts:
         return None
     pool = [(label, t) for label, tag, t in run.recorded if tag == u and t.numel() == got.size]
-    xp, after, notes, worst, summaries = xin, 0, [], 0.0, {}
+    xp, after, notes, worst, summaries, judged = xin, 0, [], 0.0, {}, []
+    first: StageResult | None = None
+    void = (f"the unit's own bound is void in {dtype} (max relative bound {unit_rep.max_relative_bound:.3g})")
     for i, part in enumerate(parts):
         fn = (lambda prm, v, q=part: fam.run_unit_part(prm, u, q, v, cfg))
         rp = fn(params, xp)
@@ -350,14 +355,19 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
             found = locate([(lbl, _to64(t)) for lbl, t in pool[after:]], rp,
                            tie=16 * _verdict.unit_roundoff(dtype))
             if found is None or found[2] > _config.VERIFY_LOCATE_GATE:
-                return StageResult(u, where, _verdict.DIVERGES, detail=(
-                    f"the unit's own bound is void in {dtype} (max relative bound "
-                    f"{unit_rep.max_relative_bound:.3g}); stage-wise, part {part!r}: no tensor of the unit's forward "
-                    f"is within {_config.VERIFY_LOCATE_GATE:g} (relative) of the reference on the unit's own input"
-                    + ("" if found is None else f" (closest: {found[1]}, {found[2]:.3g})")))
+                why = (f"no tensor of the unit's forward is within {_config.VERIFY_LOCATE_GATE:g} (relative) of the "
+                       f"reference on the unit's own input" + ("" if found is None else
+                                                               f" (closest: {found[1]}, {found[2]:.3g})"))
+                judged.append(StageResult(part, None, _verdict.DIVERGES, detail=why))
+                judged += [StageResult(q, None, "not judged", detail=f"its input, part {part!r}'s output, was not "
+                                                                      f"located") for q in parts[i + 1:]]
+                if first is None:
+                    first = StageResult(u, where, _verdict.DIVERGES, detail=f"{void}; stage-wise, part {part!r}: {why}")
+                break
             gp, after = found[0], after + found[3] + 1
+            pwhere = f"{found[1].split(':')[0]} (by value)"
         else:
-            gp = got
+            gp, pwhere = got, where
         bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
         members = unit_members(ne, u, xp, rp.shape, part=part) if ne is not None else None
         rep = _compare(gp, rp, bp, fn, (params, xp), dtype, f"{u}/{part}", p / len(parts), members)
@@ -365,18 +375,20 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
             summaries[part] = members_summary(rep, sorted(members or {}))
         worst = max(worst, rep.max_err_over_bound)
         notes.append(f"{part} {rep.verdict} (err/bound {rep.max_err_over_bound:.3g})")
-        if rep.verdict != _verdict.MATCH:
-            res = _result(u, where, gp, rp, bp, rep, dtype, detail=(
+        judged.append(_result(part, pwhere, gp, rp, bp, rep, dtype))
+        if rep.verdict != _verdict.MATCH and first is None:
+            first = _result(u, where, gp, rp, bp, rep, dtype, detail=(
                 f"stage-wise (the unit's own bound is void in {dtype}): part {part!r}: " + "; ".join(rep.reasons)))
-            res.ensemble = {"parts": summaries} if ne is not None else None
-            return res
         xp = gp
+    if first is not None:
+        first.ensemble = {"parts": summaries} if ne is not None else None
+        first.parts = judged
+        return first
     r = fam.run_unit(params, u, xin, cfg)
     return StageResult(u, where, _verdict.MATCH, max_abs_err=float(np.max(np.abs(got - r), initial=0.0)),
                        max_rel_err=unit_rep.rel_err, bound=None, err_over_bound=worst,
-                       detail=f"stage-wise: the unit's own bound is void in {dtype} (max relative bound "
-                              f"{unit_rep.max_relative_bound:.3g}); its parts: " + ", ".join(notes),
-                       ensemble={"parts": summaries} if ne is not None else None)
+                       detail=f"stage-wise: {void}; its parts: " + ", ".join(notes),
+                       ensemble={"parts": summaries} if ne is not None else None, parts=judged)
 
 
 def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> str:
@@ -661,7 +673,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                     results[-1].ensemble = {**members_summary(rep, sorted(members or {})), **(parts or {})}
             wired = _wiring(fam, params, cfg, units, k, mods, run, xin, r, results[-1], dtype, p_unit)
             if wired is not None:
-                wired[0].ensemble = results[-1].ensemble
+                wired[0].ensemble, wired[0].parts = results[-1].ensemble, results[-1].parts
                 results[-1] = wired[0]
                 findings.append(wired[1])
             prev = got if got is not None else r

@@ -17,7 +17,7 @@ from .. import verdict as _verdict
 __all__ = ["SCHEMA_VERSION", "StageResult", "Report"]
 
 #: Version of the JSON report's schema (docs/verify.md).
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def _f(x: Any) -> Any:
@@ -52,11 +52,27 @@ class StageResult:
     #: the comparison's ensemble (refimpl.verify.ensemble.members_summary): each member's zmax, zrms and status,
     #: the thresholds; None where the stage was not compared
     ensemble: dict[str, Any] | None = None
+    #: a network unit judged part by part (its own bound void): one result per part, in the order the reference
+    #: computes them (``foreign``: the tensor located by value; verdict "not judged" where its input was not
+    #: located); None where the stage was judged as a whole
+    parts: list[StageResult] | None = None
 
     def as_dict(self) -> dict:
         return {"name": self.name, "foreign": self.foreign, "verdict": self.verdict, "ok": self.verdict == "match",
                 "max_abs_err": _f(self.max_abs_err), "max_rel_err": _f(self.max_rel_err), "bound": _f(self.bound),
-                "err_over_bound": _f(self.err_over_bound), "detail": self.detail, "ensemble": self.ensemble}
+                "err_over_bound": _f(self.err_over_bound), "detail": self.detail, "ensemble": self.ensemble,
+                "parts": None if self.parts is None else [
+                    {k: v for k, v in q.as_dict().items() if k not in ("ensemble", "parts")} for q in self.parts]}
+
+    def first_divergence(self) -> str:
+        """Where the stage first diverges, at the finest level known: "unit/part" (its first diverging part), the
+        stage's own name (judged as a whole), "name (wiring)" (a wiring divergence); "-" where it does not."""
+        if self.verdict != _verdict.DIVERGES:
+            return "-"
+        if self.detail.startswith("wiring:"):
+            return f"{self.name} (wiring)"
+        q = next((q for q in self.parts or () if q.verdict == _verdict.DIVERGES), None)
+        return self.name if q is None else f"{self.name}/{q.name}"
 
 
 @dataclasses.dataclass
@@ -135,6 +151,8 @@ class Report:
                                   self.shadow[i].verdict != "not shadowed" else "")
             lines.append(f"| {st.name} | {st.foreign or '-'} | {st.verdict} | {_g(st.max_abs_err)} | "
                          f"{_g(st.bound)} | {_g(st.err_over_bound)} |{shc} {detail.replace('|', '/')} |")
+        if self.has_units:
+            lines += ["", "## Units and their parts", "", self.units_text(markdown=True)]
         if self.gradients is not None:
             lines += ["", "## Gradients", "", self.gradients_text(markdown=True)]
         lines += ["", "## Ensemble", "", self.ensemble_text(markdown=True)]
@@ -200,12 +218,83 @@ class Report:
                          f"{_g(s.bound):>10} {_g(s.err_over_bound):>9}{shc}" + (f"  {s.detail}" if s.detail else "")
                          + (f"  (shadow: {self.shadow[i].detail})" if sh and self.shadow[i].detail and
                             self.shadow[i].verdict != "not shadowed" else ""))
+        if self.has_units:
+            lines.append(self.units_text())
         if self.gradients is not None:
             lines.append(self.gradients_text())
         lines.append(self.ensemble_text())
         for f in self.findings:
             lines.append(f"finding ({f['kind']}): {f['message']}")
         return "\n".join(lines)
+
+    @property
+    def has_units(self) -> bool:
+        """Whether the report is a network's, verified unit by unit (or has a stage judged part by part)."""
+        return self.network is not None or any(st.parts for st in self.stages)
+
+    def unit_rows(self) -> list[dict[str, Any]]:
+        """The units (a network's stages) in the order the reference computes them, each followed by its parts
+        where it was judged part by part: ``name`` ("unit" or "unit/part"), ``part`` (whether a part),
+        ``foreign``, ``verdict``, ``err_over_bound`` (for a unit the worst of its own and its parts'; None where
+        nothing was compared) and ``first_divergence`` (:meth:`StageResult.first_divergence`)."""
+        rows: list[dict[str, Any]] = []
+        for st in self.stages:
+            vals = [v for v in [st.err_over_bound] + [q.err_over_bound for q in st.parts or ()]
+                    if v is not None and not np.isnan(v)]
+            rows.append({"name": st.name, "part": False, "foreign": st.foreign, "verdict": st.verdict,
+                         "err_over_bound": max(vals) if vals else None, "first_divergence": st.first_divergence()})
+            rows += [{"name": f"{st.name}/{q.name}", "part": True, "foreign": q.foreign, "verdict": q.verdict,
+                      "err_over_bound": q.err_over_bound,
+                      "first_divergence": f"{st.name}/{q.name}" if q.verdict == _verdict.DIVERGES else "-"}
+                     for q in st.parts or ()]
+        return rows
+
+    def units_summary(self) -> str:
+        """One line: how many units, and parts of the units judged part by part, have each verdict."""
+        rows = self.unit_rows()
+
+        def count(kind: list[dict]) -> str:
+            by: dict[str, int] = {}
+            for r in kind:
+                by[r["verdict"]] = by.get(r["verdict"], 0) + 1
+            return ", ".join(f"{n} {v}" for v, n in by.items()) or "none"
+        units, parts = [r for r in rows if not r["part"]], [r for r in rows if r["part"]]
+        return (f"units: {len(units)} ({count(units)})" + (
+            f"; parts of the units judged part by part (their own bound void in {self.dtype}): {len(parts)} "
+            f"({count(parts)})" if parts else ""))
+
+    def units_text(self, markdown: bool = False, limit: int | None = None) -> str:
+        """The units and their parts: a count per verdict, then (Markdown) every unit and part, or (text) all of
+        them up to ``limit`` rows (default config.VERIFY_SUMMARY_ROWS), beyond it the ones that do not match and
+        a count of those left out."""
+        rows, head = self.unit_rows(), self.units_summary()
+        if markdown:
+            lines = [head + "; in the order the reference computes them.", "",
+                     "| unit / part | observed at | verdict | worst err / bound | first divergence |",
+                     "|---|---|---|---|---|"]
+            lines += [f"| {r['name']} | {r['foreign'] or '-'} | {r['verdict']} | {_g(r['err_over_bound'])} | "
+                      f"{r['first_divergence']} |" for r in rows]
+            return "\n".join(lines)
+        from .. import config as _config
+        limit = _config.VERIFY_SUMMARY_ROWS if limit is None else limit
+        shown, left = self.compact_unit_rows(limit)
+        lines = [head, f"{'unit / part':<28} {'verdict':<13} {'err/bound':>9}  first divergence"]
+        lines += [f"{r['name']:<28} {r['verdict']:<13} {_g(r['err_over_bound']):>9}  {r['first_divergence']}"
+                  for r in shown]
+        if left:
+            lines.append(f"({left} more units and parts match)")
+        return "\n".join(lines)
+
+    def compact_unit_rows(self, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """(the rows of :meth:`unit_rows` to show in a terminal, how many matching ones are left out): all of them
+        up to ``limit`` rows, else those that do not match."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+            raise ValueError(f"argument 'limit': expected an integer >= 0, got {limit!r}")
+        rows = self.unit_rows()
+        if len(rows) <= limit:
+            return rows, 0
+        shown = [r for r in rows if r["verdict"] != _verdict.MATCH]
+        return shown, len(rows) - len(shown)
 
     def gradients_text(self, markdown: bool = False) -> str:
         """The gradient section (``--grad``) as text lines or a Markdown table."""
