@@ -2,7 +2,8 @@
 defines, written once and used by the bounds of RALA (:mod:`refimpl.attention.rala_bounds`), FLatten, L2ViT and
 the networks (:mod:`refimpl.attention.focused_bounds`' ``err_linear`` / ``err_layer_norm`` / ``err_dwconv``,
 :mod:`refimpl.models.common`, :mod:`refimpl.models._netparts`), Castling-ViT
-(:mod:`refimpl.attention.angular_series`' ``_e_matmul``) and the layers' own bounds (:mod:`refimpl.layers`'
+(:mod:`refimpl.attention.angular_series`' ``_e_matmul``, ``_e_normalize``), the verify tool's head wiring
+(:mod:`refimpl.verify.head_wiring`) and the layers' own bounds (:mod:`refimpl.layers`'
 ``linear_bound``, ``layer_norm_bound``, ``depthwise_conv2d_bound``, ``batch_norm2d_bound``, ``gelu_bound``: their
 magnitudes S and rounding counts are :func:`linear_scale`, :func:`layer_norm_scale`, :func:`depthwise_scale`,
 :func:`batch_norm_scale`, :func:`gelu_roundings`).
@@ -44,7 +45,7 @@ from . import config, numerics
 
 __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e_sum2", "e_quotient",
            "e_accumulate", "e_linear", "e_depthwise", "layer_norm_parts", "e_layer_norm", "layer_norm_cap",
-           "e_elementwise", "e_roundings", "e_mean", "linear_scale", "depthwise_scale", "layer_norm_scale",
+           "e_elementwise", "e_roundings", "e_mean", "e_normalize", "linear_scale", "depthwise_scale", "layer_norm_scale",
            "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
            "LAYER_NORM_ROUNDINGS", "CONV_ALGORITHMS", "conv_algorithms", "covering_conv_algorithms",
            "WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_applies", "winograd_roundings", "winograd_scale",
@@ -186,6 +187,47 @@ def e_quotient(y, a_err, b, b_err, pr: Precision, roundings: int = 2) -> np.ndar
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         e = pr.factor(roundings) * (a_err + np.abs(y) * b_err) / low + gr * np.abs(y) + roundings * pr.eta
     return np.where(low > 0, e, np.inf)
+
+
+def e_normalize(x, ex, eps: float, policy: str, pr: Precision, y: Any = None) -> np.ndarray:
+    """Error of the row normalisation y = x / D over the last axis (d terms), D = max(||x||_2, eps) (``policy``
+    "clamp") or ||x||_2 ("none"), the norm evaluated as sqrt(sum x_i^2) (torch's ``norm``; d = 1: |x|), x carrying
+    E_x; ``y`` the caller's value of x / D (None: |x| / D from the exact norm).  First order only (``pr`` from
+    :meth:`Precision.coefficients`, E and the underflow term eta in units of u_T):
+
+        E_y = E_x / D + |y| (||E_x||_2 / D + sums(d) / 2 + 2 + [||x||_2 >= eps, d > 1] d eta / (2 ||x||_2^2))
+              + eta.
+
+    Derivation: the input error moves the norm by at most ||E_x||_2 (triangle inequality; the max with eps is
+    1-Lipschitz); the sum of squares is the inner product x . x, relative error gamma_{sums(d)} (Higham eq. 3.5,
+    :meth:`Precision.sums`), halved by the square root (sqrt(1 + t) = 1 + t/2 + O(t^2)), and the square root
+    rounds once (Higham eq. 2.2): |dD| <= ||E_x||_2 + (sums(d)/2 + 1) ||x||_2.  Each of the d squares may
+    underflow by eta (eq. 2.8; the evaluation squares without scaling), d eta on the sum and d eta / (2 ||x||_2)
+    on the norm, not where the clamp holds D = eps nor for d = 1.  The quotient x'/D' differs from x/D by
+    E_x / D + |y| |dD| / D to first order and rounds once more, (1 + delta) y + eta: |y| + eta (a component
+    small against the norm has a subnormal quotient, whose absolute error eta no relative term covers: a
+    float32 row (1e-42, 1, 2) normalised by torch errs 0.62 eta in its first component, 4.7e3 times the
+    relative terms).  ||x||_2 and ||E_x||_2 are computed as
+    m ||x/m||, m = max|x|, free of underflow (the exact norm, not the tested evaluation's)."""
+    if not pr.first_order:
+        raise numerics.ArgumentError("argument 'pr': the normalisation rule is first order; expected "
+                                     "Precision.coefficients(dtype), got the rigorous model Precision.of")
+    if policy not in ("clamp", "none"):
+        raise numerics.ArgumentError(f"argument 'policy': expected 'clamp' or 'none', got {policy!r}")
+    d = np.shape(x)[-1]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        nrm = _row_norm(x)
+        den = np.maximum(nrm, eps) if policy == "clamp" else nrm
+        ay = np.abs(x) / den if y is None else np.abs(y)
+        under = np.where((nrm >= eps) & (d > 1), d * pr.eta / (2.0 * nrm * nrm), 0.0)
+        return ex / den + ay * (_row_norm(ex) / den + pr.sums(d) / 2.0 + 2.0 + under) + pr.eta
+
+
+def _row_norm(x) -> np.ndarray:
+    """||x||_2 over the last axis (keepdims) as m ||x/m||, m = max|x|: free of underflow for subnormal rows."""
+    m = np.max(np.abs(x), axis=-1, keepdims=True)
+    safe = np.where(m > 0, m, 1.0)
+    return m * np.sqrt(np.sum((x / safe) ** 2, axis=-1, keepdims=True))
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -429,6 +429,75 @@ def test_a_head_fed_the_wrong_tensor_is_a_wiring_divergence_naming_the_head(name
     assert ok.verdict == "match" and not [f for f in ok.findings if f["kind"] == "wiring"], str(ok)
 
 
+def test_the_head_wiring_bounds_accept_within_and_reject_beyond():
+    """The two bounds of the head's wiring check, at their edges (Castling-DeiT reduced, float32, the head's input
+    from the reference's own run, the classifier observed directly).  The classifier's output within 0.9 of its
+    bound (bounds.e_linear in float32 plus in float64) at one element: it computes right, and what it receives
+    (token 0 without the normalisation) is named; 1.5 of it, either sign: no wiring finding.  What it receives
+    within 0.9 of the candidate's bound (the head's features of token 1: the head's bound with the identity
+    classifier; the mean over the tokens: bounds.e_mean in float32 plus in float64) is named, 1.5 of it is not.
+    The float32 rounding of each perturbed value moves it by at most u |value|, under a tenth of the bound (each
+    bound is at least 25 u |value| here), so the two sides stay on their sides; the unperturbed float32
+    evaluations are well within (named too)."""
+    import dataclasses
+
+    import torch
+
+    from refimpl import bounds
+    from refimpl.verdict import DIVERGES, round_to
+    from refimpl.verify import head_wiring as hw
+    from refimpl.verify.networks import _NetRun
+    from refimpl.verify.report import StageResult
+    cfg = network_config("castling_deit_t", None, {"reduced": True}, None)[0]
+    fam = rm.family_of("castling_deit_t")
+    rng = np.random.default_rng(0)
+    params = {k: round_to(v, "float32") for k, v in fam.init_params(cfg, rng).items()}
+    units, taps = list(fam.unit_names(cfg)), {}
+    fam.run(params, round_to(rng.standard_normal((2, 3, *cfg.img_size)), "float32"), cfg, taps=taps)
+    xin = taps[units[-2]]
+    w, b = params["head.weight"], params["head.bias"]
+    p32, p64 = bounds.Precision.of("float32"), bounds.Precision.of("float64")
+
+    def classifier(g, s=0.0):
+        o = round_to(torch.nn.functional.linear(torch.tensor(g, dtype=torch.float32), torch.tensor(
+            w, dtype=torch.float32), torch.tensor(b, dtype=torch.float32)).double().numpy(), "float32")
+        if s:
+            e = bounds.e_linear(g, 0 * g, w, b, p32) + bounds.e_linear(g, 0 * g, w, b, p64)
+            o[0, 3] = round_to((g @ w.T + b)[0, 3] + s * e[0, 3], "float32")
+        return o
+
+    def says(g, o):
+        run = _NetRun(None, {}, {}, [], {}, classifier=("head", g, o))
+        out = hw._head_wiring(fam, params, cfg, units, run, xin, fam.run_unit(params, "head", xin, cfg),
+                              StageResult("head", "head:output", DIVERGES), "float32")
+        return None if out is None else out[1]["message"]
+
+    tok0 = "it receives token 0 of the head's input without the head's normalisation"
+    g0 = xin[:, 0].copy()
+    assert tok0 in says(g0, classifier(g0)) and tok0 in says(g0, classifier(g0, 0.9))
+    assert says(g0, classifier(g0, 1.5)) is None and says(g0, classifier(g0, -1.5)) is None
+    sw = xin.copy()
+    sw[:, [0, 1]] = xin[:, [1, 0]]
+    d = xin.shape[2]        # the head with the identity classifier: its output is the features, its bound theirs
+    cfg_d = dataclasses.replace(cfg, num_classes=d)
+    p_d = dict(params, **{"head.weight": np.eye(d), "head.bias": np.zeros(d)})
+    c1 = fam.run_unit(p_d, "head", sw, cfg_d)
+    e1 = fam.unit_bound(p_d, "head", sw, cfg_d, dtype="float32").array("float32", c1.shape)
+    ln = torch.nn.functional.layer_norm(torch.tensor(xin[:, 1], dtype=torch.float32), (xin.shape[2],),
+                                        torch.tensor(params["norm.weight"], dtype=torch.float32),
+                                        torch.tensor(params["norm.bias"], dtype=torch.float32), eps=cfg.layer_norm_eps)
+    m = xin.mean(1)
+    em = bounds.e_mean(xin, 0 * xin, 1, p32) + bounds.e_mean(xin, 0 * xin, 1, p64)
+    for c, e, t32, what in [(c1, e1, ln.double().numpy(), "the head's features of token 1 of its input"),
+                            (m, em, xin.astype(np.float32).mean(1).astype(np.float64),
+                             "the mean over the tokens of the head's input")]:
+        assert np.all(np.abs(t32 - c) <= e) and what in says(t32, classifier(t32)), what
+        g = round_to(c + 0.9 * e, "float32")
+        assert what in says(g, classifier(g)), what
+        g = round_to(c + 1.5 * e, "float32")
+        assert says(g, classifier(g)) is None, what
+
+
 @pytest.mark.parametrize("bug", ["classifier", "norm_eps"])
 def test_a_bug_inside_the_head_is_not_a_wiring_divergence(bug):
     """The classifier itself wrong (its bias off by 1e-2 relative, the features fed right), or the final norm's eps

@@ -646,25 +646,12 @@ def _e_matmul(a: np.ndarray, ea: np.ndarray, b: np.ndarray, eb: np.ndarray, eta_
 
 def _e_normalize(x: np.ndarray, ex: np.ndarray, eps: float, policy: str, arithmetic: str = "scaled",
                  eta_u: float = 0.0, dtype: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """x^ = x / D, D = max(||x||, eps) or ||x||: |dD| <= ||dx||_2 + (d/2 + 1) u ||x|| (sum of squares gamma_d,
-    halved by the sqrt, plus its rounding) + d eta / (2 ||x||) (each square may underflow by eta, and the
-    tested code may square without scaling), and the quotient rounds once, so
-    E(x^) = E(x)/D + |x^| (||E(x)||_2 / D + d/2 + 2 + [||x|| >= eps] d eta/u / (2 ||x||^2))."""
+    """(x^, E(x^)): x^ = x / max(||x||, eps) or x / ||x|| (:func:`unit_rows` in ``arithmetic``) and its error
+    coefficient E(x^) = E(x)/D + |x^| (||E(x)||_2 / D + d/2 + 2 + [||x|| >= eps] d eta/u / (2 ||x||^2)) + eta/u
+    (:func:`refimpl.bounds.e_normalize`, first-order model in units of u_T, the sum counted by
+    numerics.sum_depth for a mixed-precision ``dtype``)."""
     xh = unit_rows(x, eps=eps, policy=policy, arithmetic=arithmetic)
-    d = x.shape[-1]
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        nrm = _scaled_norm(x)  # the exact norm (never underflows), not the tested code's
-        den = np.maximum(nrm, eps) if policy == "clamp" else nrm
-        under = np.where((nrm >= eps) & (d > 1), d * eta_u / (2.0 * nrm * nrm), 0.0)
-        e = ex / den + np.abs(xh) * (_scaled_norm(ex) / den + numerics.sum_depth(d, dtype) / 2.0 + 2.0 + under)
-    return xh, e
-
-
-def _scaled_norm(x: np.ndarray) -> np.ndarray:
-    """||x||_2 over the last axis as m ||x/m|| (m = max|x|), free of underflow for subnormal rows."""
-    m = np.max(np.abs(x), axis=-1, keepdims=True)
-    safe = np.where(m > 0, m, 1.0)
-    return m * np.sqrt(np.sum((x / safe) ** 2, axis=-1, keepdims=True))
+    return xh, bounds.e_normalize(x, ex, eps, policy, bounds.Precision.coefficients(dtype, eta_u), xh)
 
 
 def angular_similarity_bound(q: Any, k: Any, *, dtype: Any, order: int | None = None,
