@@ -131,3 +131,79 @@ def test_recomputed_rows_bound_covers_the_definition(seed, p, e, policy):
     exact = _mp_attention(q, k, v, p, eps, normaliser)
     ok = np.isfinite(exact)
     assert np.all(np.abs(ref - exact)[ok] <= tol[ok]), float(np.max((np.abs(ref - exact) / tol)[ok]))
+
+
+def test_module_rows_far_below_their_token_have_a_bound_that_holds():
+    """The released norm scope (f_p over the whole token): with p = 32 and large inputs, a head whose channels
+    are far below the token's largest gets features near 1e-295, below 2^-969, where the module bound's own
+    float64 underflow terms underflow (the thorough profile's ``test_focused_linear_attention_module[float32]``
+    case: before, those rows had no bound, and float32 and float64 were both "inconclusive").  Now every
+    product's eta_T is counted from the log-features (focused_underflow.log_direct_underflow): the bound is
+    finite and the twin, in float32 and float64, is within it."""
+    import torch
+    from equivalence.assertions import load_numpy_state
+    from equivalence.test_focused import _module_inputs
+    from refimpl.twins.modules import focused as TF
+    cfg = F.FocusedConfig.preset("official", dim=16, num_heads=4, sr_ratio=1, p=32.0, kernel_size=3)
+    hw = (4, 4)
+    for dtype, tdt in (("float32", torch.float32), ("float64", torch.float64)):
+        x, params = _module_inputs(0, cfg, "global", hw, 16, "large", None, dtype)
+        ref = F.focused_linear_attention(x, params, cfg, hw)
+        bound = F.focused_linear_attention_bound(x, params, cfg, hw, dtype=dtype)
+        assert np.all(np.isfinite(np.asarray(bound.scale)))
+        m = TF.FocusedLinearAttention(cfg, 16).to(dtype=tdt)
+        load_numpy_state(m, params)
+        with torch.no_grad():
+            got = m(torch.from_numpy(x).to(tdt), hw).double().numpy()
+        assert numerics.compare(got, ref, bound, dtype).verdict == "match"
+
+
+def _module_case(dtype):
+    """The paper preset (p = 1) on 4 channels, one head: q = x (channel 0 large, channel 1 at 2^-500), k takes
+    x's channel 0 to channel 2 and keeps channel 1: every query meets the keys only through channel 1, products
+    near 2^-1000 in every unit the rescaling allows (below 2^-960: the definition recomputes every row; above
+    2^-1022: a direct float64 evaluation has a normaliser, with subnormal-free products)."""
+    rng = np.random.default_rng(3)
+    cfg = F.FocusedConfig.preset("paper", dim=4, num_heads=1, sr_ratio=1, p=1.0, kernel_size=3)
+    hw = (2, 2)
+    x = np.zeros((1, 4, 4))
+    x[..., 0] = 1.0 + rng.random(4)
+    x[..., 1] = np.ldexp(1.0 + rng.random(4), -500)
+    x[..., 3] = rng.standard_normal(4)
+    params = {key: np.asarray(val, dtype=np.float64) for key, val in F.init_focused_params(cfg, layout="global",
+                                                                                           n_kv=4, seed=1).items()}
+    wq, wkv = np.zeros((4, 4)), np.zeros((8, 4))
+    wq[0, 0] = wq[1, 1] = 1.0
+    wkv[2, 0] = wkv[1, 1] = 1.0
+    wkv[4:, :] = rng.standard_normal((4, 4))           # V
+    params["q.weight"], params["kv.weight"] = wq, wkv
+    for key in ("q.bias", "kv.bias"):
+        if key in params:
+            params[key] = np.zeros_like(params[key])
+    rounded = {key: numerics.round_to(val, dtype) for key, val in params.items()}
+    return cfg, hw, numerics.round_to(x, dtype), rounded
+
+
+def test_module_recomputed_rows_have_a_bound_that_holds():
+    """A module whose rows the definition recomputes from log-features (focused_bounds._module_recomputed:
+    recomputed_error with the pre-features' errors propagated into the log-features, the larger of it and the
+    direct model): the bound is finite (before: inf, "inconclusive") and the float64 twin is within it.  (With
+    p = 3 the direct features of channel 1 underflow to 0, a direct evaluation has no normaliser, and the bound
+    stays inf there: a direct implementation's finite output could not be bounded.)"""
+    import torch
+    from equivalence.assertions import load_numpy_state
+    from refimpl.attention.focused_core import _scaled_features
+    from refimpl.twins.modules import focused as TF
+    cfg, hw, x, params = _module_case("float64")
+    q, kv = x @ params["q.weight"].T, x @ params["kv.weight"].T
+    pq, pk, info = _scaled_features(q, kv[..., :4], params, cfg)
+    from refimpl.attention.focused_range import flagged_rows as fr
+    assert np.all(fr(pq, pk, info, cfg.eps, cfg.normaliser) & live_rows(info.a_q, info.a_k, cfg.eps))
+    ref = F.focused_linear_attention(x, params, cfg, hw)
+    bound = F.focused_linear_attention_bound(x, params, cfg, hw, dtype="float64")
+    assert np.all(np.isfinite(np.asarray(bound.scale)))
+    m = TF.FocusedLinearAttention(cfg, 4).double()
+    load_numpy_state(m, params)
+    with torch.no_grad():
+        got = m(torch.from_numpy(x), hw).numpy()
+    assert numerics.compare(got, ref, bound, "float64").verdict == "match"

@@ -33,7 +33,8 @@ from .focused_core import (FocusedConfig, _attend, _check_dwc_args, _check_p, _m
                            _to_grid)
 from .focused_range import band_exponent, log_focused
 from .normaliser_range import rebalance_parts
-from .focused_underflow import _no_bound, _range_rows, _tiny_rows, direct_underflow, log_focused_error
+from .focused_underflow import (_no_bound, _range_rows, _tiny_rows, direct_underflow, log_direct_underflow,
+                                log_focused_error)
 from .focused_underflow import eta_in_u as _eta_in_u
 
 __all__ = ["focused_function_error", "focused_function_bound", "resample_linear_bound", "focused_attention_bound"]
@@ -462,6 +463,52 @@ def _err_heads_and_dwc(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtyp
     return out, eo, depth + k_proj
 
 
+def _by_window(fn: Callable, mask, q_side: tuple, k_side: tuple, rows: np.ndarray, e: int) -> np.ndarray:
+    """fn(q_side, k_side, rows) -> (B,h,N,e) over all keys, or window group by window group under a
+    shifted-window ``mask`` (as :func:`_err_attend` groups them): each group's query rows see its keys only."""
+    if mask is None:
+        return fn(q_side, k_side, rows)
+    out = np.zeros(rows.shape + (e,))
+    nw = mask.shape[0]
+    for w in range(nw):
+        for qi, kj in _mask_groups(mask[w]):
+            out[w::nw, :, qi] = fn(tuple(x[w::nw, :, qi] for x in q_side), tuple(x[w::nw, :, kj] for x in k_side),
+                                   rows[w::nw, :, qi])
+    return out
+
+
+def _module_underflow(info, vh, cfg, mask, dtype, rows) -> np.ndarray:
+    """focused_underflow.log_direct_underflow of a module's attention (the log-features of ``info``, a
+    focused_range.RangeInfo; the config's norm scope, eps and normaliser); E (B,h,N,e) in ``rows``, 0
+    elsewhere."""
+    lq, lk = info.logs()
+    kw = dict(token_heads=cfg.num_heads if cfg.norm_scope == "token" else None, eps=cfg.eps,
+              normaliser=cfg.normaliser, dtype=dtype)
+    return _by_window(lambda qs, ks, r: log_direct_underflow(qs[0], ks[0], ks[1], rows=r, **kw), mask, (lq,),
+                      (lk, vh), rows, vh.shape[-1])
+
+
+def _module_recomputed(q, eq, k, ek, vh, evh, params, cfg, mask, dtype, rows, l2) -> np.ndarray:
+    """:func:`recomputed_error` of a module's rows ``rows``: the log-features of the pre-features
+    (:func:`_err_pre_features`: ReLU, relu_eps, the scale, with their errors, relative ones propagated by
+    focused_underflow.log_focused_error's ``rel``) per the config's norm scope, V's errors; by window group."""
+    h = cfg.num_heads
+
+    def logs(t, et):
+        a, e = _err_pre_features(t, et, params, cfg, dtype)
+        if cfg.norm_scope != "token":
+            a, e = _split_heads(a, h), _split_heads(e, h)
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+            lx = log_focused(np.log(a), cfg.p)
+            el = log_focused_error(a, cfg.p, rel=np.where(a > 0, e / a, 0.0))
+        return (lx, el) if cfg.norm_scope != "token" else (_split_heads(lx, h), _split_heads(el, h))
+    (lq, elq), (lk, elk) = logs(q, eq), logs(k, ek)
+
+    def one(qs, ks, r):
+        return recomputed_error(None, None, ks[2], r, p=cfg.p, eps=cfg.eps, normaliser=cfg.normaliser,
+                                dtype=dtype, l2=l2, logs=(qs[0], ks[0], qs[1], ks[1]), e_v=ks[3])
+    return _by_window(one, mask, (lq, elq), (lk, elk, vh, evh), rows, vh.shape[-1])
+
 def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=False):
     """(y, E_y, depth) of :func:`_core` (``l2``: sigma instead of E)."""
     if cfg.positional_encoding:
@@ -474,7 +521,26 @@ def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=Fal
     e_att, k_att = _err_attend(phi_q, phi_k, vh, e_phi_q, e_phi_k, evh, cfg, mask, dtype, l2)
     if cfg.power_scaling == "max":      # the definition's range-safe paths (focused_range) and their rows
         reset, live, (pq, pk, rng) = _range_rows(_scaled_features(q, k, params, cfg, fp=_focused_function_numpy),
-                                                 cfg.eps, cfg.normaliser, phi_q, phi_k)
+                                                 cfg.eps, cfg.normaliser, phi_q, phi_k, tiny_resets=False)
+        # rows whose features are all below 2^-969 (a head far below its token's largest channel, the token
+        # norm scope): every product's eta_T counted from the log-features, which also covers the model's own
+        # float64 terms that underflow there (eta_64 <= eta_T); without a tested format (no underflow model)
+        # they have no bound, nor have the recomputed rows
+        tiny = _tiny_rows(rng, phi_q, phi_k) & live & ~reset
+        if dtype is None:
+            reset = reset | tiny
+        elif np.any(tiny | reset):
+            under = tiny | reset
+            e_att = np.where(under[..., None], _join(e_att, _module_underflow(rng, vh, cfg, mask, dtype, under), l2),
+                             e_att)
+        if dtype is not None and np.any(reset):
+            # the rows the definition recomputes from log-features: the larger of that computation's bound
+            # (recomputed_error, the pre-features' errors propagated into the log-features) and the direct
+            # model's (a tested implementation may take either path; inf where the direct one has no bound)
+            e_att = np.where(reset[..., None], np.fmax(_no_bound(e_att, np.zeros_like(reset), live),
+                                                       _module_recomputed(q, eq, k, ek, vh, evh, params, cfg, mask,
+                                                                          dtype, reset, l2)), e_att)
+            reset = np.zeros_like(reset)
         e_att = _no_bound(e_att, reset, live)
         att = _attend(pq, pk, vh, normaliser=cfg.normaliser, eps=cfg.eps, order="linear", mask=mask, taps=None,
                       max_elements=None, rng=rng)
@@ -493,7 +559,8 @@ def _err_core(q, eq, k, ek, v, ev, params, cfg, hw_kv, hw_q, mask, dtype, l2=Fal
 
 
 def recomputed_error(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.ndarray, *, p: float, eps: float,
-                     normaliser: str, dtype: Any = None, l2: bool = False) -> np.ndarray:
+                     normaliser: str, dtype: Any = None, l2: bool = False, logs: Any = None,
+                     e_v: Any = None) -> np.ndarray:
     """E (B, h, N, e), units of u_T, of the attention term in the ``rows`` (B, h, N) that the definition
     recomputes from log-features (focused_range.recompute_rows: a live row whose normaliser underflowed);
     0 elsewhere.  a_q, a_k: the exact pre-features (>= 0, original units); v the values.
@@ -510,20 +577,26 @@ def recomputed_error(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.n
     log_focused_error(a_k) + c + |lk - m|; with eps > 0 also f's error (the row's largest log-feature errors
     and 2 c + 2 for the two exps and their product), which cancels in num / den otherwise; the two products
     by f are extra roundings.  Where rho is beyond float64 the output is below the underflow threshold: E =
-    (k + 4) eta_T / u_T.
+    (k + 4) eta_T / u_T.  ``logs``: None, or (lq, lk, elq, elk), the log-features and their error coefficients
+    computed by the caller (a module: f_p over the token, pre-features with errors, :func:`_err_core`; a_q, a_k
+    then unused); ``e_v``: V's error coefficients (None: exact).
 
     References: FLatten Eq. 4-6 (focused_range H2-H3); normaliser_range (R1, R2); Higham (2002) §3.1."""
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
-    out = np.zeros(a_q.shape[:-1] + (v.shape[-1],))
+    out = np.zeros(rows.shape + (v.shape[-1],))
     if not np.any(rows):
         return out
-    n_keys = a_k.shape[-2]
+    n_keys = v.shape[-2]
     eps_eff = eps * n_keys if normaliser == "mean_scaled" else eps
-    e_v = band_exponent(v, -2)
-    vs = np.ldexp(v, -e_v)
+    x_v = band_exponent(v, -2)
+    vs = np.ldexp(v, -x_v)
+    evs = np.zeros_like(vs) if e_v is None else np.ldexp(e_v, -x_v)
     with np.errstate(divide="ignore", invalid="ignore", under="ignore", over="ignore"):
-        lq, lk = log_focused(np.log(a_q), p), log_focused(np.log(a_k), p)
-        elq, elk = log_focused_error(a_q, p), log_focused_error(a_k, p)
+        if logs is None:
+            lq, lk = log_focused(np.log(a_q), p), log_focused(np.log(a_k), p)
+            elq, elk = log_focused_error(a_q, p), log_focused_error(a_k, p)
+        else:
+            lq, lk, elq, elk = logs
         pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, False)
         m = np.max(lk, axis=-2, keepdims=True)
         m = np.where(np.isfinite(m), m, 0.0)
@@ -547,10 +620,10 @@ def recomputed_error(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.n
                 out[b, h, g] = (pk.shape[-1] + n_keys + 8) * _eta_in_u(dtype)
                 continue
             sl = one + (g,)
-            e, _ = err_attention(pq[sl], pk[one], vs[one], eq[sl], ek[one], np.zeros_like(vs[one]), eps=t,
+            e, _ = err_attention(pq[sl], pk[one], vs[one], eq[sl], ek[one], evs[one], eps=t,
                                  extra_roundings=2, dtype=dtype, l2=l2)
             out[b, h, g] = e[0, 0]
-    return np.ldexp(out, e_v)
+    return np.ldexp(out, x_v)
 
 
 def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> numerics.Bound:

@@ -135,21 +135,74 @@ def direct_underflow(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, *, p: floa
     if dtype is None:
         return np.zeros(shape)
     tiny = eta_in_u(dtype)                                   # eta_T / u_T = T's smallest normal number
-    d, m_keys = a_q.shape[-1], a_k.shape[-2]
-    a, b, c = _frame(a_q, -1), _frame(a_k, (-2, -1)), _frame(v, -2)   # (B,h,N,1), (B,h,1,1), (B,h,1,e)
+    a, b = _frame(a_q, -1), _frame(a_k, (-2, -1))            # (B,h,N,1), (B,h,1,1)
     sq, sk = np.ldexp(a_q, -a), np.ldexp(a_k, -b)
     pq, pk = _focused_function_numpy(sq, p), _focused_function_numpy(sk, p)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        def delta(s, e):                                      # f_p's own eta count per token
+            nrm = _norm_scaled(s, -1)[1]                      # ||x|| 2^-e
+            return np.where(nrm > 0, 1.0 + (nrm < np.ldexp(tiny, np.clip(-e, -2200, 2200)))
+                            + (nrm < np.ldexp(1.0, np.clip(-960 - e, -2200, 2200))), 0.0)
+        dq = delta(sq, a)                                     # (B,h,N,1)
+        dk = delta(sk, b)                                     # (B,h,M,1)
+    return _underflow_terms(pq, pk, v, a, b, dq, dk, eps=eps, normaliser=normaliser, dtype=dtype,
+                            rescaled=rescaled)
+
+
+def log_direct_underflow(lq: np.ndarray, lk: np.ndarray, v: np.ndarray, *, token_heads: int | None, eps: float,
+                         normaliser: str, dtype: Any, rows: np.ndarray) -> np.ndarray:
+    """:func:`direct_underflow` with every product counted, from the log-features lq = log phi(Q) (B,h,N,d),
+    lk = log phi(K) (B,h,n,d) in the original units (focused_range.log_focused; -inf for 0), for the modules,
+    whose features are f_p of the projections' pre-features per head or, ``token_heads`` = h, over the whole
+    token (FLatten's released norm scope: a head's features may lie far below the token's largest, 2^-1000 and
+    beyond, where the model's own float64 terms underflow).  The frames are the exponents of the largest
+    feature (a row's, a head's keys'), the features there exp(l - frame ln 2) (their rounding, relative c u, is
+    far below the slack of counting every product's eta_T); f_p's own count per token from ||a|| = ||f_p(a)||
+    (f_p keeps the norm over its scope), 0.5 logsumexp(2 l).  E (B,h,N,e) in the ``rows`` (B,h,N), 0 elsewhere.
+
+    References: FLatten Eq. 4-6 (focused_range H1, H3); Higham (2002) eq. 2.8."""
+    shape = lq.shape[:-1] + (v.shape[-1],)
+    if dtype is None or not np.any(rows):
+        return np.zeros(shape)
+    tiny = eta_in_u(dtype)
+    ln2 = math.log(2.0)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
+        def frame(lx, axis):
+            m = np.max(lx, axis=axis, keepdims=True)
+            return np.where(np.isfinite(m), np.floor(m / ln2) + 1, 0).astype(np.int64)
+
+        def log_norm(lx):                                     # log ||a|| over f_p's scope, (B, h, T, 1)
+            if token_heads is None:
+                t = lx
+            else:                                             # the token's channels across its heads
+                t = np.moveaxis(lx, 1, -2).reshape(lx.shape[0], lx.shape[2], 1, -1).swapaxes(1, 2)
+            m = np.max(t, axis=-1, keepdims=True)
+            safe = np.where(np.isfinite(m), m, 0.0)
+            out = safe + 0.5 * np.log(np.sum(np.exp(2.0 * (t - safe)), axis=-1, keepdims=True))
+            out = np.where(np.isfinite(m), out, -np.inf)
+            return out if token_heads is None else np.broadcast_to(out, lx.shape[:-1] + (1,))
+
+        def delta(lx):
+            ln = log_norm(lx)
+            return np.where(ln > -np.inf, 1.0 + (ln < math.log(tiny)) + (ln < -960.0 * ln2), 0.0)
+        a, b = frame(lq, -1), frame(lk, (-2, -1))
+        pq, pk = np.exp(lq - a * ln2), np.exp(lk - b * ln2)
+        dq, dk = delta(lq), delta(lk)
+    out = _underflow_terms(pq, pk, v, a, b, dq, dk, eps=eps, normaliser=normaliser, dtype=dtype, rescaled=True)
+    return np.where(rows[..., None], out, 0.0)
+
+
+def _underflow_terms(pq, pk, v, a, b, dq, dk, *, eps, normaliser, dtype, rescaled) -> np.ndarray:
+    """The terms of :func:`direct_underflow` from the features in their exact power-of-two frames
+    (phi_q = 2^a pq, phi_k = 2^b pk) and f_p's own eta counts dq (B,h,N,1), dk (B,h,M,1)."""
+    tiny = eta_in_u(dtype)
+    d, m_keys = pq.shape[-1], pk.shape[-2]
+    c = _frame(v, -2)                                         # (B,h,1,e)
     vs = np.abs(np.ldexp(v, -c))
     with np.errstate(over="ignore", under="ignore", invalid="ignore", divide="ignore"):
         def pw(x, shift=0):                                   # eta_T 2^(x - shift) / u_T
             return np.ldexp(tiny, np.clip(x - shift, -2200, 2200))
 
-        def delta(s, e):                                      # f_p's own eta count per token
-            nrm = _norm_scaled(s, -1)[1]                      # ||x|| 2^-e
-            return np.where(nrm > 0, 1.0 + (nrm < pw(-e)) + (nrm < np.ldexp(1.0, np.clip(-960 - e, -2200, 2200))),
-                            0.0)
-        dq = delta(sq, a)                                     # (B,h,N,1)
-        dk = delta(sk, b)                                     # (B,h,M,1)
         q1 = np.sum(pq, axis=-1, keepdims=True)               # (B,h,N,1)
         v1 = np.sum(vs, axis=-2, keepdims=True)               # (B,h,1,e)
         ksum = np.sum(pk, axis=-2, keepdims=True)             # (B,h,1,d)
@@ -198,7 +251,7 @@ def direct_underflow(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, *, p: floa
 # The error of the log-features (focused_range's H3) of the recomputed rows
 # ===================================================================================================
 
-def log_focused_error(a: np.ndarray, p: float, axis: int = -1) -> np.ndarray:
+def log_focused_error(a: np.ndarray, p: float, axis: int = -1, rel: np.ndarray | None = None) -> np.ndarray:
     """Absolute error, in units of u (float64's, the only format that recomputes), of the log-feature
     focused_range.log_focused(log a, p) = lm + log||r|| + p lr - log||r^p|| as computed, for exact pre-features
     a >= 0 (0 where a = 0: the feature is 0 exactly, its log -inf).  An absolute error u E of log f is a
@@ -214,6 +267,10 @@ def log_focused_error(a: np.ndarray, p: float, axis: int = -1) -> np.ndarray:
     lm + log(S1)/2 + p lr - log(S2)/2 round by at most |lm| + |p lr| + log d each (a bound on every partial sum):
 
         E = c |lm| + (rho_1 + c log S1)/2 + p delta + |p lr| + (rho_2 + c log S2)/2 + 3 (|lm| + |p lr| + log d).
+
+    ``rel``: relative error coefficients of the pre-features themselves (units of u; a module's projections and
+    their ReLU, eps and scale), propagated through d log f_c / d log a_j = p [c = j] + w1_j - p w2_j (lm
+    cancels): p rel_c + sum_j (w1_j + p w2_j) rel_j more.
 
     References: FLatten Eq. 6 (focused_range H3); Higham (2002) §3.1 (sums), Lemma 3.1."""
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
@@ -233,4 +290,7 @@ def log_focused_error(a: np.ndarray, p: float, axis: int = -1) -> np.ndarray:
         rho2 = np.sum(t2 * (2.0 * p * delta + 2.0 * plr + c), axis=axis, keepdims=True) / safe2 + (d - 1)
         e = c * np.abs(lm) + 0.5 * (rho1 + c * np.log(safe1)) + p * delta + plr \
             + 0.5 * (rho2 + c * np.log(safe2)) + 3.0 * (np.abs(lm) + plr + math.log(d))
+        if rel is not None:
+            rel = np.where(live, rel, 0.0)
+            e = e + p * rel + np.sum((t1 / safe1 + p * t2 / safe2) * rel, axis=axis, keepdims=True)
     return np.where(live, e, 0.0)
