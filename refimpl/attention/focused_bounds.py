@@ -207,8 +207,9 @@ def err_linear(x: np.ndarray, e_x: np.ndarray, weight: np.ndarray, bias: np.ndar
 
 def err_layer_norm(x: np.ndarray, e_x: np.ndarray, weight, bias, eps: float, dtype: Any = None, l2: bool = False):
     """LayerNorm over the last axis: input errors through the Jacobian (w_i / s)(delta_ij - 1/n - xh_i xh_j / n),
-    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus the LayerNorm's own rounding, k = n + 8
-    (:func:`refimpl.bounds.layer_norm_parts`; ``l2``: its k roundings, each of coefficient at most its scale, as
+    bounded by |w_i| / s (e_i + mean(e) + |xh_i| mean(|xh| e)), plus the LayerNorm's own rounding, k =
+    sum_depth(n) + bounds.LAYER_NORM_ROUNDINGS (n in T itself, fewer with a wider accumulator;
+    :func:`refimpl.bounds.layer_norm_parts`; ``l2``: its k roundings, each of coefficient at most its scale, as
     sqrt(k - n + sum_depth_l2(n)) scale).  Returns (y, E_y, k)."""
     y = layer_norm(x, weight, bias, eps)
     pr = bounds.Precision.coefficients(dtype)
