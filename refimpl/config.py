@@ -526,8 +526,9 @@ NUMBA_FASTMATH = False
 C_KERNEL_THREADS_MAX = 2
 
 #: The verify tool locates a reference stage with no submodule of its own (FLatten's features and attention) by
-#: value: the foreign tensor that, in the best of its layouts (heads split or merged, axes permuted), is
-#: closest to the teacher-forced reference, provided its relative (Frobenius) distance is at most this.  A
+#: value: the foreign tensor that, in the best of its layouts (heads split or merged, axes permuted), is within
+#: the stage's own bound (the last of those), else the closest to the teacher-forced reference
+#: (refimpl.verify.locate.locate), provided its relative (Frobenius) distance is at most this.  A
 #: locating threshold, not a tolerance: the located tensor is then judged by the verdict against the stage's
 #: bound, and a stage with no tensor this close, where its inputs were located, is where the module diverges
 #: (any correct evaluation is within a few hundred u_T of the reference: 2e-3 relative in bfloat16).
@@ -549,3 +550,8 @@ VERIFY_GRAD_BACKWARD_FACTOR = 2.0
 #: count of those that do.  A display choice, not a tolerance: the Markdown report (``--report``) and the JSON
 #: list every unit and part.
 VERIFY_SUMMARY_ROWS = 12
+
+#: The bar height of a stage whose error over bound is 0 (or a matching stage with no number) in the report's
+#: plot (``--report``'s error-over-bound chart, a log axis, which cannot draw 0).  A display choice, not a
+#: tolerance: it is drawn only, never read by a verdict or written to the JSON report.
+VERIFY_PLOT_RATIO_FLOOR = 1e-6

@@ -202,6 +202,8 @@ TABLE: dict[str, tuple[object, str]] = {
     "C_KERNEL_THREADS_MAX": (2, "refimpl: default thread cap of the C kernels"),
     "VERIFY_LOCATE_GATE": (0.05, "refimpl: verify tool's locating threshold (docs/verify.md)"),
     "VERIFY_SUMMARY_ROWS": (12, "refimpl: rows of the terminal summary of units and parts (docs/verify.md)"),
+    "VERIFY_PLOT_RATIO_FLOOR": (1e-6, "refimpl: bar height of a zero error over bound in the report's log-scale "
+                                      "plot (display only)"),
 }
 
 

@@ -529,3 +529,96 @@ def test_a_castling_deit_file_in_the_released_names_is_verified(tmp_path, capsys
     assert cli.main(args[:-2]) == 2
     err = capsys.readouterr().err
     assert "'blocks.0.attn.dconv.weightx' (did you mean 'blocks.0.attn.dconv.weight'?)" in err, err
+
+
+def _unit_case(name: str, unit: str, seed: int = 0):
+    """(family, config, float32 parameters, units, index of ``unit``, its float32 input from the reference's own
+    run, its reference output) of the reduced ``name``."""
+    from refimpl.verdict import round_to
+    cfg = network_config(name, None, {"reduced": True}, None)[0]
+    fam = rm.family_of(name)
+    rng = np.random.default_rng(seed)
+    params = {k: round_to(v, "float32") for k, v in fam.init_params(cfg, rng).items()}
+    units, taps = list(fam.unit_names(cfg)), {}
+    fam.run(params, round_to(rng.standard_normal((1, 3, *cfg.img_size)), "float32"), cfg, taps=taps)
+    k = units.index(unit)
+    xin = round_to(taps[units[k - 1]], "float32")
+    return fam, cfg, params, units, k, xin, fam.run_unit(params, unit, xin, cfg)
+
+
+def test_the_residual_and_wire_checks_take_the_units_bound_and_exact_copies():
+    """The network-level wiring checks of one unit (flatten_swin_t's layers.1.blocks.1, float32, the runs given
+    directly).  A dropped residual: the next unit receives the submodule's output, the branch; the branch plus the
+    unit's input must compute the unit by the verdict on the unit's own bound, as a submodule's output must.  The
+    exact branch rounded once to float32 is named, and so is the branch off at one element by half the verdict's
+    threshold there (the ensemble criterion's, in units of the element's magnitude; the former criterion,
+    |branch + input - ref| <= 1e-3 |branch - ref|, refused it: too tight); twice the threshold is not named.  A
+    wire is a copy (no rounding between): the next unit receiving the unit's input is named so, and receiving that
+    input one rounding away (another computation, which the former 16 u tolerance took for the input) is not."""
+    from refimpl import verdict as rv
+    from refimpl.verdict import DIVERGES, round_to, unit_roundoff
+    from refimpl.verify import networks as vn
+    from refimpl.verify.report import StageResult
+    u = "layers.1.blocks.1"
+    fam, cfg, params, units, k, xin, r = _unit_case("flatten_swin_t", u)
+    nxt, p = units[k + 1], 1e-6 / len(units)
+
+    def says(own, nin):
+        run = vn._NetRun(None, {u: xin, nxt: nin}, {u: own}, [], {})
+        out = vn._wiring(fam, params, cfg, units, k, {u: u, nxt: nxt}, run, xin, r,
+                         StageResult(u, f"{nxt}:input", DIVERGES), "float32", p)
+        return None if out is None else out[1]["message"]
+
+    branch = round_to(r - xin, "float32")
+    dropped = f"the residual around unit {u!r} is dropped"
+    assert dropped in says(branch, branch)
+    bound = fam.unit_bound(params, u, xin, cfg, dtype="float32")
+    rep = vn._compare(branch + xin, r, bound, lambda prm, v: fam.run_unit(prm, u, v, cfg), (params, xin), "float32",
+                      u, p)
+    w = rv._weights(bound, r, np.isfinite(r), "float32")        # the ensemble criterion's unit of each element
+    i = np.unravel_index(int(np.argmax(w)), r.shape)
+    for c, named in ((0.5, True), (2.0, False)):
+        off = branch.copy()
+        off[i] = round_to(np.array(branch[i] + c * rep.zmax_threshold * w[i]), "float32")
+        assert (dropped in (says(off, off) or "")) == named, c
+        if named:
+            assert np.max(np.abs(off + xin - r)) > 1e-3 * np.max(np.abs(off - r))    # the former criterion
+    own = round_to(r, "float32")                              # the unit computed right, its output not used
+    assert "receives the unit's own input: the unit's output is not used" in says(own, xin.copy())
+    near = round_to(xin * (1 + 2 * unit_roundoff("float32")), "float32")
+    assert np.any(near != xin) and np.max(np.abs(near - xin)) <= 16 * unit_roundoff("float32") * np.max(np.abs(xin))
+    assert "receives a tensor no unit computed" in says(own, near)
+
+
+def test_the_head_wiring_takes_what_the_classifier_receives_as_the_features_within_their_bound(monkeypatch):
+    """Whether the classifier receives the head's features is judged by their own bound (the head with the
+    identity classifier in float32, plus the float64 reference's rounding), not by 16 u.  With every candidate
+    made to match (so only that judgement decides): the features 0.9 of their bound off at every element are the
+    features (no wiring finding; the former 16 u max|f| took them for something else: too tight), and 1.5 of it
+    at the element of the smallest bound are not (a finding)."""
+    from refimpl.verdict import DIVERGES, unit_roundoff
+    from refimpl.verify import head_wiring as hw
+    from refimpl.verify.networks import _NetRun
+    from refimpl.verify.report import StageResult
+    fam, cfg, params, units, k, xin, r = _unit_case("castling_deit_t", "head")
+    f = hw._head_features(fam, params, cfg, xin)
+    e_f = hw._features_bound(fam, params, cfg, xin, f.shape, "float32")
+    assert f is not None and e_f is not None and np.all(np.isfinite(e_f))
+    w, b = params["head.weight"], params["head.bias"]
+    g_now: list = [None]                # what the classifier receives: the one candidate, with a finite bound
+    monkeypatch.setattr(hw, "_head_candidates", lambda *a: [("any tensor", g_now[0], np.full(f.shape, 1e300))])
+
+    def says(g):
+        g_now[0] = g
+        run = _NetRun(None, {}, {}, [], {}, classifier=("head", g, g @ w.T + b))
+        out = hw._head_wiring(fam, params, cfg, units, run, xin, r, StageResult("head", "head:output", DIVERGES),
+                              "float32")
+        return None if out is None else out[1]["message"]
+
+    sixteen_u = 16 * unit_roundoff("float32") * np.max(np.abs(f))
+    inside = f + 0.9 * e_f * np.where(np.arange(f.size).reshape(f.shape) % 2, 1.0, -1.0)
+    assert says(inside) is None and np.max(np.abs(inside - f)) > sixteen_u
+    i = np.unravel_index(int(np.argmin(e_f)), f.shape)
+    beyond = f.copy()
+    beyond[i] += 1.5 * e_f[i]
+    assert "it receives any tensor" in says(beyond)

@@ -229,3 +229,19 @@ def test_cli_shifted_windows_and_rala_tokens(tmp_path, capsys):
     assert V.assert_matches(_swin(), "softmax.window_attention").verdict == "match"
     with pytest.raises(AssertionError, match="core"):
         V.assert_matches(_swin("mask_off_by_one"), "softmax.window_attention")
+
+
+def test_a_module_scale_is_the_default_within_two_evaluations_of_d_to_the_minus_half():
+    """A module's ``scale`` attribute is d^-1/2 (no ``scale`` in the configuration) when it is within the
+    rounding of two float64 evaluations of it (config.ELEMENTARY_FUNCTION_ULPS u_64 each): 1 / sqrt(8), one ulp
+    from 8 ** -0.5.  A scale 1e-13 relative away is the module's own and the reference uses it: float64 matches
+    (the former 1e-12 tolerance took it for d^-1/2, and the reference's logits then differ by 1e-13 relative)."""
+    import math
+    d = 8
+    assert 1 / math.sqrt(d) != d ** -0.5
+    for scale, inferred in ((1 / math.sqrt(d), None), (d ** -0.5 * (1 + 1e-13), d ** -0.5 * (1 + 1e-13))):
+        port = _swin()
+        port.scale = scale
+        r = V.verify(port, "softmax.window_attention", dtype="float64")
+        assert r.config["scale"] == inferred and r.config_sources["scale"] == "module attribute scale", r.config
+        assert r.verdict == "match", str(r)

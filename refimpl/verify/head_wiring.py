@@ -16,7 +16,7 @@ import numpy as np
 from .. import bounds
 from .. import verdict as _verdict
 from ..errors import RefimplError
-from .network_values import _as_layout, _same_value
+from .network_values import _as_layout
 from .report import StageResult
 
 __all__: list[str] = []
@@ -142,10 +142,11 @@ def _head_wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: li
     the head diverges, its classifier (the foreign submodule holding head.weight) computes right on what it
     receives (its output is its input times head.weight plus head.bias within bounds.e_linear's rule in T and in
     float64; no check where that bound is void, sums(D) u >= 1), and what it receives is not the reference's
-    features of the head's input but one of :func:`_head_candidates` (another unit's output fed to the head,
-    another token selected, the final normalisation skipped), within that candidate's bound at every element (a
-    void bound names nothing): a wiring divergence at the head saying what the classifier receives.  None
-    otherwise (a bug inside the head stays an ordinary divergence)."""
+    features of the head's input (not within their bound, :func:`_features_bound`, at some element; a void bound
+    shows nothing to be them) but one of :func:`_head_candidates` (another unit's output fed to the head, another
+    token selected, the final normalisation skipped), within that candidate's bound at every element (a void
+    bound names nothing): a wiring divergence at the head saying what the classifier receives.  None otherwise (a
+    bug inside the head stays an ordinary divergence)."""
     from .steps import _to64
     if res.verdict != _verdict.DIVERGES or run.classifier is None:
         return None
@@ -167,7 +168,12 @@ def _head_wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: li
     bound = bounds.e_linear(g, zero, w, b, bounds.Precision.of(dtype)) + \
         bounds.e_linear(g, zero, w, b, bounds.Precision.of("float64"))
     lin = g @ w.T + (0.0 if b is None else b)
-    if not np.all(np.isfinite(bound)) or not np.all(np.abs(o - lin) <= bound) or _same_value(g, f, dtype):
+    if not np.all(np.isfinite(bound)) or not np.all(np.abs(o - lin) <= bound):
+        return None
+    # what it receives is the head's features of its input where it is within their bound (the head with the
+    # identity classifier evaluated in T on the T values xin, and the float64 reference's own rounding)
+    e_f = _features_bound(fam, params, cfg, xin, f.shape, dtype)
+    if e_f is not None and np.all(np.isfinite(e_f)) and np.all(np.abs(g - f) <= e_f):
         return None
     found = [what for what, c, e in _head_candidates(fam, params, cfg, units, run, xin, f, dtype)
              if c.shape == g.shape and np.all(np.isfinite(e)) and np.all(np.abs(c - g) <= e)]

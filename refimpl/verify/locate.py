@@ -4,8 +4,9 @@ Layer: the verify tool (NumPy; torch only inside :func:`recorder`, the op record
 splits heads as it likes: (B, h, N, d), (B, N, h, d), (B h, N, d),
 (B, N, C) with the heads merged, transposed for a contraction...  :func:`locate` tries each recorded tensor of
 the right size in every axis order, read either as the reference's layout or as merged heads, and keeps the
-layout closest to the teacher-forced reference value (relative Frobenius distance).  It only finds the tensor;
-the verdict then judges it (config.VERIFY_LOCATE_GATE).
+layout closest to the teacher-forced reference value (relative Frobenius distance); of the tensors within the
+stage's own bound it takes the last.  It only finds the tensor; the verdict then judges it
+(config.VERIFY_LOCATE_GATE).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any, Callable, Collection, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["layouts", "locate", "recorder", "to_foreign"]
+from .. import verdict as _verdict
+
+__all__ = ["conclusive", "layouts", "locate", "recorder", "to_foreign", "within"]
 
 #: tensors with more axes are not permuted (5! = 120 orders at most)
 _MAX_PERMUTED_AXES = 5
@@ -44,25 +47,74 @@ def _rel(a: np.ndarray, r: np.ndarray, nr: float) -> float:
     return d / nr if nr > 0 else (0.0 if d == 0 else math.inf)
 
 
-def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray, tie: float = 0.0
+def _norm_slack(n: int) -> float:
+    """The relative float64 rounding of one Frobenius norm of ``n`` elements, ``np.sqrt(np.sum(f ** 2))``: the n
+    squares and the (n - 1)-term sum are gamma_n(u_64) relative (every term is non-negative, Higham §3.1), the
+    square root halves that and adds one rounding: at most gamma_{n+1}(u_64)."""
+    return _verdict.gamma(n + 1, _verdict.unit_roundoff("float64"))
+
+
+def conclusive(bound: np.ndarray | None, ref: np.ndarray) -> bool:
+    """Whether the element-wise ``bound`` on |a legitimate evaluation of ``ref`` - ``ref``| can tell a
+    legitimate value from another: finite everywhere and, at every element, below the quantity's size
+    max(|ref_i|, rms(ref)) (the verdict's relative bound below 1, without its floor for T's subnormal range: a
+    stricter condition).  A bound that is not says nothing about which candidate is the stage."""
+    if bound is None:
+        return False
+    b = np.broadcast_to(np.asarray(bound, dtype=np.float64), ref.shape)
+    if not np.all(np.isfinite(b)) or not np.all(np.isfinite(ref)):
+        return False
+    rms = float(np.sqrt(np.mean(ref ** 2))) if ref.size else 0.0
+    return bool(np.all(b < np.maximum(np.abs(ref), rms)))
+
+
+def within(a: np.ndarray, ref: np.ndarray, bound: np.ndarray) -> bool:
+    """|a - ref| <= bound at every element (equal non-finite values count as equal): ``a`` is a value the error
+    model allows for the quantity ``ref`` whose legitimate evaluations it bounds by ``bound``."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        ok = (np.abs(a - ref) <= bound) | (a == ref) | (np.isnan(a) & np.isnan(ref))
+    return bool(np.all(ok))
+
+
+def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray, bound: np.ndarray | None = None
            ) -> tuple[np.ndarray, str, float, int] | None:
     """The (tensor in the reference's layout, "label: layout", relative distance, first position) of the
-    recorded tensor closest to ``ref``; None when no recorded tensor has ``ref``'s size.  A cheap invariant (the
-    sum of squares, which no layout changes) skips tensors far from it first.
+    recorded tensor taken for the stage whose reference value is ``ref``; None when no recorded tensor has
+    ``ref``'s size.  Each recorded tensor is read in the layout closest to ``ref`` (relative Frobenius distance).
 
-    ``tie``: candidates within 2 x the best distance + ``tie`` are indistinguishable from the best by value
-    (a chain of element-wise steps such as den -> den + eps gives successive tensors that differ by rounding
-    only; copies and reshapes give equal ones).  Of those the one recorded last, the end of the chain, is
-    taken, and the position of the first is returned: when the value first existed, the earliest point a
-    later stage can have been computed from it."""
+    ``bound``: the stage's element-wise bound on |a legitimate evaluation - ``ref``| (its
+    ``Bound.array(dtype, shape)``: the tested evaluation's roundings in T, the float64 reference's own, the
+    underflow terms), or None.  Where it is conclusive (:func:`conclusive`), the recorded tensors within it at
+    every element (:func:`within`) are each a value the error model allows for the stage: they cannot be told
+    apart by value (a chain of element-wise steps such as den -> den + eps whose steps are below the rounding,
+    copies, reshapes, V and the attention output with one token).  Of those, the one recorded last, the end of
+    the chain, is taken, and the position of the first is returned: when the value first existed, the earliest
+    point a later stage can have been computed from it.  Where none is within the bound, or the bound is None or
+    not conclusive, the closest tensor is taken, with its exact copies (equal distance: the same values).
+
+    Why the bound decides: a tensor outside the stage's deterministic bound at some element is no legitimate
+    evaluation of the stage, and the verdict, whose probabilistic bound never exceeds the deterministic one,
+    would judge it outside its bound; among the tensors within it the error model has no preference, and the end
+    of the chain is the value the module computes on with.  Where none is within it, every candidate is outside
+    it (or non-finite where ``ref`` is not) and no choice among them is a match; where the bound cannot tell
+    values apart, the closest is the one taken.
+
+    A cheap invariant skips tensors first: the Frobenius norm, which no layout changes, differs from ``ref``'s by
+    at most the distance (the triangle inequality), so a tensor whose norm differs by more than the best distance
+    so far and more than ``||bound||`` (what a value within the bound can be at most) is neither of those, up to
+    the float64 rounding of the two norms (:func:`_norm_slack`)."""
     nr = float(np.sqrt(np.sum(ref ** 2)))
-    found: list[tuple[int, np.ndarray, str, float]] = []
+    use = conclusive(bound, ref)
+    b = np.broadcast_to(np.asarray(bound, dtype=np.float64), ref.shape) if use else None
+    beta = float(np.sqrt(np.sum(b ** 2))) / nr if use and nr > 0 else 0.0
+    slack = _norm_slack(ref.size)
+    found: list[tuple[int, np.ndarray, str, float, bool]] = []
     best = math.inf
     for pos, (label, f) in enumerate(pool):
         if f.size != ref.size:
             continue
         nf = float(np.sqrt(np.sum(f ** 2)))
-        if abs(nf - nr) > (2 * best + tie) * nr:                    # no layout can be close enough
+        if abs(nf - nr) > max(best, beta) * nr + slack * (nf + nr):     # neither closest nor within the bound
             continue
         cand = None
         for arr, how in layouts(f, ref.shape):
@@ -70,12 +122,12 @@ def locate(pool: Sequence[tuple[str, np.ndarray]], ref: np.ndarray, tie: float =
             if cand is None or d < cand[3]:
                 cand = (pos, arr, f"{label}: {how}", d)
         if cand is not None:
-            found.append(cand)
+            found.append(cand + (use and within(cand[1], ref, b),))
             best = min(best, cand[3])
     if not found:
         return None
-    close = [c for c in found if c[3] <= 2 * best + tie]
-    pos, arr, label, d = max(close, key=lambda c: c[0])
+    close = [c for c in found if c[4]] or [c for c in found if c[3] <= best]
+    pos, arr, label, d, _ok = max(close, key=lambda c: c[0])
     return arr, label, d, min(c[0] for c in close)
 
 

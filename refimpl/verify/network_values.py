@@ -1,6 +1,6 @@
 """Reading a foreign network's observed tensors as the reference's values: :func:`_as_layout` (a tensor in the
-layout of a reference value, the closest reading) and :func:`_same_value` (equal up to a few roundings), shared
-by refimpl.verify.networks and its head wiring check (refimpl.verify.head_wiring).
+layout of a reference value, the closest reading; shared by refimpl.verify.networks and its head wiring check,
+refimpl.verify.head_wiring) and :func:`_same_value` (a copy: equal values; the network's wiring check).
 
 Layer: the verify tool (NumPy; the tensors converted through refimpl.verify.steps).
 """
@@ -11,7 +11,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import verdict as _verdict
 from .locate import layouts
 
 __all__ = ["unit_modules"]
@@ -34,12 +33,15 @@ def _as_layout(t: Any, like: np.ndarray) -> tuple[np.ndarray | None, str]:
     return (None, f"shape {f.shape}, the reference's {like.shape}") if best is None else (best[0], f" ({best[1]})")
 
 
-def _same_value(a: np.ndarray | None, b: np.ndarray, dtype: str) -> bool:
-    """``a`` holds ``b``'s values (a copy, a reshape: equal up to a few roundings of ``dtype``)."""
+def _same_value(a: np.ndarray | None, b: np.ndarray) -> bool:
+    """``a`` holds ``b``'s values: the same tensor of the foreign network, or a copy of it (a reshape, an axis
+    order read back by :func:`_as_layout`, a transfer, a conversion to float64 by ``_to64``, which is exact).  No
+    operation between the two rounds, so the error model allows no difference (gamma_0 = 0): equal element for
+    element, NaN where NaN.  Two values that differ by a rounding are two computations, not one wire; comparing a
+    tested value with the reference's is the bound's business (the callers use the stage's or the head's own)."""
     if a is None or a.shape != b.shape:
         return False
-    scale = float(np.max(np.abs(b), initial=0.0))
-    return bool(np.max(np.abs(a - b), initial=0.0) <= 16 * _verdict.unit_roundoff(dtype) * scale)
+    return bool(np.array_equal(a, b, equal_nan=True))
 
 
 def unit_modules(units: list[str], subs: Mapping[str, Any], source: Mapping[str, str]) -> dict[str, str]:

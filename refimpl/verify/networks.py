@@ -350,10 +350,11 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
     for i, part in enumerate(parts):
         fn = (lambda prm, v, q=part: fam.run_unit_part(prm, u, q, v, cfg))
         rp = fn(params, xp)
+        bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
         if i < len(parts) - 1:
             from .steps import _to64
-            found = locate([(lbl, _to64(t)) for lbl, t in pool[after:]], rp,
-                           tie=16 * _verdict.unit_roundoff(dtype))
+            # the tensors within the part's own bound (its evaluation in dtype, the reference's rounding) tie
+            found = locate([(lbl, _to64(t)) for lbl, t in pool[after:]], rp, bp.array(dtype, rp.shape))
             if found is None or found[2] > _config.VERIFY_LOCATE_GATE:
                 why = (f"no tensor of the unit's forward is within {_config.VERIFY_LOCATE_GATE:g} (relative) of the "
                        f"reference on the unit's own input" + ("" if found is None else
@@ -368,7 +369,6 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
             pwhere = f"{found[1].split(':')[0]} (by value)"
         else:
             gp, pwhere = got, where
-        bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
         members = unit_members(ne, u, xp, rp.shape, part=part) if ne is not None else None
         rep = _compare(gp, rp, bp, fn, (params, xp), dtype, f"{u}/{part}", p / len(parts), members)
         if ne is not None:
@@ -391,7 +391,7 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
                        ensemble={"parts": summaries} if ne is not None else None, parts=judged)
 
 
-def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> str:
+def _source(t: Any, run: _NetRun, units: list[str], skip: str) -> str:
     """Which observed tensor of the foreign network ``t`` (a unit's input) holds: the output or the input of
     another unit (by value, in its layout); "" when none."""
     from .steps import _to64
@@ -401,7 +401,7 @@ def _source(t: Any, run: _NetRun, units: list[str], skip: str, dtype: str) -> st
             if v == skip or v not in table:
                 continue
             g, _how = _as_layout(table[v], f)
-            if _same_value(g, f, dtype):
+            if _same_value(g, f):
                 return f"{kind} of unit {v!r}"
     return ""
 
@@ -415,9 +415,13 @@ def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[st
 
     * the unit's submodule was never called and the next unit receives the unit's own input (a skipped unit);
     * the unit's submodule computes the unit (its output matches ``run_unit`` on the unit's foreign input, within
-      ``unit_bound``) but the next unit receives something else: another unit's output (blocks swapped, an output
-      fed to the wrong block), the unit's own input (its output dropped), or its submodule's output where the
-      reference adds the unit's input to it (the residual around the unit dropped at the network level).
+      ``unit_bound``; where that bound is void, within the locating gate) but the next unit receives something
+      else: another unit's output (blocks swapped, an output fed to the wrong block), the unit's own input (its
+      output dropped);
+    * the submodule does not compute the unit, the next unit receives its output, and that output plus the unit's
+      input computes the unit by the same criterion (the residual around the unit dropped at the network level).
+
+    "Receives": holds the same values (:func:`_same_value`: a wire is a copy, no rounding between the two).
 
     The last unit (the head) has no next unit: :func:`_head_wiring` checks the wire into its classifier.
 
@@ -434,7 +438,7 @@ def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[st
     where = f"{mods[nxt]}:input"
     why = ""
     if u in mods and u not in run.inputs:     # whatever the numbers say (a unit close to the identity passes)
-        if _same_value(nin, xin, dtype) and not np.array_equal(r, xin):
+        if _same_value(nin, xin) and not np.array_equal(r, xin):
             why = (f"unit {u!r} is skipped: its submodule {mods[u]} was never called and the next unit {nxt!r} "
                    f"receives the unit's own input")
     elif res.verdict != _verdict.DIVERGES:
@@ -443,23 +447,30 @@ def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[st
         own, _h = _as_layout(run.outputs[u], r)
         if own is None:
             return None
-        rep = _compare(own, r, fam.unit_bound(params, u, xin, cfg, dtype=dtype),
-                       (lambda prm, v: fam.run_unit(prm, u, v, cfg)), (params, xin), dtype, u, p)
-        computes = rep.verdict == _verdict.MATCH or (
-            rep.verdict == _verdict.INCONCLUSIVE and float(np.sqrt(np.sum((own - r) ** 2))) <=
-            _config.VERIFY_LOCATE_GATE * float(np.sqrt(np.sum(r ** 2))))
-        if computes and not _same_value(nin, own, dtype):
-            src = ("the unit's own input: the unit's output is not used" if _same_value(nin, xin, dtype) else
-                   _source(run.inputs[nxt], run, units, nxt, dtype) or "a tensor no unit computed")
+        bound = fam.unit_bound(params, u, xin, cfg, dtype=dtype)
+        fn = (lambda prm, v: fam.run_unit(prm, u, v, cfg))
+
+        def computes(value: np.ndarray) -> tuple[bool, Any]:
+            # ``value`` is the unit's output on xin as far as the unit's own bound tells (its evaluation in dtype
+            # and the reference's rounding): a match, or, where that bound cannot tell, within the locating gate
+            rep = _compare(value, r, bound, fn, (params, xin), dtype, u, p)
+            return rep.verdict == _verdict.MATCH or (
+                rep.verdict == _verdict.INCONCLUSIVE and float(np.sqrt(np.sum((value - r) ** 2))) <=
+                _config.VERIFY_LOCATE_GATE * float(np.sqrt(np.sum(r ** 2)))), rep
+        ok, rep = computes(own)
+        if ok and not _same_value(nin, own):
+            src = ("the unit's own input: the unit's output is not used" if _same_value(nin, xin) else
+                   _source(run.inputs[nxt], run, units, nxt) or "a tensor no unit computed")
             why = (f"unit {u!r} computes correctly (its submodule {mods[u]}'s output matches the reference, "
                    f"err/bound {rep.max_err_over_bound:.3g}) but the next unit {nxt!r} does not receive it: it "
                    f"receives {src}")
-        elif not computes and _same_value(nin, own, dtype) and xin.shape == own.shape:
-            plus = own + xin
-            if _same_value(plus, r, dtype) or float(np.max(np.abs(plus - r), initial=0.0)) <= \
-                    float(np.max(np.abs(own - r), initial=0.0)) * 1e-3:
-                why = (f"the residual around unit {u!r} is dropped: the next unit {nxt!r} receives the output of "
-                       f"{mods[u]} alone, and that output plus the unit's input is the reference's unit output")
+        elif not ok and _same_value(nin, own) and xin.shape == own.shape and computes(own + xin)[0]:
+            # the submodule's output plus the unit's input computes the unit by the same criterion (the sum is one
+            # float64 addition of T values, u_64 |own + xin|, below the rounding u_T |output| of the residual
+            # addition that the unit's bound charges, common.e_add): the submodule computes the residual branch
+            # and the network does not add the input back
+            why = (f"the residual around unit {u!r} is dropped: the next unit {nxt!r} receives the output of "
+                   f"{mods[u]} alone, and that output plus the unit's input is the reference's unit output")
     if not why:
         return None
     out = StageResult(u, where, _verdict.DIVERGES, max_abs_err=res.max_abs_err, max_rel_err=res.max_rel_err,
@@ -649,9 +660,11 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
             else:
                 raw_out, where = None, None
             got, how = (None, "") if raw_out is None else _as_layout(raw_out, r)
+            bound = fam.unit_bound(params, u, xin, cfg, dtype=dtype)
             if got is None and raw_out is None:
                 pool = [(lbl, _to64(t)) for lbl, _tag, t in run.recorded if t.numel() == r.size]
-                found = locate(pool, r, tie=16 * _verdict.unit_roundoff(dtype))
+                # the tensors within the unit's own bound (its evaluation in dtype, the reference's rounding) tie
+                found = locate(pool, r, bound.array(dtype, r.shape))
                 if found is not None and found[2] <= _config.VERIFY_LOCATE_GATE:
                     got, where = found[0], f"{found[1].split(':')[0]} (by value)"
             if got is None:
@@ -661,7 +674,6 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                     f"{_config.VERIFY_LOCATE_GATE:g} (relative) of the reference on the unit's own input")))
             else:
                 where = (where or "") + (how or "")
-                bound = fam.unit_bound(params, u, xin, cfg, dtype=dtype)
                 members = unit_members(ne, u, xin, r.shape) if ne is not None else None
                 rep = _compare(got, r, bound, fn, (params, xin), dtype, u, p_unit, members)
                 res = None

@@ -178,7 +178,9 @@ class Report:
         known = [st.err_over_bound for st in self.stages if st.err_over_bound]
         top = max([10.0] + [10.0 * v for v in known])
         # a stage with no number: diverging without a located tensor, or not observed - drawn hatched to the top
-        vals = [max(st.err_over_bound, 1e-6) if st.err_over_bound else (top if st.verdict != "match" else 1e-6)
+        from .. import config as _config
+        floor = _config.VERIFY_PLOT_RATIO_FLOOR                 # a log axis cannot draw 0: display only
+        vals = [max(st.err_over_bound, floor) if st.err_over_bound else (top if st.verdict != "match" else floor)
                 for st in self.stages]
         colour = {"match": "tab:green", "diverges": "tab:red"}
         fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(names)), 3.0))

@@ -168,10 +168,12 @@ def _locate_stages(stage_list: list, value_stages: tuple, run: _Run, tensors: di
     for st in stage_list:
         if not all(k in tensors for k in st.inputs):
             continue
-        r = refs[st.name] = st.reference(*[tensors[k] for k in st.inputs])
+        a = [tensors[k] for k in st.inputs]
+        r = refs[st.name] = st.reference(*a)
         if st.name in value_stages and st.name not in tensors:
             after = max([order[k] for k in st.inputs if k in order], default=-1)
-            found = locate(pool[after + 1:], r, tie=16 * _verdict.unit_roundoff(dtype))
+            # the tensors the stage's own bound allows (its evaluation in dtype and the reference's rounding) tie
+            found = locate(pool[after + 1:], r, st.bound(*a, dtype=dtype).array(dtype, r.shape))
             if found is not None and found[2] <= gate:
                 tensors[st.name], seen[st.name] = found[0], f"{found[1].split(':')[0]} (by value)"
                 order[st.name] = after + 1 + found[3]

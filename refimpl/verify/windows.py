@@ -56,7 +56,7 @@ from .. import config as _cfg
 from .. import layers
 from ..attention import focused as r_foc
 from ..attention import softmax as r_soft
-from ..verdict import Bound, Stage
+from ..verdict import Bound, Stage, unit_roundoff
 from .loading import VerifyError
 from .references import (FlattenAttention, Point, Reference, Setup, _PROJ_ALIASES, _QKV_ALIASES, _SPLIT_QKV,
                          _check_options, _config, _find, _forward_takes_hw, _infer_qkv_layer, _int_tuple,
@@ -156,6 +156,16 @@ class WindowSetup(Setup):
     def padded(self) -> tuple[int, int]:
         """The grid padded at the bottom and right to multiples of the window (Swin's rule)."""
         return -(-self.hw[0] // self.window[0]) * self.window[0], -(-self.hw[1] // self.window[1]) * self.window[1]
+
+
+def _default_scale_slack() -> float:
+    """How far, relative, a module's ``scale`` attribute may be from ``d ** -0.5`` and still be the default
+    d^-1/2 (no ``scale`` in the configuration): two float64 evaluations of d^-1/2, the module's and ours, each a
+    power (config.ELEMENTARY_FUNCTION_ULPS u_64, the libm accuracy assumed) or a square root and a reciprocal (two
+    correctly rounded operations, 2 u_64, below it), differ by at most twice the larger.  A value farther away is
+    the module's own scale, and the reference then uses it exactly."""
+    u64 = unit_roundoff("float64")
+    return 2 * max(_cfg.ELEMENTARY_FUNCTION_ULPS * u64, 2 * u64)
 
 
 def _forward_takes_mask(module: Any) -> bool:
@@ -467,7 +477,7 @@ class SoftmaxWindowAttention(_ShiftedWindows):
         if "scale" not in over and (got := _top_attr(module, ("scale", "qk_scale"),
                                                       lambda v: isinstance(v, (int, float)) and v > 0)) is not None:
             d = over.get("dim", inferred["dim"]) // over.get("num_heads", inferred["num_heads"])
-            if abs(float(got[0]) - d ** -0.5) > 1e-12 * d ** -0.5:
+            if abs(float(got[0]) - d ** -0.5) > _default_scale_slack() * d ** -0.5:
                 inferred["scale"] = float(got[0])
             fields["scale"] = f"module attribute {got[1]}"
         cfg = _config(WindowConfig, preset, self.presets, self.name, inferred, over, fields)
