@@ -32,6 +32,18 @@
    so the worst element of a head errs by at least a sixteenth of a rounding of max |v| (measured
    0.07 .. 0.76 u max |v|; ELU + 1 of tiny inputs is exactly 1, the least rounding).  Measured err / E:
    7e-4 .. 3.5e-2 (official ReLU's outputs underflow, eps dominating: E ~ eta).
+5. RALA's core with RoPE (official and paper presets with rope=True, ELU + 1, reweighting) on the rows it
+   recomputes from log-features (rala_core.recomputed_rows; normaliser_range.rebalanced_output with pairs and
+   the rotation): the bound of that computation (rala_recomputed.recomputed_error) is finite and holds against
+   Eq. 2-4 with the 2-D RoPE in 60 digits, alone and as rala_core_bound's (the larger of it and the direct
+   model's where that is finite), where the direct model has no bound (features of -1000, every direct
+   normaliser 0: inf, formerly the rows' bound), where the keys' log-features straddle a binade (|lk| near
+   1024: the roundings of log kappa(K) + log alpha + log s differ between keys, so they do not cancel between
+   numerator and normaliser), where eps (1e-300) dominates the normaliser (the key features' relative errors
+   then reach the output undamped), and for a head with some keys' features below 2^-1022 (the official eps).
+   Tight on the adversarial families: the worst element errs by >= 1/8 of its bound (measured 0.17 .. 0.21 for
+   the binades, 0.81 with eps dominating); on every family >= 1/4096 (measured >= 5e-4: the official preset's
+   features of -1000, whose |lk| ~ 1000 rounding is charged but, the same for every key, cancels).
 """
 
 from __future__ import annotations
@@ -42,8 +54,9 @@ import pytest
 
 from refimpl import numerics
 from refimpl.attention import linear as L
+from refimpl.attention import rala_bounds
 from refimpl.attention.rala_bounds import rala_core_bound
-from refimpl.attention.rala_core import RALAConfig, rala_core
+from refimpl.attention.rala_core import RALAConfig, rala_core, recomputed_rows
 
 mpmath.mp.dps = 60
 
@@ -304,3 +317,46 @@ def test_rala_core_bound_covers_a_direct_evaluation(preset, kernel, ex):
         direct = rala_core_t(*(torch.from_numpy(a) for a in (q, k, v)), cfg, (2, 2)).numpy()
     live = np.isfinite(exact) & np.isfinite(direct)        # products below 2^-1074 give the twin 0/0 = NaN
     assert np.any(live) and np.all(np.abs(direct - exact)[live] <= e[live]), np.max((np.abs(direct - exact) / e)[live])
+
+
+def _rope_rows_inputs(family: str, seed: int) -> tuple:
+    """Item 5's inputs (B = 1, h = 2, a 3 x 3 grid, d = 8) and eps (None: the preset's)."""
+    rng = np.random.default_rng(seed)
+    q, k, v = (rng.standard_normal((1, 2, 9, 8)) for _ in range(3))
+    if family == "deep":            # every feature exp(-1000) = 0: the direct normaliser is 0
+        return q - 1000.0, 0.3 * k - 1000.0, v, 0.0
+    if family == "binade":          # log-features of the keys on both sides of -1024, values of one size
+        return 3.0 * q - 700.0, k - np.where(rng.random(k.shape) < 0.5, 1023.9, 1024.1), np.sign(v), 0.0
+    if family == "eps":             # products near exp(-1130), eps = 1e-300 dominating the normaliser
+        return 16.0 * q - 41.0, 9.0 * k - 1088.0, 100.0 * v, 1e-300
+    k[..., ::2, :] -= 1000.0 + rng.random((1, 2, 5, 8))            # "mixed": half the keys' features tiny
+    return 2.0 * q, k, v, None
+
+
+@pytest.mark.parametrize("preset", ["official", "paper"])
+@pytest.mark.parametrize("family", ["deep", "binade", "eps", "mixed"])
+def test_rala_core_bound_on_recomputed_rope_rows(preset, family):
+    """Item 5 (module docstring): four draws per family."""
+    hw, pr = (3, 3), rala_bounds._Prec.of("float64")
+    worst = 0.0
+    for seed in range(4):
+        q, k, v, eps = _rope_rows_inputs(family, seed)
+        cfg = RALAConfig.preset(preset, dim=16, num_heads=2, rope=True, **({} if eps is None else {"eps": eps}))
+        hit, alpha = recomputed_rows(q, k, cfg)
+        out = rala_core(q, k, v, cfg, hw)
+        e = rala_core_bound(q, k, v, cfg, hw, dtype="float64").array("float64", out.shape)
+        e_rec = rala_bounds._recomputed(np.full(q.shape, np.inf), hit, q, k, v, alpha, cfg, hw, pr)
+        exact = _rala_exact(q, k, v, cfg, hw[1])
+        live = np.broadcast_to(hit[..., None], out.shape) & np.isfinite(exact)
+        assert np.any(live)
+        assert np.all(np.isfinite(e[live])) and np.all(np.isfinite(e_rec[live]))
+        err = np.abs(out - exact)
+        assert np.all(err[live] <= e_rec[live]), np.max((err / e_rec)[live])
+        assert np.all(err[live] <= e[live])
+        if family == "deep":        # the direct model alone has no bound on these rows
+            z = np.zeros_like(q)
+            direct = rala_bounds._rescaled_error(rala_bounds._core_error(q, z, k, z, v, z, cfg, hw, pr)[0], q, k, v,
+                                                 cfg, hw, pr)[0]
+            assert not np.any(np.isfinite(direct[live]))
+        worst = max(worst, float(np.max((err / e_rec)[live])))
+    assert worst >= (1.0 / 8 if preset == "official" and family in ("binade", "eps") else 1.0 / 4096), worst

@@ -51,21 +51,23 @@ accuracy for x << 0 (see docs/rala.md).  The error bounds (:func:`rala_core_boun
 error, stage by stage, for a computation in the tested precision T; see "Error model" in
 :mod:`refimpl.attention.rala_bounds`.
 
-Contents, in four files (this one, the public API, re-exports the public names of the others, so every name
+Contents, in five files (this one, the public API, re-exports the public names of the others, so every name
 of ``__all__`` is importable from here, its documented home):
 
 - :mod:`refimpl.attention.rala_core` (Eq. 2-4, 6; the bottom, imports neither of the others): the layer's
   configuration and presets (:class:`RALAConfig`); kappa, the 2-D RoPE, the layout helpers; the reweighting
   coefficients, the KV buffer and the attention core, with the NumPy definitions of its operations
   "rala_alpha" and "reweighted_linear_attention";
-- :mod:`refimpl.attention.rala_bounds` (imports rala_core): the error model (``_Prec``, the ``_e_*`` rules, the
-  errors of the core's stages), the l2 coefficient sigma (``_core_sigma``, ``_attention_sigma``) and
-  :func:`rala_core_bound`;
+- :mod:`refimpl.attention.rala_recomputed` (imports rala_core): the bound of the rows the core recomputes from
+  log-features, with and without RoPE (``recomputed_error``);
+- :mod:`refimpl.attention.rala_bounds` (imports rala_core, rala_recomputed): the error model (``_Prec``, the
+  ``_e_*`` rules, the errors of the core's stages), the l2 coefficient sigma (``_core_sigma``,
+  ``_attention_sigma``) and :func:`rala_core_bound`;
 - :mod:`refimpl.attention.rala_range` (imports rala_core): the range policy of the layer's output
   (``_check_output_range``: FloatingPointError naming the first stage that is not finite from finite inputs);
-- this file (imports the three; layer: attention, as its parts): the block's configuration
-  (:class:`RAVLTBlockConfig`); the attention layer; the RAVLT block (FFN, CPE, layerscale); parameter shapes;
-  the bounds of the layer, the FFN and the residuals; the stage list.
+- this file (imports rala_core, rala_bounds, rala_range; layer: attention, as its parts): the block's
+  configuration (:class:`RAVLTBlockConfig`); the attention layer; the RAVLT block (FFN, CPE, layerscale);
+  parameter shapes; the bounds of the layer, the FFN and the residuals; the stage list.
 """
 
 from __future__ import annotations

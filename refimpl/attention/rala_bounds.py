@@ -10,7 +10,8 @@ Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Att
 Higham (2002) eq. 2.8, Lemma 3.1, eq. 3.12; docs/design.md "The verdict".
 
 Layer: attention: imports bounds, config, layers, numerics, validation, verdict, :mod:`.rala_core` (the computation the
-bounds follow) and :mod:`.focused_bounds` (``_token_quadrature``), nothing from :mod:`.rala`, which imports it
+bounds follow), :mod:`.rala_recomputed` (the bound of the rows recomputed from log-features) and
+:mod:`.focused_bounds` (``_token_quadrature``), nothing from :mod:`.rala`, which imports it
 and holds the bounds of the layer, the FFN and the residuals and the stage list (built from these helpers).  The
 public name is re-exported by :mod:`refimpl.attention.rala`, its documented home.
 """
@@ -25,9 +26,10 @@ import numpy as np
 
 from .. import bounds, config, layers, numerics, validation, verdict
 from .focused_bounds import _token_quadrature
-from .normaliser_range import log_features, normaliser_scaled, rebalance, scaling_exponents
+from .normaliser_range import normaliser_scaled, scaling_exponents
 from .rala_core import (RALAConfig, _merge_heads, _param, _reweighting, _split_heads, _tokens_to_cf, _weight2d,
                         apply_rope_2d, kappa, rala_core, recomputed_rows, rope_2d_angles)
+from .rala_recomputed import recomputed_error
 
 __all__ = ["rala_core_bound"]
 
@@ -620,7 +622,7 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     derivation in the module's "Error model" section.  Valid for both orders and for the stage orders of the
     PyTorch twin (official: 1/(den + eps) then a product; k * softmax * N).  The rows whose normaliser
     underflows (the rows rala_core recomputes from log-features, rala_core.recomputed_rows) take the bound of
-    that computation (:func:`_recomputed_error`; with RoPE the direct model's).  Range: for T = float64 the
+    that computation (rala_recomputed.recomputed_error, with RoPE too).  Range: for T = float64 the
     elements whose groups rala_core rescales by powers of two (a row of kappa(Q), a head's kappa(K), a column of
     V outside [2^-B, 2^B], B = config.RANGE_RESCALE_EXPONENT: tiny and subnormal inputs, ELU + 1 of inputs
     below -177) take the bound of that rescaled computation (:func:`_rescaled_error`), so that it is finite and
@@ -648,15 +650,15 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
         note = "; rows rescaled by powers of two: the rescaled computation's bound (_rescaled_error)"
     hit, alpha = recomputed_rows(q, k, cfg)
     if np.any(hit):     # the rows rala_core recomputes from log-features: the bound of that computation
-        e = _recomputed_error(e, hit, q, k, v, alpha, cfg, pr)
+        e = _recomputed(e, hit, q, k, v, alpha, cfg, hw, pr)
         sigma = np.where(hit[..., None], np.inf, sigma)     # (_as_bound: E / u_T, the worst case, there)
-        note += "; rows recomputed from log-features: the rebalanced features' bound (_recomputed_error)"
+        note += "; rows recomputed from log-features: the rebalanced features' bound (recomputed_error)"
     e64 = None
     if not (np.all(np.isfinite(e)) and math.isfinite(pr.g(depth))):    # the reference's own error, finite
         p64 = _Prec.of("float64")
         e64 = _rescaled_error(_core_error(q, z, k, z, v, z, cfg, hw, p64)[0], q, k, v, cfg, hw, p64)[0]
         if np.any(hit):
-            e64 = _recomputed_error(e64, hit, q, k, v, alpha, cfg, p64)
+            e64 = _recomputed(e64, hit, q, k, v, alpha, cfg, hw, p64)
     bound = _as_bound(e, depth, pr, f"rala_core (exact inputs): running error bound, depth K = {depth:.4g}; l2 "
                                     f"coefficient sigma (_core_sigma){note}", sigma=sigma, e_ref=e64)
     return numerics.check_bound_range(bound, "rala_core_bound", q=q, k=k, v=v)
@@ -714,82 +716,16 @@ def _rescaled_error(e: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     return np.where(scaled, fix, e), scaled
 
 
-def _recomputed_error(e: np.ndarray, hit: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
-                      alpha: np.ndarray, cfg: RALAConfig, pr: _Prec) -> np.ndarray:
-    """E (B, h, N, d) with the rows ``hit`` (rala_core.recomputed_rows: the direct normaliser underflows, the
-    core recomputes them from log-features) given the bound of that computation.  Without RoPE, Eq. 2 is
-    normalised linear attention with features kappa(Q_i) and s alpha_j kappa(K_j) (s = 1/N "mean", 1 "sum"),
-    rebalanced (normaliser_range.rebalance; log alpha_j + log s folded into the keys' logs) into phi_q', phi_k'
-    with phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc; the output and the terms of kernelized attention's
-    bound (linear.kernelized_attention_bound: ratios of sums of such products) are invariant, so that bound of
-    phi_q', phi_k' applies, with relative error coefficients (units of u_T): c for exp (every phi' is an exp);
-    alpha_j's absolute error E_alpha (:func:`_alpha_error`, valid where alpha_j underflowed to 0 too) times
-    s kappa(K_j) (its terms phi(Q_i) exp(-r_i) E_alpha s kappa(K_j) added to F_num, F_D directly) and 2 for
-    k * softmax * N; with "mean" 2 more per side (N^(-1/2) and its product on K_j and on V_j,
-    whose relative perturbation enters as the query's would); the exp arguments' roundings, first order
-    (exp(x + dx) = exp(x)(1 + dx)): c |log phi|, c |log alpha|, |log alpha + log s| and |lk| for the logs and
-    their sums, |lk - m|, |lq + m|, |lq + m - r| for the differences (the computed m and r are exact, consistent
-    rescalings), 2 for exp(r) = f 2^s's two products.  eps in these units is rho_i = eps exp(-r_i); where rho
-    is beyond float64 the output is below the underflow threshold and E = (k + 4) eta_T.  Otherwise
-    E = gamma_k (S_num + F_num + |O| (S_D + F_D)) / D_low + underflow terms + (k + 4) eta_T, k = d + M + 2,
-    D_low = S_D + rho - gamma_k (S_D + F_D) (inf where <= 0).  Where the direct E is finite too (a feature below
-    2^-1022, not a zero normaliser), the larger: the tested computation may take either path (the C kernel
-    keeps a finite direct result, the definition recomputes).  With RoPE (a rotated numerator over an unrotated
-    normaliser) the rows keep the direct model's E, inf where the direct normaliser underflows to 0 (then
-    "inconclusive", never "match"); where no bound follows (NaN) inf."""
-    hit4 = hit[..., None]
-    if cfg.rope:        # no bound of the recomputation: the direct model's E (inf where its normaliser is 0)
-        return e
-    kernel = cfg.kernel
-    c = float(config.ELEMENTARY_FUNCTION_ULPS)
-    base = c + (2.0 if cfg.token_scaling == "mean" else 0.0)     # exp's c ulps; N^(-1/2) and its product
-    log_s = math.log(1.0 / q.shape[-2]) if cfg.token_scaling == "mean" else 0.0
-    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        ealpha, zq = 0.0, np.zeros_like(q)
-        if cfg.reweight:
-            ealpha = _alpha_error(q, zq, kappa(q, kernel), _e_kappa(q, zq, kernel, pr), kappa(k, kernel),
-                                  _e_kappa(k, zq, kernel, pr), cfg, pr)[1]
-        log_alpha = np.log(alpha)[..., None]
-        lq, lkk = log_features(q, kernel, {}), log_features(k, kernel, {})
-        lk = lkk + (log_alpha + log_s)
-        pq, pk, r = rebalance(lq, lk)
-        m = np.max(lk, axis=-2, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0.0)
-        a = lq + m
-        coef_q = base + c * np.abs(lq) + np.abs(a) + np.abs(a - r) + 2.0
-        coef_k = (base + (2.0 if cfg.reweight else 0.0) + c * (np.abs(lkk) + np.abs(log_alpha))
-                  + np.abs(log_alpha + log_s) + np.abs(lk) + np.abs(lk - m))
-        eq_ = np.where(pq > 0, coef_q * pq, 0.0)
-        ek_ = np.where(pk > 0, coef_k * pk, 0.0)
-        # kernelized attention's bound on phi_q', phi_k', eps in their units: rho_i = eps exp(-r_i)
-        n_k, d = k.shape[-2], k.shape[-1]
-        depth = pr.sums(d) + pr.sums(n_k) + 2
-        gk = pr.g(depth)
-        av = np.abs(v)
-        kv_abs = pk.swapaxes(-1, -2) @ av
-        s_num = pq @ kv_abs
-        f_num = eq_ @ kv_abs + pq @ (ek_.swapaxes(-1, -2) @ av)
-        ks = np.sum(pk, axis=-2)
-        s_d = np.einsum("bhnd,bhd->bhn", pq, ks)
-        f_d = np.einsum("bhnd,bhd->bhn", eq_, ks) + np.einsum("bhnd,bhd->bhn", pq, np.sum(ek_, axis=-2))
-        if cfg.reweight:    # alpha_j's absolute error E_alpha s kappa(K_j) times phi(Q_i) exp(-r_i) (m cancels):
-            la = np.log(ealpha)[..., None] + log_s + lkk          # shifted per channel by its own max t
-            t = np.max(la, axis=-2, keepdims=True)
-            t = np.where(np.isfinite(t), t, 0.0)
-            ea_k, ea_q = np.exp(la - t) / pr.u, np.exp(lq - r + t)
-            f_num = f_num + ea_q @ (ea_k.swapaxes(-1, -2) @ av)
-            f_d = f_d + np.einsum("bhnd,bhd->bhn", ea_q, np.sum(ea_k, axis=-2))
-        rho = np.exp(math.log(cfg.eps) - r[..., 0]) if cfg.eps else 0.0
-        den = s_d + rho
-        d_low = np.where(den > gk * (s_d + f_d), den - gk * (s_d + f_d), 0.0)
-        q1 = np.sum(pq, axis=-1)[..., None]
-        v1 = np.sum(av, axis=-2)[..., None, :]
-        eta_num = pr.eta * (n_k * q1 + d * v1 + d + n_k + np.sum(kv_abs, axis=-2)[..., None, :] + q1 * v1)
-        eta_den = pr.eta * (n_k * q1 + d * n_k + d + n_k + np.sum(ks, axis=-1)[..., None, None] + n_k * q1)
-        o_abs = s_num / den[..., None]
-        fix = ((gk * (s_num + f_num + o_abs * (s_d + f_d)[..., None]) + eta_num + o_abs * eta_den)
-               / d_low[..., None] + (depth + 4) * pr.eta)
-        big = np.isinf(den)[..., None]
-        fix = np.where(big, (depth + 4) * pr.eta, np.where((d_low[..., None] == 0) | np.isnan(fix), np.inf, fix))
-        fix = np.where(np.isfinite(e), np.maximum(e, fix), fix)
-    return np.where(hit4, fix, e)
+
+def _recomputed(e: np.ndarray, hit: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
+                cfg: RALAConfig, hw: Any, pr: _Prec) -> np.ndarray:
+    """rala_recomputed.recomputed_error on the rows ``hit``, with alpha's absolute error bound from
+    :func:`_alpha_error` (exact inputs; None without reweighting)."""
+    ealpha = None
+    if cfg.reweight:
+        z = np.zeros_like(q)
+        kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            ealpha = _alpha_error(q, z, kq, _e_kappa(q, z, cfg.kernel, pr), kk, _e_kappa(k, z, cfg.kernel, pr), cfg,
+                                  pr)[1]
+    return recomputed_error(e, hit, q, k, v, alpha, ealpha, cfg, hw, pr)

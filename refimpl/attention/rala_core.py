@@ -13,8 +13,8 @@ head, q, k, v are (B, h, N, d).
 
 Layer: attention, the bottom of RALA's three files: imports config, numerics, validation, backends (registers
 the NumPy definitions of "rala_alpha" and "reweighted_linear_attention") and :mod:`.linear` (the feature map),
-nothing from :mod:`.rala_bounds` or :mod:`.rala`, which import it.  The public names are re-exported by
-:mod:`refimpl.attention.rala`, their documented home.
+nothing from :mod:`.rala_recomputed`, :mod:`.rala_bounds` or :mod:`.rala`, which import it.  The public names
+are re-exported by :mod:`refimpl.attention.rala`, their documented home.
 """
 
 from __future__ import annotations
