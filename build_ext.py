@@ -61,11 +61,14 @@ every thread count returns the same bits.
 
 Plain versions
 --------------
-ckernels/linattn_plain.c, rala_plain.c and winattn_plain.c hold the plain scalar versions of the fast
-attention kernels (one thread, no vector types, libm), compiled with the same flags into the same module and
-declared in the same header; they are the fast kernels' specification, checked against the NumPy
-definitions and against the fast kernels by tests/test_kernels_plain.py (refimpl.backends._c_plain; not
-registered as backends).  ``sources`` below is every ckernels/*.c, so they need no entry of their own.
+ckernels/linattn_plain.c (linear attention, Castling's linear-angular attention and the ELU + 1 and focused
+feature maps), rala_plain.c, winattn_plain.c and dwconv2d_plain.c (the depthwise convolution) hold the plain
+scalar versions of the fast kernels (one thread, no vector types, no instruction-set dispatch, libm),
+compiled with the same flags (so also without fast-math and without FMA contraction) into the same module
+and declared in the same header (the CFFI-CDEF block); they are the fast kernels' specification, checked
+against the NumPy definitions and against the fast kernels by tests/test_kernels_plain.py
+(refimpl.backends._c_plain; not registered as backends).  ``sources`` below is every ckernels/*.c, so they
+need no entry of their own, and the sanitizer build below compiles them too.
 
 Sanitizers
 ----------

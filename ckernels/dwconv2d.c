@@ -15,7 +15,7 @@
  * The mapping to the NumPy definition, the exact order of operations and why the result is bitwise that
  * definition evaluated in the same precision are described at the top of dwconv2d_body.h.
  * Single-threaded: (b, c) planes are independent, so threading them (ckernels/parallel.h) could not
- * change a bit.
+ * change a bit.  The plain version, its specification, is ckernels/dwconv2d_plain.c.
  */
 #include <math.h>
 #include <stddef.h>

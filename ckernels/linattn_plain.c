@@ -45,6 +45,16 @@
  *   1/pi is the double nearest it, rounded to the type.  The fast kernel sums the squares of a unit row in 8
  *   lanes, so it performs these operations in this order for d < 8 with one key chunk (M < 128).
  *
+ *   int refimpl_elu1_feature_map_plain_f64(out, x, n)                   (and _f32)
+ *   int refimpl_focused_feature_map_plain_f64(out, x, rows, d, power)   (and _f32)
+ *
+ *   The feature maps alone, the specification of refimpl_elu1_feature_map / refimpl_focused_feature_map (the
+ *   fast kernel's staging code, exposed): phi above applied by the plain kernel's own lp_phi / lp_focused_row,
+ *   out (n) or (rows, d) from x of the same shape, not overlapping.  The fast ELU + 1 differs only in its own
+ *   exp for x <= 0 (x + 1 is one rounding in both); the fast focused map only in its 8-lane sums of the row
+ *   norms (d >= 8) and in r^p by p - 1 products for an integer 2 <= p <= 6 (pow here): for d < 8 with p = 1
+ *   or p not such an integer it performs exactly these operations in this order.
+ *
  * The file includes itself once per floating type (PLAIN_REAL defined): the body is written once.
  */
 #ifndef PLAIN_REAL
@@ -227,6 +237,37 @@ int PLAIN_FN(refimpl_linear_attention_plain)(PLAIN_REAL *out, PLAIN_REAL *worksp
             }
         }
     }
+    return REFIMPL_OK;
+}
+
+/* out[i] = phi(x[i]) = ELU(x[i]) + 1 for i < n (Katharopoulos et al. 2020 Eq. 7; RALA's kappa, Sec. 3.2): the
+ * plain linear attention's own map (lp_phi), the specification of refimpl_elu1_feature_map. */
+int PLAIN_FN(refimpl_elu1_feature_map_plain)(PLAIN_REAL *out, const PLAIN_REAL *x, int64_t n)
+{
+    if (!out || !x)
+        return REFIMPL_ERR_NULL;
+    if (n < 1)
+        return REFIMPL_ERR_SIZE;
+    PLAIN_FN(lp_phi)(out, x, n, REFIMPL_LA_MAP_ELU1, 0.0);
+    return REFIMPL_OK;
+}
+
+/* out[r, :] = phi_p(x[r, :]) = f_p(ReLU(x[r, :])) for r < rows (FLatten Eq. 5-6, the max-scaled form of
+ * Appendix Eq. 20-21): the plain linear attention's own map (lp_focused_row), the specification of
+ * refimpl_focused_feature_map.  power: finite, >= 1 (else REFIMPL_ERR_OPTION). */
+int PLAIN_FN(refimpl_focused_feature_map_plain)(PLAIN_REAL *out, const PLAIN_REAL *x, int64_t rows, int64_t d,
+                                                double power)
+{
+    if (!out || !x)
+        return REFIMPL_ERR_NULL;
+    if (rows < 1 || d < 1)
+        return REFIMPL_ERR_SIZE;
+    if (rows > (PTRDIFF_MAX / (int64_t)sizeof(PLAIN_REAL)) / d)
+        return REFIMPL_ERR_OVERFLOW;
+    if (!(power >= 1.0 && isfinite(power)))
+        return REFIMPL_ERR_OPTION;
+    for (int64_t r = 0; r < rows; ++r)
+        PLAIN_FN(lp_focused_row)(out + r * d, x + r * d, d, power);
     return REFIMPL_OK;
 }
 

@@ -104,9 +104,9 @@ int refimpl_gelu_f64(double *out, const double *x, int64_t n, int approximate, i
 int refimpl_erf_f64(double *out, const double *x, int64_t n, int impl);
 int refimpl_parallel_selftest(int64_t *runs, int64_t runs_len, const int64_t *items, int64_t nphases,
                               int64_t nthreads, int64_t fail_mask, int64_t *report);
-/* The plain versions (ckernels/linattn_plain.c, rala_plain.c, winattn_plain.c): straight scalar loops, one
- * thread, libm; the specification of the fast kernels above, checked by tests/test_kernels_plain.py (not
- * registered as backends). */
+/* The plain versions (ckernels/linattn_plain.c with the two feature maps, rala_plain.c, winattn_plain.c,
+ * dwconv2d_plain.c): straight scalar loops, one thread, libm; the specification of the fast kernels above,
+ * checked by tests/test_kernels_plain.py (not registered as backends). */
 int refimpl_linear_attention_plain_f64(double *out, double *workspace, const double *q, const double *k,
                                        const double *v, const double *key_weight, const double *v_scale,
                                        const struct refimpl_la_options *options, int64_t BH, int64_t N,
@@ -139,6 +139,19 @@ int refimpl_window_attention_plain_f32(float *out, float *workspace, const float
                                        double scale, int64_t BH, int64_t H, int64_t N, int64_t M, int64_t d,
                                        int64_t e, int64_t bias_count, int64_t mask_count, int64_t workspace_len);
 int64_t refimpl_window_attention_plain_workspace(int64_t M);
+int refimpl_elu1_feature_map_plain_f64(double *out, const double *x, int64_t n);
+int refimpl_elu1_feature_map_plain_f32(float *out, const float *x, int64_t n);
+int refimpl_focused_feature_map_plain_f64(double *out, const double *x, int64_t rows, int64_t d, double power);
+int refimpl_focused_feature_map_plain_f32(float *out, const float *x, int64_t rows, int64_t d, double power);
+/* ckernels/dwconv2d_plain.c: the plain depthwise conv2d, the specification of refimpl_dwconv2d above. */
+int refimpl_dwconv2d_plain_f64(double *out, const double *x, const double *weight, const double *bias,
+                               int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                               int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                               int64_t OH, int64_t OW);
+int refimpl_dwconv2d_plain_f32(float *out, const float *x, const float *weight, const float *bias,
+                               int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                               int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
+                               int64_t OH, int64_t OW);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

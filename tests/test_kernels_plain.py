@@ -25,11 +25,16 @@ fast one's specification.  What is checked, for random shapes and options (Hypot
     - window attention: the same operations in the same order except exp (fast: the kernel's vector exp;
       plain: libm's), so bit-identical exactly where every exp argument is 0 or -inf (one key per row: M = 1,
       or a mask that leaves one key), which pins the bias / mask / value indexing bit for bit; elsewhere within
-      the bound.
+      the bound;
+    - the feature maps alone (ELU + 1, FLatten's phi_p): within elu1_bound / focused_function_bound, plain and
+      fast; bit-identical where x > 0 (ELU + 1) and for d < 8 with r^p by pow in both (focused);
+    - depthwise conv2d (MobileNets Eq. 3): the plain kernel is the definition's bits in its own precision and
+      within dw_bound; the fast kernel is the plain kernel's bits on every draw (strides, asymmetric padding,
+      subnormal and non-finite inputs).
 Plus: the plain wrappers have the registered wrappers' range policy (out-of-band float64 inputs and NaN / Inf
 results answered by the NumPy definition, bit for bit), they refuse bad input naming the argument, their outputs are NaN-poisoned before the call,
-the raw plain entry points refuse bad sizes / options / workspaces with a status and write nothing, and they
-are not registered as backends (``auto`` never reaches them).
+the raw plain entry points refuse bad sizes / options / workspaces with a status (for the maps and the depthwise
+convolution the fast entry point's) and write nothing, and they are not registered as backends.
 """
 
 from __future__ import annotations
@@ -41,8 +46,13 @@ from hypothesis import example, given, strategies as st
 from equivalence.strategies import generate
 from refimpl import backends, config, numerics
 from refimpl.attention import focused, linear, rala, softmax
-from refimpl.backends import _c, _c_linear, _c_plain, _c_softmax
+from refimpl.backends import _c, _c_depthwise, _c_linear, _c_plain, _c_softmax
 from tests.kernel_helpers import backend_available, c_kernel_that_writes_nothing, kernel_verdict
+from tests.test_backends import (DEFINITION as DW_DEFINITION, EVEN_ASYMMETRIC as DW_EVEN_ASYMMETRIC,
+                                 ONE_PIXEL_PADDED as DW_ONE_PIXEL_PADDED, WIDE_ROW as DW_WIDE_ROW, dw_bound,
+                                 dw_cases, make as dw_make)
+from tests.test_kernels_focused import _map_input as focused_map_input
+from tests.test_kernels_rala import elu1_bound
 
 DTYPES = pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
 #: Input kinds of q and k (equivalence.strategies.generate), every one: "mixed_scale" and "large" rows, whose
@@ -394,6 +404,160 @@ def test_window_one_key_per_row_is_bit_identical_and_empty_rows_are_nan(dtype):
 
 
 # ---------------------------------------------------------------------------------------------------
+# The feature maps alone: refimpl_elu1_feature_map_plain, refimpl_focused_feature_map_plain
+# ---------------------------------------------------------------------------------------------------
+
+@st.composite
+def fmap_cases(draw):
+    """Rows of d features (d below and above 8, the fast map's lane count), p on both sides of the fast map's
+    product / pow switch (integers 2..6 by products), every input kind, rows scaled by 10^+-300 (float64) or
+    10^+-30 (float32) or not (tests.test_kernels_focused._map_input)."""
+    return dict(rows=draw(st.integers(1, 30)), d=draw(st.one_of(st.integers(1, 7), st.sampled_from((8, 33)))),
+                p=draw(st.sampled_from((1.0, 2.0, 3.0, 2.5, 7.0, 32.0))), seed=draw(st.integers(0, 2**32 - 1)),
+                kind=draw(st.sampled_from(KINDS)), scaled=draw(st.booleans()))
+
+
+def focused_same_operations(d: int, p: float) -> bool:
+    """Whether the fast focused map performs the plain map's operations in its order: d < 8 (no 8-lane norm
+    sums) and r^p by pow in both (p = 1, where the fast r^1 is r = pow(r, 1), or p not an integer in 2..6)."""
+    return d < 8 and (p == 1.0 or not (p == int(p) and 2 <= p <= 6))
+
+
+@DTYPES
+@given(c=fmap_cases())
+@example(c=dict(rows=5, d=7, p=2.5, seed=1, kind="normal", scaled=True))
+@example(c=dict(rows=4, d=33, p=3.0, seed=3, kind="mixed_scale", scaled=True))
+@example(c=dict(rows=6, d=5, p=7.0, seed=4, kind="subnormal", scaled=False))
+def test_feature_maps_plain_and_fast_against_definition(dtype, c):
+    """ELU + 1 (Katharopoulos et al. 2020 Eq. 7) and FLatten's phi_p = f_p(ReLU(x)) (Eq. 5-6, max-scaled form of
+    Eq. 20-21): (a) the plain maps within their error models of the float64 definitions (elu1: the exp form,
+    tests.test_kernels_rala.elu1_bound; focused: focused.focused_function_bound); (b) the fast maps within the
+    same bounds, bit-identical to the plain ones where they perform the same operations: x + 1 for x > 0 (the
+    definition's bits), the focused map for focused_same_operations(d, p); a row without a positive entry maps
+    to 0 exactly."""
+    if not needs_c():
+        return
+    x64 = focused_map_input(c, dtype)
+    x = x64.astype(dtype)
+    with np.errstate(all="ignore"):
+        ref = linear.feature_map(x64, "elu1")
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(linear.feature_map, x64, "elu1",
+                                                                               dtype=np.float32)
+    plain, fast = _c_plain.elu1_feature_map(x), _c_linear.elu1_feature_map(x)
+    assert plain.dtype == dtype and plain.shape == x.shape
+    for name, got in (("plain", plain), ("fast", fast)):
+        numerics.assert_close(got, ref, elu1_bound(x64), dtype, naive=naive, name=f"elu1 map [{name} C]")
+    pos = x > 0
+    np.testing.assert_array_equal(plain[pos], x[pos] + dtype(1))
+    np.testing.assert_array_equal(fast[pos], plain[pos])
+
+    p = c["p"]
+    a = numerics.relu(x64)
+    with np.errstate(all="ignore"):
+        ref = focused.focused_feature_map(x64, p)
+        bound = focused.focused_function_bound(a, p, dtype=np.dtype(dtype).name)
+        naive = None if dtype == np.float64 else numerics.naive_same_precision(
+            focused.focused_feature_map, x64, p, dtype=np.float32)
+    plain, fast = _c_plain.focused_feature_map(x, p), _c_linear.focused_feature_map(x, p)
+    assert plain.dtype == dtype and plain.shape == x.shape
+    for name, got in (("plain", plain), ("fast", fast)):
+        numerics.assert_close(got, ref, bound, dtype, naive=naive, name=f"focused map [{name} C, p={p}]")
+    assert np.all(plain[~(a > 0).any(axis=-1)] == 0)
+    if focused_same_operations(c["d"], p):
+        np.testing.assert_array_equal(fast, plain, err_msg="fast != plain where they perform the same operations")
+
+
+@DTYPES
+def test_feature_maps_plain_special_values(dtype):
+    """ELU + 1: NaN -> NaN, +inf -> inf, -inf -> 0, +-0 -> 1, exp underflow -> 0, x > 0 -> x + 1: the definition's
+    values.  Focused map: a NaN or +Inf feature makes the row NaN, -Inf is a dead feature, a dead row maps to 0,
+    rows at the ends of the range (and the smallest normal / a subnormal entry) map without overflow or 0/0,
+    NaN exactly where the definition has it; the fast map's bits for d = 4 where it uses pow (p = 2.5, 7, 32)."""
+    if not needs_c():
+        return
+    special = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1e4, 3.0], dtype=dtype)
+    with np.errstate(over="ignore"):
+        want = linear.feature_map(special.astype(np.float64), "elu1").astype(dtype)
+    np.testing.assert_array_equal(_c_plain.elu1_feature_map(special), want)
+    big, small = (1e300, 1e-300) if dtype == np.float64 else (1e30, 1e-30)
+    fi = np.finfo(dtype)
+    x = np.array([[1.0, np.nan, 2.0, 0.5], [1.0, np.inf, 2.0, 0.5], [1.0, -np.inf, 2.0, 0.5],
+                  [-1.0, -2.0, -0.0, 0.0], [big, big / 3, big / 7, -big], [small, small / 3, small / 7, -small],
+                  [fi.tiny, 0.0, 0.0, 0.0], [fi.smallest_subnormal, 3 * fi.smallest_subnormal, 0.0, -1.0]],
+                 dtype=dtype)
+    for p in (2.5, 7.0, 32.0):
+        plain = _c_plain.focused_feature_map(x, p)
+        with np.errstate(all="ignore"):
+            ref = focused.focused_feature_map(x.astype(np.float64), p)
+        np.testing.assert_array_equal(np.isnan(plain), np.isnan(ref))
+        assert np.isnan(plain[:2]).all() and np.isfinite(plain[2:]).all() and (plain[3] == 0).all()
+        np.testing.assert_array_equal(_c_linear.focused_feature_map(x, p), plain)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Depthwise conv2d: refimpl_dwconv2d_plain
+# ---------------------------------------------------------------------------------------------------
+
+@DTYPES
+@given(case=dw_cases(max_c=6, max_h=14, max_w=24))
+@example(case=dict(DW_EVEN_ASYMMETRIC))
+@example(case=dict(DW_WIDE_ROW))
+@example(case=dict(DW_ONE_PIXEL_PADDED))
+def test_depthwise_plain_and_fast_against_definition(dtype, case):
+    """Odd and even kernels, stride 1-3, asymmetric padding up to the kernel's size, subnormal, large and mixed
+    inputs (tests.test_backends.dw_cases): (a) the plain kernel within gamma_(KH KW + 1) u_T S of the float64
+    definition (tests.test_backends.dw_bound; MobileNets Eq. 3) and the definition's bits in its own precision
+    (the same products and sums in the same order); (b) the fast kernel returns the plain kernel's bits."""
+    if not needs_c():
+        return
+    x, w, b = dw_make(case, dtype)
+    stride, pads = case["stride"], case["pads"]
+    plain = _c_plain.depthwise_conv2d(x, w, b, stride, pads)
+    assert plain.dtype == dtype and plain.flags.c_contiguous
+    x64, w64 = x.astype(np.float64), w.astype(np.float64)
+    b64 = None if b is None else b.astype(np.float64)
+    ref = DW_DEFINITION(x64, w64, b64, stride, pads)
+    naive = None if dtype == np.float64 else numerics.naive_same_precision(DW_DEFINITION, x64, w64, b64, stride,
+                                                                          pads, dtype=np.float32)
+    numerics.assert_close(plain, ref, dw_bound(x64, w64, b64, stride, pads), dtype, naive=naive,
+                          name="depthwise_conv2d[plain C]")
+    np.testing.assert_array_equal(plain, DW_DEFINITION(x, w, b, stride, pads))
+    np.testing.assert_array_equal(_c_depthwise.depthwise_conv2d(x, w, b, stride, pads), plain)
+
+
+@DTYPES
+def test_depthwise_plain_subnormal_and_nonfinite(dtype):
+    """Subnormal inputs (products and sums below T's normal range, the k eta_T part of the bound) and weights,
+    a stride larger than the kernel, padding as wide as the kernel: within dw_bound, the definition's bits in
+    T and the fast kernel's bits.  An infinite weight meeting the zero padding gives NaN (w * 0), and a NaN input
+    spreads to exactly the outputs whose window holds it, as in the definition."""
+    if not needs_c():
+        return
+    rng = np.random.default_rng(11)
+    sub = np.finfo(dtype).smallest_subnormal
+    x = np.asarray(rng.integers(-300, 300, (2, 3, 9, 10)) * sub, dtype=dtype)
+    w = np.asarray(rng.standard_normal((3, 1, 3, 2)), dtype=dtype)
+    b = np.asarray(rng.integers(-5, 5, 3) * sub, dtype=dtype)
+    for stride, pads in (((1, 1), (1, 1, 1, 0)), ((4, 3), (3, 3, 2, 2)), ((2, 1), (0, 2, 1, 0))):
+        plain = _c_plain.depthwise_conv2d(x, w, b, stride, pads)
+        args64 = [a.astype(np.float64) for a in (x, w, b)]
+        numerics.assert_close(plain, DW_DEFINITION(*args64, stride, pads), dw_bound(*args64, stride, pads), dtype,
+                              name=f"depthwise_conv2d[plain C, subnormal, {stride}, {pads}]")
+        np.testing.assert_array_equal(plain, DW_DEFINITION(x, w, b, stride, pads))
+        np.testing.assert_array_equal(_c_depthwise.depthwise_conv2d(x, w, b, stride, pads), plain)
+    w_bad, x_bad = w.copy(), np.asarray(rng.standard_normal(x.shape), dtype=dtype)
+    w_bad[1, 0, 0, 0] = np.inf
+    x_bad[0, 2, 4, 5] = np.nan
+    for stride, pads in (((1, 1), (1, 1, 1, 1)), ((2, 2), (0, 1, 2, 0))):
+        plain = _c_plain.depthwise_conv2d(x_bad, w_bad, None, stride, pads)
+        with np.errstate(invalid="ignore"):
+            want = DW_DEFINITION(x_bad, w_bad, None, stride, pads)
+        np.testing.assert_array_equal(plain, want)
+        assert np.isnan(plain[:, 1]).any() and np.isnan(plain[0, 2]).any() and not np.isnan(plain[1, 2]).any()
+        np.testing.assert_array_equal(_c_depthwise.depthwise_conv2d(x_bad, w_bad, None, stride, pads), plain)
+
+
+# ---------------------------------------------------------------------------------------------------
 # The range policy: the registered wrappers' (out of band and NaN / Inf answered by the definition)
 # ---------------------------------------------------------------------------------------------------
 
@@ -473,7 +637,8 @@ def test_plain_kernels_are_not_registered_backends():
     """The plain versions are specifications, not backends: no registered kernel of any operation is one of
     them, so ``auto`` and backends.call never run them."""
     plain = {_c_plain.linear_attention, _c_plain.reweighted_linear_attention, _c_plain.linear_angular_attention,
-             _c_plain.rala_alpha, _c_plain.window_softmax_attention}
+             _c_plain.rala_alpha, _c_plain.window_softmax_attention, _c_plain.elu1_feature_map,
+             _c_plain.focused_feature_map, _c_plain.depthwise_conv2d}
     for op, impls in backends._REGISTRY.items():
         assert not plain & set(impls.values()), op
 
@@ -509,6 +674,29 @@ def test_bad_input_is_refused_naming_the_argument():
         (lambda: _c_plain.window_softmax_attention(q, k, v, 0.5, None, np.ones((1, 5, 5))), TypeError, "'mask'"),
         (lambda: _c_plain.window_softmax_attention(q, k, v, 0.5, None, np.ones((2, 5, 5), bool)), ValueError,
          "'mask'"),
+        (lambda: _c_plain.elu1_feature_map(q.astype(np.float16)), TypeError, "'x'"),
+        (lambda: _c_plain.elu1_feature_map(np.ones((2, 0))), ValueError, "'x'"),
+        (lambda: _c_plain.focused_feature_map(q, 0.5), ValueError, "'p'"),
+        (lambda: _c_plain.focused_feature_map(q, np.inf), ValueError, "'p'"),
+        (lambda: _c_plain.focused_feature_map(q, True), TypeError, "'p'"),
+        (lambda: _c_plain.focused_feature_map(np.float64(1.0)), ValueError, "'x'"),
+        (lambda: _c_plain.focused_feature_map(q.astype(np.int64)), TypeError, "'x'"),
+    ]
+    x, w, b = rng.standard_normal((1, 2, 5, 6)), rng.standard_normal((2, 1, 3, 3)), rng.standard_normal(2)
+    pads = (1, 1, 1, 1)
+    cases += [
+        (lambda: _c_plain.depthwise_conv2d(x.astype(np.float32), w, b, (1, 1), pads), TypeError, "'weight'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b.astype(np.float32), (1, 1), pads), TypeError, "'bias'"),
+        (lambda: _c_plain.depthwise_conv2d(x.astype(np.int32), w, b, (1, 1), pads), TypeError, "'x'"),
+        (lambda: _c_plain.depthwise_conv2d(x[0], w, b, (1, 1), pads), ValueError, "'x'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w[:1], b, (1, 1), pads), ValueError, "'weight'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b[:1], (1, 1), pads), ValueError, "'bias'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b, (0, 1), pads), ValueError, "'stride'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b, (1.5, 1), pads), ValueError, "'stride'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b, (1, 1), (1, -1, 1, 1)), ValueError, "'pads'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b, (1, 1), (1, 1, 1)), ValueError, "'pads'"),
+        (lambda: _c_plain.depthwise_conv2d(x[:, :, :1], w, b, (1, 1), (0, 0, 0, 0)), ValueError, "'pads'"),
+        (lambda: _c_plain.depthwise_conv2d(x, w, b, (1, 1), pads, (2, 2)), ValueError, "'dilation'"),
     ]
     for call, exc, word in cases:
         with pytest.raises(exc, match=word):
@@ -516,7 +704,9 @@ def test_bad_input_is_refused_naming_the_argument():
 
 
 @pytest.mark.parametrize("symbol", ["refimpl_linear_attention_plain_f64", "refimpl_linear_angular_plain_f64",
-                                    "refimpl_rala_alpha_plain_f64", "refimpl_window_attention_plain_f64"])
+                                    "refimpl_rala_alpha_plain_f64", "refimpl_window_attention_plain_f64",
+                                    "refimpl_elu1_feature_map_plain_f32", "refimpl_focused_feature_map_plain_f64",
+                                    "refimpl_dwconv2d_plain_f32"])
 def test_outputs_are_nan_poisoned_before_the_plain_kernel_runs(symbol):
     """A plain kernel that returns without writing leaves an all-NaN output (the wrappers poison it first)."""
     if not needs_c():
@@ -526,7 +716,11 @@ def test_outputs_are_nan_poisoned_before_the_plain_kernel_runs(symbol):
     call = {"refimpl_linear_attention_plain_f64": lambda: _c_plain.linear_attention(q, k, v),
             "refimpl_linear_angular_plain_f64": lambda: _c_plain.linear_angular_attention(q, k, v),
             "refimpl_rala_alpha_plain_f64": lambda: _c_plain.rala_alpha(q, k),
-            "refimpl_window_attention_plain_f64": lambda: _c_plain.window_softmax_attention(q, k, v, 0.5)}[symbol]
+            "refimpl_window_attention_plain_f64": lambda: _c_plain.window_softmax_attention(q, k, v, 0.5),
+            "refimpl_elu1_feature_map_plain_f32": lambda: _c_plain.elu1_feature_map(q.astype(np.float32)),
+            "refimpl_focused_feature_map_plain_f64": lambda: _c_plain.focused_feature_map(q, 3.0),
+            "refimpl_dwconv2d_plain_f32": lambda: _c_plain.depthwise_conv2d(
+                q.astype(np.float32), k[0, :, :3].astype(np.float32), None, (1, 1), (1, 1, 1, 1))}[symbol]
     with c_kernel_that_writes_nothing(symbol) as calls:
         res = call()
     assert calls and np.isnan(res).all()
@@ -571,3 +765,35 @@ def test_raw_refusals_write_nothing():
         if want:
             assert (sentinel == 7.0).all()
         sentinel[:] = 7.0
+
+
+def test_raw_refusals_of_the_maps_and_depthwise_match_the_fast_entry_points():
+    """The plain feature maps and depthwise conv refuse what their fast entry points refuse, with the same status
+    (NULL buffers, sizes < 1, strides < 1, paddings < 0, sizes that overflow ptrdiff_t, a bad power), and write
+    nothing then; on valid arguments both return REFIMPL_OK."""
+    if not needs_c():
+        return
+    mod = _c._load()
+    ffi, lib = mod.ffi, mod.lib
+    sentinel = np.full(64, 7.0)
+    o = ffi.from_buffer("double[]", sentinel, require_writable=True)
+    x = ffi.from_buffer("double[]", np.ones(64))
+    nul, big = ffi.NULL, 2**62
+    dw = (1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 2, 2)            # strides, pads, B, C, H, W, KH, KW, OH, OW
+    calls = [  # (plain entry point, fast entry point, arguments after out, expected status)
+        ("elu1_feature_map", (x, 8), 0), ("elu1_feature_map", (nul, 8), 5), ("elu1_feature_map", (x, 0), 1),
+        ("focused_feature_map", (x, 2, 4, 3.0), 0), ("focused_feature_map", (nul, 2, 4, 3.0), 5),
+        ("focused_feature_map", (x, 0, 4, 3.0), 1), ("focused_feature_map", (x, 2, 4, 0.5), 6),
+        ("focused_feature_map", (x, 2, 4, float("nan")), 6), ("focused_feature_map", (x, big, big, 3.0), 4),
+        ("dwconv2d", (x, x, nul) + dw, 0), ("dwconv2d", (x, x, x) + dw, 0), ("dwconv2d", (nul, x, nul) + dw, 5),
+        ("dwconv2d", (x, nul, nul) + dw, 5), ("dwconv2d", (x, x, nul, 0) + dw[1:], 2),
+        ("dwconv2d", (x, x, nul) + dw[:2] + (-1,) + dw[3:], 3), ("dwconv2d", (x, x, nul) + dw[:4] + (0,) + dw[5:], 1),
+        ("dwconv2d", (x, x, nul) + dw[:-1] + (0,), 1), ("dwconv2d", (x, x, nul) + dw[:5] + (big, big) + dw[7:], 4),
+    ]
+    for name, args, want in calls:
+        for fn in (f"refimpl_{name}_plain_f64", f"refimpl_{name}_f64"):
+            status = getattr(lib, fn)(o, *args)
+            assert status == want, (fn, args, status)
+            if want:
+                assert (sentinel == 7.0).all(), fn
+            sentinel[:] = 7.0

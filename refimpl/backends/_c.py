@@ -19,8 +19,8 @@ live in per-family modules next to it, each kernel registered with its predicate
 ``_c_depthwise.py`` (depthwise conv2d), ``_c_linear.py`` (the fused kernelized linear attention and the
 kernels built on it: RALA, ELU + 1, the focused map, Castling-ViT's linear-angular attention),
 ``_c_softmax.py`` (windowed softmax attention), ``_c_elementwise.py`` (GELU); ``_c_plain.py`` holds the plain
-scalar versions of the attention kernels (their specification, checked by tests/test_kernels_plain.py; not
-registered).
+scalar versions of the attention, feature-map and depthwise kernels (their specification, checked by
+tests/test_kernels_plain.py; not registered).
 
 Operations and signatures (each mirrors its NumPy twin; ``out=``/``workspace=`` are optional caller-owned
 buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /

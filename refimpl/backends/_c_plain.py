@@ -1,8 +1,8 @@
-"""The plain C versions of the attention kernels: validated wrappers of ckernels/linattn_plain.c,
-rala_plain.c and winattn_plain.c.
+"""The plain C versions of the fast C kernels: validated wrappers of ckernels/linattn_plain.c, rala_plain.c,
+winattn_plain.c and dwconv2d_plain.c.
 
-Each fast C kernel (threaded, blocked, vectorised: ckernels/linattn*.h, rala_*.h, winattn_*.h) has beside it
-a plain version of the same entry point's mathematics: straight scalar loops in the order of the papers'
+Each fast C kernel (threaded, blocked, vectorised: ckernels/linattn*.h, rala_*.h, winattn_*.h, dwconv2d*.h) has
+beside it a plain version of the same entry point's mathematics: straight scalar loops in the order of the papers'
 equations, one thread, libm's exp / pow / sqrt.  The plain versions are the specification of the fast ones
 (as ``refimpl.backends._c_elementwise.gelu_libm`` is for GELU): tests/test_kernels_plain.py checks each
 against its NumPy definition within the error model, and the fast kernel against it.  They are **not
@@ -19,7 +19,12 @@ The functions mirror the registered C wrappers' names and signatures (without ``
   ``refimpl.attention.angular.linear_angular_attention`` with policy "clamp", arithmetic "scaled");
 - :func:`rala_alpha` (twin ``_c_linear.rala_alpha``; definition ``refimpl.attention.rala_core._rala_alpha_numpy``);
 - :func:`window_softmax_attention` (twin ``refimpl.backends._c_softmax.window_softmax_attention``; definition
-  ``refimpl.attention.softmax._window_softmax_attention_numpy``).
+  ``refimpl.attention.softmax._window_softmax_attention_numpy``);
+- :func:`elu1_feature_map` and :func:`focused_feature_map` (twins ``_c_linear.elu1_feature_map`` and
+  ``_c_linear.focused_feature_map``; definitions ``refimpl.attention.linear.feature_map(x, "elu1")`` and
+  ``refimpl.attention.focused.focused_feature_map(x, p)``): the plain linear attention's own maps;
+- :func:`depthwise_conv2d` (twin ``refimpl.backends._c_depthwise.depthwise_conv2d``; definition
+  ``refimpl.layers._depthwise_conv2d_numpy``).
 
 Every call takes the steps of refimpl.backends._c: validate (refimpl.backends._validate: dtype, shapes,
 contiguity; non-contiguous inputs copied), fill the output with NaN, pass the buffers, check the status
@@ -29,7 +34,8 @@ for linear attention and RALA's core also a nonzero entry below 2^-``config.RANG
 features that may underflow, refimpl.backends._c_linear.elu1_underflows) are answered
 by the NumPy definition of the operation, taken from the registry (``_registry.definition(op)``), and so is every
 NaN or Inf of a float64 result (refimpl.backends._c._range_fallback); the linear-angular kernel, like its
-registered wrapper, has none.  This module imports nothing from refimpl.attention, refimpl.layers or
+registered wrapper, has none, and neither have the feature maps and the depthwise convolution (their
+registered wrappers have none).  This module imports nothing from refimpl.attention, refimpl.layers or
 refimpl.models.
 """
 
@@ -288,3 +294,112 @@ def window_softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale:
     return run_kernel("window_attention_plain", result, a.q, a.k, a.v, bias_c, mask_c, float(scale), bw * h, h, n,
                       m, d, sz["e"], bias_count, mask_count, ws.size, workspace=ws, twin=twin,
                       band=(a.q, a.k, a.v, bias_c))
+
+
+def elu1_feature_map(x: np.ndarray) -> np.ndarray:
+    """The ELU + 1 feature map by the plain C version (ckernels/linattn_plain.c, the plain linear attention's
+    own map), the specification of ``refimpl.backends._c_linear.elu1_feature_map``:
+
+    phi(x) = ELU(x) + 1 = x + 1 (x > 0, one rounding), exp(x) otherwise (libm's exp), element-wise.
+
+    Parameters
+    ----------
+    x : float32 or float64 array, any non-empty shape.
+
+    Returns
+    -------
+    Array of x's shape and dtype.
+
+    Raises
+    ------
+    TypeError for a dtype other than float32/float64; ValueError for an empty x (naming 'x').
+
+    References
+    ----------
+    Katharopoulos et al. (2020) Eq. 7; RALA (Fan et al., CVPR 2025) Sec. 3.2 (kappa) and Eq. 4.
+    """
+    _load()
+    a = _validate._array(x, "x", "C")
+    if a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array, got shape {a.shape}")
+    a = _validate._contiguous(a)
+    result = empty_aligned(a.shape, a.dtype)
+    return run_kernel("elu1_feature_map_plain", result, a, a.size)
+
+
+def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR) -> np.ndarray:
+    """FLatten's focused feature map phi_p(x) = f_p(ReLU(x)) along the last axis by the plain C version
+    (ckernels/linattn_plain.c, the plain linear attention's own map), the specification of
+    ``refimpl.backends._c_linear.focused_feature_map``:
+
+    per row a = ReLU(x) (NaN kept), m = max a, r = a / m, ||a|| = m sqrt(sum r^2), t = r^p (libm's pow),
+    f = ||a|| (t / ||t||), every sum in increasing index order from +0; f = 0 for a row without a positive
+    entry, a NaN or +Inf in the row makes it NaN.
+
+    Parameters
+    ----------
+    x : float32 or float64 array (..., d), any sign, non-empty.
+    p : real, finite, >= 1 (default ``config.FLATTEN_FOCUSING_FACTOR``).
+
+    Returns
+    -------
+    Array of x's shape and dtype.
+
+    Raises
+    ------
+    TypeError / ValueError naming 'x' or 'p'.
+
+    References
+    ----------
+    FLatten (Han et al., ICCV 2023) Eq. 5-6, Appendix Eq. 20-21 (the max-normalised form).
+    """
+    _load()
+    power = _validate.check_focusing_factor(p)
+    a = _validate._array(x, "x", "C")
+    if a.size < 1 or a.ndim < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")
+    a = _validate._contiguous(a)
+    result = empty_aligned(a.shape, a.dtype)
+    return run_kernel("focused_feature_map_plain", result, a, a.size // a.shape[-1], a.shape[-1], power)
+
+
+def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None, stride: tuple[int, int],
+                     pads: tuple[int, int, int, int], dilation: tuple[int, int] = (1, 1)) -> np.ndarray:
+    """Depthwise conv2d forward by the plain C version (ckernels/dwconv2d_plain.c), the specification of
+    ``refimpl.backends._c_depthwise.depthwise_conv2d``:
+
+    out[b, c, i, j] = (sum_{u, v} w[c, u, v] x_pad[b, c, i*sh + u, j*sw + v]) + bias[c]
+
+    the sum from +0 in row-major (u, v) order, padded taps read as zeros, the bias added last: the operations
+    of ``refimpl.layers._depthwise_conv2d_numpy`` in its order, so its bits in x's precision (up to the sign
+    of a zero).
+
+    Parameters
+    ----------
+    x : (B, C, H, W) float32 or float64.
+    weight : (C, 1, KH, KW) or (C, KH, KW), same dtype; any KH, KW >= 1.
+    bias : (C,) same dtype, or None.
+    stride : (sh, sw), integers >= 1.  pads : (top, bottom, left, right), integers >= 0.
+    dilation : must be (1, 1), as the fast kernel's (ValueError naming 'dilation' otherwise).
+
+    Returns
+    -------
+    (B, C, OH, OW) array of x's dtype, OH = (H + top + bottom - KH) // sh + 1, OW likewise.
+
+    Raises
+    ------
+    TypeError / ValueError naming the argument, as the registered C wrapper
+    (refimpl.backends._validate.depthwise_args).
+
+    References
+    ----------
+    Howard et al., "MobileNets" (2017), Sec. 3.1 Eq. 3; L2ViT Eq. 5-7 (LCM); FLatten Eq. 10-11 (DWC).
+    """
+    _load()
+    a = _validate.depthwise_args(x, weight, bias, stride, pads, None, dilation, "C")
+    b_, c, h, w = a.x.shape
+    _, kh, kw = a.weight.shape
+    _, _, oh, ow = a.out_shape
+    result = empty_aligned(a.out_shape, a.x.dtype)
+    return run_kernel("dwconv2d_plain", result, a.x, a.weight, a.bias, a.stride[0], a.stride[1], a.pad_top,
+                      a.pad_left, b_, c, h, w, kh, kw, oh, ow)
