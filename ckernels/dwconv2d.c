@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "refimpl_kernels.h"
+#include "dwconv2d_check.h"
 
 #if !defined(__GNUC__) && !defined(__clang__)
 #error "ckernels need GCC or Clang (vector extensions); see docs/backends.md"
@@ -38,21 +39,6 @@
  * exceeds it take the tile-by-tile path. */
 #define RI_STAGE_BYTES 65536
 
-/* *r = a * b * c * d, returning nonzero if any partial product exceeds lim (all arguments >= 1). */
-static int ri_mul4(int64_t a, int64_t b, int64_t c, int64_t d, int64_t lim, int64_t *r)
-{
-    int64_t p = a;
-    if (b > lim / p)
-        return 1;
-    p *= b;
-    if (c > lim / p)
-        return 1;
-    p *= c;
-    if (d > lim / p)
-        return 1;
-    *r = p * d;
-    return 0;
-}
 
 /*
  * Instruction-set dispatch.  On x86-64 the plane loop is compiled three times, for AVX-512

@@ -39,21 +39,10 @@ int RE_FN(refimpl_dwconv2d)(REAL *out, const REAL *x, const REAL *weight, const 
                             int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                             int64_t OH, int64_t OW)
 {
-    if (!out || !x || !weight)
-        return REFIMPL_ERR_NULL;
-    if (B < 1 || C < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || OH < 1 || OW < 1)
-        return REFIMPL_ERR_SIZE;
-    if (stride_h < 1 || stride_w < 1)
-        return REFIMPL_ERR_STRIDE;
-    if (pad_top < 0 || pad_left < 0)
-        return REFIMPL_ERR_PADDING;
-    /* Every element count, and every coordinate formed in the loops, must fit in ptrdiff_t. */
-    const int64_t lim = PTRDIFF_MAX / (int64_t)sizeof(REAL);
-    int64_t n;
-    if (ri_mul4(B, C, H, W, lim, &n) || ri_mul4(B, C, OH, OW, lim, &n) || ri_mul4(C, KH, KW, 1, lim, &n) ||
-        ri_mul4(OH, stride_h, 1, 1, lim, &n) || n > lim - KH - H - pad_top ||
-        ri_mul4(OW, stride_w, 1, 1, lim, &n) || n > lim - KW - W - pad_left)
-        return REFIMPL_ERR_OVERFLOW;
+    const int status = dwconv2d_check(out, x, weight, sizeof(REAL), stride_h, stride_w, pad_top, pad_left, B, C, H,
+                                      W, KH, KW, OH, OW);
+    if (status != REFIMPL_OK)
+        return status;
 
     /* The staged path (dwconv2d_body.h) at the widest level the CPU has: any row width (partial tiles
      * are masked at AVX-512).  It declines planes too large for its buffer. */

@@ -37,23 +37,7 @@
 #include <stdint.h>
 
 #include "refimpl_kernels.h"
-
-/* *r = a * b * c * d, returning nonzero if any partial product exceeds lim (all arguments >= 1): the fast
- * entry point's overflow test (ri_mul4 in dwconv2d.c). */
-static int dp_mul4(int64_t a, int64_t b, int64_t c, int64_t d, int64_t lim, int64_t *r)
-{
-    int64_t p = a;
-    if (b > lim / p)
-        return 1;
-    p *= b;
-    if (c > lim / p)
-        return 1;
-    p *= c;
-    if (d > lim / p)
-        return 1;
-    *r = p * d;
-    return 0;
-}
+#include "dwconv2d_check.h"    /* the argument check the fast entry point makes */
 
 #define PLAIN_REAL double
 #define PLAIN_FN(name) name##_f64
@@ -74,21 +58,10 @@ int PLAIN_FN(refimpl_dwconv2d_plain)(PLAIN_REAL *out, const PLAIN_REAL *x, const
                                      int64_t pad_left, int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH,
                                      int64_t KW, int64_t OH, int64_t OW)
 {
-    if (!out || !x || !weight)
-        return REFIMPL_ERR_NULL;
-    if (B < 1 || C < 1 || H < 1 || W < 1 || KH < 1 || KW < 1 || OH < 1 || OW < 1)
-        return REFIMPL_ERR_SIZE;
-    if (stride_h < 1 || stride_w < 1)
-        return REFIMPL_ERR_STRIDE;
-    if (pad_top < 0 || pad_left < 0)
-        return REFIMPL_ERR_PADDING;
-    /* Every element count, and every coordinate formed in the loops, must fit in ptrdiff_t. */
-    const int64_t lim = PTRDIFF_MAX / (int64_t)sizeof(PLAIN_REAL);
-    int64_t n;
-    if (dp_mul4(B, C, H, W, lim, &n) || dp_mul4(B, C, OH, OW, lim, &n) || dp_mul4(C, KH, KW, 1, lim, &n) ||
-        dp_mul4(OH, stride_h, 1, 1, lim, &n) || n > lim - KH - H - pad_top ||
-        dp_mul4(OW, stride_w, 1, 1, lim, &n) || n > lim - KW - W - pad_left)
-        return REFIMPL_ERR_OVERFLOW;
+    const int status = dwconv2d_check(out, x, weight, sizeof(PLAIN_REAL), stride_h, stride_w, pad_top, pad_left, B,
+                                      C, H, W, KH, KW, OH, OW);
+    if (status != REFIMPL_OK)
+        return status;
 
     for (int64_t b = 0; b < B; ++b) {
         for (int64_t c = 0; c < C; ++c) {
