@@ -483,7 +483,7 @@ def _module_underflow(info, vh, cfg, mask, dtype, rows) -> np.ndarray:
     focused_range.RangeInfo; the config's norm scope, eps and normaliser); E (B,h,N,e) in ``rows``, 0
     elsewhere."""
     lq, lk = info.logs()
-    kw = dict(token_heads=cfg.num_heads if cfg.norm_scope == "token" else None, eps=cfg.eps,
+    kw = dict(token_scope=cfg.norm_scope == "token", eps=cfg.eps,
               normaliser=cfg.normaliser, dtype=dtype)
     return _by_window(lambda qs, ks, r: log_direct_underflow(qs[0], ks[0], ks[1], rows=r, **kw), mask, (lq,),
                       (lk, vh), rows, vh.shape[-1])

@@ -149,11 +149,11 @@ def direct_underflow(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, *, p: floa
                             rescaled=rescaled)
 
 
-def log_direct_underflow(lq: np.ndarray, lk: np.ndarray, v: np.ndarray, *, token_heads: int | None, eps: float,
+def log_direct_underflow(lq: np.ndarray, lk: np.ndarray, v: np.ndarray, *, token_scope: bool, eps: float,
                          normaliser: str, dtype: Any, rows: np.ndarray) -> np.ndarray:
     """:func:`direct_underflow` with every product counted, from the log-features lq = log phi(Q) (B,h,N,d),
     lk = log phi(K) (B,h,n,d) in the original units (focused_range.log_focused; -inf for 0), for the modules,
-    whose features are f_p of the projections' pre-features per head or, ``token_heads`` = h, over the whole
+    whose features are f_p of the projections' pre-features per head or, ``token_scope``, over the whole
     token (FLatten's released norm scope: a head's features may lie far below the token's largest, 2^-1000 and
     beyond, where the model's own float64 terms underflow).  The frames are the exponents of the largest
     feature (a row's, a head's keys'), the features there exp(l - frame ln 2) (their rounding, relative c u, is
@@ -172,7 +172,7 @@ def log_direct_underflow(lq: np.ndarray, lk: np.ndarray, v: np.ndarray, *, token
             return np.where(np.isfinite(m), np.floor(m / ln2) + 1, 0).astype(np.int64)
 
         def log_norm(lx):                                     # log ||a|| over f_p's scope, (B, h, T, 1)
-            if token_heads is None:
+            if not token_scope:
                 t = lx
             else:                                             # the token's channels across its heads
                 t = np.moveaxis(lx, 1, -2).reshape(lx.shape[0], lx.shape[2], 1, -1).swapaxes(1, 2)
@@ -180,7 +180,7 @@ def log_direct_underflow(lq: np.ndarray, lk: np.ndarray, v: np.ndarray, *, token
             safe = np.where(np.isfinite(m), m, 0.0)
             out = safe + 0.5 * np.log(np.sum(np.exp(2.0 * (t - safe)), axis=-1, keepdims=True))
             out = np.where(np.isfinite(m), out, -np.inf)
-            return out if token_heads is None else np.broadcast_to(out, lx.shape[:-1] + (1,))
+            return out if not token_scope else np.broadcast_to(out, lx.shape[:-1] + (1,))
 
         def delta(lx):
             ln = log_norm(lx)
