@@ -4,9 +4,9 @@ the networks (:mod:`refimpl.attention.focused_bounds`' ``err_linear`` / ``err_la
 :mod:`refimpl.models.common`, :mod:`refimpl.models._netparts`), Castling-ViT
 (:mod:`refimpl.attention.angular_series`' ``_e_matmul``, ``_e_normalize``), the verify tool's head wiring
 (:mod:`refimpl.verify.head_wiring`) and the layers' own bounds (:mod:`refimpl.layers`'
-``linear_bound``, ``layer_norm_bound``, ``depthwise_conv2d_bound``, ``batch_norm2d_bound``, ``gelu_bound``: their
-magnitudes S and rounding counts are :func:`linear_scale`, :func:`layer_norm_scale`, :func:`depthwise_scale`,
-:func:`batch_norm_scale`, :func:`gelu_roundings`).
+``linear_bound``, ``layer_norm_bound``, ``conv2d_bound``, ``depthwise_conv2d_bound``, ``batch_norm2d_bound``,
+``gelu_bound``: their magnitudes S and rounding counts are :func:`linear_scale`, :func:`layer_norm_scale`,
+:func:`conv_parts`, :func:`batch_norm_scale`, :func:`gelu_roundings`).
 
 Every intermediate x of a computation carries a bound E_x on its error; a rule takes the operands, their bounds
 and a :class:`Precision` and returns the bound of the result.  Two models share the rules:
@@ -45,7 +45,7 @@ from . import config, numerics
 
 __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e_sum2", "e_quotient",
            "e_accumulate", "e_linear", "e_depthwise", "layer_norm_parts", "e_layer_norm", "layer_norm_cap",
-           "e_elementwise", "e_roundings", "e_mean", "e_normalize", "linear_scale", "depthwise_scale", "layer_norm_scale",
+           "e_elementwise", "e_roundings", "e_mean", "e_normalize", "linear_scale", "conv_parts", "layer_norm_scale",
            "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
            "LAYER_NORM_ROUNDINGS", "CONV_ALGORITHMS", "conv_algorithms", "covering_conv_algorithms",
            "WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_applies", "winograd_roundings", "winograd_scale",
@@ -290,10 +290,28 @@ def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarr
     return e
 
 
-def depthwise_scale(x, weight, bias, conv: Callable[..., np.ndarray]) -> np.ndarray:
-    """The magnitude S = conv(|x|, |W|, |b|) of a depthwise convolution (exact operands; :func:`e_depthwise`'s
-    S), ``conv`` the caller's convolution."""
-    return conv(np.abs(x), np.abs(weight), None if bias is None else np.abs(bias))
+def conv_parts(x, weight, bias, conv: Callable[..., np.ndarray], padding: Any, stride: Any = 1,
+               dilation: Any = 1, groups: int = 1) -> tuple[np.ndarray, int, bool]:
+    """(S, k, covered) of a convolution's own rounding on exact operands, x (B, C, H, W), weight (O, C / groups,
+    KH, KW), bias (O,) or None: |fl(y) - y| <= gamma_k S + k eta elementwise (refimpl.layers.conv2d_bound and
+    depthwise_conv2d_bound; the :class:`refimpl.numerics.Bound` of scale S and depth k, an accumulation bound).
+
+    Derivation: each output is y = b + sum_j w_j x_j over the n = (C / groups) KH KW taps of its receptive field
+    (a tap on the zero padding is an exact zero product).  Each product rounds once; a sum of the n products
+    and the bias, in any order, passes every term through at most n additions; so each term carries at most
+    n + 1 rounding factors and |fl(y) - y| <= gamma_{n+1} (sum_j |w_j||x_j| + |b|) (Higham eq. 3.12 with the
+    bias as one more term, Lemma 3.1).  Each of the n products may also underflow by eta (eq. 2.8; the
+    additions are exact in the subnormal range): n eta <= k eta.  So S = conv(|x|, |W|, |b|), k = n + [bias]
+    (n without a bias); a sum accumulated in a wider format is the Bound's business (its ``accumulation``
+    factor).  ``conv(x, w, b)`` is the caller's convolution with its stride, padding, dilation and groups
+    (the calculus sits below the layers); ``padding`` (top, bottom, left, right, or one int), ``stride``,
+    ``dilation`` and ``groups`` are the same convolution's, for the other algorithms :func:`conv_algorithms`
+    covers (:func:`conv_scale`: S = max(S, S_a k_a / k) where one applies; ``covered`` says whether one did)."""
+    aw = np.abs(weight)
+    s = conv(np.abs(x), aw, None if bias is None else np.abs(bias))
+    k = int(np.prod(np.shape(weight)[1:])) + (1 if bias is not None else 0)
+    s2 = conv_scale(s, k, x, aw, bias, padding, stride, dilation, groups)
+    return s2, k, s2 is not s
 
 
 def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np.ndarray, np.ndarray, float]:

@@ -350,15 +350,15 @@ def conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, st
 
 def conv2d_bound(x, weight, bias=None, stride=1, padding=0, groups=1, dilation=1) -> Bound:
     """gamma_{n+1} on the convolution of absolute values, n = (C / groups) KH KW (a dot product per
-    output; +1 for the bias).  Rigorous for any summation order (Higham 3.12)."""
-    w = np.abs(as_float(weight, "weight"))
-    x = np.abs(as_float(x, "x"))
-    s = conv2d(x, w, None if bias is None else np.abs(as_float(bias, "bias")), stride, padding, groups, dilation)
-    n = int(np.prod(w.shape[1:]))
-    k = n + (1 if bias is not None else 0)
-    pads = conv_padding(padding, w.shape[2:], _pair(stride, "stride"), _pair(dilation, "dilation"))
-    s2 = bounds.conv_scale(s, k, x, w, bias, pads, stride, dilation, groups)
-    return Bound(s2, k, f"conv2d: gamma_(n+1), n = {n}" + _winograd_note(s2 is not s), accumulation=True)
+    output; +1 for the bias).  Rigorous for any summation order (Higham 3.12); S and k are
+    :func:`refimpl.bounds.conv_parts` through :func:`conv2d`."""
+    x, weight, _, groups, stride, dilation, pads = _validate_conv(x, weight, stride, padding, dilation, groups)
+    bias = None if bias is None else as_float(bias, "bias")
+    s, k, covered = bounds.conv_parts(x, weight, bias,
+                                      lambda z, w, b: conv2d(z, w, b, stride, padding, groups, dilation),
+                                      pads, stride, dilation, groups)
+    n = k - (1 if bias is not None else 0)
+    return Bound(s, k, f"conv2d: gamma_(n+1), n = {n}" + _winograd_note(covered), accumulation=True)
 
 
 def _winograd_note(covered: bool) -> str:
@@ -429,14 +429,13 @@ def _depthwise_conv2d_numpy(x: np.ndarray, weight: np.ndarray, bias: np.ndarray 
 
 def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1) -> Bound:
     """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12;
-    :func:`refimpl.bounds.depthwise_scale` through the NumPy definition)."""
+    :func:`refimpl.bounds.conv_parts` through the NumPy definition)."""
     x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
-    s = bounds.depthwise_scale(x, weight, bias,
-                               lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation))
-    n = weight.shape[2] * weight.shape[3]
-    k = n + (1 if bias is not None else 0)
-    s2 = bounds.conv_scale(s, k, x, weight, bias, pads, stride, dilation, groups=weight.shape[0])
-    return Bound(s2, k, f"depthwise conv: gamma_(n+1), n = KH KW = {n}" + _winograd_note(s2 is not s),
+    s, k, covered = bounds.conv_parts(x, weight, bias,
+                                      lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation),
+                                      pads, stride, dilation, groups=weight.shape[0])
+    n = k - (1 if bias is not None else 0)
+    return Bound(s, k, f"depthwise conv: gamma_(n+1), n = KH KW = {n}" + _winograd_note(covered),
                  accumulation=True)
 
 

@@ -39,6 +39,9 @@ convolution the fast entry point's) and write nothing, and they are not register
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import example, given, strategies as st
@@ -726,17 +729,43 @@ def test_outputs_are_nan_poisoned_before_the_plain_kernel_runs(symbol):
     assert calls and np.isnan(res).all()
 
 
+@dataclasses.dataclass
+class _Raw:
+    """The compiled module's raw entry points (``ffi``, ``lib``), a 64-double output ``out`` over ``sentinel``
+    (filled with 7.0, what a refusal must leave) and a 64-double input of ones (``ones``)."""
+
+    ffi: Any
+    lib: Any
+    sentinel: np.ndarray
+    out: Any
+    ones: Any
+
+    def check(self, status: int, want: int, what: Any) -> None:
+        """The call returned ``want``; a refusal (want != 0) wrote nothing; the sentinel is restored."""
+        assert status == want, (what, status)
+        if want:
+            assert (self.sentinel == 7.0).all(), what
+        self.sentinel[:] = 7.0
+
+
+def _raw_entry_points() -> _Raw | None:
+    """:class:`_Raw` of the compiled module, or None where it is not there (:func:`needs_c`)."""
+    if not needs_c():
+        return None
+    mod = _c._load()
+    sentinel = np.full(64, 7.0)
+    return _Raw(mod.ffi, mod.lib, sentinel, mod.ffi.from_buffer("double[]", sentinel, require_writable=True),
+                mod.ffi.from_buffer("double[]", np.ones(64)))
+
+
 def test_raw_refusals_write_nothing():
     """The plain entry points' own checks (the second line of defence): NULL buffers, sizes < 1, bad options
     and short workspaces return their status and leave the output untouched."""
-    if not needs_c():
+    raw = _raw_entry_points()
+    if raw is None:
         return
-    mod = _c._load()
-    ffi, lib = mod.ffi, mod.lib
-    sentinel = np.full(64, 7.0)
-    o = ffi.from_buffer("double[]", sentinel, require_writable=True)
+    ffi, lib, o, x = raw.ffi, raw.lib, raw.out, raw.ones
     ws = ffi.from_buffer("double[]", np.zeros(64), require_writable=True)
-    x = ffi.from_buffer("double[]", np.ones(64))
     opts = ffi.new("struct refimpl_la_options *", dict(feature_map=0, eps_policy=0, clamp=0, v_scale_divide=1,
                                                        power=3.0, clamp_min=0.0, eps=0.0, kv_scale=1.0))
     bad_map = ffi.new("struct refimpl_la_options *", dict(feature_map=7, eps_policy=0, power=3.0, kv_scale=1.0))
@@ -746,39 +775,34 @@ def test_raw_refusals_write_nothing():
     wa = lib.refimpl_window_attention_plain_f64
     an = lib.refimpl_linear_angular_plain_f64
     nul = ffi.NULL
-    for status, want in ((la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 0),
-                         (la(o, ws, nul, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 5),
-                         (la(o, ws, x, x, x, nul, nul, nul, 1, 2, 2, 2, 2, 64), 5),
-                         (la(o, ws, x, x, x, nul, nul, opts, 1, 0, 2, 2, 2, 64), 1),
-                         (la(o, ws, x, x, x, nul, nul, bad_map, 1, 2, 2, 2, 2, 64), 6),
-                         (la(o, ws, x, x, x, nul, nul, bad_p, 1, 2, 2, 2, 2, 64), 6),
-                         (la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 7), 7),
-                         (an(o, ws, x, x, x, 1e-12, 1, 0, 1, 2, 3, 2, 2, 64), 1),
-                         (an(o, ws, x, x, x, 1e-12, 0, 0, 1, 2, 3, 2, 2, 9), 7),
-                         (ra(o, ws, x, x, 2, 0, 1.0, 1, 2, 2, 2, 64), 6),
-                         (ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 2, 2, 3), 7),
-                         (ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 0, 2, 64), 1),
-                         (wa(o, ws, x, x, x, nul, nul, 1.0, 3, 2, 2, 2, 2, 2, 1, 1, 64), 1),
-                         (wa(o, ws, x, x, x, x, nul, 1.0, 2, 1, 2, 2, 2, 2, 0, 1, 64), 1),
-                         (wa(o, ws, x, x, x, nul, nul, 1.0, 2, 1, 2, 2, 2, 2, 1, 1, 1), 7)):
-        assert status == want
-        if want:
-            assert (sentinel == 7.0).all()
-        sentinel[:] = 7.0
+    # each call made after the previous one was checked, so that each refusal is seen to write nothing
+    for i, (call, want) in enumerate(((lambda: la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 0),
+                                      (lambda: la(o, ws, nul, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 64), 5),
+                                      (lambda: la(o, ws, x, x, x, nul, nul, nul, 1, 2, 2, 2, 2, 64), 5),
+                                      (lambda: la(o, ws, x, x, x, nul, nul, opts, 1, 0, 2, 2, 2, 64), 1),
+                                      (lambda: la(o, ws, x, x, x, nul, nul, bad_map, 1, 2, 2, 2, 2, 64), 6),
+                                      (lambda: la(o, ws, x, x, x, nul, nul, bad_p, 1, 2, 2, 2, 2, 64), 6),
+                                      (lambda: la(o, ws, x, x, x, nul, nul, opts, 1, 2, 2, 2, 2, 7), 7),
+                                      (lambda: an(o, ws, x, x, x, 1e-12, 1, 0, 1, 2, 3, 2, 2, 64), 1),
+                                      (lambda: an(o, ws, x, x, x, 1e-12, 0, 0, 1, 2, 3, 2, 2, 9), 7),
+                                      (lambda: ra(o, ws, x, x, 2, 0, 1.0, 1, 2, 2, 2, 64), 6),
+                                      (lambda: ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 2, 2, 3), 7),
+                                      (lambda: ra(o, ws, x, x, 0, 0, 1.0, 1, 2, 0, 2, 64), 1),
+                                      (lambda: wa(o, ws, x, x, x, nul, nul, 1.0, 3, 2, 2, 2, 2, 2, 1, 1, 64), 1),
+                                      (lambda: wa(o, ws, x, x, x, x, nul, 1.0, 2, 1, 2, 2, 2, 2, 0, 1, 64), 1),
+                                      (lambda: wa(o, ws, x, x, x, nul, nul, 1.0, 2, 1, 2, 2, 2, 2, 1, 1, 1), 7))):
+        raw.check(call(), want, i)
 
 
 def test_raw_refusals_of_the_maps_and_depthwise_match_the_fast_entry_points():
     """The plain feature maps and depthwise conv refuse what their fast entry points refuse, with the same status
     (NULL buffers, sizes < 1, strides < 1, paddings < 0, sizes that overflow ptrdiff_t, a bad power), and write
     nothing then; on valid arguments both return REFIMPL_OK."""
-    if not needs_c():
+    raw = _raw_entry_points()
+    if raw is None:
         return
-    mod = _c._load()
-    ffi, lib = mod.ffi, mod.lib
-    sentinel = np.full(64, 7.0)
-    o = ffi.from_buffer("double[]", sentinel, require_writable=True)
-    x = ffi.from_buffer("double[]", np.ones(64))
-    nul, big = ffi.NULL, 2**62
+    lib, o, x = raw.lib, raw.out, raw.ones
+    nul, big = raw.ffi.NULL, 2**62
     dw = (1, 1, 1, 1, 1, 1, 3, 3, 2, 2, 2, 2)            # strides, pads, B, C, H, W, KH, KW, OH, OW
     calls = [  # (plain entry point, fast entry point, arguments after out, expected status)
         ("elu1_feature_map", (x, 8), 0), ("elu1_feature_map", (nul, 8), 5), ("elu1_feature_map", (x, 0), 1),
@@ -792,8 +816,4 @@ def test_raw_refusals_of_the_maps_and_depthwise_match_the_fast_entry_points():
     ]
     for name, args, want in calls:
         for fn in (f"refimpl_{name}_plain_f64", f"refimpl_{name}_f64"):
-            status = getattr(lib, fn)(o, *args)
-            assert status == want, (fn, args, status)
-            if want:
-                assert (sentinel == 7.0).all(), fn
-            sentinel[:] = 7.0
+            raw.check(getattr(lib, fn)(o, *args), want, (fn, args))

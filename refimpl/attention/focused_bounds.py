@@ -32,9 +32,8 @@ from .focused_core import (FocusedConfig, _attend, _check_dwc_args, _check_p, _m
                            _merge_heads, _p, _range_features, _resample_plan, _scaled_features, _split_heads,
                            _to_grid)
 from .focused_range import band_exponent, log_focused
-from .normaliser_range import rebalance_parts
-from .focused_underflow import (_no_bound, _range_rows, _tiny_rows, direct_underflow, log_direct_underflow,
-                                log_focused_error)
+from .focused_underflow import (RecomputedRows, _no_bound, _range_rows, _tiny_rows, direct_underflow,
+                                log_direct_underflow, log_focused_error, recomputed_rows)
 from .focused_underflow import eta_in_u as _eta_in_u
 
 __all__ = ["focused_function_error", "focused_function_bound", "resample_linear_bound", "focused_attention_bound"]
@@ -580,51 +579,37 @@ def recomputed_error(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.n
     by f are extra roundings.  Where rho is beyond float64 the output is below the underflow threshold: E =
     (k + 4) eta_T / u_T.  ``logs``: None, or (lq, lk, elq, elk), the log-features and their error coefficients
     computed by the caller (a module: f_p over the token, pre-features with errors, :func:`_err_core`; a_q, a_k
-    then unused); ``e_v``: V's error coefficients (None: exact).
+    then unused); ``e_v``: V's error coefficients (None: exact).  focused_underflow.recomputed_rows (the
+    parts above, formed once) then :func:`recomputed_rows_error` (per format and model).
 
     References: FLatten Eq. 4-6 (focused_range H2-H3); normaliser_range (R1, R2); Higham (2002) §3.1."""
-    c = float(config.ELEMENTARY_FUNCTION_ULPS)
-    out = np.zeros(rows.shape + (v.shape[-1],))
-    if not np.any(rows):
+    return recomputed_rows_error(recomputed_rows(a_q, a_k, v, rows, p=p, eps=eps, normaliser=normaliser, logs=logs,
+                                                 e_v=e_v), dtype, l2)
+
+
+def recomputed_rows_error(rec: RecomputedRows, dtype: Any = None, l2: bool = False) -> np.ndarray:
+    """:func:`recomputed_error` from its rows' parts ``rec`` (focused_underflow.recomputed_rows): E (B, h, N, e)
+    in units of u_T of ``dtype`` (``l2``: sigma), 0 outside the rows."""
+    out = np.zeros(rec.rows.shape + (rec.e,))
+    if rec.pq is None:
         return out
-    n_keys = v.shape[-2]
-    eps_eff = eps * n_keys if normaliser == "mean_scaled" else eps
-    x_v = band_exponent(v, -2)
-    vs = np.ldexp(v, -x_v)
-    evs = np.zeros_like(vs) if e_v is None else np.ldexp(e_v, -x_v)
-    with np.errstate(divide="ignore", invalid="ignore", under="ignore", over="ignore"):
-        if logs is None:
-            lq, lk = log_focused(np.log(a_q), p), log_focused(np.log(a_k), p)
-            elq, elk = log_focused_error(a_q, p), log_focused_error(a_k, p)
-        else:
-            lq, lk, elq, elk = logs
-        pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, False)
-        m = np.max(lk, axis=-2, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0.0)
-        dq, dm = lq - lq_t, m - m_t
-        coef_q = np.where(pq > 0, elq + c + np.abs(dq) + np.abs(dm) + np.abs(dq + dm), 0.0)
-        coef_k = np.where(pk > 0, elk + c + np.abs(lk - m), 0.0)
-        if eps_eff > 0:
-            coef_q = coef_q + np.where(pq > 0, np.max(elq, axis=-1, keepdims=True)
-                                       + np.max(elk, axis=(-2, -1), keepdims=True) + 2.0 * c + 2.0, 0.0)
-        rho = np.exp(math.log(eps_eff) - r[..., 0]) if eps_eff > 0 else np.zeros(r.shape[:-1])
-    eq, ek = coef_q * pq, coef_k * pk
-    for b, h in sorted({(int(i), int(j)) for i, j, _ in np.argwhere(rows)}):
+    pq, pk, rho = rec.pq, rec.pk, rec.rho
+    for b, h in sorted({(int(i), int(j)) for i, j, _ in np.argwhere(rec.rows)}):
         one = (slice(b, b + 1), slice(h, h + 1))
-        idx = np.flatnonzero(rows[b, h])
+        idx = np.flatnonzero(rec.rows[b, h])
         # rows sharing one rho (all of them with eps = 0) in one call; rho beyond float64: an output below
         # the underflow threshold, k = d + M + 4 roundings of eta_T each
-        groups = [idx] if eps_eff == 0 else [idx[rho[b, h, idx] == t] for t in np.unique(rho[b, h, idx])]
+        groups = [idx] if rec.eps_eff == 0 else [idx[rho[b, h, idx] == t] for t in np.unique(rho[b, h, idx])]
         for g in groups:
             t = float(rho[b, h, g[0]])
             if not math.isfinite(t):
-                out[b, h, g] = (pk.shape[-1] + n_keys + 8) * _eta_in_u(dtype)
+                out[b, h, g] = (pk.shape[-1] + rec.vs.shape[-2] + 8) * _eta_in_u(dtype)
                 continue
             sl = one + (g,)
-            e, _ = err_attention(pq[sl], pk[one], vs[one], eq[sl], ek[one], evs[one], eps=t,
+            e, _ = err_attention(pq[sl], pk[one], rec.vs[one], rec.eq[sl], rec.ek[one], rec.evs[one], eps=t,
                                  extra_roundings=2, dtype=dtype, l2=l2)
             out[b, h, g] = e[0, 0]
-    return np.ldexp(out, x_v)
+    return np.ldexp(out, rec.x_v)
 
 
 def _bound(e: np.ndarray, depth: float, what: str, dtype: Any = None, sigma: Any = None) -> numerics.Bound:
@@ -738,6 +723,9 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
                                      u_tested.shape), 0.0,
                      direct_underflow(a_q, a_k, v, dtype="float64" if dtype is not None else None, **under))
 
+    # the recomputed rows' rebalanced features and coefficients, formed once for E, sigma and the reference
+    rec = recomputed_rows(a_q, a_k, v, recomputed, p=p, eps=eps0, normaliser=normaliser)
+
     def err(l2, u_direct, tested=True):
         e_q = focused_function_error(q, p, dtype=dtype, l2=l2)
         e_k = focused_function_error(k, p, dtype=dtype, l2=l2)
@@ -746,8 +734,7 @@ def focused_attention_bound(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN
         if np.any(recomputed):
             # the recomputed rows: the definition's log-feature computation (recomputed_error); a tested
             # implementation may take either path (a direct one: the model above, inf where it has none)
-            e_rec = recomputed_error(a_q, a_k, v, recomputed, p=p, eps=eps0, normaliser=normaliser,
-                                     dtype=dtype if tested else "float64", l2=l2)
+            e_rec = recomputed_rows_error(rec, dtype if tested else "float64", l2)
             e_att = np.where(recomputed[..., None], np.fmax(e_att, e_rec) if tested else e_rec, e_att)
         depth = _feature_depth(p, sz["d"], dtype) + k_att
         if dwc_weight is None:

@@ -2,17 +2,19 @@
 (gradual-underflow) errors of an evaluation that does not rescale (:func:`direct_underflow`), the rows the
 relative model cannot cover (:func:`_range_rows`, :func:`_tiny_rows`, :func:`_no_bound`), and the error of the
 log-features from which the definition recomputes a row whose normaliser underflowed
-(:func:`log_focused_error`, used by focused_bounds.recomputed_error).
+(:func:`log_focused_error`) and those rows' rebalanced features and coefficients (:func:`recomputed_rows`), both
+used by focused_bounds.recomputed_error.
 
 Reference: D. Han et al., "FLatten Transformer", ICCV 2023 (../shared/seeds/001_f3b1223f03d702ca.txt), Eq. 4-6
 (focused_range's H1-H3); Higham (2002) §2.1 eq. 2.8 (gradual underflow), §3.1.
 
-Layer: attention: imports config, numerics, feature_maps and :mod:`.focused_range`; imported by
-:mod:`.focused_bounds`.
+Layer: attention: imports config, numerics, feature_maps, :mod:`.focused_range` and :mod:`.normaliser_range`;
+imported by :mod:`.focused_bounds`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -21,9 +23,10 @@ import numpy as np
 from .. import config, numerics
 from ..feature_maps import focused_function as _focused_function_numpy
 from ..feature_maps import norm_scaled as _norm_scaled
-from .focused_range import flagged_rows, live_rows
+from .focused_range import band_exponent, flagged_rows, live_rows, log_focused
+from .normaliser_range import rebalance_parts
 
-__all__ = ["eta_in_u", "direct_underflow", "log_focused_error"]
+__all__ = ["eta_in_u", "direct_underflow", "log_focused_error", "RecomputedRows", "recomputed_rows"]
 
 
 def eta_in_u(dtype: Any) -> float:
@@ -294,3 +297,56 @@ def log_focused_error(a: np.ndarray, p: float, axis: int = -1, rel: np.ndarray |
             rel = np.where(live, rel, 0.0)
             e = e + p * rel + np.sum((t1 / safe1 + p * t2 / safe2) * rel, axis=axis, keepdims=True)
     return np.where(live, e, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class RecomputedRows:
+    """The parts of focused_bounds.recomputed_error that depend on neither the tested format nor the model (E or
+    sigma), for the rows ``rows`` (B, h, N) of values with ``e`` channels: the rebalanced features pq, pk, their
+    relative error coefficients times the features (eq, ek), V scaled by 2^-x_v (vs, evs), rho per row and
+    eps_eff (eps, or eps n for the mean-of-keys normaliser); pq None where no row is recomputed."""
+
+    rows: np.ndarray
+    e: int
+    pq: Any = None
+    pk: Any = None
+    eq: Any = None
+    ek: Any = None
+    vs: Any = None
+    evs: Any = None
+    x_v: Any = None
+    rho: Any = None
+    eps_eff: float = 0.0
+
+
+def recomputed_rows(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.ndarray, *, p: float, eps: float,
+                    normaliser: str, logs: Any = None, e_v: Any = None) -> RecomputedRows:
+    """The :class:`RecomputedRows` of focused_bounds.recomputed_error (its arguments less the format and the
+    model; the derivation is there): the log-features and their errors (:func:`log_focused_error`), their
+    rebalancing (normaliser_range.rebalance_parts), the keys' per-channel max m, the feature coefficients and
+    rho, formed once for every format and model (focused_bounds.recomputed_rows_error)."""
+    if not np.any(rows):
+        return RecomputedRows(rows, v.shape[-1])
+    c = float(config.ELEMENTARY_FUNCTION_ULPS)
+    n_keys = v.shape[-2]
+    eps_eff = eps * n_keys if normaliser == "mean_scaled" else eps
+    x_v = band_exponent(v, -2)
+    vs = np.ldexp(v, -x_v)
+    evs = np.zeros_like(vs) if e_v is None else np.ldexp(e_v, -x_v)
+    with np.errstate(divide="ignore", invalid="ignore", under="ignore", over="ignore"):
+        if logs is None:
+            lq, lk = log_focused(np.log(a_q), p), log_focused(np.log(a_k), p)
+            elq, elk = log_focused_error(a_q, p), log_focused_error(a_k, p)
+        else:
+            lq, lk, elq, elk = logs
+        pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, False)
+        m = np.max(lk, axis=-2, keepdims=True)
+        m = np.where(np.isfinite(m), m, 0.0)
+        dq, dm = lq - lq_t, m - m_t
+        coef_q = np.where(pq > 0, elq + c + np.abs(dq) + np.abs(dm) + np.abs(dq + dm), 0.0)
+        coef_k = np.where(pk > 0, elk + c + np.abs(lk - m), 0.0)
+        if eps_eff > 0:
+            coef_q = coef_q + np.where(pq > 0, np.max(elq, axis=-1, keepdims=True)
+                                       + np.max(elk, axis=(-2, -1), keepdims=True) + 2.0 * c + 2.0, 0.0)
+        rho = np.exp(math.log(eps_eff) - r[..., 0]) if eps_eff > 0 else np.zeros(r.shape[:-1])
+    return RecomputedRows(rows, v.shape[-1], pq, pk, coef_q * pq, coef_k * pk, vs, evs, x_v, rho, eps_eff)
