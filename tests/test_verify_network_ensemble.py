@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from refimpl import cli
+from refimpl import config
 from refimpl import ensemble as E
 from refimpl import verify as V
 from refimpl.verify import ensemble as VE
@@ -32,9 +33,22 @@ def _used(e: dict) -> set:
 
 
 def _without_ensemble(d: dict) -> dict:
+    """The report without what the twin's members add: the ensembles, and the logits comparison's notes on its
+    members (dropped bit for bit, outside the bound)."""
     d = {k: v for k, v in d.items() if k != "ensemble"}
     d["stages"] = [{k: v for k, v in s.items() if k != "ensemble"} for s in d["stages"]]
+    d["whole_module"] = {k: v for k, v in d["whole_module"].items() if k != "ensemble"}
+    d["whole_module"]["reasons"] = [r for r in d["whole_module"]["reasons"] if not r.startswith("ensemble member")]
     return d
+
+
+def _md_ensemble(md: str) -> dict[str, list[str]]:
+    """The rows of the Markdown report's ensemble table: compared -> the other cells."""
+    sec = md.split("## Ensemble", 1)[1].split("\n## ", 1)[0]
+    rows = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in sec.splitlines() if ln.startswith("| ")]
+    assert rows[0] == ["compared", "zmax", "zmax threshold", "zrms", "zrms threshold", "worst member (zmax; zrms)",
+                       "members used (zmax, zrms)", "dropped"], rows[0]
+    return {r[0]: r[1:] for r in rows[1:]}
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +80,70 @@ def test_a_correct_network_matches_with_the_twin_ensemble_and_lists_the_members_
     text, md = str(r), r.to_markdown()
     assert "ensemble: refimpl's PyTorch twin" in text and "  blocks.1: zmax" in text, text
     assert "## Ensemble" in md and "| blocks.1 |" in md and "| head |" in md, md
+
+
+def test_the_parts_ensembles_and_the_worst_members_are_in_the_markdown_and_the_terminal(correct):
+    """The ensemble of each part of blocks.0 (judged part by part; the JSON's ``stages[1].ensemble.parts``) is a
+    row "blocks.0/attn", "blocks.0/mlp" of the Markdown ensemble table after the unit's own, with its zmax, zrms,
+    thresholds, and the members used with the largest zmax and zrms (the ones that set the thresholds); the
+    terminal has the same lines."""
+    r = correct
+    md, text = r.to_markdown(), str(r)
+    rows = _md_ensemble(md)
+    names = list(rows)
+    assert names.index("blocks.0") + 1 == names.index("blocks.0/attn") == names.index("blocks.0/mlp") - 1, names
+    parts = r.as_dict()["stages"][1]["ensemble"]["parts"]
+    for q, e in [("blocks.0", r.stages[1].ensemble)] + [(f"blocks.0/{k}", v) for k, v in parts.items()]:
+        used = {k: m for k, m in e["members"].items() if m["status"] == "used"}
+        wmax = max(used, key=lambda k: used[k]["zmax"])
+        wrms = max(used, key=lambda k: used[k]["zrms"])
+        # the worst members set the thresholds: F x their statistic
+        assert e["zmax_threshold"] == pytest.approx(config.VERDICT_MAX_FACTOR * used[wmax]["zmax"], rel=1e-12)
+        assert e["zrms_threshold"] == pytest.approx(config.VERDICT_RMS_FACTOR * used[wrms]["zrms"], rel=1e-12)
+        assert rows[q][:5] == [f"{e['zmax']:.3g}", f"{e['zmax_threshold']:.3g}", f"{e['zrms']:.3g}",
+                               f"{e['zrms_threshold']:.3g}", f"{wmax}; {wrms}"], (q, rows[q])
+        assert f"  {q}: zmax {e['zmax']:.3g} (threshold {e['zmax_threshold']:.3g})" in text, text
+        assert f"members used, worst {wmax} (zmax), {wrms} (zrms)" in text.split(f"  {q}: zmax", 1)[1].split("\n")[0]
+
+
+def test_the_logits_are_judged_against_the_twins_whole_forward(correct):
+    """The logits comparison's members: the twin's whole forward on the same images, plainly (the tested network
+    is the twin: bit for bit, dropped) and under every variant; listed in ``whole_module.ensemble``, the Markdown
+    ensemble table's "whole module" row, and the report's members."""
+    e = correct.whole_module["ensemble"]
+    assert {VE.PLAIN, *E.DEFAULT_VARIANTS} <= set(e["members"]), e
+    assert e["members"][VE.PLAIN]["status"] == "equal to the tested output bit for bit: dropped", e
+    assert _used(e) & set(E.ORDERS) and "rounding model" not in e["members"], e
+    assert e["zmax"] <= e["zmax_threshold"] and e["zrms"] <= e["zrms_threshold"], e
+    assert "whole module" in _md_ensemble(correct.to_markdown())
+    assert "logits" in correct.ensemble["per"] and not correct.ensemble["failed"], correct.ensemble
+
+
+def _blended_logits(t: float):
+    """The twin with its logits blended towards a batch-state bug after the network's forward (item 0 gets item
+    1's logits), in the network's precision."""
+    m = twin(NAME)
+    m.register_forward_hook(lambda _m, _inp, y: y if t == 0.0 else y + t * (torch.cat([y[1:2], y[1:]]) - y))
+    return m
+
+
+def test_a_logits_defect_just_above_the_legitimate_error_diverges_there_only_with_the_twins_logits_members():
+    """t chosen from the measured ensemble: the blend's largest logits error 4x the threshold the twin's logits
+    members set.  The logits' own bound is void (the network's depth): without the twin's members the logits are
+    judged by the NumPy naive run and the random-rounding model (threshold ~1e12 x larger) and are inconclusive;
+    with them the logits comparison diverges."""
+    kw = dict(KW, batch=2)
+    thr = V.verify(_blended_logits(0.0), NAME, **kw).whole_module["ensemble"]["zmax_threshold"]
+    z1 = V.verify(_blended_logits(1.0), NAME, ensemble=False, **kw).whole_module["ensemble"]["zmax"]
+    t = 4.0 * thr / z1
+    r = V.verify(_blended_logits(t), NAME, **kw)
+    wm = r.whole_module
+    assert r.verdict == "diverges" and wm["verdict"] == "diverges", str(r)
+    assert wm["max_relative_bound"] >= 1 and wm["ensemble"]["zmax"] > wm["ensemble"]["zmax_threshold"], wm
+    assert any("legitimate evaluations" in x for x in wm["reasons"]), wm["reasons"]
+    plain = V.verify(_blended_logits(t), NAME, ensemble=False, **kw).whole_module
+    assert plain["verdict"] == "inconclusive" and plain["ensemble"]["zmax"] == wm["ensemble"]["zmax"], plain
+    assert plain["ensemble"]["zmax_threshold"] > 1e6 * wm["ensemble"]["zmax_threshold"], plain
 
 
 def test_no_ensemble_gives_the_report_without_twin_members(correct, capsys):

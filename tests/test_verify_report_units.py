@@ -107,6 +107,57 @@ def test_a_part_whose_input_is_not_located_diverges_and_the_parts_after_it_are_n
     assert json.loads(r.to_json())["stages"][1]["parts"][1]["verdict"] == "not judged"
 
 
+def test_the_shadow_runs_parts_are_listed_after_the_units_own_parts_and_labelled():
+    """With shadow=True blocks.0 (its own bound void in float32) is judged part by part in the shadow run too:
+    its parts there are the JSON's ``stages[1].shadow.parts`` and rows "blocks.0/attn (shadow)", "blocks.0/mlp
+    (shadow)" of the Markdown report and the terminal, right after the unit's own parts, counted apart."""
+    r = V.verify(twin(NAME), NAME, shadow=True, **KW)
+    assert r.verdict == "match", str(r)
+    sh = r.as_dict()["stages"][1]["shadow"]
+    assert [q["name"] for q in sh["parts"]] == ["attn", "mlp"] and all(q["ok"] for q in sh["parts"]), sh
+    md = r.to_markdown()
+    assert _md_order(md) == ["stem", "blocks.0", "blocks.0/attn", "blocks.0/mlp", "blocks.0/attn (shadow)",
+                             "blocks.0/mlp (shadow)", "blocks.1", "head"], md
+    rows = _md_rows(md)
+    for q in sh["parts"]:
+        assert rows[f"blocks.0/{q['name']} (shadow)"] == [q["foreign"], "match", f"{q['err_over_bound']:.3g}", "-"]
+    # the shadow run's last part is where the unit's submodule, fed the reference's input, gave its output
+    assert rows["blocks.0/mlp (shadow)"][0].endswith("(the reference's input)"), rows
+    assert rows["blocks.0/attn (shadow)"][0].endswith("(by value)"), rows
+    assert ("parts of the units judged part by part (their own bound void in float32): 2 (2 match); parts in the "
+            "shadow run (each unit fed the reference's own input): 2 (2 match)") in md
+    assert "Rows marked (shadow): the part in the shadow run" in md
+    text = str(r)
+    assert "\nblocks.0/attn (shadow) " in text and "\nblocks.0/mlp (shadow) " in text, text
+    # without shadow parts: no shadow rows and no note
+    plain = V.verify(twin(NAME), NAME, **KW).to_markdown()
+    assert "(shadow)" not in plain and "shadow run" not in plain
+
+
+def test_a_bug_in_one_part_shows_at_that_part_in_the_shadow_rows_of_the_markdown_and_the_terminal(tmp_path, capsys):
+    """The bug in blocks.0's attention branch: in the shadow run blocks.0 (fed the reference's own input) diverges
+    at its part attn, which the Markdown report and the terminal's rich table name as "blocks.0/attn (shadow)";
+    the shadow run's MLP part matches."""
+    out, js = tmp_path / "r.md", tmp_path / "r.json"
+    init = {"name": NAME, "bug_unit": "blocks.0.attn", "bug_rel": 1e-3}
+    code = cli.main(["verify", TARGET, "--reference", NAME, "--init", json.dumps(init), "--config",
+                     '{"reduced": true}', "--no-ensemble", "--shadow", "--report", str(out), "--json", str(js)])
+    term = capsys.readouterr().out
+    assert code == 1, term
+    rep = json.loads(js.read_text())
+    assert rep["shadow_first_divergence"]["stage"] == "blocks.0", rep["shadow_first_divergence"]
+    parts = {q["name"]: q for q in rep["stages"][1]["shadow"]["parts"]}
+    assert parts["attn"]["verdict"] == "diverges" and parts["mlp"]["verdict"] == "match", parts
+    rows = _md_rows(out.read_text())
+    assert rows["blocks.0/attn (shadow)"][1:] == ["diverges", f"{parts['attn']['err_over_bound']:.3g}",
+                                                  "blocks.0/attn (shadow)"], rows
+    assert rows["blocks.0/mlp (shadow)"][1:] == ["match", f"{parts['mlp']['err_over_bound']:.3g}", "-"], rows
+    # the terminal (rich wraps long lines and cells: the summary compared without line breaks)
+    assert ("parts in the shadow run (each unit fed the reference's own input): 2 (1 diverges, 1 match)"
+            in " ".join(term.split())), term
+    assert any("diverges" in ln and "blocks.0/attn (shadow)" in ln for ln in term.splitlines()), term
+
+
 def _report(n: int, diverging: dict[int, StageResult]) -> Report:
     """A network report of ``n`` matching units ``blocks.i`` but the ``diverging`` ones."""
     stages = [diverging.get(i, StageResult(f"blocks.{i}", f"blocks.{i}:output", "match", 1e-7, 1e-7, 1e-5, 1e-2))

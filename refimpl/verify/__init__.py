@@ -23,7 +23,8 @@ What happens::
         each against its bound (:mod:`.gradients`)
     the ensemble (``ensemble=True``, the default): refimpl's PyTorch twin of the reference, loaded with the mapped
         weights in ``dtype``, run plainly and under every variant of :mod:`refimpl.ensemble` (whole module; per
-        stage teacher-forced on the module's own stage tensors): the legitimate evaluations the ensemble criterion
+        stage teacher-forced on the module's own stage tensors; for a network its logits, and each unit and part
+        teacher-forced on the network's own input to it): the legitimate evaluations the ensemble criterion
         compares the module's error with, besides the NumPy naive run in ``dtype`` (:mod:`.ensemble`)
 
 The verdict is "match", "diverges" or "inconclusive" (the bound cannot resolve the answer: the report says

@@ -27,7 +27,9 @@ A registered network (:func:`network_twin`, :func:`unit_members`) is judged unit
 by unit too, teacher-forced: the network's twin (:func:`refimpl.twins.models.build`, the one ``--grad`` uses),
 loaded with the network's values and cast to the tested dtype, runs each unit (``run_unit``) on exactly the input
 the foreign network's unit received (rounded to the dtype), plainly and under each variant; a unit judged part by
-part (its own bound void) gets the twin's ``run_unit_part`` on the part's tested input likewise.
+part (its own bound void) gets the twin's ``run_unit_part`` on the part's tested input likewise.  The network's
+logits (:func:`logits_members`) get the twin's whole forward on the same rounded images, plainly and under each
+variant, as a module's output does.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from .loading import VerifyError
 from .steps import _to64, _torch_dtype
 
 __all__ = ["TwinEnsemble", "twin_ensemble", "stage_members", "members_summary", "PLAIN", "NetworkEnsemble",
-           "network_twin", "unit_members", "network_section"]
+           "network_twin", "unit_members", "logits_members", "network_section"]
 
 #: the member name of the twin run plainly in the tested dtype
 PLAIN = "twin"
@@ -277,18 +279,42 @@ def unit_members(ne: NetworkEnsemble, unit: str, x: np.ndarray, shape: tuple[int
     the reference's layout) rounded to the dtype, plainly (member ``"twin"``) and under each variant
     (:func:`refimpl.ensemble.legitimate_runs`, one variant at a time so that one without a kernel in this
     precision is left out alone); outputs of another shape than ``shape`` (the reference's) are left out."""
-    import torch
     if ne.module is None:
         return {}
-    t0 = time.perf_counter()
     what = unit if part is None else f"{unit}/{part}"
     if part is not None and not hasattr(ne.module, "run_unit_part"):
         ne.unit_notes[what] = f"the network's twin ({ne.twin}) has no run_unit_part"
         return {}
-    xt = torch.from_numpy(np.ascontiguousarray(round_to(x, ne.dtype))).to(device=ne.device,
-                                                                          dtype=_torch_dtype(ne.dtype))
+    xt = _tensor(ne, x)
     run = ((lambda: ne.module.run_unit(unit, xt)) if part is None else
            (lambda: ne.module.run_unit_part(unit, part, xt)))
+    return _runs(ne, run, shape, what)
+
+
+def logits_members(ne: NetworkEnsemble, x: np.ndarray, shape: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """``{member: logits}``: the twin's whole forward on the images ``x`` (already rounded to the dtype, the
+    tested network's input), plainly and under each variant as :func:`unit_members` (one network forward per
+    member), reshaped to ``shape`` (the reference's logits); the members of the network's logits comparison, as
+    :func:`twin_ensemble`'s are of a module's output."""
+    if ne.module is None:
+        return {}
+    xt = _tensor(ne, x)
+    return _runs(ne, lambda: ne.module(xt), shape, "logits", reshape=True)
+
+
+def _tensor(ne: NetworkEnsemble, x: np.ndarray) -> Any:
+    import torch
+    return torch.from_numpy(np.ascontiguousarray(round_to(x, ne.dtype))).to(device=ne.device,
+                                                                            dtype=_torch_dtype(ne.dtype))
+
+
+def _runs(ne: NetworkEnsemble, run: Callable[[], Any], shape: tuple[int, ...], what: str,
+          reshape: bool = False) -> dict[str, np.ndarray]:
+    """``run`` plainly (member ``"twin"``) and under each of ``ne.variants``, in float64; a run that raises or
+    gives another shape than ``shape`` (another size, with ``reshape``) is named in ``ne.failed`` as
+    "member (what)" and left out; ``what`` without members goes into ``ne.unit_notes``."""
+    import torch
+    t0 = time.perf_counter()
     out: dict[str, np.ndarray] = {}
     for name in (PLAIN,) + ne.variants:
         try:
@@ -299,6 +325,8 @@ def unit_members(ne: NetworkEnsemble, unit: str, x: np.ndarray, shape: tuple[int
                 else:
                     y = _ensemble.legitimate_runs(run, (name,))[name]
             y = _to64(y[0] if isinstance(y, (tuple, list)) else y)
+            if reshape and y.size == int(np.prod(shape)):
+                y = y.reshape(shape)
             if y.shape != tuple(shape):
                 raise ValueError(f"the twin's output has shape {y.shape}, the reference's {tuple(shape)}")
             out[name] = y
@@ -320,7 +348,8 @@ def network_section(ne: NetworkEnsemble | None, dtype: str) -> dict[str, Any]:
     ran = bool(ne.members)
     out = {"torch": ran, "twin": ne.twin or None, "why": ne.why or None, "members": sorted(ne.members),
            "failed": dict(ne.failed), "seconds": round(ne.seconds, 3), "stages_without_members": dict(ne.unit_notes),
-           "per": "unit, teacher-forced: the twin's run_unit on the foreign network's own input to the unit"}
+           "per": "unit, teacher-forced: the twin's run_unit on the foreign network's own input to the unit; "
+                  "the logits: the twin's forward on the same rounded images"}
     if not ran:
         out["why"] = ((ne.why or f"the twin ({ne.twin}) ran no unit in {dtype} on {ne.device}") +
                       f": the ensemble is the NumPy naive run in {dtype} and the random-rounding model")

@@ -28,7 +28,9 @@ reference is a registered network name.  What happens::
         against the network's twin in ``dtype`` run on the same unit input, plainly and under every variant of
         refimpl.ensemble.DEFAULT_VARIANTS (a part judged alone: the twin's part likewise); the members per unit
         in the report (False: the NumPy naive run and the random-rounding model only)
-    whole network: the logits against ``forward_bounds`` (void at depth: then the units decide)
+    whole network: the logits against ``forward_bounds`` (void at depth: then the units decide) and the
+        ensemble criterion, with the twin's whole forward on the same images as members where ``ensemble=True``
+        (:func:`refimpl.verify.ensemble.logits_members`)
     shadow mode (``shadow=True``): each unit's submodule also run on the reference's own input to the unit
     examples (:func:`refimpl.verify.network_examples.verify_network_examples`): image sizes, batch and seed drawn by Hypothesis, a network built for
         one resolution rebuilt per size through the target's size keyword, the worst or the shrunk failing reported
@@ -47,7 +49,7 @@ from .. import config as _config
 from .. import verdict as _verdict
 from ..errors import RefimplError
 from ..numerics import naive_same_precision, round_to
-from .ensemble import members_summary, network_section, network_twin, unit_members
+from .ensemble import logits_members, members_summary, network_section, network_twin, unit_members
 from .head_wiring import _classifier_module, _head_wiring
 from .loading import VerifyError, instantiate, load_target, load_weights
 from .locate import locate, recorder, to_foreign
@@ -561,10 +563,11 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
     bar over the units on stderr.  ``shadow``: also each unit's submodule on the reference's own input to the unit
     (:func:`_shadow_units`).  ``grad``: also the network's input and parameter gradients against its float64
     twin's (:mod:`refimpl.verify.network_gradients`; the false-alarm budget then split in half).  ``ensemble``:
-    each unit also against the network's twin in ``dtype`` on the unit's tested input, plainly and under every
-    variant of refimpl.ensemble.DEFAULT_VARIANTS (:mod:`refimpl.verify.ensemble`; the report's ``ensemble`` and
-    each unit's); False (the default here; :func:`refimpl.verify.verify` asks for it by default): the NumPy naive
-    run in ``dtype`` and the random-rounding model only."""
+    each unit also against the network's twin in ``dtype`` on the unit's tested input, and the logits against its
+    whole forward on the images, plainly and under every variant of refimpl.ensemble.DEFAULT_VARIANTS
+    (:mod:`refimpl.verify.ensemble`; the report's ``ensemble``, each unit's and the whole module's); False (the
+    default here; :func:`refimpl.verify.verify` asks for it by default): the NumPy naive run in ``dtype`` and the
+    random-rounding model only."""
     import torch
 
     from .steps import _check_arguments, _conclude, _first, _precision_findings, _to64, _torch_dtype, _with_shadow
@@ -693,9 +696,10 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                 prog.advance(task)
 
     _, lbound = fam.forward_bounds(params, x, cfg, dtype=dtype)
+    lmembers = logits_members(ne, x, want.shape) if ne is not None else {}
     whole = _verdict.compare(got_logits, want, lbound, dtype,
                              naive=naive_same_precision(lambda prm, v: fam.forward(prm, v, cfg), params, x,
-                                                        dtype=dtype), name="logits")
+                                                        dtype=dtype), name="logits", ensemble=lmembers or None)
     verdict, first = _conclude(results, whole, got_logits, want)
     shadowed = (_shadow_units(module, fam, params, cfg, units, mods, run, x, taps, sizes, dtype, device, p_unit)
                 if shadow else None)
@@ -714,7 +718,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
             (map or {}).get("ignore", [])), derived_buffers=sorted(set(naming.derived) | set(mnaming.derived)),
         whole_module={"verdict": whole.verdict, "max_relative_bound": float(whole.max_relative_bound),
                       "err_over_bound": float(whole.max_err_over_bound), "rel_err": _f(whole.rel_err),
-                      "reasons": list(whole.reasons)},
+                      "reasons": list(whole.reasons), "ensemble": members_summary(whole, sorted(lmembers))},
         stages=results, first_divergence=first, findings=findings, whole_module_text=str(whole),
         network={"family": fam.__name__, "units": units, "image_hw": list(image), "batch": int(batch),
                  "weights_naming": "random (init_params)" if weights is None else naming.naming,

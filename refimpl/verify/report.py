@@ -231,28 +231,35 @@ class Report:
 
     @property
     def has_units(self) -> bool:
-        """Whether the report is a network's, verified unit by unit (or has a stage judged part by part)."""
-        return self.network is not None or any(st.parts for st in self.stages)
+        """Whether the report is a network's, verified unit by unit (or has a stage judged part by part, in the
+        propagating or the shadow run)."""
+        return self.network is not None or any(st.parts for st in self.stages + list(self.shadow or ()))
 
     def unit_rows(self) -> list[dict[str, Any]]:
         """The units (a network's stages) in the order the reference computes them, each followed by its parts
-        where it was judged part by part: ``name`` ("unit" or "unit/part"), ``part`` (whether a part),
-        ``foreign``, ``verdict``, ``err_over_bound`` (for a unit the worst of its own and its parts'; None where
-        nothing was compared) and ``first_divergence`` (:meth:`StageResult.first_divergence`)."""
+        where it was judged part by part, then by its parts in the shadow run (``--shadow``) where the shadow run
+        judged it part by part: ``name`` ("unit", "unit/part" or "unit/part (shadow)"), ``part`` (whether a
+        part), ``shadow`` (whether of the shadow run), ``foreign``, ``verdict``, ``err_over_bound`` (for a unit
+        the worst of its own and its parts' in the propagating run; None where nothing was compared) and
+        ``first_divergence`` (:meth:`StageResult.first_divergence`; a diverging part: its own name)."""
         rows: list[dict[str, Any]] = []
-        for st in self.stages:
+        for i, st in enumerate(self.stages):
             vals = [v for v in [st.err_over_bound] + [q.err_over_bound for q in st.parts or ()]
                     if v is not None and not np.isnan(v)]
-            rows.append({"name": st.name, "part": False, "foreign": st.foreign, "verdict": st.verdict,
-                         "err_over_bound": max(vals) if vals else None, "first_divergence": st.first_divergence()})
-            rows += [{"name": f"{st.name}/{q.name}", "part": True, "foreign": q.foreign, "verdict": q.verdict,
-                      "err_over_bound": q.err_over_bound,
-                      "first_divergence": f"{st.name}/{q.name}" if q.verdict == _verdict.DIVERGES else "-"}
-                     for q in st.parts or ()]
+            rows.append({"name": st.name, "part": False, "shadow": False, "foreign": st.foreign,
+                         "verdict": st.verdict, "err_over_bound": max(vals) if vals else None,
+                         "first_divergence": st.first_divergence()})
+            shadow_parts = (self.shadow[i].parts or []) if self.shadow is not None else []
+            for q, label, sh in [(q, f"{st.name}/{q.name}", False) for q in st.parts or ()] + \
+                                [(q, f"{st.name}/{q.name} (shadow)", True) for q in shadow_parts]:
+                rows.append({"name": label, "part": True, "shadow": sh, "foreign": q.foreign, "verdict": q.verdict,
+                             "err_over_bound": q.err_over_bound,
+                             "first_divergence": label if q.verdict == _verdict.DIVERGES else "-"})
         return rows
 
     def units_summary(self) -> str:
-        """One line: how many units, and parts of the units judged part by part, have each verdict."""
+        """One line: how many units, parts of the units judged part by part, and parts of the units the shadow run
+        judged part by part, have each verdict."""
         rows = self.unit_rows()
 
         def count(kind: list[dict]) -> str:
@@ -260,10 +267,14 @@ class Report:
             for r in kind:
                 by[r["verdict"]] = by.get(r["verdict"], 0) + 1
             return ", ".join(f"{n} {v}" for v, n in by.items()) or "none"
-        units, parts = [r for r in rows if not r["part"]], [r for r in rows if r["part"]]
+        units = [r for r in rows if not r["part"]]
+        parts = [r for r in rows if r["part"] and not r["shadow"]]
+        shadow = [r for r in rows if r["shadow"]]
         return (f"units: {len(units)} ({count(units)})" + (
             f"; parts of the units judged part by part (their own bound void in {self.dtype}): {len(parts)} "
-            f"({count(parts)})" if parts else ""))
+            f"({count(parts)})" if parts else "") + (
+            f"; parts in the shadow run (each unit fed the reference's own input): {len(shadow)} ({count(shadow)})"
+            if shadow else ""))
 
     def units_text(self, markdown: bool = False, limit: int | None = None) -> str:
         """The units and their parts: a count per verdict, then (Markdown) every unit and part, or (text) all of
@@ -276,6 +287,10 @@ class Report:
                      "|---|---|---|---|---|"]
             lines += [f"| {r['name']} | {r['foreign'] or '-'} | {r['verdict']} | {_g(r['err_over_bound'])} | "
                       f"{r['first_divergence']} |" for r in rows]
+            if any(r["shadow"] for r in rows):
+                lines += ["", "Rows marked (shadow): the part in the shadow run (`--shadow`), your unit's submodule "
+                              "fed the reference's own input to the unit (the part's input located among the tensors "
+                              "that call computed)."]
             return "\n".join(lines)
         from .. import config as _config
         limit = _config.VERIFY_SUMMARY_ROWS if limit is None else limit
@@ -340,9 +355,21 @@ class Report:
                   f"{_g(_num(t['err_over_bound'])):>9}" + (f"  {t['detail']}" if t["detail"] else "") for t in rows]
         return "\n".join(lines)
 
+    def ensemble_rows(self) -> list[tuple[str, dict[str, Any]]]:
+        """The comparisons judged against an ensemble, each with its summary
+        (:func:`refimpl.verify.ensemble.members_summary`): the whole module ("whole module"; a network's logits),
+        each stage, and after a unit judged part by part its parts ("unit/part", from the unit's
+        ``ensemble["parts"]``)."""
+        rows: list[tuple[str, dict[str, Any]]] = [("whole module", self.whole_module.get("ensemble"))]
+        for s in self.stages:
+            rows.append((s.name, s.ensemble))
+            rows += [(f"{s.name}/{q}", e) for q, e in ((s.ensemble or {}).get("parts") or {}).items()]
+        return [(n, e) for n, e in rows if e and "members" in e]
+
     def ensemble_text(self, markdown: bool = False) -> str:
         """The ensemble of legitimate evaluations the verdicts were judged against (``ensemble``, and each
-        comparison's members): as text lines or Markdown tables."""
+        comparison's members, :meth:`ensemble_rows`): as text lines or Markdown tables, each comparison with the
+        worst member used (the one with the largest zmax, and with the largest zrms: they set the thresholds)."""
         en = self.ensemble or {}
         if en.get("torch"):
             head = (f"ensemble: refimpl's PyTorch twin ({en.get('twin')}) in {self.dtype}, run as "
@@ -351,15 +378,17 @@ class Report:
             head = f"ensemble: the NumPy naive run and the random-rounding model ({en.get('why') or 'no torch ensemble'})"
         if en.get("failed"):
             head += "; left out: " + "; ".join(f"{k} ({v})" for k, v in en["failed"].items())
-        rows = [("whole module", self.whole_module.get("ensemble"))] + [(s.name, s.ensemble) for s in self.stages]
-        rows = [(n, e) for n, e in rows if e]
+        rows = self.ensemble_rows()
         if markdown:
-            lines = [head] + (["", "| compared | zmax | zmax threshold | zrms | zrms threshold | members used (zmax, "
-                               "zrms) | dropped |", "|---|---|---|---|---|---|---|"] if rows else [])
+            lines = [head] + (["", "| compared | zmax | zmax threshold | zrms | zrms threshold | worst member (zmax; "
+                               "zrms) | members used (zmax, zrms) | dropped |", "|---|---|---|---|---|---|---|---|"]
+                              if rows else [])
             for n, e in rows:
                 used, dropped = _members(e)
+                wmax, wrms = _worst(e)
                 lines.append(f"| {n} | {_g(_num(e['zmax']))} | {_g(_num(e['zmax_threshold']))} | "
-                             f"{_g(_num(e['zrms']))} | {_g(_num(e['zrms_threshold']))} | {used} | {dropped or '-'} |")
+                             f"{_g(_num(e['zrms']))} | {_g(_num(e['zrms_threshold']))} | {wmax}; {wrms} | {used} | "
+                             f"{dropped or '-'} |")
             notes = en.get("stages_without_members") or {}
             if notes:
                 lines += ["", "Stages without teacher-forced twin members: " + "; ".join(
@@ -369,15 +398,27 @@ class Report:
         for n, e in rows:
             by = {st: [k for k, m in e["members"].items() if m["status"] == st] for st in (
                 "used", "outside the bound: not used", "equal to the tested output bit for bit: dropped")}
+            wmax, wrms = _worst(e)
             lines.append(f"  {n}: zmax {_g(_num(e['zmax']))} (threshold {_g(_num(e['zmax_threshold']))}), zrms "
                          f"{_g(_num(e['zrms']))} (threshold {_g(_num(e['zrms_threshold']))}); "
-                         f"{len(by['used'])} members used"
+                         f"{len(by['used'])} members used, worst {wmax} (zmax), {wrms} (zrms)"
                          + (f"; outside the bound: {', '.join(by['outside the bound: not used'])}"
                             if by["outside the bound: not used"] else "")
                          + (f"; bit-identical to the tested output: "
                             f"{', '.join(by['equal to the tested output bit for bit: dropped'])}"
                             if by["equal to the tested output bit for bit: dropped"] else ""))
         return "\n".join(lines)
+
+
+def _worst(e: dict) -> tuple[str, str]:
+    """(the member used with the largest zmax, the one with the largest zrms) of one comparison's ensemble: the
+    members that set its two thresholds; "-" where no member was used."""
+    used = {k: m for k, m in e["members"].items() if m["status"] == "used"}
+
+    def top(stat: str) -> str:
+        vals = {k: _num(m[stat]) for k, m in used.items() if m[stat] is not None and not np.isnan(_num(m[stat]))}
+        return max(vals, key=vals.get) if vals else "-"
+    return top("zmax"), top("zrms")
 
 
 def _members(e: dict) -> tuple[str, str]:
