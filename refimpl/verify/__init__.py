@@ -62,7 +62,7 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     the seed drawn from ``seed`` (:func:`refimpl.verify.network_examples.verify_network_examples`; ``max_side``: the largest
     image side); a network built for one resolution is rebuilt for each size on both sides, ``module`` taking the
     size by a keyword (``img_size``, ``image_size``, ...: :data:`refimpl.verify.network_examples.SIZE_KEYWORDS`)."""
-    from hypothesis import HealthCheck, given, settings, strategies as st
+    from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
     from .network_examples import verify_network_examples
     from .networks import is_network
@@ -92,7 +92,8 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     failing: list[tuple[Report, dict]] = []
 
     @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+              suppress_health_check=list(HealthCheck),      # no explain phase: it reruns a shrunk failure
+              phases=[p for p in Phase if p is not Phase.explain])   # dozens of times to name the varying args
     @given(batch=st.integers(1, 3), hw=sides, ex_seed=st.integers(0, 15))   # a small seed range: cheap to shrink
     def run(batch, hw, ex_seed):
         r = verify(module, reference, hw=hw, batch=batch, seed=ex_seed, **other)
