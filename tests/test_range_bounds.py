@@ -333,15 +333,19 @@ def _rope_rows_inputs(family: str, seed: int) -> tuple:
     return 2.0 * q, k, v, None
 
 
+@pytest.mark.parametrize("rope", [True, False])
 @pytest.mark.parametrize("preset", ["official", "paper"])
 @pytest.mark.parametrize("family", ["deep", "binade", "eps", "mixed"])
-def test_rala_core_bound_on_recomputed_rope_rows(preset, family):
-    """Item 5 (module docstring): four draws per family."""
+def test_rala_core_bound_on_recomputed_rows(preset, family, rope):
+    """Item 5 (module docstring): four draws per family, with RoPE and without.  Without it (the paper preset's
+    own setting) the rule is the rotated one at R = 1 (tests/test_rala_underflow.py item 2), and tight where
+    the exp arguments' roundings reach the output: err/E >= 1/8 on the official preset's binade and eps families
+    (measured 0.31 and 0.85), >= 1/1024 on the others (measured 2e-3 .. 7e-2); with RoPE >= 1/4096 there."""
     hw, pr = (3, 3), rala_bounds._Prec.of("float64")
     worst = 0.0
     for seed in range(4):
         q, k, v, eps = _rope_rows_inputs(family, seed)
-        cfg = RALAConfig.preset(preset, dim=16, num_heads=2, rope=True, **({} if eps is None else {"eps": eps}))
+        cfg = RALAConfig.preset(preset, dim=16, num_heads=2, rope=rope, **({} if eps is None else {"eps": eps}))
         hit, alpha = recomputed_rows(q, k, cfg)
         out = rala_core(q, k, v, cfg, hw)
         e = rala_core_bound(q, k, v, cfg, hw, dtype="float64").array("float64", out.shape)
@@ -359,4 +363,5 @@ def test_rala_core_bound_on_recomputed_rope_rows(preset, family):
                                                  cfg, hw, pr)[0]
             assert not np.any(np.isfinite(direct[live]))
         worst = max(worst, float(np.max((err / e_rec)[live])))
-    assert worst >= (1.0 / 8 if preset == "official" and family in ("binade", "eps") else 1.0 / 4096), worst
+    floor = 1.0 / 8 if preset == "official" and family in ("binade", "eps") else 1.0 / (4096 if rope else 1024)
+    assert worst >= floor, worst

@@ -11,7 +11,7 @@ is invariant under two positive rescalings of the features (every product phi(Q_
 numerator and normaliser, change by the same factor, or not at all):
 
   (R1) per channel: channel c of phi(Q) multiplied and channel c of phi(K) divided by any a_c > 0 (for
-       RALA's RoPE, which mixes the channel pair (2t, 2t+1), both channels of a pair take one factor);
+       RALA's RoPE, which mixes the channel pair (2t, 2t+1), both channels of a rotated pair take one factor);
   (R2) per row: row i of phi(Q) (or every key of a head) multiplied by b_i > 0, with the normaliser's
        additive eps and clamp C_min multiplied by b_i too (they are then the same constants in the original
        units).  Likewise O is of degree 1 in each column of V.
@@ -50,7 +50,7 @@ from ..errors import ArgumentError
 
 __all__ = ["apply_policy", "quotient", "unscaled", "scaling_exponents", "normaliser_scaled", "underflow_rows",
            "log_features", "rebalanced_output", "rebalance", "rebalance_parts", "rebalance_factor", "error_ratio",
-           "normalised_up", "underflow_error", "log_pair"]
+           "normalised_up", "underflow_error", "log_pair", "shared_max"]
 
 
 def apply_policy(den: Any, *, eps: float, eps_policy: str, clamp_min: float | None) -> np.ndarray:
@@ -222,7 +222,7 @@ def log_features(x: np.ndarray, name: str, opts: Mapping[str, Any],
 
 
 def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.ndarray, *, eps: float,
-                       eps_policy: str, clamp_min: float | None, stage: str, pairs: bool = False,
+                       eps_policy: str, clamp_min: float | None, stage: str, pairs: Any = False,
                        rotate: Any = None, want_attn: bool = False) -> Any:
     """The normalised output from log-features, where the normaliser of the direct computation underflowed to
     0 (a row of ELU + 1 features meeting keys whose features are far below float64 in the channels
@@ -231,11 +231,16 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
     Eq. 4 is invariant when channel c of phi(Q) is multiplied and the same channel of phi(K) divided by a
     positive a_c (the products phi(Q_i)_c phi(K_j)_c are unchanged), and under positive scaling of a row of
     phi(Q) with eps and clamp_min scaled along.  With lq = log phi(Q), lk = log phi(K) (-inf for 0):
-    m_c = max_j lk_jc (per channel pair for RoPE, ``pairs``: a rotation mixes the pair, so both channels take
-    one factor), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic and phi_q' = exp(a - r): every product
-    exp(lq_ic + lk_jc) = exp(r_i) phi_q'_ic phi_k'_jc, the largest of each factor is 1 and the normaliser
-    phi_q' . sum_j phi_k' is >= 1.  exp(r_i) = f 2^s (numerics.exp_pow2_split) multiplies numerator and
-    normaliser once (f) and scales the policy's constants (2^s, :func:`normaliser_scaled`); ``v_s`` is V
+    m_c = max_j lk_jc (per channel pair for RoPE where ``pairs`` says so, :func:`shared_max`: a rotation by angles
+    that differ between tokens mixes the pair, so both channels take one factor; a pair at angle 0 for every
+    token is not rotated, cos 0 = 1 and sin 0 = 0 exactly, and keeps one factor per channel), phi_k' = exp(lk - m),
+    a = lq + m, r_i = max_c a_ic and phi_q' = exp(a - r): every product exp(lq_ic + lk_jc) = exp(r_i) phi_q'_ic
+    phi_k'_jc, the largest of each factor is 1 and the normaliser phi_q' . sum_j phi_k' is >= 1 (with shared
+    pairs not necessarily: a channel's own key maximum may lie far below its pair's; where it lies beyond
+    float64's range the normaliser may underflow, and the pair's rotated cross terms then exceed it by as much,
+    so that the exact result is beyond float64 unless the rotation cancels them, as it does for keys at the
+    query's own angle).  exp(r_i) = f 2^s (numerics.exp_pow2_split) multiplies numerator and normaliser once
+    (f) and scales the policy's constants (2^s, :func:`normaliser_scaled`); ``v_s`` is V
     2^-e_v.  ``rotate``: None, or (rot_q, rot_k) applied to phi_q' and phi_k' before the numerator (RALA's
     RoPE).  An output beyond float64 raises FloatingPointError naming ``stage``.  Each exp rounds once more
     than the direct path; used only where that path has no result.  ``want_attn``: also the N x M matrix
@@ -255,16 +260,28 @@ def rebalanced_output(lq: np.ndarray, lk: np.ndarray, v_s: np.ndarray, e_v: np.n
     return out, attn
 
 
-def rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
+def shared_max(m: np.ndarray, pairs: Any) -> np.ndarray:
+    """m (..., d) with each channel pair (2t, 2t+1) marked in ``pairs`` given the larger of its two entries (both
+    channels of a pair that a rotation mixes take one factor, normaliser_range's R1); ``pairs`` False (no pair),
+    True (every pair) or a bool array (d / 2,)."""
+    if pairs is None or (np.ndim(pairs) == 0 and not pairs):
+        return m
+    top = np.repeat(np.max(m.reshape(*m.shape[:-1], -1, 2), axis=-1), 2, axis=-1)
+    if np.ndim(pairs) == 0:
+        return top
+    return np.where(np.repeat(np.asarray(pairs, dtype=bool), 2), top, m)
+
+
+def rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: Any) -> tuple:
     """(phi_q', phi_k', r, lq*, m*) of :func:`rebalance`, with r = lq* + m* (the row's largest channel c*).
+    ``pairs``: False, True (every channel pair (2t, 2t+1) shares its factor m) or a bool array over the pairs
+    (d / 2,) marking those that share it (:func:`shared_max`).
     phi_q' = exp((lq - lq*) + (m - m*)): the differences are formed first (exact by Sterbenz's lemma for the
     channels within a factor 2 of c*'s, the ones that matter), so phi_q' does not carry the rounding of
     lq + m, whose absolute error u |r| would be a relative error u |r| of each feature (|r| ~ 700 where exp
     underflows)."""
     with np.errstate(invalid="ignore", over="ignore", under="ignore"):
-        m = np.max(lk, axis=-2, keepdims=True)                              # (B,h,1,d)
-        if pairs:
-            m = np.repeat(np.max(m.reshape(*m.shape[:-1], -1, 2), axis=-1), 2, axis=-1)
+        m = shared_max(np.max(lk, axis=-2, keepdims=True), pairs)          # (B,h,1,d)
         keyed = np.isfinite(m)                         # a channel where every key is 0 (-inf) adds no product:
         m = np.where(keyed, m, 0.0)                    # it takes no part in r and its phi_q' is 0 (else r could
         pk = np.exp(lk - m)                            # pick it and leave a subnormal normaliser)
@@ -280,7 +297,7 @@ def rebalance_parts(lq: np.ndarray, lk: np.ndarray, pairs: bool) -> tuple:
         return pq, pk, r, np.where(ok, lq_t, 0.0), np.where(ok, m_t, 0.0)
 
 
-def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
+def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: Any = False) -> tuple:
     """(phi_q', phi_k', r) of :func:`rebalanced_output` from log-features: m_c = max_j lk_jc (per channel pair
     with ``pairs``), phi_k' = exp(lk - m), a = lq + m, r_i = max_c a_ic, phi_q' = exp(a - r) (formed as
     :func:`rebalance_parts` says), so that phi(Q_i)_c phi(K_j)_c = exp(r_i) phi_q'_ic phi_k'_jc with the largest
@@ -288,7 +305,7 @@ def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
     return rebalance_parts(lq, lk, pairs)[:3]
 
 
-def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: bool = False) -> tuple:
+def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: Any = False) -> tuple:
     """(phi_q', phi_k', f, s) with exp(r_i) = f 2^s (s an int array, (B, h, N, 1)): :func:`rebalance`, and the
     factor as exp(lq*) exp(m*) of the row's largest channel (numerics.exp_pow2_split of each: f = f_1 f_2 in
     [1/2, 2], s = s_1 + s_2), so that f carries exp's accuracy (one rounding more) but not the rounding of

@@ -388,7 +388,8 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     e_qk = (e_q + e_k)[..., 0]                          # (B,h,N): the normaliser's exponent
     den, g = normaliser_scaled(den, e_qk, eps=cfg.eps, eps_policy="add", clamp_min=None)
     rot = None if not cfg.rope else (lambda x: apply_rope_2d(x, ang),) * 2
-    out = _finish(num, den, g, e_v, q, k, v_s, alpha, kq_s, key_sum, cfg.kernel, norm, cfg.eps, rot)
+    out = _finish(num, den, g, e_v, q, k, v_s, alpha, kq_s, key_sum, cfg.kernel, norm, cfg.eps, rot,
+                  rope_shared_pairs(ang) if cfg.rope else False)
     e_qk = e_qk + g                                     # the tapped normaliser's exponent
     if taps is not None:
         with np.errstate(over="ignore"):
@@ -407,26 +408,50 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
 
 def _finish(num: np.ndarray, den: np.ndarray, g: np.ndarray, e_v: np.ndarray, q: np.ndarray, k: np.ndarray,
             v_s: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray, key_sum: np.ndarray, kernel: str, norm: float,
-            eps: float, rotate: Any) -> np.ndarray:
+            eps: float, rotate: Any, pairs: Any = False) -> np.ndarray:
     """The core's output (num / den) 2^(e_v - g) (normaliser_range.quotient: FloatingPointError naming the
     stage beyond float64), with the rows whose normaliser underflowed to 0 although the exact one is > 0
     (:func:`_hit_rows`) recomputed from log-features (normaliser_range.rebalanced_output: log kappa(Q),
-    log alpha_j + log kappa(K_j) + log s, RoPE pairs sharing one channel factor); FloatingPointError naming
-    the normaliser where even that has none (alpha_j underflowed to 0 for every key that matters)."""
+    log alpha_j + log kappa(K_j) + log s; with RoPE the channel pairs marked in ``pairs``, those whose angle
+    differs between tokens, share one factor, :func:`rope_shared_pairs`); the direct quotient of those rows is
+    not formed (a subnormal normaliser could make it overflow where the exact result is finite).
+    FloatingPointError naming the normaliser where even the recomputation has none: alpha_j underflowed to 0
+    for every key that matters, or (RoPE) a shared pair's channels differ beyond float64's range, so that its
+    rotated cross terms exceed the normaliser by as much and the exact result is beyond float64 unless the
+    rotation cancels them."""
     stage = "rala_core: output kappa(Q_i) B / normaliser"
-    out = quotient(num, den[..., None], e_v - g[..., None], stage)
     hit = _hit_rows(den, q, k, alpha, kq_s, key_sum, kernel)
+    out = quotient(np.where(hit[..., None], 0.0, num), np.where(hit, 1.0, den)[..., None], e_v - g[..., None], stage)
     if np.any(hit):
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lq = log_features(q, kernel, {})
             lk = log_features(k, kernel, {}) + (np.log(alpha)[..., None] + np.log(norm))
-        fix = rebalanced_output(log_features(q, kernel, {}), lk, v_s, e_v, eps=eps, eps_policy="add",
-                                 clamp_min=None, stage=stage, pairs=rotate is not None, rotate=rotate)
+        fix = rebalanced_output(lq, lk, v_s, e_v, eps=eps, eps_policy="add", clamp_min=None, stage=stage,
+                                pairs=pairs if rotate is not None else False, rotate=rotate)
         out = np.where(hit[..., None], fix, out)
         left = hit & ~np.all(np.isfinite(fix), axis=-1)
         finite_in = np.all(np.isfinite(q)) and np.all(np.isfinite(k)) and np.all(np.isfinite(v_s))
         if finite_in and np.any(left):      # (non-finite inputs propagate, as the layer's checks expect)
+            with np.errstate(invalid="ignore"):
+                keyed = np.isfinite(np.max(lq + np.max(lk, axis=-2, keepdims=True), axis=-1))
+            paired = left & keyed if rotate is not None else np.zeros_like(left)
+            if np.any(paired):
+                idx = tuple(int(i) for i in np.argwhere(paired)[0])
+                raise FloatingPointError(
+                    f"{stage}: at index {idx} a RoPE channel pair rotated by angles that differ between tokens has "
+                    f"key features whose two channels differ beyond the float64 range; its rotated cross terms "
+                    f"exceed the normaliser by as much, so the exact result is beyond float64 (unless the rotation "
+                    f"cancels them exactly); it is not representable here")
             raise underflow_error(left, "rala_core: normaliser kappa(Q_i) . sum_j alpha_j kappa(K_j)")
     return out
+
+
+def rope_shared_pairs(angles: np.ndarray) -> np.ndarray:
+    """The RoPE channel pairs (d / 2,) whose angle is nonzero for some token (``angles`` (N, d) from
+    :func:`rope_2d_angles`): their rotation mixes the pair's channels, which must then share one rebalancing
+    factor.  A pair at angle 0 for every token (the row pairs of a one-row grid, the column pairs of a
+    one-column grid) is not rotated at all (cos 0 = 1 and sin 0 = 0 exactly) and may keep one per channel."""
+    return np.any(angles[:, 0::2] != 0, axis=0)
 
 
 def _hit_rows(den: np.ndarray, q: np.ndarray, k: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray,
