@@ -566,17 +566,19 @@ def winograd_scale(x, weight, bias, padding: Sequence[int], groups: int = 1) -> 
     cout, cg = w.shape[:2]
     xp = np.pad(x, ((0, 0), (0, 0), tuple(padding[:2]), tuple(padding[2:])))
     ho, wo = xp.shape[2] - 2, xp.shape[3] - 2
-    u = np.einsum("ij,ocjk,lk->ocil", g, w, g).reshape(groups, cout // groups, cg, 8, 8)
+    u = (g @ w @ g.T).reshape(groups, cout // groups, cg, 64)                     # |G| |g| |G|^T
     out = np.zeros((bsz, cout, ho, wo))
     for oh in range(6):
         for ow in range(6):
             th, tw = -(-(ho + oh) // 6), -(-(wo + ow) // 6)
             xq = np.pad(xp, ((0, 0), (0, 0), (oh, 6 * th + 2 - oh - xp.shape[2]), (ow, 6 * tw + 2 - ow - xp.shape[3])))
             d = np.lib.stride_tricks.sliding_window_view(xq, (8, 8), axis=(2, 3))[:, :, ::6, ::6]
-            v = np.einsum("ij,bctsjk,lk->bctsil", bt, d, bt).reshape(bsz, groups, cg, th, tw, 8, 8)
-            m = np.einsum("bgctsil,gocil->bgotsil", v, u)
-            y = np.einsum("ij,bgotsjk,lk->bgotsil", at, m, at)
-            y = y.reshape(bsz, cout, th, tw, 6, 6).transpose(0, 1, 2, 4, 3, 5).reshape(bsz, cout, 6 * th, 6 * tw)
+            v = (bt @ d @ bt.T).reshape(bsz, groups, cg, th * tw, 64)             # |B^T| d |B| per tile
+            # the sum over the group's input channels, per tile and transform coefficient: one batched matmul
+            m = np.matmul(v.transpose(1, 4, 0, 3, 2), u.transpose(0, 3, 2, 1)[:, :, None])   # (g, 64, b, ts, o)
+            m = m.transpose(2, 0, 4, 3, 1).reshape(bsz, cout, th, tw, 8, 8)
+            y = at @ m @ at.T                                                     # |A^T| m |A|: (.., 6, 6)
+            y = y.transpose(0, 1, 2, 4, 3, 5).reshape(bsz, cout, 6 * th, 6 * tw)
             np.maximum(out, y[:, :, oh:oh + ho, ow:ow + wo], out=out)
     if bias is not None:
         out = out + np.abs(np.asarray(bias, dtype=np.float64))[:, None, None]
