@@ -275,15 +275,19 @@ def e_add(a: Err, b: Err) -> Err:
 
 
 def e_conv2d(t: Err, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0) -> Err:
-    """A dense 2-D convolution (B, Cin, H, W): E = conv(E_x, |W|) + (n + 1)(conv(|x|, |W|) + |b|),
-    n = Cin KH KW (Higham 3.12 per output; :func:`refimpl.bounds.e_accumulate`, first-order model, every sum
-    charged at u_T)."""
+    """A dense 2-D convolution (B, Cin, H, W): E = conv(E_x, |W|) + (n + 1) S, S = conv(|x|, |W|) + |b| and
+    n = Cin KH KW (Higham 3.12 per output; S and n from :func:`refimpl.bounds.conv_parts`, as
+    layers.conv2d_bound has them, the other algorithms' cover included when one is in force;
+    :func:`refimpl.bounds.e_accumulate`, first-order model, every sum charged at u_T)."""
     w = numerics.as_float(weight, "weight")
     b = None if bias is None else numerics.as_float(bias, "bias")
-    y = layers.conv2d(t.value, w, b, stride=stride, padding=padding)
-    s = layers.conv2d(np.abs(t.value), np.abs(w), None if b is None else np.abs(b), stride=stride, padding=padding)
-    n = int(np.prod(w.shape[1:]))
-    prop = layers.conv2d(t.err, np.abs(w), None, stride=stride, padding=padding)
+    conv = lambda z, ww, bb: layers.conv2d(z, ww, bb, stride=stride, padding=padding)     # noqa: E731
+    y = conv(t.value, w, b)
+    pads = layers.conv_padding(padding, w.shape[2:], stride if isinstance(stride, (tuple, list)) else (stride, stride),
+                               (1, 1))
+    s, k, _ = bounds.conv_parts(t.value, w, b, conv, pads, stride)
+    n = k - (1 if b is not None else 0)
+    prop = conv(t.err, np.abs(w), None)
     return Err(y, bounds.e_accumulate(s, prop, n, b is not None, bounds.Precision.coefficients()),
                t.depth + n + (1 if b is not None else 0))
 
