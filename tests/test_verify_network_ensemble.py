@@ -224,3 +224,29 @@ def test_without_a_network_twin_or_with_a_failing_member_the_report_says_so(monk
     assert "no kernel" in r.ensemble["failed"]["libm (head)"] and "libm" in r.ensemble["members"]
     head = r.stages[-1].ensemble["members"]
     assert "libm" not in head and "recursive" in head, head
+
+
+def test_shadow_units_are_judged_with_the_twins_members_on_the_references_input():
+    """Shadow mode: each unit's submodule on the reference's own input is judged with the twin's unit (or parts)
+    on that same input as the ensemble, listed with the unit's "(shadow)" rows in the Markdown ensemble table.
+    A blend of blocks.1 towards a batch-state bug, its shadow error 4x the threshold the twin's members set there,
+    diverges in the shadow run only with those members (without them: the NumPy naive run and the rounding model)."""
+    unit, kw = "blocks.1", dict(KW, batch=2, shadow=True)
+
+    def at(r):
+        return r.shadow[[s.name for s in r.shadow].index(unit)]
+    r0 = V.verify(_blended(0.0), NAME, **kw)
+    assert r0.verdict == "match", str(r0)
+    judged = [s for s in r0.shadow if s.verdict != "not shadowed"]
+    assert unit in [s.name for s in judged], [(s.name, s.verdict, s.detail) for s in r0.shadow]
+    for s in judged:
+        assert {VE.PLAIN, *E.DEFAULT_VARIANTS} <= set(s.ensemble["members"]), (s.name, s.ensemble)
+        assert _used(s.ensemble) & set(E.ORDERS), (s.name, s.ensemble)
+    assert f"{unit} (shadow)" in _md_ensemble(r0.to_markdown())
+    thr = at(r0).ensemble["zmax_threshold"]
+    t = 4.0 * thr / at(V.verify(_blended(1.0), NAME, **kw)).ensemble["zmax"]
+    r = V.verify(_blended(t), NAME, **kw)
+    assert at(r).verdict == "diverges" and r.verdict == "diverges", str(r)
+    assert at(r).ensemble["zmax"] > at(r).ensemble["zmax_threshold"] and _used(at(r).ensemble) - OWN, at(r).ensemble
+    plain = V.verify(_blended(t), NAME, ensemble=False, **kw)
+    assert at(plain).verdict == "match", str(plain)

@@ -484,12 +484,14 @@ def _wiring(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[st
 
 def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: Any, units: list[str],
                   mods: Mapping[str, str], run: _NetRun, x: np.ndarray, taps: Mapping[str, np.ndarray],
-                  sizes: set[int], dtype: str, device: str, p: float) -> list[StageResult]:
+                  sizes: set[int], dtype: str, device: str, p: float, ne: Any = None) -> list[StageResult]:
     """Shadow mode for a network: each unit's foreign submodule called on the reference's own input to the unit
     (the previous unit's output in the float64 reference, rounded to ``dtype``, in the layout the submodule
     received in the tested run), its output judged against ``run_unit`` on that input and ``unit_bound``
     (part by part, as in the propagating run, where the unit's own bound is void).  A unit is shadowed only where
-    its submodule's output is the unit's output (nothing of the network is computed between it and the next unit)."""
+    its submodule's output is the unit's output (nothing of the network is computed between it and the next unit).
+    With ``ne`` (the network's twin ensemble) the twin's unit (or parts) on the same input are the ensemble, as in
+    the propagating run, and listed in the result's ``ensemble``."""
     import torch
 
     from .steps import NOT_SHADOWED, _to64, _torch_dtype
@@ -532,11 +534,16 @@ def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: 
             results.append(StageResult(u, where, _verdict.DIVERGES, detail=f"shadow output of {how}"))
             continue
         bound = fam.unit_bound(params, u, own_in, cfg, dtype=dtype)
-        rep = _compare(got, r, bound, fn, (params, own_in), dtype, u, p)
+        members = unit_members(ne, u, own_in, r.shape) if ne is not None else None
+        rep = _compare(got, r, bound, fn, (params, own_in), dtype, u, p, members)
         res = None
         if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
-            res = _judge_parts(fam, params, cfg, u, own_in, got, where, _NetRun(out, {}, {}, rec, {}), dtype, p, rep)
+            res = _judge_parts(fam, params, cfg, u, own_in, got, where, _NetRun(out, {}, {}, rec, {}), dtype, p, rep,
+                               ne)
+        parts = res.ensemble if res is not None else None
         results.append(res or _result(u, where, got, r, bound, rep, dtype))
+        if ne is not None:
+            results[-1].ensemble = {**members_summary(rep, sorted(members or {})), **(parts or {})}
     return results
 
 
@@ -701,7 +708,7 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                              naive=naive_same_precision(lambda prm, v: fam.forward(prm, v, cfg), params, x,
                                                         dtype=dtype), name="logits", ensemble=lmembers or None)
     verdict, first = _conclude(results, whole, got_logits, want)
-    shadowed = (_shadow_units(module, fam, params, cfg, units, mods, run, x, taps, sizes, dtype, device, p_unit)
+    shadowed = (_shadow_units(module, fam, params, cfg, units, mods, run, x, taps, sizes, dtype, device, p_unit, ne)
                 if shadow else None)
     verdict = _with_shadow(verdict, shadowed)
     gradients = None

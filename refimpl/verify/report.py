@@ -359,11 +359,12 @@ class Report:
         """The comparisons judged against an ensemble, each with its summary
         (:func:`refimpl.verify.ensemble.members_summary`): the whole module ("whole module"; a network's logits),
         each stage, and after a unit judged part by part its parts ("unit/part", from the unit's
-        ``ensemble["parts"]``)."""
+        ``ensemble["parts"]``); then the shadow run's units likewise ("unit (shadow)", "unit/part (shadow)")."""
         rows: list[tuple[str, dict[str, Any]]] = [("whole module", self.whole_module.get("ensemble"))]
-        for s in self.stages:
-            rows.append((s.name, s.ensemble))
-            rows += [(f"{s.name}/{q}", e) for q, e in ((s.ensemble or {}).get("parts") or {}).items()]
+        for stages, tag in ((self.stages, ""), (self.shadow or [], " (shadow)")):
+            for s in stages:
+                rows.append((s.name + tag, s.ensemble))
+                rows += [(f"{s.name}/{q}{tag}", e) for q, e in ((s.ensemble or {}).get("parts") or {}).items()]
         return [(n, e) for n, e in rows if e and "members" in e]
 
     def ensemble_text(self, markdown: bool = False) -> str:
