@@ -175,6 +175,9 @@ def test_examples_draw_image_sizes_and_find_a_bug_that_only_shows_on_non_square_
                      '{"reduced": true}', "--dtype", "float64", "--examples", "2", "--json", "-"])
     rep = json.loads(capsys.readouterr().out)
     assert code == 0 and "all 2 example(s) match" in rep["findings"][-1]["message"], rep["findings"]
+    # the command line asks for the twin's members (no --no-ensemble): every example's units are judged with them
+    assert rep["ensemble"]["torch"] and all("twin" in s["ensemble"]["members"] for s in rep["stages"]), rep["ensemble"]
+    assert good.ensemble is None or not good.ensemble.get("torch")       # the Python API's default: without
 
 
 def test_ops_on_values_float32_holds_exactly_are_not_a_precision_finding():

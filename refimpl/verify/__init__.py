@@ -61,7 +61,9 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
     example builds a fresh module.  ``max_side`` defaults to 12.  For a registered network: image sizes, the batch (1 or 2) and
     the seed drawn from ``seed`` (:func:`refimpl.verify.network_examples.verify_network_examples`; ``max_side``: the largest
     image side); a network built for one resolution is rebuilt for each size on both sides, ``module`` taking the
-    size by a keyword (``img_size``, ``image_size``, ...: :data:`refimpl.verify.network_examples.SIZE_KEYWORDS`)."""
+    size by a keyword (``img_size``, ``image_size``, ...: :data:`refimpl.verify.network_examples.SIZE_KEYWORDS`);
+    there ``ensemble`` (the twin network's members, :func:`verify`) defaults to False, as it costs a twin run per
+    variant and unit for every example; ``ensemble=True`` (the command line's default) judges each example with them."""
     from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
     from .network_examples import verify_network_examples
@@ -71,7 +73,8 @@ def verify_examples(module: Any, reference: str, examples: int, *, max_side: int
         raise VerifyError(f"argument 'examples': expected an integer >= 1, got {examples!r}")
     _check_grad(kwargs.get("grad", False))
     if is_network(reference):
-        kwargs.pop("ensemble", None)     # examples on a network run without the twin members (cost: 9 runs per unit)
+        # the twin's members cost a twin run per variant and unit for every example: off unless asked for
+        kwargs.setdefault("ensemble", False)
         from .. import bounds
         from .run import _conv_algorithms
         algorithms, min_batch = _conv_algorithms(kwargs.pop("conv_algorithms", None), kwargs.get("device", "cpu"),
