@@ -176,6 +176,8 @@ def _verify(ns: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``refimpl`` command (``python -m refimpl``): parse ``argv`` (default sys.argv[1:]) and run the
+    subcommand; returns the exit status (verify: 0 match, 1 diverges or inconclusive, 2 usage or loading error)."""
     ap = argparse.ArgumentParser(prog="refimpl", description="refimpl: the reference of vision linear attention")
     sub = ap.add_subparsers(dest="command", required=True)
     vp = sub.add_parser("verify", help="verify a PyTorch module against a reference (docs/verify.md)")

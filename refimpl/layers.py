@@ -181,6 +181,7 @@ def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndar
 
 
 def layer_norm_cf_bound(x: np.ndarray, weight=None, bias=None, eps: float = config.LAYER_NORM_EPS) -> Bound:
+    """:func:`layer_norm_bound` of LayerNorm over the channels of a channels-first x (B, C, H, W)."""
     validation.check_eps(eps)
     x = as_float(x, "x")
     check_shapes(x=(x, "B C H W"))

@@ -102,10 +102,12 @@ def init_from_shapes(shapes: Mapping[str, tuple[int, ...]], rng: np.random.Gener
 
 
 def ln_shapes(prefix: str, c: int) -> dict[str, tuple[int, ...]]:
+    """A LayerNorm's parameter shapes under ``prefix``: weight and bias (c,)."""
     return {f"{prefix}.weight": (c,), f"{prefix}.bias": (c,)}
 
 
 def mlp_shapes(prefix: str, c: int, hidden: int) -> dict[str, tuple[int, ...]]:
+    """A two-layer MLP's parameter shapes under ``prefix``: fc1 (hidden, c) and fc2 (c, hidden) with biases."""
     return {f"{prefix}.fc1.weight": (hidden, c), f"{prefix}.fc1.bias": (hidden,),
             f"{prefix}.fc2.weight": (c, hidden), f"{prefix}.fc2.bias": (c,)}
 

@@ -106,12 +106,14 @@ def conv_operator_macs(op: str, dim: int, grid: tuple[int, int], *, fft: bool = 
 
 
 def heads(qkv: np.ndarray, h: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """q, k, v (B, h, N, d) from a fused projection (B, N, 3 h d), laid out (3, h, d) along its last axis."""
     bsz, n_tok, c3 = qkv.shape
     t = qkv.reshape(bsz, n_tok, 3, h, c3 // (3 * h)).transpose(2, 0, 3, 1, 4)
     return t[0], t[1], t[2]
 
 
 def merge(o: np.ndarray) -> np.ndarray:
+    """(B, h, N, d) -> (B, N, h d): the heads joined along the channels."""
     bsz, h, n_tok, c = o.shape
     return o.transpose(0, 2, 1, 3).reshape(bsz, n_tok, h * c)
 

@@ -30,6 +30,8 @@ FAMILY_MODULES = ("l2vit", "ravlt", "lisanet", "flatten", "castling", "flatten_p
 
 @dataclasses.dataclass(frozen=True)
 class ModelEntry:
+    """A registered network: its name, default config, family module and the parameter count its paper reports."""
+
     name: str
     config: Any
     module: ModuleType
@@ -69,6 +71,7 @@ def names() -> list[str]:
 
 
 def entry(name: str) -> ModelEntry:
+    """The registered network ``name``; KeyError naming the registered ones otherwise."""
     _load_all()
     if name not in _REGISTRY:
         raise KeyError(f"argument 'name': unknown model {name!r}; registered: {sorted(_REGISTRY)}")
@@ -76,6 +79,7 @@ def entry(name: str) -> ModelEntry:
 
 
 def family_of(name: str) -> ModuleType:
+    """The family module (refimpl.models.<family>) of the registered network ``name``."""
     return entry(name).module
 
 
@@ -89,6 +93,7 @@ def create(name: str, *, init: bool = False, seed: int = 0, **overrides: Any):
 
 
 def param_shapes(name_or_cfg: Any) -> dict[str, tuple[int, ...]]:
+    """state_dict key -> shape of a registered network (by name) or of a config of a registered family."""
     if isinstance(name_or_cfg, str):
         e = entry(name_or_cfg)
         return e.module.param_shapes(e.config)

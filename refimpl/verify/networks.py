@@ -66,6 +66,7 @@ def network_names() -> list[str]:
 
 
 def is_network(name: Any) -> bool:
+    """Whether ``name`` is a registered network's name (not a layer reference such as ``rala.attention``)."""
     return isinstance(name, str) and "." not in name and name in network_names()
 
 

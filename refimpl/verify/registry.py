@@ -18,6 +18,7 @@ REFERENCES: dict[str, Reference] = {r.name: r for r in (
 
 
 def get_reference(name: str) -> Reference:
+    """The layer reference ``name`` (``refimpl verify --list``); VerifyError naming the choices otherwise."""
     if name not in REFERENCES:
         raise VerifyError(f"argument 'reference': expected one of {sorted(REFERENCES)} or a registered network "
                           f"(refimpl verify --list), got {name!r}")

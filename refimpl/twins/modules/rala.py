@@ -58,6 +58,7 @@ def _rotate_pairs(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rope_2d(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """The twin of refimpl.attention.rala_core.apply_rope_2d on precomputed cos and sin tables."""
     return x * cos + _rotate_pairs(x) * sin
 
 
