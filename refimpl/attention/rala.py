@@ -219,9 +219,9 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
     qh, kh, vh = (_split_heads(a, heads) for a in (q, k, v))
     t["q"], t["k"], t["v"], t["gate"] = qh, kh, vh, g
 
-    core_taps: dict = {}
+    core_taps: dict | None = {} if taps is not None else None     # taps keep the core on its NumPy path
     y = _merge_heads(rala_core(qh, kh, vh, cfg, (h, w), taps=core_taps, max_elements=max_elements))
-    t.update({"core." + name: val for name, val in core_taps.items()})
+    t.update({"core." + name: val for name, val in (core_taps or {}).items()})
     t["core"] = y
     if cfg.lepe_kernel:
         kl = cfg.lepe_kernel

@@ -154,6 +154,16 @@ def kappa(x: Any, kernel: str = "elu1") -> np.ndarray:
     return feature_map(numerics.as_float(x, "x"), kernel)
 
 
+def _kappa_of(x: np.ndarray, kernel: str, dispatch: bool) -> np.ndarray:
+    """:func:`kappa` inside :func:`rala_core`; with ``dispatch`` (no taps) ELU + 1 is operation
+    "elu1_feature_map" of the selected backend: the definition on the NumPy backend, bit for bit, and on the C
+    backend the fused kernel's own map (exp within config.ELEMENTARY_FUNCTION_ULPS, which rala_core_bound
+    assumes for kappa: a relative error c u per feature, x + 1 rounded once as here)."""
+    if dispatch and kernel == "elu1":
+        return backends.call("elu1_feature_map", x)
+    return kappa(x, kernel)
+
+
 def rope_2d_angles(h: int, w: int, head_dim: int, base: float = config.RALA_ROPE_BASE) -> np.ndarray:
     """Rotation angle of every (token, channel) of the released code's 2-D RoPE.
 
@@ -340,8 +350,8 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
         if fused is not None:
             return fused
 
-    kq = kappa(q, cfg.kernel)
-    kk = kappa(k, cfg.kernel)
+    kq = _kappa_of(q, cfg.kernel, taps is None)
+    kk = _kappa_of(k, cfg.kernel, taps is None)
     t["kappa_q"], t["kappa_k"] = kq, kk
 
     # Eq. 4: the global query and the reweighting coefficients.
@@ -389,7 +399,7 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
     den, g = normaliser_scaled(den, e_qk, eps=cfg.eps, eps_policy="add", clamp_min=None)
     rot = None if not cfg.rope else (lambda x: apply_rope_2d(x, ang),) * 2
     out = _finish(num, den, g, e_v, q, k, v_s, alpha, kq_s, key_sum, cfg.kernel, norm, cfg.eps, rot,
-                  rope_shared_pairs(ang) if cfg.rope else False)
+                  rope_shared_pairs(ang) if cfg.rope else False, kq, kk)
     e_qk = e_qk + g                                     # the tapped normaliser's exponent
     if taps is not None:
         with np.errstate(over="ignore"):
@@ -408,7 +418,8 @@ def rala_core(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | Non
 
 def _finish(num: np.ndarray, den: np.ndarray, g: np.ndarray, e_v: np.ndarray, q: np.ndarray, k: np.ndarray,
             v_s: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray, key_sum: np.ndarray, kernel: str, norm: float,
-            eps: float, rotate: Any, pairs: Any = False) -> np.ndarray:
+            eps: float, rotate: Any, pairs: Any = False, kq: np.ndarray | None = None,
+            kk: np.ndarray | None = None) -> np.ndarray:
     """The core's output (num / den) 2^(e_v - g) (normaliser_range.quotient: FloatingPointError naming the
     stage beyond float64), with the rows whose normaliser underflowed to 0 although the exact one is > 0
     (:func:`_hit_rows`) recomputed from log-features (normaliser_range.rebalanced_output: log kappa(Q),
@@ -420,7 +431,7 @@ def _finish(num: np.ndarray, den: np.ndarray, g: np.ndarray, e_v: np.ndarray, q:
     rotated cross terms exceed the normaliser by as much and the exact result is beyond float64 unless the
     rotation cancels them."""
     stage = "rala_core: output kappa(Q_i) B / normaliser"
-    hit = _hit_rows(den, q, k, alpha, kq_s, key_sum, kernel)
+    hit = _hit_rows(den, q, k, alpha, kq_s, key_sum, kernel, kq, kk)
     out = quotient(np.where(hit[..., None], 0.0, num), np.where(hit, 1.0, den)[..., None], e_v - g[..., None], stage)
     if np.any(hit):
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -455,14 +466,16 @@ def rope_shared_pairs(angles: np.ndarray) -> np.ndarray:
 
 
 def _hit_rows(den: np.ndarray, q: np.ndarray, k: np.ndarray, alpha: np.ndarray, kq_s: np.ndarray,
-              key_sum: np.ndarray, kernel: str) -> np.ndarray:
+              key_sum: np.ndarray, kernel: str, kq: np.ndarray | None = None,
+              kk: np.ndarray | None = None) -> np.ndarray:
     """The rows (B, h, N) :func:`_finish` recomputes from log-features (normaliser_range.underflow_rows on the
     rescaled normaliser ``den``).  relu: whether a term kappa(Q_i)_c kappa(K_j)_c alpha_j is > 0 in exact
     arithmetic does not depend on alpha (> 0, though it may underflow to 0 when Eq. 4's softmax saturates):
-    the unweighted key sum is tested."""
-    kk = kappa(k, kernel)
+    the unweighted key sum is tested.  ``kq``, ``kk``: kappa(q), kappa(k) where the caller has them."""
+    kq = kappa(q, kernel) if kq is None else kq
+    kk = kappa(k, kernel) if kk is None else kk
     return underflow_rows(den, kq_s, np.sum(kk, axis=-2) if kernel == "relu" else key_sum, kernel == "elu1",
-                          (kappa(q, kernel), alpha[..., None] * kk))
+                          (kq, alpha[..., None] * kk))
 
 
 def recomputed_rows(q: np.ndarray, k: np.ndarray, cfg: RALAConfig) -> tuple[np.ndarray, np.ndarray]:
@@ -477,7 +490,7 @@ def recomputed_rows(q: np.ndarray, k: np.ndarray, cfg: RALAConfig) -> tuple[np.n
     key_sum = (1.0 / q.shape[-2] if cfg.token_scaling == "mean" else 1.0) * np.sum(kw, axis=-2)
     den = np.einsum("bhnd,bhd->bhn", kq_s, key_sum)
     den = normaliser_scaled(den, (e_q + e_k)[..., 0], eps=cfg.eps, eps_policy="add", clamp_min=None)[0]
-    return _hit_rows(den, q, k, alpha, kq_s, key_sum, cfg.kernel), alpha
+    return _hit_rows(den, q, k, alpha, kq_s, key_sum, cfg.kernel, kq, kk), alpha
 
 
 def _reweighting(q: np.ndarray, kq: np.ndarray | None, kk: np.ndarray, cfg: RALAConfig):
@@ -589,15 +602,15 @@ def _reweighted_linear_attention_numpy(q: Any, k: Any, v: Any, alpha: Any, kerne
     # Range safety as in rala_core: exact power-of-two rescaling of kappa(Q) rows, each head's kappa(K) and
     # each value column, tiny groups up (none inside the band: the unscaled computation bit for bit),
     # the same FloatingPointError where not representable, the same log-feature rows where it underflows.
-    kq, kk = kappa(q, kernel), kappa(k, kernel)
-    e_q, e_k, e_v = scaling_exponents(kq, kk, v)
-    kq, v = np.ldexp(kq, -e_q), np.ldexp(v, -e_v)
+    kq0, kk = kappa(q, kernel), kappa(k, kernel)
+    e_q, e_k, e_v = scaling_exponents(kq0, kk, v)
+    kq, v = np.ldexp(kq0, -e_q), np.ldexp(v, -e_v)
     kw = alpha[..., None] * np.ldexp(kk, -e_k)
     kv = kv_scale * (kw.swapaxes(-1, -2) @ v)
     key_sum = kv_scale * np.sum(kw, axis=-2)
     den = np.einsum("bhnd,bhd->bhn", kq, key_sum)
     den, g = normaliser_scaled(den, (e_q + e_k)[..., 0], eps=eps, eps_policy="add", clamp_min=None)
-    res = _finish(kq @ kv, den, g, e_v, q, k, v, alpha, kq, key_sum, kernel, kv_scale, eps, None)
+    res = _finish(kq @ kv, den, g, e_v, q, k, v, alpha, kq, key_sum, kernel, kv_scale, eps, None, kq=kq0, kk=kk)
     if out is not None:
         out[...] = res
         return out

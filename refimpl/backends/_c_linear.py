@@ -349,7 +349,13 @@ def rala_alpha(q: np.ndarray, k: np.ndarray, global_query: str = "q", kernel: st
                       float(scale), b_ * h, n, m, d, ws.size, nthreads, workspace=ws, twin=twin, band=(qa, ka))
 
 
-@register("elu1_feature_map", "c")
+def _elu1_supported(x: Any, *, out: Any = None) -> bool:
+    """The calls the C map takes through ``backends.call``: a non-empty float32 or float64 array (others take
+    the NumPy definition; a direct call still refuses them by name)."""
+    return isinstance(x, np.ndarray) and x.size > 0 and x.dtype in (np.float32, np.float64)
+
+
+@register("elu1_feature_map", "c", supports=_elu1_supported)
 def elu1_feature_map(x: np.ndarray, *, out: np.ndarray | None = None) -> np.ndarray:
     """The ELU + 1 feature map in C: the C twin of ``refimpl.attention.linear._elu1_feature_map_numpy`` (spec:
     ``refimpl.attention.linear.feature_map(x, "elu1")``).
