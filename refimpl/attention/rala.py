@@ -366,9 +366,9 @@ def ravlt_block(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, tap
     t["cpe"] = x1
     n1 = _norm(x1, params, "norm1", cfg)
     t["norm1"] = n1
-    attn_taps: dict = {}
+    attn_taps: dict | None = {} if taps is not None else None    # taps keep the core on its NumPy path
     a = rala_attention(n1, layers.subparams(params, "attn"), cfg.attn, taps=attn_taps, max_elements=max_elements)
-    t.update({"attn." + name: val for name, val in attn_taps.items()})
+    t.update({"attn." + name: val for name, val in (attn_taps or {}).items()})
     t["attn"] = a
     x2 = x1 + _layerscale(a, params, "gamma_1", cfg)
     t["res1"] = x2
