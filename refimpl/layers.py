@@ -78,7 +78,10 @@ def linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) ->
     # One 2-D product: NumPy's stacked matmul on (..., N, in) inputs is up to 10x slower than BLAS gemm.
     y = (x.reshape(-1, dims["in"]) @ weight.T).reshape(*x.shape[:-1], dims["out"])
     if bias is not None:
-        y = y + bias
+        if np.result_type(y, bias) == y.dtype:
+            np.add(y, bias, out=y)          # in place on the fresh product: the same sums as y + bias, one pass
+        else:
+            y = y + bias
     return y
 
 
