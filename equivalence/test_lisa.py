@@ -7,6 +7,8 @@ error analysis (lisa_attention_bound, structure_aware_attention_bound, lisa_bloc
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
@@ -81,15 +83,25 @@ def test_structure_aware_attention(device, dtype_name, shapes, form, rpe, per_he
 @settings(max_examples=15)  # lowered: the block is the slowest comparison of this file
 @given(lisa_shapes(ndims=(2, 2, 3), max_side=5), st.booleans(), st.data())
 def test_lisa_block(device, dtype_name, shapes, exact, data):
-    """LiSA block LN -> LiSA -> LN -> MLP (§5.1, Fig. 3) vs the torch twin."""
+    """LiSA block LN -> LiSA -> LN -> MLP (§5.1, Fig. 3) vs the torch twin.  A LayerNorm over few channels whose
+    values nearly agree (C = 2, a residual of (15.9473, 15.9456): its centred values are 1e-4 of the sum) amplifies
+    its input's bound by 1 / sigma, so that the float32 block bound can reach the output's size ("inconclusive",
+    found by the thorough profile, --hypothesis-seed=5); the remedy the report names is taken there: the float64
+    run of the same module on the same rounded weights and input must match (assert_matches' ``higher``)."""
     b, grid, h, c, d = shapes
     cfg = lisa.LiSAConfig(dim=h * c, num_heads=h, grid=grid, latent=d, exact_toeplitz=exact)
     p = _params(lisa.lisa_block_param_shapes(cfg), data.draw(st.integers(0, 2**16)), dtype_name)
     x = numerics.round_to(data.draw(adversarial_arrays((b, cfg.num_tokens, cfg.dim))), dtype_name)
-    out, rerun = _run(tl.block_from_config(cfg), p, x, dtype_name, device)
+    m = tl.block_from_config(cfg)
+    out, rerun = _run(m, p, x, dtype_name, device)
     ref = lisa.lisa_block(x, p, cfg)
+
+    def in_float64():
+        with torch.no_grad():
+            return copy.deepcopy(m).double()(to_torch(x, "float64", device))
     assert_matches(out, ref, lisa.lisa_block_bound(x, p, cfg, dtype=dtype_name), dtype_name,
-                   naive=naive(lisa.lisa_block, x, p, cfg, dtype_name=dtype_name), name="lisa_block", rerun=rerun)
+                   naive=naive(lisa.lisa_block, x, p, cfg, dtype_name=dtype_name), name="lisa_block", rerun=rerun,
+                   higher=in_float64, higher_bound=lambda: lisa.lisa_block_bound(x, p, cfg, dtype="float64"))
 
 
 @given(st.integers(1, 6), st.integers(1, 6), st.integers(0, 2**16))
