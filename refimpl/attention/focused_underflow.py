@@ -24,7 +24,7 @@ from .. import config, numerics
 from ..feature_maps import focused_function as _focused_function_numpy
 from ..feature_maps import norm_scaled as _norm_scaled
 from .focused_range import band_exponent, flagged_rows, live_rows, log_focused
-from .normaliser_range import rebalance_parts
+from .normaliser_range import argument_errors, rebalance_parts
 
 __all__ = ["eta_in_u", "direct_underflow", "log_focused_error", "RecomputedRows", "recomputed_rows"]
 
@@ -340,11 +340,9 @@ def recomputed_rows(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, rows: np.nd
         else:
             lq, lk, elq, elk = logs
         pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, False)
-        m = np.max(lk, axis=-2, keepdims=True)
-        m = np.where(np.isfinite(m), m, 0.0)
-        dq, dm = lq - lq_t, m - m_t
-        coef_q = np.where(pq > 0, elq + c + np.abs(dq) + np.abs(dm) + np.abs(dq + dm), 0.0)
-        coef_k = np.where(pk > 0, elk + c + np.abs(lk - m), 0.0)
+        arg_q, arg_k = argument_errors(lq, lk, lq_t, m_t)
+        coef_q = np.where(pq > 0, elq + c + arg_q, 0.0)
+        coef_k = np.where(pk > 0, elk + c + arg_k, 0.0)
         if eps_eff > 0:
             coef_q = coef_q + np.where(pq > 0, np.max(elq, axis=-1, keepdims=True)
                                        + np.max(elk, axis=(-2, -1), keepdims=True) + 2.0 * c + 2.0, 0.0)

@@ -32,7 +32,7 @@ from .. import backends, config, feature_maps, numerics, validation
 from ..errors import ArgumentError
 from .linear_maps import (_POSITIVE_MAPS, FEATURE_MAPS, NON_NEGATIVE_MAPS, _map_and_error,  # noqa: F401
                           feature_map, feature_map_error)
-from .normaliser_range import (apply_policy, error_ratio, log_pair, normalised_up, normaliser_scaled, quotient,
+from .normaliser_range import (apply_policy, log_error, log_pair, normalised_up, normaliser_scaled, quotient,
                                rebalance_factor, rebalanced_output, scaling_exponents, underflow_rows, unscaled)
 
 __all__ = [
@@ -421,11 +421,14 @@ def kernelized_attention_bound(phi_q: Any, phi_k: Any, v: Any, *, err_q: Any = N
     plus u |O| for rounding the quotient.  Using |O| <= S_num / |den_eff| and gamma_n + u <= gamma_{n+1}:
 
         normalize=True:  k = d + M + 2 (d, M: the two inner products; +1 the eps add; +1 the quotient),
-            scale = (S_num + F_num + (S_num / |den_eff|) (S_D + F_D)) / D_low,
-            D_low = |den_eff| (first order; ``dtype=None``) or |den_eff| - gamma_{d+M+2}(u_T) (S_D + F_D)
+            scale = (S_num + F_num / k + (S_num / |den_eff|) (S_D + F_D / k)) / D_low,
+            D_low = |den_eff| (first order; ``dtype=None``) or |den_eff| - gamma_{d+M+2}(u_T) (S_D + F_D / k)
             (``dtype`` given: the exact quotient bound, inf where that is <= 0, i.e. where rounding can
             reach a zero normaliser - then no bound exists and the comparison will say so).
-        normalize=False: k = d + M, scale = S_num + F_num.
+        normalize=False: k = d + M, scale = S_num + F_num / k.
+    The features' terms enter as F / k because the bound is gamma_k scale and gamma_k / k = u / (1 - k u) >=
+    u (1 + gamma_{d+M}): their u F, and its own rounding in the sums, exactly as derived (F alone, multiplied
+    by gamma_k, would charge them k times).
 
     With ``dtype`` given, gradual underflow is propagated too (Higham eq. 2.8: each rounding may add
     eta_T): the numerator collects at most eta_T (M ||phi_q_i||_1 + d sum_j |v_je| + d + M), the normaliser
@@ -486,7 +489,7 @@ def _kernelized_bound(phi_q: Any, phi_k: Any, v: Any, err_q: Any, err_k: Any, no
     sum_d, sum_m = numerics.sum_depth(d, dtype), numerics.sum_depth(m, dtype)
     if not normalize:
         k_depth = sum_d + sum_m
-        scale = s_num + f_num
+        scale = s_num + f_num / k_depth
         if dtype is not None:  # gradual underflow, as in the normalised case below
             # every rounding of the two inner products (eta_T (M ||phi_q_i||_1 + d sum_j |v_je| + d + M)), and,
             # where the feature maps are computed (err_q / err_k given), their own underflow, eta_T per entry of
@@ -506,7 +509,9 @@ def _kernelized_bound(phi_q: Any, phi_k: Any, v: Any, err_q: Any, err_k: Any, no
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         ksum_abs = np.sum(ak, axis=-2)
         s_den = np.einsum("bhnd,bhd->bhn", aq, ksum_abs)
-        f_den = np.einsum("bhnd,bhd->bhn", eq, ksum_abs) + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))
+        f_den = (np.einsum("bhnd,bhd->bhn", eq, ksum_abs)
+                 + np.einsum("bhnd,bhd->bhn", aq, np.sum(ek, axis=-2))) / k_depth
+        f_num = f_num / k_depth
         if normaliser is None:
             den = np.einsum("bhnd,bhd->bhn", phi_q, np.sum(phi_k, axis=-2))
             den_eff = np.abs(apply_normaliser(den, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min))
@@ -635,19 +640,27 @@ def linear_attention_bound(q: Any, k: Any, v: Any, *, feature_map: str = "relu",
         elif np.any(hit):
             # the rows linear_attention recomputes from log-features: the bound of the rebalanced features with the
             # normaliser rebalanced_output divides by (eps, clamp_min scaled along; inf without log-features), plus
-            # f = exp(lq*) exp(m*)'s own relative error rho u (two exps, their arguments: the error ratios), which
-            # eps and clamp_min do not share (rho w |O|, w their share of the normaliser), and num f, den f (2u|O|).
-            logs, r_q = log_pair(q, k, feature_map, opts, phi_q, phi_k), error_ratio(q, feature_map, opts)
+            # f = exp(lq*) exp(m*)'s own relative error rho u = (2c + 3) u (two reduced exps and their product;
+            # its arguments' errors are the features' own, as the products f phi_q'_c phi_k'_jc = exp(lq_c + lk_jc)
+            # show), which eps and clamp_min do not share (rho w |O|, w their share of the normaliser), and num f,
+            # den f (2u|O|).  A rebalanced feature errs relatively by its log's error (normaliser_range.log_error),
+            # its exp argument's roundings (normaliser_range.argument_errors: up to |lq - lq*| u where a feature
+            # lies far below its row's top) and exp's c.
+            c_elem = float(config.ELEMENTARY_FUNCTION_ULPS)
+            logs, l_q = log_pair(q, k, feature_map, opts, phi_q, phi_k), log_error(q, feature_map, opts)
             fix = np.inf
-            if logs is not None and r_q is not None:
-                r_k, (rq, rk, f, s) = error_ratio(k, feature_map, opts), rebalance_factor(*logs)
+            if logs is not None and l_q is not None:
+                l_k = log_error(k, feature_map, opts)
+                rq, rk, f, s, arg_q, arg_k = rebalance_factor(*logs, with_errors=True)
                 f0 = f[..., 0]
                 with np.errstate(over="ignore", invalid="ignore", under="ignore", divide="ignore"):
                     raw = np.einsum("bhnd,bhd->bhn", rq, np.sum(rk, axis=-2)) * f0
                     den_r, g_r = normaliser_scaled(raw, s[..., 0], **pol)
-                    b_r = _kernelized_bound(rq, rk, vs, r_q * rq, r_k * rk, True, dtype=dtype,
+                    e_rq = np.where(rq > 0, (l_q + arg_q + c_elem) * rq, 0.0)
+                    e_rk = np.where(rk > 0, (l_k + arg_k + c_elem) * rk, 0.0)
+                    b_r = _kernelized_bound(rq, rk, vs, e_rq, e_rk, True, dtype=dtype,
                                             normaliser=(den_r / f0, g_r), **pol)
-                    rho = 2 * config.ELEMENTARY_FUNCTION_ULPS + 3 + np.max(r_q, -1) + np.max(r_k, (-2, -1))[..., None]
+                    rho = 2.0 * c_elem + 3.0
                     w = np.clip(1.0 - np.ldexp(raw, -g_r) / den_r, 0.0, 1.0)
                     o = np.ldexp(np.abs(rq) @ (np.abs(rk).swapaxes(-1, -2) @ np.abs(vs)), -g_r[..., None]) / \
                         (den_r / f0)[..., None]

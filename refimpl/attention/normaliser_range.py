@@ -31,9 +31,9 @@ s = round(r / ln 2), f = exp((r - s ln2_hi) - s ln2_lo) with ln 2 = ln2_hi + ln2
 exact), as exp(lq*) exp(m*) of the row's largest channel (:func:`rebalance_factor`: not the rounded sum
 r = lq* + m*, whose error u |r| eps would not cancel), f multiplying numerator and normaliser and 2^s scaling the
 policy's constants (R2 again).  The bounds (linear.linear_attention_bound, rala_bounds.rala_core_bound) bound
-those rows on the rebalanced features, whose error coefficients are the maps' error ratios E / phi
-(:func:`error_ratio`, R1/R2-invariant) times the rebalanced features; linear_attention_bound with the
-normaliser those rows divide by (eps and clamp_min included) and f's own rounding.
+those rows on the rebalanced features, whose relative errors are their logs' own (:func:`log_error`), their exp
+arguments' roundings (:func:`argument_errors`) and exp's; linear_attention_bound with the normaliser those rows
+divide by (eps and clamp_min included) and f's own rounding.
 
 References: L2ViT Eq. 2-4 and Appendix 8 (C_min); FLatten Eq. 1-4; RALA (Fan et al., CVPR 2025) Eq. 2-4;
 W. J. Cody and W. Waite, Software Manual for the Elementary Functions (1980), ch. 6 (exp's reduction).
@@ -49,8 +49,8 @@ from .. import config, numerics, validation
 from ..errors import ArgumentError
 
 __all__ = ["apply_policy", "quotient", "unscaled", "scaling_exponents", "normaliser_scaled", "underflow_rows",
-           "log_features", "rebalanced_output", "rebalance", "rebalance_parts", "rebalance_factor", "error_ratio",
-           "normalised_up", "underflow_error", "log_pair", "shared_max"]
+           "log_features", "rebalanced_output", "rebalance", "rebalance_parts", "rebalance_factor", "argument_errors",
+           "log_error", "normalised_up", "underflow_error", "log_pair", "shared_max"]
 
 
 def apply_policy(den: Any, *, eps: float, eps_policy: str, clamp_min: float | None) -> np.ndarray:
@@ -305,33 +305,77 @@ def rebalance(lq: np.ndarray, lk: np.ndarray, pairs: Any = False) -> tuple:
     return rebalance_parts(lq, lk, pairs)[:3]
 
 
-def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: Any = False) -> tuple:
+def rebalance_factor(lq: np.ndarray, lk: np.ndarray, pairs: Any = False, *, with_errors: bool = False) -> tuple:
     """(phi_q', phi_k', f, s) with exp(r_i) = f 2^s (s an int array, (B, h, N, 1)): :func:`rebalance`, and the
     factor as exp(lq*) exp(m*) of the row's largest channel (numerics.exp_pow2_split of each: f = f_1 f_2 in
     [1/2, 2], s = s_1 + s_2), so that f carries exp's accuracy (one rounding more) but not the rounding of
     r = lq* + m*: numerator and normaliser share f, but an eps or clamp_min does not, and there an error
-    u |r| of f would be one of the output."""
+    u |r| of f would be one of the output.  ``with_errors``: also (arg_q, arg_k) of :func:`argument_errors`."""
     pq, pk, _, lq_t, m_t = rebalance_parts(lq, lk, pairs)
     f1, s1 = numerics.exp_pow2_split(lq_t, axis=-1)
     f2, s2 = numerics.exp_pow2_split(m_t, axis=-1)
+    if with_errors:
+        return (pq, pk, f1 * f2, s1 + s2) + argument_errors(lq, lk, lq_t, m_t, pairs)
     return pq, pk, f1 * f2, s1 + s2
 
 
-def error_ratio(x: np.ndarray, name: str, opts: Mapping[str, Any]) -> np.ndarray | None:
-    """E / phi of :func:`feature_map_error` as a function of x alone (so also where phi underflowed): ELU + 1
-    1 (x > 0) or c (x <= 0); softmax |x_c - m| + w + 2c + n; ReLU 0.  None for the other maps."""
+def argument_errors(lq: np.ndarray, lk: np.ndarray, lq_t: np.ndarray, m_t: np.ndarray,
+                    pairs: Any = False) -> tuple[np.ndarray, np.ndarray]:
+    """(arg_q, arg_k): the absolute errors, in units of u (first order), of the exp arguments of the rebalanced
+    features as :func:`rebalance_parts` forms them from ``lq``, ``lk`` and its ``lq_t`` = lq*, ``m_t`` = m*:
+    phi_q' = exp((lq - lq*) + (m - m*)) rounds the two differences and their sum, |lq - lq*| + |m - m*| +
+    |(lq - lq*) + (m - m*)|, and phi_k' = exp(lk - m) the one difference, |lk - m| (m the keys' per-channel max,
+    :func:`shared_max` with ``pairs``), each charged only where it may round (:func:`_difference_rounding`:
+    not where an operand is 0 or the two lie within a factor 2, Sterbenz's lemma).  An argument that errs by
+    delta u makes exp's result err relatively by e^(delta u) - 1 ~ delta u: for a feature far below its row's
+    largest (|lq - lq*| ~ 600, a relative error up to 512 u) the charge is what keeps the bound safe where that
+    feature meets the only large values of V.  The logs' own errors (the maps' error ratios,
+    :func:`log_error`) are the caller's."""
+    m = shared_max(np.max(lk, axis=-2, keepdims=True), pairs)
+    with np.errstate(invalid="ignore"):
+        m = np.where(np.isfinite(m), m, 0.0)
+        dq, dm = lq - lq_t, m - m_t
+        arg_q = _difference_rounding(lq, lq_t) + _difference_rounding(m, m_t) + _difference_rounding(dq, -dm)
+        arg_k = _difference_rounding(lk, m)
+    return arg_q, arg_k
+
+
+def _difference_rounding(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """|x - y| where fl(x - y) may round (its error is at most u |x - y|), 0 where it is exact: an operand 0,
+    or x and y of one sign with |y| / 2 <= |x| <= 2 |y| (Sterbenz's lemma; Higham (2002) Thm. 2.5).  inf or NaN
+    where an operand is infinite (a feature of 0, which the callers mask)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        ax, ay = np.abs(x), np.abs(y)
+        exact = (x == 0) | (y == 0) | ((np.sign(x) == np.sign(y)) & (ay <= 2 * ax) & (ax <= 2 * ay))
+        return np.where(exact & np.isfinite(x) & np.isfinite(y), 0.0, np.abs(x - y))
+
+
+def log_error(x: np.ndarray, name: str, opts: Mapping[str, Any]) -> np.ndarray | None:
+    """The absolute error of :func:`log_features` as computed, in units of u (first order; logs and exps within
+    c = ``config.ELEMENTARY_FUNCTION_ULPS`` ulps of their results): ELU + 1 0 for x <= 0 (the log is x itself)
+    and c |lq| for x > 0 (log1p); ReLU c |lq| (log); softmax, lq = fl(y - L) with y = fl(x - max) and
+    L = log sum exp(y): y errs by e_y = |y| where the difference may round (:func:`_difference_rounding`), each
+    exp(y_c) relatively by that plus c, the sum S relatively by w + c + n - 1 (w = sum_c softmax_c e_y_c, n - 1
+    additions), so L absolutely by
+    w + c + n - 1 + c |L|, and the final difference adds |lq|.  None for the other maps (L1's logs are those of
+    its computed quotients, whose errors are not tracked here).  A recomputed feature exp(rebalanced lq) errs
+    relatively by this, its argument's roundings (:func:`argument_errors`) and exp's own c."""
     c_elem = float(config.ELEMENTARY_FUNCTION_ULPS)
-    if name == "elu1":
-        return np.where(x > 0, 1.0, c_elem)
-    if name == "relu":
-        return np.zeros_like(x)
-    if name == "softmax":
-        axis = int(opts.get("axis", -1))
-        phi = numerics.softmax(x, axis=axis)
-        with np.errstate(invalid="ignore"):
-            dev = np.abs(x - np.max(x, axis=axis, keepdims=True))
-            w = np.sum(np.where(phi > 0, phi * dev, 0.0), axis=axis, keepdims=True)
-        return dev + w + 2.0 * c_elem + x.shape[axis]
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        if name == "elu1":
+            return np.where(x > 0, c_elem * np.log1p(np.maximum(x, 0.0)), 0.0)
+        if name == "relu":
+            return np.where(x > 0, c_elem * np.abs(np.log(np.maximum(x, 0.0))), 0.0)
+        if name == "softmax":
+            axis = int(opts.get("axis", -1))
+            top = np.max(x, axis=axis, keepdims=True)
+            y = x - top
+            e_y = _difference_rounding(x, top)
+            phi = np.exp(y)
+            big_l = np.log(np.sum(phi, axis=axis, keepdims=True))
+            phi = phi / np.sum(phi, axis=axis, keepdims=True)
+            w = np.sum(np.where(phi > 0, phi * e_y, 0.0), axis=axis, keepdims=True)
+            return e_y + w + c_elem + x.shape[axis] - 1 + c_elem * big_l + _difference_rounding(y, big_l)
     return None
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .. import bounds, config, numerics
-from .normaliser_range import log_features, rebalance_parts, shared_max
+from .normaliser_range import argument_errors, log_features, rebalance_parts, shared_max
 from .rala_core import RALAConfig, apply_rope_2d, rope_2d_angles, rope_shared_pairs
 
 __all__: list[str] = []
@@ -52,7 +52,8 @@ def _log_args(q: np.ndarray, k: np.ndarray, alpha: np.ndarray, log_s: float, cfg
     x <= 0 is its own log, exact), c |log kappa(K)| likewise, c |log alpha| (of the computed alpha; alpha's own
     error is E_alpha's), c |log s| + 1 (the rounded 1/N), and the two sums round by |log alpha + log s| and |lk|
     (none where an addend is 0).  phi_k' = exp(lk - m) adds |lk - m|; phi_q' = exp((lq - lq*) + (m - m*)) the
-    roundings of the two differences and of their sum, |lq - lq*| + |m - m*| + |(lq - lq*) + (m - m*)| (m, lq*,
+    roundings of the two differences and of their sum, |lq - lq*| + |m - m*| + |(lq - lq*) + (m - m*)|, each
+    where it may round (normaliser_range.argument_errors: not within a factor 2, Sterbenz) (m, lq*,
     m* and r = lq* + m* are the computed floats, exact and consistent rescalings: only lq's and lk's own errors
     and the roundings of the arguments as formed reach the features)."""
     c, elu1 = float(config.ELEMENTARY_FUNCTION_ULPS), cfg.kernel == "elu1"
@@ -66,12 +67,8 @@ def _log_args(q: np.ndarray, k: np.ndarray, alpha: np.ndarray, log_s: float, cfg
               + np.where((log_alpha != 0) & (log_s != 0), np.abs(t1), 0.0)
               + np.where(t1 != 0, np.abs(lk), 0.0))
     pq, pk, r, lq_t, m_t = rebalance_parts(lq, lk, pairs)
-    m = shared_max(np.max(lk, axis=-2, keepdims=True), pairs)
-    m = np.where(np.isfinite(m), m, 0.0)
-    dq, dm = lq - lq_t, m - m_t
-    arg_q = err_lq + np.abs(dq) + np.abs(dm) + np.abs(dq + dm)
-    arg_k = err_lk + np.abs(lk - m)
-    return lq, lkk, lk, pq, pk, r, lq_t, m_t, arg_q, arg_k
+    arg_q, arg_k = argument_errors(lq, lk, lq_t, m_t, pairs)
+    return lq, lkk, lk, pq, pk, r, lq_t, m_t, err_lq + arg_q, err_lk + arg_k
 
 
 def _either_path(e: np.ndarray, fix: np.ndarray) -> np.ndarray:
