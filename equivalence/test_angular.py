@@ -34,7 +34,7 @@ def castling_configs(draw, h: int, d: int) -> A.CastlingConfig:
     preset = draw(st.sampled_from(["paper", "official"]))
     over = {"conv_kernel": draw(st.sampled_from([1, 3, 9]))}
     if preset == "paper":
-        over.update(normalizer=draw(st.sampled_from(["none", "similarity_sum"])),
+        over.update(normaliser=draw(st.sampled_from(["none", "similarity_sum"])),
                     constant=draw(st.sampled_from(["sum", "own"])),
                     order=draw(st.sampled_from([0, 0, 1])) if d <= 3 else 0,
                     conv=draw(st.sampled_from(["tokens1d", "grid2d", "none"])),
@@ -126,7 +126,7 @@ def test_castling_core_adversarial_qk(seed, h, n, d, preset, device, dtype_name)
             v[idx] = 0.0  # a dead head: the official output l2 norm is 0 there (0/0 = NaN)
     if preset.startswith("paper"):
         cfg = A.CastlingConfig(dim=h * d, num_heads=h, conv_kernel=3, sparse="always",
-                               normalizer="similarity_sum" if preset.endswith("normalised") else "none")
+                               normaliser="similarity_sum" if preset.endswith("normalised") else "none")
     else:
         cfg = A.CastlingConfig.preset("official", dim=h * d, num_heads=h, conv_kernel=3,
                                       sparse="always" if preset.endswith("sparse") else "off")

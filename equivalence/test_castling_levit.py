@@ -20,7 +20,7 @@ from refimpl.verdict import INCONCLUSIVE
 
 OPTIONS = [dict(q_pool="subsample", q_residual="none"),
            dict(q_residual="downsample", attn_overrides={"conv": "grid2d", "conv_kernel": 3}),
-           dict(attn_overrides={"normalizer": "similarity_sum"})]
+           dict(attn_overrides={"normaliser": "similarity_sum"})]
 
 
 @pytest.mark.parametrize("over", OPTIONS, ids=["subsample-noresidual", "grid2d-residual-downsample", "similarity-sum"])

@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from types import MappingProxyType
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -78,7 +79,7 @@ from .errors import (ArgumentError, ArgumentTypeError, ParameterKeyError, Parame
 
 __all__ = ["describe", "check_real", "check_eps", "check_positive", "check_int", "check_kernel", "check_option",
            "check_seed", "check_int_tuple", "check_mapping", "check_param_values", "check_float_array", "check_taps",
-           "check_config", "check_heads", "check_config_options", "check_attention_order", "check_max_elements", "check_axis", "check_grid", "check_params",
+           "check_config", "check_heads", "check_config_options", "check_attention_order", "check_max_elements", "check_axis", "check_grid", "check_params", "renamed_keyword",
            "checked_params", "CheckedParams", "OPTIONAL_BUFFER_SUFFIX", "DERIVED_BUFFER_NAMES"]
 
 #: The optional persistent buffer (BatchNorm's batch counter; unused in eval mode).
@@ -257,6 +258,22 @@ def check_heads(dim: Any, num_heads: Any) -> tuple[int, int]:
     if dim % num_heads:
         raise ArgumentError(f"argument 'dim': {dim} is not divisible by num_heads={num_heads}")
     return dim, num_heads
+
+
+def renamed_keyword(value: Any, old_value: Any, *, new: str, old: str, default: Any, where: str,
+                    stacklevel: int = 3) -> Any:
+    """The value of keyword ``new`` of ``where`` when its deprecated spelling ``old`` may have been passed
+    instead (``old_value``: None when it was not): ``value``, or ``old_value`` with a DeprecationWarning naming
+    both spellings, attributed ``stacklevel`` frames up (the caller's caller: the user's line, where Python
+    shows it); ArgumentError when both were given with different values (neither is silently dropped)."""
+    if old_value is None:
+        return value
+    warnings.warn(f"{where}: argument '{old}' is deprecated, use '{new}' (the same values)", DeprecationWarning,
+                  stacklevel=stacklevel)
+    if value != default and value != old_value:
+        raise ArgumentError(f"{where}: argument '{new}'={value!r} and its deprecated spelling '{old}'={old_value!r} "
+                            f"disagree; pass '{new}' only")
+    return old_value
 
 
 def check_config_options(cfg: Any, choices: Mapping[str, Iterable[Any]]) -> None:

@@ -160,13 +160,13 @@ def naive_castling(x: np.ndarray, params: dict, cfg: CastlingConfig, *, training
                         p = ex[j] / tot
                         if p > cfg.sparse_eps:
                             sp += p * v[b, hh, j]
-                if cfg.normalizer == "output_l2":
+                if cfg.normaliser == "output_l2":
                     a = sp + const + series
                     nrm = math.sqrt(math.fsum(t * t for t in a))
                     out = a / nrm if nrm > 0 else np.full(d, math.nan)
                 else:
                     out = const + series
-                    if cfg.normalizer == "similarity_sum":
+                    if cfg.normaliser == "similarity_sum":
                         out = out / den
                 conv = np.zeros(d)
                 if cfg.conv == "tokens1d":
@@ -193,7 +193,7 @@ def naive_castling(x: np.ndarray, params: dict, cfg: CastlingConfig, *, training
                                     acc.append(w[ch, 0, a_, b_] * v[b, hh, r * cols + s, jj])
                         conv[jj] = math.fsum(acc) + (params["dconv.bias"][ch] if "dconv.bias" in params else 0.0)
                 out = out + conv
-                if sparse_on and cfg.normalizer != "output_l2":
+                if sparse_on and cfg.normaliser != "output_l2":
                     out = out + sp
                 heads[b, i, hh * d:(hh + 1) * d] = out
     wp, bp = params["proj.weight"], params["proj.bias"]

@@ -333,8 +333,8 @@ def test_linear_angular_term_equals_order_zero_truncation(data):
     q, k, v = _qkv(data)
     h, d = q.shape[1], q.shape[-1]
     for norm in (False, True):
-        cfg = core_cfg(h, d, normalizer="similarity_sum" if norm else "none")
-        lin = A.linear_angular_attention(q, k, v, normalizer=cfg.normalizer)
+        cfg = core_cfg(h, d, normaliser="similarity_sum" if norm else "none")
+        lin = A.linear_angular_attention(q, k, v, normaliser=cfg.normaliser)
         np.testing.assert_array_equal(lin, A.castling_core(q, k, v, cfg))
         b_lin = A.castling_core_bound(q, k, v, cfg, dtype=np.float64)
         quad = A.angular_attention(q, k, v, order=0, normalize=norm)
@@ -352,7 +352,7 @@ def test_order_k_features_equal_quadratic(data):
     h, d = q.shape[1], q.shape[-1]
     order = data.draw(st.integers(1, 3))
     for norm in (False, True):
-        cfg = core_cfg(h, d, order=order, normalizer="similarity_sum" if norm else "none")
+        cfg = core_cfg(h, d, order=order, normaliser="similarity_sum" if norm else "none")
         lin = A.castling_core(q, k, v, cfg)
         b_lin = A.castling_core_bound(q, k, v, cfg, dtype=np.float64)
         quad = A.angular_attention(q, k, v, order=order, normalize=norm)
@@ -383,7 +383,7 @@ def test_similarity_sum_denominator_positive(data):
     q, k, v = _qkv(data, kinds=("normal", "near_duplicate", "all_negative", "subnormal"))
     q[..., 0, :] = 0.0
     taps = {}
-    out = A.linear_angular_attention(q, k, v, normalizer="similarity_sum", taps=taps)
+    out = A.linear_angular_attention(q, k, v, normaliser="similarity_sum", taps=taps)
     m = k.shape[-2]
     slack = numerics.gamma(m + q.shape[-1] + 4, U64) * m
     assert np.all(taps["denominator"] >= m * (0.5 - 1 / math.pi) - slack)
@@ -426,7 +426,7 @@ def test_behaviour_near_parallel(sign, delta):
         verdict.assert_no_divergence(got, np.full_like(got, truth), e_bound(e + abs(truth), method), np.float64,
                               name=f"Sim near parallel, {method}")
     v = np.ones((1, 1, 1, d))
-    for cfg in (core_cfg(1, d), core_cfg(1, d, normalizer="similarity_sum"),
+    for cfg in (core_cfg(1, d), core_cfg(1, d, normaliser="similarity_sum"),
                 A.CastlingConfig.preset("official", dim=d, num_heads=1, conv="none")):
         assert np.all(np.isfinite(A.castling_core(q, k, v, cfg)))
 
@@ -500,7 +500,7 @@ _VARIANTS = [
     ("official", {}),
     ("official", {"sparse": "always"}),
     ("paper", {}),
-    ("paper", {"normalizer": "similarity_sum", "qkv_bias": True}),
+    ("paper", {"normaliser": "similarity_sum", "qkv_bias": True}),
     ("paper", {"order": 1, "conv": "none"}),
     ("paper", {"conv": "grid2d", "conv_kernel": 3, "conv_bias": True}),
     ("paper", {"constant": "own", "sparse_logits": "scaled_raw", "conv_kernel": 3}),
@@ -528,7 +528,7 @@ def test_official_zero_row_nan_and_paper_finite():
     finite (as the released code computes).  The paper mode (clamp eps) stays finite.  A zero head of V makes
     the official output-l2 argument 0 for every token of that head: 0/0 = NaN there too."""
     cfg_o = A.CastlingConfig.preset("official", dim=6, num_heads=2)
-    cfg_p = A.CastlingConfig.preset("paper", dim=6, num_heads=2, normalizer="similarity_sum")
+    cfg_p = A.CastlingConfig.preset("paper", dim=6, num_heads=2, normaliser="similarity_sum")
     x = np.random.default_rng(0).standard_normal((2, 5, 6))
     x[1, 2] = 0.0
     y_o = A.castling_attention(x, A.init_castling_params(cfg_o, 1), cfg_o)
@@ -577,7 +577,7 @@ def test_near_zero_rows_are_scale_invariant():
 def test_presets_and_param_keys():
     """Rule 7: the official preset is the released computation, each departure a named field."""
     o = A.CastlingConfig.preset("official", dim=16, num_heads=4)
-    assert (o.constant, o.normalizer, o.qk_norm, o.norm_arithmetic, o.conv, o.conv_kernel, o.conv_bias,
+    assert (o.constant, o.normaliser, o.qk_norm, o.norm_arithmetic, o.conv, o.conv_kernel, o.conv_bias,
             o.sparse, o.sparse_logits, o.order, o.qkv_bias) == ("own", "output_l2", "none", "naive", "tokens1d",
                                                                 9, False, "off", "scaled_raw", 0, False)
     p = A.CastlingConfig.preset("paper", dim=16, num_heads=4)
@@ -590,7 +590,7 @@ def test_presets_and_param_keys():
 
 def test_taps_record_documented_intermediates():
     """Rule 5: the documented taps exist with the documented shapes."""
-    cfg = A.CastlingConfig(dim=6, num_heads=2, normalizer="similarity_sum")
+    cfg = A.CastlingConfig(dim=6, num_heads=2, normaliser="similarity_sum")
     taps = {}
     A.castling_attention(np.ones((1, 4, 6)) + np.arange(24).reshape(1, 4, 6) % 5, A.init_castling_params(cfg),
                          cfg, training=True, taps=taps)
@@ -614,8 +614,8 @@ def test_validation_errors():
         A.CastlingConfig(dim=4, num_heads=2, conv_kernel=4)
     with pytest.raises(ValueError, match="dim"):
         A.CastlingConfig(dim=5, num_heads=2)
-    with pytest.raises(ValueError, match="normalizer"):
-        A.CastlingConfig(dim=4, num_heads=2, normalizer="softmax")
+    with pytest.raises(ValueError, match="normaliser"):
+        A.CastlingConfig(dim=4, num_heads=2, normaliser="softmax")
     with pytest.raises(ValueError, match="hw"):
         A.grid_conv(q, np.zeros((3, 1, 3, 3)), hw=(3, 3))
     with pytest.raises(ValueError, match="linear_angular_attention"):
@@ -685,3 +685,35 @@ def test_castling_bound_charges_qkv_and_proj_by_the_calculus_linear_rule(dtype, 
         assert k_qkv < 6
     np.testing.assert_allclose(b.scale * b.k, e_proj, rtol=verdict.gamma(2, U64), atol=0)   # E / K, then * K
     assert b.k >= 2 * numerics.sum_depth(6, dtype) + (1 if cfg.qkv_bias else 0) + 1
+
+
+def test_the_deprecated_spelling_normalizer_still_works_and_warns():
+    """The option was spelled ``normalizer`` before the house spelling ``normaliser``: the old keyword of
+    CastlingConfig, its preset, linear_angular_attention and its bound, and the old attribute, give the same
+    values with a DeprecationWarning on the caller's line; both spellings with different values are refused."""
+    import dataclasses
+    import warnings
+
+    from refimpl.errors import ArgumentError
+    new = A.CastlingConfig(8, 2, normaliser="similarity_sum")
+    with pytest.warns(DeprecationWarning, match="'normalizer' is deprecated, use 'normaliser'") as rec:
+        old = A.CastlingConfig(8, 2, normalizer="similarity_sum")
+    assert old == new and rec[0].filename == __file__
+    with pytest.warns(DeprecationWarning):
+        assert A.CastlingConfig.preset("official", dim=8, num_heads=2, normalizer="similarity_sum").normaliser == \
+            "similarity_sum"
+    with pytest.warns(DeprecationWarning, match="CastlingConfig.normalizer is deprecated"):
+        assert new.normalizer == "similarity_sum"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                      # the new spelling warns nowhere
+        assert dataclasses.replace(new, order=1).normaliser == "similarity_sum"
+    with pytest.raises(ArgumentError, match="disagree"), pytest.warns(DeprecationWarning):
+        A.CastlingConfig(8, 2, normaliser="similarity_sum", normalizer="output_l2")
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 5, 4)), rng.standard_normal((1, 2, 5, 3))
+    with pytest.warns(DeprecationWarning):
+        out = A.linear_angular_attention(q, k, v, normalizer="similarity_sum")
+    assert np.array_equal(out, A.linear_angular_attention(q, k, v, normaliser="similarity_sum"))
+    with pytest.warns(DeprecationWarning):
+        b = A.linear_angular_attention_bound(q, k, v, normalizer="similarity_sum")
+    assert np.array_equal(b.scale, A.linear_angular_attention_bound(q, k, v, normaliser="similarity_sum").scale)

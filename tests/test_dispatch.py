@@ -235,7 +235,7 @@ def test_enhanced_dispatch_passes_the_gain_to_the_kernel(monkeypatch, dtype, pre
 def angular_cases(draw):
     constant = draw(st.sampled_from(("sum", "own")))
     c = draw(shapes_and_kinds(square=constant == "own"))
-    c.update(constant=constant, normalizer=draw(st.sampled_from(("none", "similarity_sum"))))
+    c.update(constant=constant, normaliser=draw(st.sampled_from(("none", "similarity_sum"))))
     return c
 
 
@@ -244,28 +244,28 @@ EPS = 1e-12
 
 @DTYPES
 @given(c=angular_cases())
-@example(c=_case((1, 3, 196, 196, 32, 32), constant="sum", normalizer="none"))
-@example(c=_case((1, 3, 196, 196, 32, 32), constant="own", normalizer="similarity_sum"))
-@example(c=_case((1, 2, 50, 50, 8, 8), q="all_negative", k="all_negative", constant="own", normalizer="none"))
-@example(c=_case((1, 1, 1, 1, 1, 1), constant="sum", normalizer="similarity_sum"))
+@example(c=_case((1, 3, 196, 196, 32, 32), constant="sum", normaliser="none"))
+@example(c=_case((1, 3, 196, 196, 32, 32), constant="own", normaliser="similarity_sum"))
+@example(c=_case((1, 2, 50, 50, 8, 8), q="all_negative", k="all_negative", constant="own", normaliser="none"))
+@example(c=_case((1, 1, 1, 1, 1, 1), constant="sum", normaliser="similarity_sum"))
 def test_linear_angular_attention_on_c_agrees_with_numpy(dtype, c):
     """Castling-ViT Eq. 9 (paper-mode unit rows): linear_angular_attention under use("c") equals the NumPy
     backend within angular.linear_angular_attention_bound (the first-order bound derived in its docstring),
     NaN/Inf patterns equal; float32 runs in float32 (numerics.precision) against the float64 reference,
     with the naive float32 check."""
     q, k, v = _qkv(c, dtype)
-    kw = dict(constant=c["constant"], normalizer=c["normalizer"], eps=EPS)
+    kw = dict(constant=c["constant"], normaliser=c["normaliser"], eps=EPS)
     with np.errstate(all="ignore"):
         ref = angular.linear_angular_attention(q, k, v, **kw)
         bound = angular.linear_angular_attention_bound(q, k, v, constant=c["constant"],
-                                                         normalizer=c["normalizer"], eps=EPS)
+                                                         normaliser=c["normaliser"], eps=EPS)
         naive = None if dtype == np.float64 else numerics.naive_same_precision(
             angular.linear_angular_attention, q, k, v, dtype=np.float32, **kw)
         with backends.use("c"), numerics.precision(dtype):
             got = angular.linear_angular_attention(*(a.astype(dtype) for a in (q, k, v)), **kw)
     assert got.dtype == dtype and got.shape == ref.shape
     numerics.assert_close(got, ref, bound, dtype, naive=naive,
-                          name=f"linear_angular_attention[c, {c['constant']}, {c['normalizer']}]")
+                          name=f"linear_angular_attention[c, {c['constant']}, {c['normaliser']}]")
 
 
 def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch):
@@ -276,10 +276,10 @@ def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch)
     q, k, v = _qkv(_case((2, 2, 45, 45, 12, 10), seed=21, q="mixed_scale"))
     assert backends.current() == "numpy"
     body = angular_linear._linear_angular_attention_numpy
-    for kw in (dict(), dict(constant="own", normalizer="similarity_sum")):
+    for kw in (dict(), dict(constant="own", normaliser="similarity_sum")):
         np.testing.assert_array_equal(angular.linear_angular_attention(q, k, v, **kw), body(q, k, v, **kw))
-    official = dict(constant="own", normalizer="output_l2", eps=0.0, policy="none", arithmetic="naive")
-    numpy_only = [dict(policy="none"), dict(arithmetic="naive"), dict(normalizer="output_l2"), official]
+    official = dict(constant="own", normaliser="output_l2", eps=0.0, policy="none", arithmetic="naive")
+    numpy_only = [dict(policy="none"), dict(arithmetic="naive"), dict(normaliser="output_l2"), official]
     refs = [body(q, k, v, **kw) for kw in numpy_only]
     calls = _count_calls(monkeypatch, "linear_angular_attention")
     with backends.use("c"):

@@ -492,12 +492,12 @@ def test_rala_kernel_bitwise_across_thread_counts_and_against_its_twin(dtype):
 # 7. Castling-ViT's linear-angular forward (operation "linear_angular_attention")
 # ---------------------------------------------------------------------------------------------------
 
-def linear_angular_bound(q, k, v, constant, normalizer, eps) -> numerics.Bound:
+def linear_angular_bound(q, k, v, constant, normaliser, eps) -> numerics.Bound:
     """The first-order running error bound of Castling-ViT Eq. 9 in paper mode:
     refimpl.attention.angular.linear_angular_attention_bound (its derivation is in that docstring; it was
     first derived here for this kernel's agreement test)."""
     from refimpl.attention import angular
-    return angular.linear_angular_attention_bound(q, k, v, constant=constant, normalizer=normalizer, eps=eps)
+    return angular.linear_angular_attention_bound(q, k, v, constant=constant, normaliser=normaliser, eps=eps)
 
 
 @st.composite
@@ -508,15 +508,15 @@ def angular_cases(draw):
     if constant == "own":
         m = n
     c.update(shape=(b, h, n, m, d, e), constant=constant,
-             normalizer=draw(st.sampled_from(("none", "similarity_sum"))))
+             normaliser=draw(st.sampled_from(("none", "similarity_sum"))))
     return c
 
 
 @DTYPES
 @given(c=angular_cases())
-@example(c=dict(NETWORK_196, constant="sum", normalizer="none"))
-@example(c=dict(ONE_TOKEN, constant="own", normalizer="similarity_sum"))
-@example(c=dict(WIDE_HEAD, constant="sum", normalizer="similarity_sum"))
+@example(c=dict(NETWORK_196, constant="sum", normaliser="none"))
+@example(c=dict(ONE_TOKEN, constant="own", normaliser="similarity_sum"))
+@example(c=dict(WIDE_HEAD, constant="sum", normaliser="similarity_sum"))
 def test_linear_angular_kernel_agrees_with_angular_py(dtype, c):
     """The C linear-angular kernel against its specification angular.linear_angular_attention (Castling-ViT
     Eq. 9; paper-mode unit rows) in float64 on the dtype-rounded inputs, within linear_angular_bound, with
@@ -526,20 +526,20 @@ def test_linear_angular_kernel_agrees_with_angular_py(dtype, c):
     q, k, v = make(c, dtype)
     eps = 1e-12
     got = (backends._REGISTRY["linear_angular_attention"]["c"] if needs_c() else backends.definition("linear_angular_attention"))(
-        q, k, v, c["constant"], c["normalizer"], eps)
+        q, k, v, c["constant"], c["normaliser"], eps)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
     with np.errstate(all="ignore"):
-        ref = angular.linear_angular_attention(q64, k64, v64, constant=c["constant"], normalizer=c["normalizer"],
+        ref = angular.linear_angular_attention(q64, k64, v64, constant=c["constant"], normaliser=c["normaliser"],
                                                eps=eps, policy="clamp", arithmetic="scaled")
         np.testing.assert_array_equal(ref, backends.definition("linear_angular_attention")(q64, k64, v64, c["constant"],
-                                                                         c["normalizer"], eps))
+                                                                         c["normaliser"], eps))
         naive = None if dtype == np.float64 else numerics.naive_same_precision(
-            backends.definition("linear_angular_attention"), q64, k64, v64, c["constant"], c["normalizer"], eps, dtype=np.float32)
-    numerics.assert_close(got, ref, linear_angular_bound(q64, k64, v64, c["constant"], c["normalizer"], eps),
-                          dtype, naive=naive, name=f"linear_angular[c, {c['constant']}, {c['normalizer']}]")
+            backends.definition("linear_angular_attention"), q64, k64, v64, c["constant"], c["normaliser"], eps, dtype=np.float32)
+    numerics.assert_close(got, ref, linear_angular_bound(q64, k64, v64, c["constant"], c["normaliser"], eps),
+                          dtype, naive=naive, name=f"linear_angular[c, {c['constant']}, {c['normaliser']}]")
     if needs_c():
         for t in (1, 3):
-            np.testing.assert_array_equal(_c_linear.linear_angular_attention(q, k, v, c["constant"], c["normalizer"],
+            np.testing.assert_array_equal(_c_linear.linear_angular_attention(q, k, v, c["constant"], c["normaliser"],
                                                                       eps, threads=t), got)
 
 
@@ -549,7 +549,7 @@ def test_linear_angular_bad_input():
         return
     q, k, v = _good()
     for kw, exc, word in ((dict(constant="mean"), ValueError, "'constant'"),
-                          (dict(normalizer="output_l2"), ValueError, "'normalizer'"),
+                          (dict(normaliser="output_l2"), ValueError, "'normaliser'"),
                           (dict(eps=-1.0), ValueError, "'eps'"),
                           (dict(constant="own"), ValueError, "'v'")):
         with pytest.raises(exc, match=word):

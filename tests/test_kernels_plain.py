@@ -197,14 +197,14 @@ def angular_cases(draw):
     b, h, n, m, d, e = c["shape"]
     constant = draw(st.sampled_from(("sum", "own")))
     c.update(shape=(b, h, n, n if constant == "own" else m, d, e), constant=constant,
-             normalizer=draw(st.sampled_from(("none", "similarity_sum"))))
+             normaliser=draw(st.sampled_from(("none", "similarity_sum"))))
     return c
 
 
 @DTYPES
 @given(c=angular_cases())
 @example(c=dict(shape=(1, 2, 30, 30, 5, 7), feature_map="relu", policy={}, p=3.0, seed=9, q_kind="normal",
-                k_kind="near_duplicate", v_kind="normal", constant="own", normalizer="similarity_sum"))
+                k_kind="near_duplicate", v_kind="normal", constant="own", normaliser="similarity_sum"))
 def test_linear_angular_plain_and_fast_against_definition(dtype, c):
     """(a) the plain kernel within linear_angular_attention_bound of angular.linear_angular_attention (Castling-ViT
     Eq. 9, paper-mode unit rows) in float64; (b) the fast kernel (1 and 3 threads) within the same bound, and
@@ -214,21 +214,21 @@ def test_linear_angular_plain_and_fast_against_definition(dtype, c):
     if not needs_c():
         return
     q, k, v = la_inputs(c, dtype)
-    eps, constant, normalizer = 1e-12, c["constant"], c["normalizer"]
-    plain = _c_plain.linear_angular_attention(q, k, v, constant, normalizer, eps)
+    eps, constant, normaliser = 1e-12, c["constant"], c["normaliser"]
+    plain = _c_plain.linear_angular_attention(q, k, v, constant, normaliser, eps)
     q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
     definition = backends.definition("linear_angular_attention")
     with np.errstate(all="ignore"):
-        ref = angular.linear_angular_attention(q64, k64, v64, constant=constant, normalizer=normalizer, eps=eps,
+        ref = angular.linear_angular_attention(q64, k64, v64, constant=constant, normaliser=normaliser, eps=eps,
                                                policy="clamp", arithmetic="scaled")
-        bound = angular.linear_angular_attention_bound(q64, k64, v64, constant=constant, normalizer=normalizer,
+        bound = angular.linear_angular_attention_bound(q64, k64, v64, constant=constant, normaliser=normaliser,
                                                        eps=eps)
         naive = None if dtype == np.float64 else numerics.naive_same_precision(
-            definition, q64, k64, v64, constant, normalizer, eps, dtype=np.float32)
+            definition, q64, k64, v64, constant, normaliser, eps, dtype=np.float32)
     numerics.assert_close(plain, ref, bound, dtype, naive=naive, name=f"linear_angular[plain C, {constant}, "
-                                                                      f"{normalizer}]")
+                                                                      f"{normaliser}]")
     for t in (1, 3):
-        fast = _c_linear.linear_angular_attention(q, k, v, constant, normalizer, eps, threads=t)
+        fast = _c_linear.linear_angular_attention(q, k, v, constant, normaliser, eps, threads=t)
         numerics.assert_close(fast, ref, bound, dtype, naive=naive, name=f"linear_angular[fast C, threads={t}]")
         if c["shape"][4] < 8 and one_chunk(c["shape"][3]):
             np.testing.assert_array_equal(fast, plain, err_msg="fast != plain where they perform the same "
@@ -667,7 +667,7 @@ def test_bad_input_is_refused_naming_the_argument():
         (lambda: _c_plain.reweighted_linear_attention(q, k, v, np.ones((1, 2, 5)), "focused"), ValueError,
          "'kernel'"),
         (lambda: _c_plain.linear_angular_attention(q, k, v, "mean"), ValueError, "'constant'"),
-        (lambda: _c_plain.linear_angular_attention(q, k, v, normalizer="output_l2"), ValueError, "'normalizer'"),
+        (lambda: _c_plain.linear_angular_attention(q, k, v, normaliser="output_l2"), ValueError, "'normaliser'"),
         (lambda: _c_plain.linear_angular_attention(q, k, v, eps=-1.0), ValueError, "'eps'"),
         (lambda: _c_plain.linear_angular_attention(q, k[:, :, :4], v[:, :, :4], "own"), ValueError, "'v'"),
         (lambda: _c_plain.rala_alpha(q, k, "mean"), ValueError, "'global_query'"),

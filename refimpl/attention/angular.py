@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Mapping
 
 import numpy as np
@@ -58,7 +59,7 @@ from ..errors import ArgumentError
 from ..feature_maps import check_series_order as _check_order
 from ..feature_maps import series_feature_dim as _feature_dim
 from ..numerics import Bound
-from .angular_linear import (_CONSTANTS, _NORMALIZERS, _check_qkv, _constant_term, _e_softmax_masked, _nan_quiet,
+from .angular_linear import (_CONSTANTS, _NORMALISERS, _check_qkv, _constant_term, _e_softmax_masked, _nan_quiet,
                              _rounded_gap, _tap, angular_attention, angular_attention_bound,
                              angular_attention_features, grid_conv, linear_angular_attention,
                              linear_angular_attention_bound, masked_softmax_branch, token_conv)
@@ -87,8 +88,28 @@ __all__ = [
 # 4b. The Castling attention module: config, presets, core, block
 # ===================================================================================================
 
+class _RenamedOptions(type):
+    """The metaclass of :class:`CastlingConfig`: its constructor (and so ``preset`` and ``dataclasses.replace``)
+    takes the deprecated keyword ``normalizer=`` as ``normaliser=`` (validation.renamed_keyword)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        """Construct with ``normalizer=`` mapped to ``normaliser=``."""
+        return super().__call__(*args, **_renamed(kwargs, cls.__name__))
+
+
+def _renamed(kwargs: dict[str, Any], where: str) -> dict[str, Any]:
+    """``kwargs`` with the deprecated ``normalizer`` as ``normaliser`` (validation.renamed_keyword)."""
+    if "normalizer" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    old = kwargs.pop("normalizer")
+    kwargs["normaliser"] = validation.renamed_keyword(kwargs.get("normaliser", "none"), old, new="normaliser",
+                                                      old="normalizer", default="none", where=where, stacklevel=4)
+    return kwargs
+
+
 @dataclasses.dataclass(frozen=True)
-class CastlingConfig:
+class CastlingConfig(metaclass=_RenamedOptions):
     """Configuration of one Castling-ViT attention layer (Eq. 8-10).  Frozen; build with
     ``CastlingConfig(dim, num_heads, ...)`` or ``CastlingConfig.preset("paper" | "official", dim=..., ...)``.
 
@@ -98,9 +119,9 @@ class CastlingConfig:
     qkv_bias : bias of the qkv projection (official default False).
     order : K, the number of arcsin-series orders kept beyond the constant (0 = Eq. 9's linear term).
     constant : "sum" (paper: 1/2 sum_j v_j, the exact expansion of Sim(Q,K) V) | "own" (official: 1/2 v_i).
-    normalizer : "none" (paper, Eq. 9 as printed) | "similarity_sum" (divide the angular part by
+    normaliser : "none" (paper, Eq. 9 as printed) | "similarity_sum" (divide the angular part by
         sum_j Sim_K(q_i, k_j)) | "output_l2" (official: divide (sparse + constant + linear) by its own L2 norm,
-        no eps, then add the conv branch).
+        no eps, then add the conv branch).  ``normalizer=`` is the deprecated spelling (a DeprecationWarning).
     qk_norm : "clamp" (paper: q / max(||q||, eps)) | "none" (official: q / ||q||).  qk_norm_eps : eps.
     norm_arithmetic : "scaled" (paper: overflow/underflow-free norms) | "naive" (official: sqrt(sum x^2) as
         torch's ``.norm()`` computes it, for q, k and the output l2; see :func:`unit_rows`).
@@ -123,7 +144,7 @@ class CastlingConfig:
     qkv_bias: bool = False
     order: int = 0
     constant: str = "sum"
-    normalizer: str = "none"
+    normaliser: str = "none"
     qk_norm: str = "clamp"
     qk_norm_eps: float = config.CASTLING_QK_NORM_EPS
     norm_arithmetic: str = "scaled"
@@ -135,12 +156,13 @@ class CastlingConfig:
     sparse_logits: str = "unit"
 
     def __post_init__(self) -> None:
+        """Validates every field: a bad config cannot exist."""
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
             raise ArgumentError(f"argument 'dim': expected a multiple of num_heads={self.num_heads}, got {self.dim}")
         _check_order(self.order)
-        choices = {"constant": _CONSTANTS, "normalizer": _NORMALIZERS, "qk_norm": _POLICIES,
+        choices = {"constant": _CONSTANTS, "normaliser": _NORMALISERS, "qk_norm": _POLICIES,
                    "norm_arithmetic": ("scaled", "naive"),
                    "conv": ("tokens1d", "grid2d", "none"), "sparse": ("train_only", "always", "off"),
                    "sparse_logits": ("unit", "scaled_raw")}
@@ -150,8 +172,14 @@ class CastlingConfig:
             raise ArgumentError(f"argument 'conv_kernel': expected an odd size (padding k//2 keeps N), got {k}")
         validation.check_eps(self.qk_norm_eps, "qk_norm_eps")
         validation.check_eps(self.sparse_eps, "sparse_eps")
-        if self.normalizer == "output_l2" and self.order != 0:
-            raise ArgumentError("normalizer='output_l2' (the official preset) is defined for order 0 only")
+        if self.normaliser == "output_l2" and self.order != 0:
+            raise ArgumentError("normaliser='output_l2' (the official preset) is defined for order 0 only")
+
+    @property
+    def normalizer(self) -> str:
+        """The deprecated spelling of :attr:`normaliser` (a DeprecationWarning)."""
+        warnings.warn("CastlingConfig.normalizer is deprecated, use .normaliser", DeprecationWarning, stacklevel=2)
+        return self.normaliser
 
     @property
     def head_dim(self) -> int:
@@ -162,14 +190,14 @@ class CastlingConfig:
         """"paper" (the defaults: Eq. 8-10 as written) or "official" (the released code), then overrides."""
         presets = {
             "paper": {},
-            "official": dict(qkv_bias=False, order=0, constant="own", normalizer="output_l2", qk_norm="none",
+            "official": dict(qkv_bias=False, order=0, constant="own", normaliser="output_l2", qk_norm="none",
                              norm_arithmetic="naive",
                              conv="tokens1d", conv_kernel=config.CASTLING_CONV_KERNEL, conv_bias=False,
                              sparse="off", sparse_eps=config.CASTLING_SPARSE_EPS, sparse_logits="scaled_raw"),
         }
         if name not in presets:
             raise ArgumentError(f"argument 'name': expected 'paper' or 'official', got {name!r}")
-        return cls(**{**presets[name], **overrides})
+        return cls(**{**presets[name], **_renamed(overrides, "CastlingConfig.preset")})
 
     def param_shapes(self) -> dict[str, tuple[int, ...]]:
         """The parameter keys (the PyTorch twin's state_dict keys) and their shapes."""
@@ -267,7 +295,7 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
 
     Paper preset (defaults), per head:  H = C + S_K + M_DW V [+ Mask_eps(Softmax(Q^K^^T)) V in training],
         C = 1/2 sum_j v_j, S_K = sum_{k<=K} (c_k/pi) (Q^K^^T)^(2k+1) V (K = 0: (1/pi) Q^(K^^T V)),
-        optionally divided by the similarity sum (normalizer="similarity_sum").
+        optionally divided by the similarity sum (normaliser="similarity_sum").
     Official preset:  H = l2(Mask_eps(Softmax(d^-1/2 Q K^T)) V + 1/2 V + (1/pi) Q^(K^^T V)) + conv(V), the
         sparse term only when cfg.sparse == "always".
 
@@ -314,14 +342,14 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
         else:
             sparse = masked_softmax_branch(q, k, v, threshold=cfg.sparse_eps, scale=cfg.head_dim ** -0.5,
                                            taps=taps)
-    if cfg.normalizer == "output_l2":
+    if cfg.normaliser == "output_l2":
         ang = const + series if sparse is None else (sparse + const) + series
         _tap(taps, "angular", ang)
         _tap(taps, "output_norm", np.linalg.norm(ang, axis=-1, keepdims=True))
         out = unit_rows(ang, eps=0.0, policy="none", arithmetic=cfg.norm_arithmetic)
     else:
         out = const + series
-        if cfg.normalizer == "similarity_sum":
+        if cfg.normaliser == "similarity_sum":
             den = sz["M"] / 2.0 + _dot_sum(fq, fk, cfg.order)
             _tap(taps, "denominator", den)
             out = out / den[..., None]
@@ -333,7 +361,7 @@ def castling_core(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, conv_weight: A
             grid_conv(v, conv_weight, conv_bias, hw=hw)
         _tap(taps, "dwc", dwc)
         out = out + dwc
-    if sparse is not None and cfg.normalizer != "output_l2":
+    if sparse is not None and cfg.normaliser != "output_l2":
         out = out + sparse
     return out
 
@@ -450,7 +478,7 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
         epm = np.where(amb, 0.0, np.where(p > cfg.sparse_eps, ep, 0.0))
         e_sp = _e_matmul(pm, epm, v, ev, eta_u) + (np.where(amb, p, 0.0) @ av) / u
         depth += d + 2 * _ELEM + n + 4
-    if cfg.normalizer == "output_l2":
+    if cfg.normaliser == "output_l2":
         if sparse is None:
             ang, e_ang = const + series, ec + es + np.abs(const + series)
         else:
@@ -463,7 +491,7 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
         out = const + series
         e_out = ec + es + np.abs(out)
         depth += 1
-        if cfg.normalizer == "similarity_sum":
+        if cfg.normaliser == "similarity_sum":
             ksum, eks = np.sum(fk, axis=-2), np.sum(efk, axis=-2) + sn * np.sum(np.abs(fk), axis=-2)
             dot = np.einsum("bhnf,bhf->bhn", fq, ksum)
             edot = np.einsum("bhnf,bhf->bhn", efq, np.abs(ksum)) + np.einsum("bhnf,bhf->bhn", np.abs(fq), eks) \
@@ -495,7 +523,7 @@ def _core_with_error(q, k, v, eq, ek, ev, cfg: CastlingConfig, conv_weight, conv
         out = out + dwc
         e_out = e_out + e_dwc + np.abs(out)
         depth += k_dwc + 1
-    if sparse is not None and cfg.normalizer != "output_l2":
+    if sparse is not None and cfg.normaliser != "output_l2":
         out = out + sparse
         e_out = e_out + e_sp + np.abs(out)
         depth += 1
@@ -565,7 +593,7 @@ def castling_core_bound(q: Any, k: Any, v: Any, cfg: CastlingConfig, *, dtype: A
     ev = z if err_v is None else numerics.as_float(err_v, "err_v")
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         _, e, depth = _core_with_error(q, k, v, eq, ek, ev, cfg, conv_weight, conv_bias, training, hw, dtype)
-    return numerics.running_bound(e, depth, f"castling core ({cfg.normalizer}, constant {cfg.constant}, order "
+    return numerics.running_bound(e, depth, f"castling core ({cfg.normaliser}, constant {cfg.constant}, order "
                                             f"{cfg.order}, sparse {cfg.sparse_active(training)})", dtype)
 
 
@@ -649,6 +677,6 @@ def castling_attention_bound(x: Any, params: Mapping[str, Any], cfg: CastlingCon
         e = bounds.e_linear(merged, e_merged, numerics.as_float(params["proj.weight"], "proj.weight"),
                             numerics.as_float(params["proj.bias"], "proj.bias"), pr)
     depth += 2 * pr.sums(c) + (bq is not None) + 1
-    return Bound(e / depth, depth, f"castling attention ({cfg.normalizer}, constant {cfg.constant}, order "
+    return Bound(e / depth, depth, f"castling attention ({cfg.normaliser}, constant {cfg.constant}, order "
                                    f"{cfg.order}, conv {cfg.conv}, sparse {cfg.sparse_active(training)}): "
                                    f"first-order running error, k = qkv's + proj's + core depth = {depth:.6g}")

@@ -150,7 +150,7 @@ def angular_attention_features(q: Any, k: Any, v: Any, *, order: int, normalize:
 
 
 _CONSTANTS = ("sum", "own")
-_NORMALIZERS = ("none", "similarity_sum", "output_l2")
+_NORMALISERS = ("none", "similarity_sum", "output_l2")
 
 
 def _constant_term(v: np.ndarray, constant: str, n: int) -> np.ndarray:
@@ -163,9 +163,10 @@ def _constant_term(v: np.ndarray, constant: str, n: int) -> np.ndarray:
 
 
 @_nan_quiet
-def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", normalizer: str = "none",
+def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", normaliser: str = "none",
                              eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp",
-                             arithmetic: str = "scaled", taps: dict | None = None) -> np.ndarray:
+                             arithmetic: str = "scaled", taps: dict | None = None,
+                             normalizer: str | None = None) -> np.ndarray:
     """The linear-angular attention of Castling-ViT Eq. 9 (without its DWConv and sparse branches).
 
     H = C + (1/pi) Q^ (K^^T V), the order-0 truncation of Sim(Q, K) V (Eq. 8), computed in O(N d e).
@@ -173,10 +174,11 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     constant="sum" (paper default): C_i = 1/2 sum_j v_j, the constant 1/2 of Eq. 8 applied to every key,
         so that H = Sim_0(Q, K) V exactly (the left side of Eq. 9).
     constant="own" (official): C_i = 1/2 v_i, the token's own value ("1/2 . V" read literally).
-    normalizer="none" (paper default, Eq. 9 as printed): H as above.
-    normalizer="similarity_sum": H_i / sum_j Sim_0(q_i, k_j), with sum_j Sim_0 = M/2 + (1/pi) q^_i . sum_j k^_j
+    normaliser="none" (paper default, Eq. 9 as printed): H as above.
+    normaliser="similarity_sum": H_i / sum_j Sim_0(q_i, k_j), with sum_j Sim_0 = M/2 + (1/pi) q^_i . sum_j k^_j
         >= M (1/2 - 1/pi) > 0 (|q^_i . k^_j| <= 1 with either eps policy), so it never vanishes.
-    normalizer="output_l2" (official): H_i / ||H_i||, no eps (a zero H_i gives NaN, as released).
+    normaliser="output_l2" (official): H_i / ||H_i||, no eps (a zero H_i gives NaN, as released).
+    normalizer: the deprecated spelling of normaliser (a DeprecationWarning).
 
     Parameters
     ----------
@@ -189,7 +191,7 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     -------
     (B, h, N, e) working dtype.
 
-    Backends: with policy="clamp", arithmetic="scaled", normalizer "none" or "similarity_sum", a real
+    Backends: with policy="clamp", arithmetic="scaled", normaliser "none" or "similarity_sum", a real
     eps >= 0, no taps, one float32/float64 working dtype (and M = N for "own") and a selected backend other
     than NumPy (:func:`refimpl.backends.use`), the computation runs as operation "linear_angular_attention"
     (the fused C kernel; its NumPy definition, :func:`_linear_angular_attention_op`, calls
@@ -200,26 +202,28 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     ----------
     Castling-ViT Eq. 8-9; Katharopoulos et al. (2020) for the association order.
     """
+    normaliser = validation.renamed_keyword(normaliser, normalizer, new="normaliser", old="normalizer",
+                                            default="none", where="linear_angular_attention", stacklevel=4)
     validation.check_eps(eps)
     validation.check_taps(taps)
     if constant not in _CONSTANTS:
         raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
-    if normalizer not in _NORMALIZERS:
-        raise ArgumentError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
+    if normaliser not in _NORMALISERS:
+        raise ArgumentError(f"argument 'normaliser': expected one of {_NORMALISERS}, got {normaliser!r}")
     def body() -> np.ndarray:
-        return _linear_angular_attention_numpy(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
+        return _linear_angular_attention_numpy(q, k, v, constant=constant, normaliser=normaliser, eps=eps,
                                                policy=policy, arithmetic=arithmetic, taps=taps)
 
-    if taps is None and policy == "clamp" and arithmetic == "scaled" and normalizer != "output_l2":
+    if taps is None and policy == "clamp" and arithmetic == "scaled" and normaliser != "output_l2":
         # Operation "linear_angular_attention" (the paper's configuration); the C kernel's predicate picks the
         # calls it takes (dtypes, eps, shapes), everything else runs the body.
         q, k, v, _ = _check_qkv(q, k, v)
-        return backends.call("linear_angular_attention", q, k, v, constant, normalizer, eps, otherwise=body)
+        return backends.call("linear_angular_attention", q, k, v, constant, normaliser, eps, otherwise=body)
     return body()
 
 
 @_nan_quiet
-def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "sum", normalizer: str = "none",
+def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "sum", normaliser: str = "none",
                                     eps: float = config.CASTLING_QK_NORM_EPS, policy: str = "clamp",
                                     arithmetic: str = "scaled", taps: dict | None = None) -> np.ndarray:
     """The NumPy body of :func:`linear_angular_attention` (same arguments and result; Castling-ViT Eq. 9):
@@ -227,8 +231,8 @@ def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "
     "linear_angular_attention" (:func:`_linear_angular_attention_op`) calls, so that it never dispatches again."""
     if constant not in _CONSTANTS:
         raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
-    if normalizer not in _NORMALIZERS:
-        raise ArgumentError(f"argument 'normalizer': expected one of {_NORMALIZERS}, got {normalizer!r}")
+    if normaliser not in _NORMALISERS:
+        raise ArgumentError(f"argument 'normaliser': expected one of {_NORMALISERS}, got {normaliser!r}")
     q, k, v, sz = _check_qkv(q, k, v)
     qh = unit_rows(q, eps=eps, policy=policy, arithmetic=arithmetic)
     kh = unit_rows(k, eps=eps, policy=policy, arithmetic=arithmetic)
@@ -238,11 +242,11 @@ def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "
     if taps is not None:
         taps.update(q_hat=qh, k_hat=kh, kv=kv, linear=lin, constant=const)
     out = const + lin
-    if normalizer == "similarity_sum":
+    if normaliser == "similarity_sum":
         den = sz["M"] / 2.0 + (1.0 / math.pi) * np.einsum("bhnd,bhd->bhn", qh, np.sum(kh, axis=-2))
         _tap(taps, "denominator", den)
         out = out / den[..., None]
-    elif normalizer == "output_l2":
+    elif normaliser == "output_l2":
         norm = np.linalg.norm(out, axis=-1, keepdims=True)
         _tap(taps, "output_norm", norm)
         out = unit_rows(out, eps=0.0, policy="none", arithmetic=arithmetic)
@@ -250,13 +254,13 @@ def _linear_angular_attention_numpy(q: Any, k: Any, v: Any, *, constant: str = "
 
 
 @backends.register("linear_angular_attention", "numpy")
-def _linear_angular_attention_op(q: Any, k: Any, v: Any, constant: str = "sum", normalizer: str = "none",
+def _linear_angular_attention_op(q: Any, k: Any, v: Any, constant: str = "sum", normaliser: str = "none",
                                  eps: float = config.CASTLING_QK_NORM_EPS, *, out: np.ndarray | None = None,
                                  workspace: Any = None, threads: Any = None) -> np.ndarray:
     """The NumPy definition of operation "linear_angular_attention" of refimpl.backends (the twin of the C
     kernel): H = C + (1/pi) Q^ (K^^T V) (Castling-ViT Eq. 9, the order-0 truncation of Eq. 8), Q^, K^ the rows
     of q, k divided by max(||.||_2, eps); C_i = 1/2 sum_j V_j (constant "sum", the paper) or 1/2 V_i ("own",
-    the released code); normalizer "none" (Eq. 9) or "similarity_sum".
+    the released code); normaliser "none" (Eq. 9) or "similarity_sum".
 
     Exactly :func:`_linear_angular_attention_numpy` with policy="clamp", arithmetic="scaled" (the body of
     :func:`linear_angular_attention`, which dispatches here), with the kernels' signature.
@@ -264,7 +268,7 @@ def _linear_angular_attention_op(q: Any, k: Any, v: Any, constant: str = "sum", 
     Parameters
     ----------
     q : (B, h, N, d), k : (B, h, M, d), v : (B, h, M, e) float arrays (M = N for constant "own").
-    constant : "sum" | "own".  normalizer : "none" | "similarity_sum" (the kernels do not implement the
+    constant : "sum" | "own".  normaliser : "none" | "similarity_sum" (the kernels do not implement the
         official "output_l2"; call linear_angular_attention for it).  eps : float >= 0.
     out : optional (B, h, N, e) array the result is copied into and returned.  workspace, threads :
         accepted and ignored.
@@ -277,11 +281,11 @@ def _linear_angular_attention_op(q: Any, k: Any, v: Any, constant: str = "sum", 
     ----------
     Castling-ViT (You et al., CVPR 2023) Eq. 8-9.
     """
-    if normalizer not in ("none", "similarity_sum"):
-        raise ValueError(f"argument 'normalizer': operation 'linear_angular_attention' takes 'none' or "
-                         f"'similarity_sum', got {normalizer!r}; use angular.linear_angular_attention for "
+    if normaliser not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normaliser': operation 'linear_angular_attention' takes 'none' or "
+                         f"'similarity_sum', got {normaliser!r}; use angular.linear_angular_attention for "
                          f"'output_l2'")
-    res = _linear_angular_attention_numpy(q, k, v, constant=constant, normalizer=normalizer, eps=eps,
+    res = _linear_angular_attention_numpy(q, k, v, constant=constant, normaliser=normaliser, eps=eps,
                                           policy="clamp", arithmetic="scaled")
     if out is not None:
         out[...] = res
@@ -478,10 +482,10 @@ def angular_attention_bound(q: Any, k: Any, v: Any, *, dtype: Any, order: int | 
                                    f"first-order running error, k = d + M (+M+1) + kernel depth = {depth}")
 
 
-def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "sum", normalizer: str = "none",
-                                   eps: float = config.CASTLING_QK_NORM_EPS) -> Bound:
+def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "sum", normaliser: str = "none",
+                                   eps: float = config.CASTLING_QK_NORM_EPS, normalizer: str | None = None) -> Bound:
     """Error bound of :func:`linear_angular_attention` in paper mode (policy "clamp", arithmetic "scaled";
-    normalizer "none" or "similarity_sum") computed in precision T on T-rounded inputs, any summation order.
+    normaliser "none" or "similarity_sum") computed in precision T on T-rounded inputs, any summation order.
 
     First-order running error E in units of u_T (|.| element-wise):
 
@@ -504,7 +508,8 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
     Parameters
     ----------
     q : (B, h, N, d), k : (B, h, M, d), v : (B, h, M, e) float (T-rounded values).
-    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : the clamp of the row norms.
+    constant : "sum" | "own".  normaliser : "none" | "similarity_sum".  eps : the clamp of the row norms.
+    normalizer : the deprecated spelling of normaliser (a DeprecationWarning).
 
     Returns
     -------
@@ -514,12 +519,14 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
     ----------
     Castling-ViT Eq. 8-9; Higham (2002) §3.1 (running error of inner products).
     """
+    normaliser = validation.renamed_keyword(normaliser, normalizer, new="normaliser", old="normalizer",
+                                            default="none", where="linear_angular_attention_bound")
     validation.check_eps(eps)
     q, k, v, _ = _check_qkv(q, k, v)
     if constant not in ("sum", "own"):
         raise ArgumentError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
-    if normalizer not in ("none", "similarity_sum"):
-        raise ArgumentError(f"argument 'normalizer': the bound covers 'none' and 'similarity_sum', got {normalizer!r}")
+    if normaliser not in ("none", "similarity_sum"):
+        raise ArgumentError(f"argument 'normaliser': the bound covers 'none' and 'similarity_sum', got {normaliser!r}")
     with np.errstate(all="ignore"):
         qh = unit_rows(q, eps=eps, policy="clamp")
         kh = unit_rows(k, eps=eps, policy="clamp")
@@ -539,7 +546,7 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
             e = e + (m / 2) * np.sum(av, axis=-2, keepdims=True)
         h_abs = c_abs + lin_abs
         e = e + h_abs
-        if normalizer == "similarity_sum":
+        if normaliser == "similarity_sum":
             sk = np.sum(ak, axis=-2)
             dot = np.einsum("bhnd,bhd->bhn", aq, sk)
             den = m / 2 + np.einsum("bhnd,bhd->bhn", qh, np.sum(kh, axis=-2)) / np.pi
@@ -548,5 +555,5 @@ def linear_angular_attention_bound(q: Any, k: Any, v: Any, *, constant: str = "s
             o_abs = h_abs / den[..., None]
             e = (e + o_abs * e_den[..., None]) / den[..., None] + o_abs
     depth = d + m + 12
-    return Bound(e / depth, depth, f"linear-angular (Castling Eq. 9, {constant}, {normalizer}): first-order running "
+    return Bound(e / depth, depth, f"linear-angular (Castling Eq. 9, {constant}, {normaliser}): first-order running "
                                    f"error, K = d + M + 12 = {depth}")

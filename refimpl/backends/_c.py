@@ -45,7 +45,7 @@ buffers, allocate them once with :func:`refimpl.backends.empty_aligned` /
   kernel's own code (twin ``refimpl.attention.linear._elu1_feature_map_numpy``, spec ``refimpl.attention.linear.
   feature_map(x, "elu1")``).
 - ``"linear_angular_attention"`` (Castling-ViT Eq. 9): ``linear_angular_attention(q, k, v, constant="sum",
-  normalizer="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
+  normaliser="none", eps=config.CASTLING_QK_NORM_EPS, *, out=None, workspace=None, threads=None)``
   (twin ``refimpl.attention.angular_linear._linear_angular_attention_op``, spec ``refimpl.attention.angular.
   linear_angular_attention``; the same kernel with the unit-row feature map and Eq. 9's output).
 - ``"window_softmax_attention"`` (Swin Eq. 4 per window): ``window_softmax_attention(q, k, v, scale,

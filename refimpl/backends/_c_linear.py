@@ -434,7 +434,7 @@ def focused_feature_map(x: np.ndarray, p: float = config.FLATTEN_FOCUSING_FACTOR
     return run_kernel("focused_feature_map", result, a, a.size // a.shape[-1], a.shape[-1], power)
 
 
-def _linear_angular_supported(q: Any, k: Any, v: Any, constant: str = "sum", normalizer: str = "none",
+def _linear_angular_supported(q: Any, k: Any, v: Any, constant: str = "sum", normaliser: str = "none",
                               eps: Any = config.CASTLING_QK_NORM_EPS, **_: Any) -> bool:
     """One float32/float64 dtype for q, k, v; a real eps >= 0; M = N for constant "own"."""
     return (float_arrays(q, k, v) and real_scalar(eps) and eps >= 0
@@ -444,7 +444,7 @@ def _linear_angular_supported(q: Any, k: Any, v: Any, constant: str = "sum", nor
 
 @register("linear_angular_attention", "c", supports=_linear_angular_supported)
 def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
-                             normalizer: str = "none", eps: float = 1e-12, *, out: np.ndarray | None = None,
+                             normaliser: str = "none", eps: float = 1e-12, *, out: np.ndarray | None = None,
                              workspace: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Castling-ViT's linear-angular attention (Eq. 9) in C: the C twin of
     ``refimpl.attention.angular_linear._linear_angular_attention_op`` (spec: ``refimpl.attention.angular.
@@ -458,7 +458,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     Parameters
     ----------
     q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : one dtype, float32 or float64 (M = N for "own").
-    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : float >= 0 (default
+    constant : "sum" | "own".  normaliser : "none" | "similarity_sum".  eps : float >= 0 (default
         config.CASTLING_QK_NORM_EPS).  out, workspace, threads : as :func:`linear_attention`.
 
     Returns
@@ -472,9 +472,9 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     _load()  # ImportError before any validation when the compiled module is missing
     if constant not in ("sum", "own"):
         raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
-    if normalizer not in ("none", "similarity_sum"):
-        raise ValueError(f"argument 'normalizer': the C kernel implements 'none' and 'similarity_sum', got "
-                         f"{normalizer!r} (angular.linear_angular_attention computes 'output_l2')")
+    if normaliser not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normaliser': the C kernel implements 'none' and 'similarity_sum', got "
+                         f"{normaliser!r} (angular.linear_angular_attention computes 'output_l2')")
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or eps < 0:
         raise ValueError(f"argument 'eps': expected a real number >= 0, got {eps!r}")
     nthreads = _threads(threads)
@@ -488,5 +488,5 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     ws = workspace_for(workspace, need, dt, (("q", q), ("k", k), ("v", v), ("out", out)), "q")
     result = a.out if a.out is not None else empty_aligned(a.out_shape, dt)
     return run_kernel("linear_angular", result, a.q, a.k, a.v, float(eps), 1 if constant == "own" else 0,
-                      1 if normalizer == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
+                      1 if normaliser == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
                       sz["e"], ws.size, nthreads, workspace=ws)

@@ -156,7 +156,7 @@ def reweighted_linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, alp
 
 
 def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, constant: str = "sum",
-                             normalizer: str = "none", eps: float = config.CASTLING_QK_NORM_EPS) -> np.ndarray:
+                             normaliser: str = "none", eps: float = config.CASTLING_QK_NORM_EPS) -> np.ndarray:
     """Castling-ViT's linear-angular attention (Eq. 9) by the plain C version (ckernels/linattn_plain.c), the
     specification of ``refimpl.backends._c_linear.linear_angular_attention``:
 
@@ -167,7 +167,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     Parameters
     ----------
     q (B, h, N, d), k (B, h, M, d), v (B, h, M, e) : one dtype, float32 or float64 (M = N for "own").
-    constant : "sum" | "own".  normalizer : "none" | "similarity_sum".  eps : real >= 0.
+    constant : "sum" | "own".  normaliser : "none" | "similarity_sum".  eps : real >= 0.
 
     Returns
     -------
@@ -180,8 +180,8 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     _load()
     if constant not in ("sum", "own"):
         raise ValueError(f"argument 'constant': expected 'sum' or 'own', got {constant!r}")
-    if normalizer not in ("none", "similarity_sum"):
-        raise ValueError(f"argument 'normalizer': expected 'none' or 'similarity_sum', got {normalizer!r}")
+    if normaliser not in ("none", "similarity_sum"):
+        raise ValueError(f"argument 'normaliser': expected 'none' or 'similarity_sum', got {normaliser!r}")
     _validate.check_real(eps, "eps")
     if not eps >= 0:
         raise ValueError(f"argument 'eps': expected a real number >= 0, got {eps!r}")
@@ -194,7 +194,7 @@ def linear_angular_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, consta
     ws = _workspace("refimpl_linear_angular_plain_workspace", sz["d"], sz["e"], dtype=dt)
     result = empty_aligned(a.out_shape, dt)
     return run_kernel("linear_angular_plain", result, a.q, a.k, a.v, float(eps), 1 if constant == "own" else 0,
-                      1 if normalizer == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
+                      1 if normaliser == "similarity_sum" else 0, sz["B"] * sz["h"], sz["N"], sz["M"], sz["d"],
                       sz["e"], ws.size, workspace=ws)
 
 

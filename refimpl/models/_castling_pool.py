@@ -118,7 +118,7 @@ def core_macs(acfg: CastlingConfig, n_q: int, n_k: int, sparse: bool) -> dict[st
     h, d = acfg.num_heads, acfg.head_dim
     feat = sum(d ** (2 * kk + 1) for kk in range(acfg.order + 1))
     out = {"core": counting.matmul_macs(h, feat, n_k, d) + counting.matmul_macs(h, n_q, feat, d)
-           + (counting.matmul_macs(h, n_q, feat, 1) if acfg.normalizer == "similarity_sum" else 0)}
+           + (counting.matmul_macs(h, n_q, feat, 1) if acfg.normaliser == "similarity_sum" else 0)}
     if acfg.conv == "tokens1d":
         out["conv"] = h * n_q * d * acfg.conv_kernel
     elif acfg.conv == "grid2d":

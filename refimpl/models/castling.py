@@ -62,7 +62,7 @@ class CastlingDeiTConfig(DeiTClassTokenGeometry):
     embed_dim C, depth, num_heads h; img_size (H, W); patch_size; in_chans; num_classes; mlp_ratio; qkv_bias;
     layer_norm_eps; preset ("paper" | "official", the attention's preset); conv_kernel (k of the (k, 1) token
     conv); attn_overrides: extra :class:`CastlingConfig` fields (mapping or pairs) applied after the preset
-    (e.g. {"normalizer": "similarity_sum"} or {"order": 1}).
+    (e.g. {"normaliser": "similarity_sum"} or {"order": 1}).
     """
 
     embed_dim: int = 192
@@ -292,7 +292,7 @@ def macs(cfg: CastlingDeiTConfig, image_hw: Any = None) -> dict[str, int]:
     for i in range(cfg.depth):
         out[f"blocks.{i}.attn.qkv"] = counting.linear_macs(t, c, 3 * c)
         out[f"blocks.{i}.attn.core"] = counting.linear_attention_macs(
-            h, t, t, feat, d, normaliser=acfg.normalizer == "similarity_sum")
+            h, t, t, feat, d, normaliser=acfg.normaliser == "similarity_sum")
         if acfg.conv == "tokens1d":
             out[f"blocks.{i}.attn.conv"] = h * t * d * acfg.conv_kernel
         if acfg.sparse_active(False):

@@ -97,12 +97,12 @@ def pooled_castling_core_t(q, k, v, cfg: CastlingConfig, *, conv_weight=None, co
             sparse = masked_softmax_branch_t(qh, kh, v, threshold=cfg.sparse_eps, scale=1.0)
         else:
             sparse = masked_softmax_branch_t(q, k, v, threshold=cfg.sparse_eps, scale=cfg.head_dim ** -0.5)
-    if cfg.normalizer == "output_l2":
+    if cfg.normaliser == "output_l2":
         ang = const + series if sparse is None else (sparse + const) + series
         out = ang / ang.norm(dim=-1, keepdim=True)
     else:
         out = const + series
-        if cfg.normalizer == "similarity_sum":
+        if cfg.normaliser == "similarity_sum":
             dot = (fq * fk.sum(dim=-2, keepdim=True)).sum(dim=-1, keepdim=True)
             if cfg.order == 0:
                 dot = (1.0 / math.pi) * dot
@@ -116,7 +116,7 @@ def pooled_castling_core_t(q, k, v, cfg: CastlingConfig, *, conv_weight=None, co
         kk = conv_weight.shape[2]
         dwc = F.conv2d(img, conv_weight, conv_bias, stride=2, padding=kk // 2, groups=h * d)
         out = out + dwc.reshape(b, h, d, -1).transpose(-1, -2)
-    if sparse is not None and cfg.normalizer != "output_l2":
+    if sparse is not None and cfg.normaliser != "output_l2":
         out = out + sparse
     return out
 

@@ -118,12 +118,12 @@ def castling_core_t(q, k, v, cfg: CastlingConfig, *, conv_weight=None, conv_bias
             sparse = masked_softmax_branch_t(qh, kh, v, threshold=cfg.sparse_eps, scale=1.0)
         else:
             sparse = masked_softmax_branch_t(q, k, v, threshold=cfg.sparse_eps, scale=cfg.head_dim ** -0.5)
-    if cfg.normalizer == "output_l2":
+    if cfg.normaliser == "output_l2":
         ang = const + series if sparse is None else (sparse + const) + series
         out = ang / ang.norm(dim=-1, keepdim=True)
     else:
         out = const + series
-        if cfg.normalizer == "similarity_sum":
+        if cfg.normaliser == "similarity_sum":
             dot = (fq * fk.sum(dim=-2, keepdim=True)).sum(dim=-1, keepdim=True)
             if cfg.order == 0:
                 dot = (1.0 / math.pi) * dot
@@ -137,7 +137,7 @@ def castling_core_t(q, k, v, cfg: CastlingConfig, *, conv_weight=None, conv_bias
         kk = conv_weight.shape[2]
         dwc = F.conv2d(img, conv_weight, conv_bias, padding=kk // 2, groups=h * d)
         out = out + dwc.reshape(b, h, d, n).transpose(-1, -2)
-    if sparse is not None and cfg.normalizer != "output_l2":
+    if sparse is not None and cfg.normaliser != "output_l2":
         out = out + sparse
     return out
 
