@@ -108,6 +108,8 @@ class RankReport:
     sizes: dict
 
     def __str__(self) -> str:
+        """The ranks as text: the sizes and Eq. 9's bound min(N, M, d), then per head the ranks of phi(Q) phi(K)^T, of
+        the KV buffer and of the output, and the head-merged output's."""
         s = self.sizes
         return (f"ranks (N={s['N']}, M={s['M']}, d={s['d']}, e={s['e']}, heads={s['h']}; Eq. 9 bound "
                 f"min(N, M, d) = {self.bound}):\n"
@@ -322,6 +324,8 @@ class FormatVerdict:
 
     @property
     def nonfinite(self) -> bool:
+        """Whether storing the array in T overflows (an entry rounds to +-inf).  Rows that underflow to 0 (0/0 in a
+        later normalisation) are not counted here: :meth:`PrecisionAudit.reasons` reports them."""
         return self.n_overflow > 0
 
 
@@ -345,6 +349,7 @@ class PrecisionAudit:
     formats: tuple
 
     def entry(self, name: str) -> AuditEntry:
+        """The entry of the intermediate ``name``; KeyError (listing the entries) if there is none."""
         for e in self.entries:
             if e.name == name:
                 return e
@@ -366,9 +371,14 @@ class PrecisionAudit:
         return out
 
     def predicts_nonfinite(self, fmt: str) -> bool:
+        """Whether storing these intermediates in ``fmt`` is predicted to give Inf/NaN (:meth:`reasons` is not
+        empty)."""
         return bool(self.reasons(fmt))
 
     def __str__(self) -> str:
+        """The audit as a table: per intermediate its shape, max |x|, smallest non-zero |x| and per format the
+        overflow / underflow / subnormal / zero-row counts and the largest relative error; then the verdict per format
+        with its reasons."""
         lines = [f"{'intermediate':<22}{'shape':<20}{'max |x|':>11}{'min |x|>0':>11}  " +
                  "  ".join(f"{f}: ovf/unf/sub/zero-rows, max rel err" for f in self.formats)]
         for e in self.entries:

@@ -53,6 +53,8 @@ class ParameterKeyError(ParameterError, KeyError):
     ``KeyError.__str__`` quotes its argument (``"'missing ...'"``); this class prints its message as is."""
 
     def __str__(self) -> str:
+        """The message as given (not quoted as ``KeyError.__str__`` would); more than one argument: KeyError's own
+        text."""
         return str(self.args[0]) if len(self.args) == 1 else super().__str__()
 
 

@@ -453,6 +453,8 @@ class CheckedParams(Mapping):
     __slots__ = ("_data", "_expected", "_shapes", "_extras_ok", "_children")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Refused (TypeError): a CheckedParams is made only by :func:`checked_params`, which checks the mapping, or by
+        :meth:`sub`."""
         raise TypeError("CheckedParams is made by refimpl.validation.checked_params (which checks the mapping)")
 
     @classmethod
@@ -464,30 +466,39 @@ class CheckedParams(Mapping):
 
     # Mapping protocol: read-only delegation to the snapshot
     def __getitem__(self, key: str) -> Any:
+        """The snapshot's value of ``key`` (the same array object as the checked mapping's); KeyError if absent."""
         return self._data[key]
 
     def __iter__(self) -> Iterator[str]:
+        """The keys in the checked mapping's order."""
         return iter(self._data)
 
     def __len__(self) -> int:
+        """The number of entries of the snapshot."""
         return len(self._data)
 
     def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is a key of the snapshot."""
         return key in self._data
 
     def get(self, key: str, default: Any = None) -> Any:
+        """The snapshot's value of ``key``, or ``default`` if absent."""
         return self._data.get(key, default)
 
     def keys(self):                          # read-only views of the snapshot (dict speed, not Mapping's mixins)
+        """A read-only view of the snapshot's keys."""
         return self._data.keys()
 
     def items(self):
+        """A read-only view of the snapshot's (key, value) pairs."""
         return self._data.items()
 
     def values(self):
+        """A read-only view of the snapshot's values."""
         return self._data.values()
 
     def __repr__(self) -> str:
+        """The number of entries and of the expected keys they were checked against (not the arrays)."""
         return f"CheckedParams({len(self._data)} entries checked against {len(self._shapes)} expected keys)"
 
     @property

@@ -166,17 +166,22 @@ class ErrorReport:
 
     @property
     def ok(self) -> bool:
+        """Whether the verdict is "match"."""
         return self.verdict == MATCH
 
     @property
     def within_bound(self) -> bool:
+        """Whether the largest error is within the verdict's (probabilistic) bound: max err / bound <= 1."""
         return self.max_err_over_bound <= 1.0
 
     @property
     def ensemble_ok(self) -> bool:
+        """Whether the ensemble criterion holds: zmax and zrms within their thresholds."""
         return self.zmax <= self.zmax_threshold and self.zrms <= self.zrms_threshold
 
     def __str__(self) -> str:
+        """The explanation: the verdict and its reasons, the error against the probabilistic and the worst-case bound,
+        the worst element, the ensemble criterion and the NaN/Inf pattern."""
         lines = [
             f"{self.name}: {self.verdict.upper()}; shape {self.shape}, tested dtype {self.dtype}, k = {self.k:g}"
             f" ({self.note})",
@@ -561,9 +566,12 @@ class StageReport:
 
     @property
     def ok(self) -> bool:
+        """Whether no stage diverges and none is inconclusive (the verdict is "match")."""
         return self.verdict == MATCH
 
     def __str__(self) -> str:
+        """The stage-wise comparison as text: the verdict and first divergence, a row per stage, then the full report of
+        each stage that does not match."""
         head = f"stage-wise (teacher-forced) comparison: {self.verdict.upper()}"
         if self.first_divergence is not None:
             head += f"; first divergence at stage {self.first_divergence!r}"

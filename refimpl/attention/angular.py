@@ -156,7 +156,10 @@ class CastlingConfig(metaclass=_RenamedOptions):
     sparse_logits: str = "unit"
 
     def __post_init__(self) -> None:
-        """Validates every field: a bad config cannot exist."""
+        """Raises ArgumentError / ArgumentTypeError for a dim or num_heads that is not an integer >= 1, a dim not
+        divisible by num_heads, an order K < 0, an option outside its choices, a conv_kernel that is not an odd
+        integer >= 1, a qk_norm_eps or sparse_eps that is not finite and >= 0, and normaliser "output_l2" with
+        order > 0: a bad config cannot exist."""
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
@@ -183,6 +186,7 @@ class CastlingConfig(metaclass=_RenamedOptions):
 
     @property
     def head_dim(self) -> int:
+        """d = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @classmethod

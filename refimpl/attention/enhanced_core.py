@@ -75,6 +75,9 @@ class L2ViTConfig:
     window_mask_padding: bool = True
 
     def __post_init__(self) -> None:
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, a window
+        size < 1, an even LCM or CPE kernel, a window shift outside [0, window_size), c_min < 0, mlp_ratio <= 0 or an
+        MLP width int(C mlp_ratio) < 1, a norm eps that is not finite and >= 0, and an option outside its choices."""
         validation.check_heads(self.dim, self.num_heads)
         numerics.check_positive_int(self.window_size, "window_size")
         for name in ("lcm_kernel", "cpe_kernel"):
@@ -98,10 +101,12 @@ class L2ViTConfig:
 
     @property
     def head_dim(self) -> int:
+        """d = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @property
     def mlp_hidden(self) -> int:
+        """The MLP's hidden width int(C mlp_ratio)."""
         return int(self.dim * self.mlp_ratio)
 
     @classmethod

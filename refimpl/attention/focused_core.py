@@ -82,6 +82,9 @@ class FocusedConfig:
     power_scaling: str = "max"
 
     def __post_init__(self) -> None:
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, a focusing
+        factor p that is not finite and >= 1, an even or non-positive DWC kernel, sr_ratio < 1, an option outside its
+        choices, and relu_eps, eps, layer_norm_eps that are not finite and >= 0."""
         validation.check_heads(self.dim, self.num_heads)
         _check_p(self.p)
         numerics.check_positive_int(self.kernel_size, "kernel_size")
@@ -97,6 +100,7 @@ class FocusedConfig:
 
     @property
     def head_dim(self) -> int:
+        """d = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @classmethod

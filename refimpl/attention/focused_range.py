@@ -100,19 +100,25 @@ class RangeInfo:
     :meth:`sub` restricts all of it to a window's query and key groups (the shifted-window mask)."""
 
     def __init__(self, e_q, e_k, a_q, a_k, logs: Callable[[], tuple], p: float):
+        """Store the exponents ``e_q``, ``e_k``, the pre-features ``a_q``, ``a_k``, the focusing factor ``p`` and the
+        callable ``logs`` (first called by :meth:`logs`)."""
         self.e_q, self.e_k, self.a_q, self.a_k, self._logs, self.p = e_q, e_k, a_q, a_k, logs, p
         self._cache: tuple | None = None
 
     def logs(self) -> tuple:
+        """(log phi(Q), log phi(K)) in the original units (H3): computed on the first call, then kept."""
         if self._cache is None:
             self._cache = self._logs()
         return self._cache
 
     @property
     def scaled(self) -> bool:
+        """Whether any exponent e_q or e_k is non-zero (some features are held as phi 2^-e)."""
         return bool(np.any(self.e_q) or np.any(self.e_k))
 
     def sub(self, w: int, nw: int, qi: np.ndarray, kj: np.ndarray) -> "RangeInfo":
+        """This RangeInfo restricted to window ``w`` of ``nw`` (batch entries b nW + w) and one shifted-window mask
+        group: the query rows ``qi``, the key rows ``kj`` (the log-features restricted when first asked for)."""
         def rows(t, idx):
             t = t[w::nw]
             return t[:, :, idx] if t.shape[2] > 1 else t

@@ -112,6 +112,10 @@ class LiSAConfig:
     mlp_ratio: float = config.LISA_MLP_RATIO
 
     def __post_init__(self):
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, a grid of
+        other than 1 to 3 positive axes, a latent D < 1, an eps that is not finite and >= 0, mlp_ratio <= 0, an unknown
+        transform, and fft_lengths without exact_toeplitz or shorter than 2n - 1 on an axis.  Stores the grid and
+        fft_lengths as tuples of ints."""
         _check_heads(self.dim, self.num_heads)
         object.__setattr__(self, "grid", _check_grid(self.grid))
         check_positive_int(self.latent, "latent")
@@ -143,14 +147,17 @@ class LiSAConfig:
 
     @property
     def head_dim(self) -> int:
+        """c = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @property
     def num_tokens(self) -> int:
+        """N, the number of tokens of the grid."""
         return int(np.prod(self.grid))
 
     @property
     def ndim(self) -> int:
+        """The number of grid axes (1, 2 or 3)."""
         return len(self.grid)
 
     @property
@@ -160,10 +167,12 @@ class LiSAConfig:
 
     @property
     def kernel_tokens(self) -> int:
+        """The number of entries of :attr:`kernel_grid` (the Wa, Wb kernels' first axis)."""
         return int(np.prod(self.kernel_grid))
 
     @property
     def mlp_hidden(self) -> int:
+        """The block MLP's hidden width int(C mlp_ratio)."""
         return int(self.dim * self.mlp_ratio)
 
 
@@ -191,6 +200,9 @@ class SAConfig:
     max_elements: int | None = None
 
     def __post_init__(self):
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, a grid of
+        other than 1 to 3 positive axes, a latent D < 1, an l2_eps that is not finite and >= 0, an unknown form or rpe,
+        and rpe_per_head with a form other than "eq4".  Stores the grid as a tuple of ints."""
         _check_heads(self.dim, self.num_heads)
         object.__setattr__(self, "grid", _check_grid(self.grid))
         check_positive_int(self.latent, "latent")
@@ -204,22 +216,27 @@ class SAConfig:
 
     @property
     def head_dim(self) -> int:
+        """c = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @property
     def num_tokens(self) -> int:
+        """N, the number of tokens of the grid."""
         return int(np.prod(self.grid))
 
     @property
     def ndim(self) -> int:
+        """The number of grid axes (1, 2 or 3)."""
         return len(self.grid)
 
     @property
     def kernel_grid(self) -> tuple[int, ...]:
+        """Grid of the RPE parameters: the 2n-1 offsets per axis (Toeplitz, Eq. 2) or the token grid (circulant)."""
         return tuple(2 * n - 1 for n in self.grid) if self.rpe == "toeplitz" else self.grid
 
     @property
     def kernel_tokens(self) -> int:
+        """The number of entries of :attr:`kernel_grid`."""
         return int(np.prod(self.kernel_grid))
 
 

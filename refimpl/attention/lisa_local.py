@@ -81,6 +81,9 @@ class LocalLiSAConfig:
     l2_eps: float = config.LISA_L2_EPS
 
     def __post_init__(self):
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, a grid of
+        other than 1 to 3 positive axes, a kernel k that is not an odd integer >= 1, a latent D < 1 and an l2_eps that
+        is not finite and >= 0.  Stores the grid as a tuple of ints."""
         validation.check_heads(self.dim, self.num_heads)
         object.__setattr__(self, "grid", _check_grid(self.grid))
         object.__setattr__(self, "kernel", validation.check_kernel(self.kernel, "kernel"))
@@ -89,18 +92,22 @@ class LocalLiSAConfig:
 
     @property
     def head_dim(self) -> int:
+        """c = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @property
     def num_tokens(self) -> int:
+        """N, the number of tokens of the grid."""
         return int(np.prod(self.grid))
 
     @property
     def kernel_grid(self) -> tuple[int, ...]:
+        """The local kernel's extent (k, ..., k), one k per grid axis."""
         return (self.kernel,) * len(self.grid)
 
     @property
     def kernel_taps(self) -> int:
+        """The number of taps of the local kernel, k^r on an r-axis grid."""
         return int(np.prod(self.kernel_grid))
 
 

@@ -124,6 +124,9 @@ class RAVLTBlockConfig:
     layerscale: bool = False
 
     def __post_init__(self) -> None:
+        """Raises ArgumentTypeError when ``attn`` is not a :class:`RALAConfig`, and ArgumentError / ArgumentTypeError
+        for mlp_ratio <= 0 or an FFN hidden width < 1, a cpe_kernel that is neither 0 nor odd, and a norm_eps that is
+        not finite and >= 0."""
         if not isinstance(self.attn, RALAConfig):
             raise ArgumentTypeError(f"RAVLTBlockConfig.attn: expected a RALAConfig, got {type(self.attn).__name__}")
         validation.check_positive(self.mlp_ratio, "RAVLTBlockConfig.mlp_ratio")
@@ -135,6 +138,7 @@ class RAVLTBlockConfig:
 
     @property
     def hidden(self) -> int:
+        """The FFN's hidden width int(mlp_ratio C)."""
         return int(self.mlp_ratio * self.attn.dim)
 
     @classmethod

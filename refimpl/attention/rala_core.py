@@ -96,6 +96,9 @@ class RALAConfig:
     order: str = "linear"
 
     def __post_init__(self) -> None:
+        """Raises ArgumentError / ArgumentTypeError for dim, num_heads not integers >= 1 with C % h == 0, an option
+        outside its choices, gate_source "qkvo" with a gate other than "linear", rope with d % 4 != 0, a lepe_kernel
+        that is neither 0 nor odd, an eps that is not finite and >= 0 and a rope_base <= 0."""
         numerics.check_positive_int(self.dim, "dim")
         numerics.check_positive_int(self.num_heads, "num_heads")
         if self.dim % self.num_heads:
@@ -119,6 +122,7 @@ class RALAConfig:
 
     @property
     def head_dim(self) -> int:
+        """d = C / h, the head dimension."""
         return self.dim // self.num_heads
 
     @classmethod

@@ -70,6 +70,7 @@ class Status(NamedTuple):
     reason: str
 
     def __bool__(self) -> bool:  # so that `if backends.available()["c"]:` reads naturally
+        """Truthy iff the backend can be used (``ok``)."""
         return bool(self.ok)
 
 
@@ -132,16 +133,21 @@ class use:
     """
 
     def __init__(self, name: str) -> None:
+        """Select ``name`` at once in this thread / task (a context variable), keeping the token that restores the
+        previous selection; raises ValueError for a name other than "numpy", "numba", "c", "auto"."""
         self.name = _check_choice(name, "argument 'name'")
         self._token = _CURRENT.set(self.name)
 
     def __enter__(self) -> "use":
+        """This selection (already made by the constructor), for the ``with`` block."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Restore the selection that was current before this one, even on an exception."""
         _CURRENT.reset(self._token)
 
     def __repr__(self) -> str:
+        """The call that made this selection, ``backends.use(name)``."""
         return f"backends.use({self.name!r})"
 
 

@@ -80,6 +80,10 @@ class CastlingDeiTConfig(DeiTClassTokenGeometry):
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """Stores img_size as (H, W) and attn_overrides as sorted pairs; raises ValueError (TypeError for a wrong type)
+        for an unknown preset, a size or count that is not a positive integer, mlp_ratio <= 0, a bad eps, an img_size
+        that patch_size does not divide, and overrides that ask for the "grid2d" conv (the class token has no place on
+        the grid)."""
         object.__setattr__(self, "img_size", common.normalize_img_size(self.img_size))
         object.__setattr__(self, "attn_overrides", common.normalize_overrides(self.attn_overrides))
         if self.preset not in _PRESETS:
@@ -99,6 +103,8 @@ class CastlingDeiTConfig(DeiTClassTokenGeometry):
                              "is not part of; Castling-DeiT uses the (k, 1) token conv ('tokens1d') or 'none'")
 
     def attention_config(self) -> CastlingConfig:
+        """The :class:`CastlingConfig` of every block: the preset's, at C and h with the network's qkv_bias and
+        conv_kernel, then ``attn_overrides``."""
         fields = dict(dim=self.embed_dim, num_heads=self.num_heads, qkv_bias=self.qkv_bias,
                       conv_kernel=self.conv_kernel)
         fields.update(self.attn_overrides)  # an override replaces the network's own field, never collides

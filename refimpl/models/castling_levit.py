@@ -159,6 +159,11 @@ class CastlingLeViTConfig:
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """Stores img_size as (H, W), attn_overrides as sorted pairs and embed_dims, num_heads, depths as int tuples of
+        one entry per stage; raises ValueError / TypeError for a count or ratio that is not a positive integer, a
+        non-bool distillation, a bad eps, an unknown preset, q_residual or q_pool, C0 not divisible by 8, a stage width
+        (but the last) not divisible by key_dim, overrides of dim or num_heads, and a block's attention config that its
+        preset refuses."""
         object.__setattr__(self, "img_size", common.normalize_img_size(self.img_size))
         object.__setattr__(self, "attn_overrides", common.normalize_overrides(self.attn_overrides))
         dims = _ints(self.embed_dims, "embed_dims")
@@ -209,6 +214,8 @@ class CastlingLeViTConfig:
         return self.embed_dims[stage - 1] // self.key_dim
 
     def residual(self, downsample: bool) -> bool:
+        """Whether the residual pooling connection Attn + Q is added in a block: every block for q_residual "all", only
+        the shrink blocks (``downsample``) for "downsample", none for "none"."""
         return self.q_residual == "all" or (self.q_residual == "downsample" and downsample)
 
     def attention_config(self, stage: int, downsample: bool = False) -> CastlingConfig:

@@ -142,6 +142,10 @@ class CastlingMViTv2Config:
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """Stores img_size as (H, W), attn_overrides as sorted pairs and depths as an int tuple; raises
+        ValueError / TypeError for empty depths, a size, count or ratio that is not a positive integer, a non-bool
+        qkv_bias, a bad ln_eps, an unknown preset or q_residual, C0 not divisible by h0, overrides of dim or num_heads,
+        and a stage's attention config that its preset refuses."""
         object.__setattr__(self, "img_size", common.normalize_img_size(self.img_size))
         object.__setattr__(self, "attn_overrides", common.normalize_overrides(self.attn_overrides))
         if not isinstance(self.depths, (tuple, list)) or not self.depths:
@@ -167,13 +171,16 @@ class CastlingMViTv2Config:
             self.attention_config(s)          # validates the overrides
 
     def dim(self, stage: int) -> int:
+        """C_s = C0 2^s, the channels of ``stage``."""
         return self.embed_dim * 2 ** stage
 
     def heads(self, stage: int) -> int:
+        """h_s = h0 2^s, the heads of ``stage``."""
         return self.num_heads * 2 ** stage
 
     @property
     def head_dim(self) -> int:
+        """d = C0 / h0, the head dimension of every stage (C_s and h_s both double)."""
         return self.embed_dim // self.num_heads
 
     def attention_config(self, stage: int) -> CastlingConfig:

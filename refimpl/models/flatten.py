@@ -118,11 +118,16 @@ class FlattenDeiTConfig(DeiTGeometry):
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """The checks FLatten's and RALA's DeiT / Swin configs share (:func:`_check_common`: img_size to (H, W),
+        overrides to pairs, preset, sizes, patch grid, mlp_ratio, eps), a positive depth, and the attention config
+        (heads, p, kernel, overrides); ValueError / TypeError on a refused field."""
         _check_common(self)
         numerics.check_positive_int(self.depth, "depth")
         self.attention_config()  # validates heads, p, kernel, overrides
 
     def attention_config(self) -> FocusedConfig:
+        """The :class:`FocusedConfig` of every block: the preset's, at C and h with the network's p, DWC kernel and
+        qkv_bias, then ``attn_overrides``."""
         return FocusedConfig.preset(self.preset, dim=self.embed_dim, num_heads=self.num_heads, p=self.focusing_factor,
                                     kernel_size=self.kernel_size, qkv_bias=self.qkv_bias,
                                     **dict(self.attn_overrides))
@@ -204,6 +209,9 @@ class FlattenSwinConfig(_SwinStages):
     window_preset: str | None = None
 
     def __post_init__(self) -> None:
+        """The shared Swin checks (:meth:`_SwinStages._check_stages`), a positive focused_window, each focused stage's
+        attention config, and a focused window that divides its stage grid (the focused stages do not pad);
+        ValueError / TypeError on a refused field."""
         self._check_stages(_check_common)
         numerics.check_positive_int(self.focused_window, "focused_window")
         for i in range(self.n_stages):
@@ -222,6 +230,8 @@ class FlattenSwinConfig(_SwinStages):
                 for g, t in zip(self.stage_grids, self.attn_types)]
 
     def attention_config(self, i: int) -> FocusedConfig:
+        """The :class:`FocusedConfig` of the focused blocks of stage ``i``: the preset's, at C 2^i and the stage's heads
+        with the network's p, DWC kernel and qkv_bias, then ``attn_overrides``."""
         return FocusedConfig.preset(self.preset, dim=self.stage_dim(i), num_heads=self.num_heads[i],
                                     p=self.focusing_factor, kernel_size=self.kernel_size, qkv_bias=self.qkv_bias,
                                     **dict(self.attn_overrides))

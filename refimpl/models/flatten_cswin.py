@@ -142,6 +142,11 @@ class FlattenCSwinConfig:
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """Stores depths, num_heads, split_size (and focused_split) as int tuples, img_size as (H, W), attn_overrides as
+        sorted pairs; raises ArgumentError / ArgumentTypeError for stage lists of unequal length, attn_types other than
+        "L" / "S", an unknown preset or stripe_order, a bad size, ratio or eps, an img_size not a multiple of the stem
+        stride times 2^(stages - 1), heads not dividing a stage's channels, an odd head count or a stripe width not
+        dividing the grid in a two-branch stage, and a focused stage's attention config refused."""
         for name in ("depths", "num_heads", "split_size"):
             object.__setattr__(self, name, _int_tuple(getattr(self, name), name))
         n = len(self.depths)
@@ -196,12 +201,15 @@ class FlattenCSwinConfig:
 
     @property
     def n_stages(self) -> int:
+        """The number of stages."""
         return len(self.depths)
 
     def stage_dim(self, i: int) -> int:
+        """C 2^i, the channels of stage ``i``."""
         return self.embed_dim * 2 ** i
 
     def hidden(self, i: int) -> int:
+        """The MLP's hidden width int(C 2^i mlp_ratio) in stage ``i``."""
         return int(self.stage_dim(i) * self.mlp_ratio)
 
     @property
@@ -212,6 +220,8 @@ class FlattenCSwinConfig:
 
     @property
     def effective_stripe_order(self) -> str:
+        """``stripe_order``, or the preset's when it is None ("paper": "horizontal_first", "official":
+        "vertical_first")."""
         return self.stripe_order or _DEFAULT_ORDER[self.preset]
 
     def stripe_width(self, i: int) -> int | None:

@@ -153,6 +153,11 @@ class FlattenPVTConfig:
     version: int = 1
 
     def __post_init__(self) -> None:
+        """Stores the per-stage fields as tuples (mlp_ratios as floats), img_size as (H, W), attn_overrides as sorted
+        pairs; raises ArgumentError / ArgumentTypeError for stage lists of unequal length, an unknown preset, a
+        final_norm that is not None or a bool (or given with version 2), a version other than 1 or 2, a bad size or eps,
+        an img_size not a multiple of patch_size merge_patch^(stages - 1), heads not dividing a stage's channels, an
+        sr_ratio not dividing its grid, and a stage's attention config refused."""
         for name in ("embed_dims", "depths", "num_heads", "sr_ratios"):
             object.__setattr__(self, name, _int_tuple(getattr(self, name), name))
         ratios = self.mlp_ratios
@@ -202,6 +207,7 @@ class FlattenPVTConfig:
 
     @property
     def n_stages(self) -> int:
+        """The number of stages."""
         return len(self.depths)
 
     @property
@@ -228,9 +234,11 @@ class FlattenPVTConfig:
         return 0 if self.version == 1 else self.stage_patch(i) - 1
 
     def stage_in_chans(self, i: int) -> int:
+        """The channels entering stage ``i``'s patch embedding: in_chans, then C_(i-1)."""
         return self.in_chans if i == 0 else self.embed_dims[i - 1]
 
     def hidden(self, i: int) -> int:
+        """The MLP's hidden width int(C_i mlp_ratio_i) in stage ``i``."""
         return int(self.embed_dims[i] * self.mlp_ratios[i])
 
     def kv_grid(self, i: int) -> tuple[int, int]:
@@ -246,6 +254,8 @@ class FlattenPVTConfig:
         return self.preset == "paper" if self.final_norm is None else bool(self.final_norm)
 
     def attention_config(self, i: int) -> FocusedConfig:
+        """The :class:`FocusedConfig` of stage ``i``'s blocks: the preset's, at C_i, h_i and sr_i with the network's p,
+        DWC kernel and qkv_bias, then ``attn_overrides``."""
         return FocusedConfig.preset(self.preset, dim=self.embed_dims[i], num_heads=self.num_heads[i],
                                     p=self.focusing_factor, kernel_size=self.kernel_size, sr_ratio=self.sr_ratios[i],
                                     qkv_bias=self.qkv_bias, **dict(self.attn_overrides))

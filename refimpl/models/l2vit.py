@@ -98,6 +98,10 @@ class L2ViTNetConfig:
     batch_norm_eps: float = config.BATCH_NORM_EPS
 
     def __post_init__(self) -> None:
+        """Stores dims, pairs, num_heads as int tuples and block_overrides as sorted pairs; raises ValueError (TypeError
+        for a wrong type) for mlp_ratio <= 0, c_min < 0, a bad eps, empty or non-positive stage lists or lists of
+        unequal length, an unknown preset or order, a stem_dim < 1, and a stage's block config that :func:`block_config`
+        refuses."""
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
         validation.check_real(self.c_min, "c_min", minimum=0.0)
         validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
@@ -122,10 +126,12 @@ class L2ViTNetConfig:
 
     @property
     def num_stages(self) -> int:
+        """The number of stages."""
         return len(self.dims)
 
     @property
     def stem_width(self) -> int:
+        """The width of the stem's first conv: stem_dim, or C_0 / 2 when it is None."""
         return int(self.stem_dim) if self.stem_dim is not None else self.dims[0] // 2
 
     @property

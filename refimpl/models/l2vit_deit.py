@@ -117,6 +117,10 @@ class L2ViTDeiTConfig(DeiTClassTokenGeometry):
     block_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """Stores img_size as (H, W) and block_overrides as sorted pairs; raises ValueError (TypeError for a wrong type)
+        for an unknown preset or order, a size or count that is not a positive integer, mlp_ratio <= 0, a bad eps, an
+        img_size that patch_size does not divide, block_types that are not one "S" / "E" per block, a block config
+        refused, and lcm_placement "attention" (the class token has no place on the LCM's grid)."""
         object.__setattr__(self, "img_size", common.normalize_img_size(self.img_size))
         object.__setattr__(self, "block_overrides", common.normalize_overrides(self.block_overrides,
                                                                                "block_overrides"))

@@ -147,6 +147,11 @@ class LiSANetConfig:
     local_kernel: int | None = None
 
     def __post_init__(self) -> None:
+        """Stores dims, depths, num_heads, image_size as int tuples and lisa_overrides as sorted pairs; raises
+        ValueError (TypeError for a wrong type) for mlp_ratio <= 0, a bad ln_eps, an unknown kind, embed, operator or
+        preset, rpe_per_head or local_kernel with an operator that has none (local_kernel required for "lisa_local"),
+        stage lists that are empty, non-positive or of unequal length, a patch_size or latent < 1, an isotropic model of
+        more than one stage, an empty stage grid, and a stage's LiSA (or SA) config refused."""
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
         validation.check_eps(self.ln_eps, "ln_eps")
         if self.kind not in KINDS:
@@ -196,6 +201,7 @@ class LiSANetConfig:
 
     @property
     def num_stages(self) -> int:
+        """The number of stages."""
         return len(self.dims)
 
 

@@ -112,11 +112,16 @@ class RALADeiTConfig(DeiTGeometry):
     attn_overrides: Any = ()
 
     def __post_init__(self) -> None:
+        """The checks shared with FLatten's DeiT / Swin configs (:func:`_check_common`: img_size to (H, W), overrides to
+        pairs, preset, sizes, patch grid, mlp_ratio, eps), a positive depth and the RALA config (heads, overrides);
+        ValueError / TypeError on a refused field."""
         _check_common(self)
         numerics.check_positive_int(self.depth, "depth")
         self.attention_config()   # validates heads and overrides
 
     def attention_config(self) -> rala.RALAConfig:
+        """The :class:`refimpl.attention.rala.RALAConfig` of every block: the preset's, at C and h with the network's
+        qkv_bias, then ``attn_overrides``."""
         return _rala_config(self, self.embed_dim, self.num_heads)
 
 
@@ -148,6 +153,8 @@ class RALASwinConfig(_flatten._SwinStages):
     window_preset: str | None = None
 
     def __post_init__(self) -> None:
+        """The shared Swin checks (:meth:`_SwinStages._check_stages`) and the RALA config of every "L" stage;
+        ValueError / TypeError on a refused field."""
         self._check_stages(_check_common)
         for i in range(self.n_stages):
             if self.attn_types[i] == "L":
@@ -161,6 +168,8 @@ class RALASwinConfig(_flatten._SwinStages):
                 for g, t in zip(self.stage_grids, self.attn_types)]
 
     def attention_config(self, i: int) -> rala.RALAConfig:
+        """The :class:`refimpl.attention.rala.RALAConfig` of stage ``i``'s RALA blocks: the preset's, at C 2^i and the
+        stage's heads with the network's qkv_bias, then ``attn_overrides``."""
         return _rala_config(self, self.stage_dim(i), self.num_heads[i])
 
 

@@ -28,6 +28,7 @@ class Taps(dict):
     own (teacher forcing, :func:`capture`'s ``force``).  A plain dict forces nothing."""
 
     def __init__(self, forced: Mapping[str, torch.Tensor] | None = None):
+        """An empty record; ``forced`` (name -> the tested run's tensor; None: nothing forced) is copied into a dict."""
         super().__init__()
         self.forced = dict(forced or {})
 

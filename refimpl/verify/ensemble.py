@@ -73,6 +73,7 @@ class TwinEnsemble:
 
     @property
     def ran(self) -> bool:
+        """Whether the twin gave at least one member's output (if not, ``why`` and ``failed`` say why)."""
         return bool(self.outputs)
 
 

@@ -191,6 +191,8 @@ class GradientBound(_verdict.Bound):
     rho: float = 0.0
 
     def array(self, dtype: Any, shape: tuple[int, ...], lam: float | None = None) -> np.ndarray:
+        """The element-wise bound on a gradient of ``shape`` in T = ``dtype``: (rho + f_k(u_T) + gamma_k(u_64))
+        scale + k (eta_T + eta_64), f_k = gamma_k, or min(gamma_k, gamma~_k(lam)) with ``lam``."""
         s = np.broadcast_to(np.asarray(self.scale, dtype=np.float64), shape)
         u = _verdict.unit_roundoff(dtype)
         f = _verdict.gamma(self.k, u)

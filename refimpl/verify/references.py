@@ -90,6 +90,9 @@ class Reference:
 
     def setup(self, module: Any, state: Mapping[str, np.ndarray], preset: str, config: Mapping[str, Any],
               hw: tuple[int, int] | None) -> Setup:
+        """The comparison's :class:`Setup` from the foreign module, its state (float64 arrays), ``preset``, ``--config``
+        and ``--hw`` (None: inferred, or the reference's default grid); raises VerifyError where a field cannot be
+        inferred.  Every registered reference implements it."""
         raise NotImplementedError
 
     def preset_config(self, preset: str, s: Setup) -> Any:
@@ -128,12 +131,18 @@ class Reference:
         return a
 
     def forward(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup) -> np.ndarray:
+        """The reference's float64 output on ``x`` with the mapped parameters, in the layout the whole-module comparison
+        reads (:meth:`output_view`).  Every registered reference implements it."""
         raise NotImplementedError
 
     def bound(self, x: np.ndarray, params: Mapping[str, np.ndarray], s: Setup, dtype: str) -> Any:
+        """The :class:`refimpl.verdict.Bound` of :meth:`forward` computed in T = ``dtype`` on ``x``, for the
+        whole-module comparison.  Every registered reference implements it."""
         raise NotImplementedError
 
     def stages(self, params: Mapping[str, np.ndarray], s: Setup) -> list:
+        """The reference's stages (:class:`refimpl.verdict.Stage`) in the order the module computes them, for the
+        teacher-forced stage comparison.  Every registered reference implements it."""
         raise NotImplementedError
 
     def derived_findings(self, s: Setup, state: Mapping[str, np.ndarray], keys: Sequence[str]) -> list[dict]:

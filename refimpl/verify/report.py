@@ -58,6 +58,8 @@ class StageResult:
     parts: list[StageResult] | None = None
 
     def as_dict(self) -> dict:
+        """The stage as the report's JSON (docs/verify.md): non-finite numbers as strings (:func:`_f`), each part
+        without its ensemble and parts."""
         return {"name": self.name, "foreign": self.foreign, "verdict": self.verdict, "ok": self.verdict == "match",
                 "max_abs_err": _f(self.max_abs_err), "max_rel_err": _f(self.max_rel_err), "bound": _f(self.bound),
                 "err_over_bound": _f(self.err_over_bound), "detail": self.detail, "ensemble": self.ensemble,
@@ -108,9 +110,12 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """Whether the verdict is a match."""
         return self.verdict == _verdict.MATCH
 
     def as_dict(self) -> dict:
+        """The report as the JSON object of docs/verify.md (schema :data:`SCHEMA_VERSION`); each stage carries its
+        shadow result (None when shadow mode did not run)."""
         return {"schema_version": SCHEMA_VERSION, "verdict": self.verdict, "reference": self.reference,
                 "preset": self.preset, "dtype": self.dtype, "config": self.config,
                 "config_sources": self.config_sources, "mapping": self.mapping,
@@ -125,6 +130,7 @@ class Report:
                 "findings": self.findings} | ({"network": self.network} if self.network is not None else {})
 
     def to_json(self) -> str:
+        """The report as JSON text (:meth:`as_dict`, indent 1)."""
         return json.dumps(self.as_dict(), indent=1)
 
     def to_markdown(self, plot: str | None = None) -> str:
@@ -200,6 +206,8 @@ class Report:
         return True
 
     def __str__(self) -> str:
+        """The report as text: the verdict, the first divergence (and the shadow's), the whole module, a row per stage
+        (shadow columns with ``--shadow``), then the units, gradients, ensemble and findings."""
         lines = [(f"refimpl verify: {self.verdict.upper()} against {self.reference} ({self.preset} preset, "
                   f"{self.dtype})")]
         if self.first_divergence:

@@ -110,6 +110,8 @@ class WindowConfig:
     PRESETS = {"official": "swin_official", "paper": "swin", "l2vit_official": "l2vit_official"}
 
     def __post_init__(self) -> None:
+        """Raises ValueError for a dim or num_heads that is not an integer >= 1, a dim not divisible by num_heads, a
+        window below 1 or a shift outside 0 <= shift < window on an axis."""
         for name in ("dim", "num_heads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -126,6 +128,8 @@ class WindowConfig:
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> "WindowConfig":
+        """The configuration of preset ``name`` ("official", "paper", "l2vit_official": the options of
+        :data:`refimpl.attention.softmax.WINDOW_PRESETS`) with ``overrides`` replacing its fields."""
         opts = dict(r_soft.WINDOW_PRESETS[cls.PRESETS[name]])
         opts.update(overrides)
         return cls(**opts)
@@ -457,6 +461,9 @@ class SoftmaxWindowAttention(_ShiftedWindows):
     value_stages = ("out",)
 
     def setup(self, module, state, preset, config, hw):
+        """A :class:`WindowSetup` from the module, ``--config`` and ``--hw``: the qkv layer, the window, shift, layout
+        and grid (:func:`_geometry`), the bias presence and a non-default ``scale`` from the weights and attributes;
+        ``no_twin`` says why ``--grad`` is refused where padded query slots have every key masked."""
         over = dict(config or {})
         fields: dict[str, str] = {}
         inferred: dict[str, Any] = {}
@@ -507,16 +514,25 @@ class SoftmaxWindowAttention(_ShiftedWindows):
         return s
 
     def preset_config(self, preset, s):
+        """The preset's configuration at the module's dim, num_heads and window size, against which departures are
+        reported."""
         return WindowConfig.preset(preset, dim=s.cfg.dim, num_heads=s.cfg.num_heads, window_size=s.cfg.window_size)
 
     def forward(self, x, params, s):
+        """The reference's output: :func:`refimpl.attention.softmax.window_attention` on the input read as the grid
+        (B, H, W, C), returned in the layout the whole-module comparison reads (:func:`_out_layout`)."""
         return _out_layout(r_soft.window_attention(self._grid_in(x, s), params, **s.cfg.options()), s)
 
     def bound(self, x, params, s, dtype):
+        """The bound of :meth:`forward` in T = ``dtype`` (:func:`refimpl.attention.softmax.window_attention_bound`), its
+        arrays in the layout of :func:`_out_layout`."""
         return _bound_in_layout(r_soft.window_attention_bound(self._grid_in(x, s), params, dtype=dtype,
                                                               **s.cfg.options()), s)
 
     def stages(self, params, s):
+        """The per-window stages of :func:`refimpl.attention.softmax.window_attention_stages`; for the grid layouts
+        between the exact ``windows`` and ``out`` stages (:func:`_data_stages`, padded), for the pre-windowed layout as
+        they are."""
         per_window = r_soft.window_attention_stages(params, s.hw, **s.cfg.options())
         return per_window if s.layout == "windows" else _data_stages(s, True, per_window)
 
@@ -539,6 +555,10 @@ class FlattenAttentionLayouts(FlattenAttention):
             _top_attr(module, ("shift_size", "shift"), lambda v: _pair(v) is not None) is not None
 
     def setup(self, module, state, preset, config, hw):
+        """:class:`FlattenAttention`'s setup, or in the Swin layout on the grid (:meth:`_windowed`) a
+        :class:`WindowSetup`: the window, shift and layout of :func:`_geometry` around the configuration of the
+        window-sized FLatten setup (sr_ratio = 1).  Raises VerifyError for a grid that is not a multiple of the window
+        or an sr_ratio other than 1."""
         over = dict(config or {})
         if not self._windowed(module, over):
             return super().setup(module, state, preset, over, hw)
@@ -568,26 +588,40 @@ class FlattenAttentionLayouts(FlattenAttention):
         return isinstance(s, WindowSetup)
 
     def draw_input(self, s, batch, rng):
+        """N(0, 1) input: the grid's layout in the Swin layout (as :class:`_ShiftedWindows` draws it), else
+        :class:`FlattenAttention`'s tokens."""
         return _ShiftedWindows.draw_input(self, s, batch, rng) if self._w(s) else super().draw_input(s, batch, rng)
 
     def call(self, s, call):
+        """The foreign forward's arguments after x: those of the grid layout (:meth:`_ShiftedWindows.call`) in the Swin
+        layout, else :class:`FlattenAttention`'s."""
         return _ShiftedWindows.call(self, s, call) if self._w(s) else super().call(s, call)
 
     def grid_step(self, s):
+        """The window (wh, ww) as the grid step (:func:`_window_step`; None where the module fixes its grid) in the Swin
+        layout or for a configuration read back from a report that has a ``window_size``; else
+        :class:`FlattenAttention`'s."""
         if self._w(s) or hasattr(s.cfg, "window_size"):
             return _window_step(s)
         return super().grid_step(s)
 
     def value_shapes(self, s, x):
+        """In the Swin layout the input's shape: the stages located by value (``phi_q``, ``phi_k``, ``attention`` per
+        window, ``out``) all have its number of elements; else :class:`FlattenAttention`'s."""
         return [tuple(x.shape)] if self._w(s) else super().value_shapes(s, x)
 
     def derived_findings(self, s, state, keys):
+        """In the Swin layout the relative-position index and shift-mask buffers against their recomputed values
+        (:meth:`_ShiftedWindows.derived_findings`); no findings in the other layouts."""
         return _ShiftedWindows.derived_findings(self, s, state, keys) if self._w(s) else []
 
     def _tokens(self, x, s):
         return x.reshape(x.shape[0], -1, x.shape[-1])
 
     def forward(self, x, params, s):
+        """The reference's output: in the Swin layout :func:`refimpl.attention.focused.focused_window_attention` (the
+        setup's window and shift) on the input's tokens, reshaped to the input's layout; else
+        :class:`FlattenAttention`'s."""
         if not self._w(s):
             return super().forward(x, params, s)
         y = r_foc.focused_window_attention(self._tokens(x, s), params, s.cfg, s.hw, window_size=s.window,
@@ -595,6 +629,9 @@ class FlattenAttentionLayouts(FlattenAttention):
         return y.reshape(x.shape)
 
     def bound(self, x, params, s, dtype):
+        """The bound of :meth:`forward` in T = ``dtype``: in the Swin layout
+        :func:`refimpl.attention.focused.focused_window_attention_bound` with its arrays in the foreign layout; else
+        :class:`FlattenAttention`'s."""
         if not self._w(s):
             return super().bound(x, params, s, dtype)
         b = r_foc.focused_window_attention_bound(self._tokens(x, s), params, s.cfg, s.hw, window_size=s.window,
@@ -602,6 +639,9 @@ class FlattenAttentionLayouts(FlattenAttention):
         return _bound_in_layout(b, s)
 
     def stages(self, params, s):
+        """In the Swin layout the fine per-window stages of
+        :func:`refimpl.attention.focused.focused_window_attention_stages` between the exact ``windows`` and ``out``
+        stages (:func:`_data_stages`, no padding); else :class:`FlattenAttention`'s."""
         if not self._w(s):
             return super().stages(params, s)
         per_window = r_foc.focused_window_attention_stages(params, s.cfg, s.hw, window_size=s.window,

@@ -43,6 +43,7 @@ class CastlingDeiT(DeiT):
     head on the class token (refimpl.twins.models.flatten.DeiT's frame)."""
 
     def __init__(self, cfg: CastlingDeiTConfig):
+        """The DeiT frame with a class token around ``cfg.depth`` Castling blocks."""
         super().__init__(cfg, lambda: (Block(cfg) for _ in range(cfg.depth)), cls_token=True)
 
 

@@ -223,6 +223,7 @@ class TokenStagesNet(nn.Module):
     on ``self.grids[s]``, channels-first.  A subclass sets cfg, units and grids and defines run_unit, _block."""
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp") of the block unit ``name`` on ``x``."""
         return self._block(name).part(part, x)
 
     def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -235,9 +236,12 @@ class TokenStagesNet(nn.Module):
         return x, feats
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: the output tokens of each stage's last block as a channels-first map
+        (B, C_s, H_s, W_s) on ``self.grids[s]``."""
         return self._run(images)[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): ``self.units`` run in order."""
         return self._run(images)[0]
 
 
@@ -245,6 +249,9 @@ class CastlingLeViT(TokenStagesNet):
     """LeViT stem, three stages of Castling blocks with shrink blocks between them, BN + Linear heads."""
 
     def __init__(self, cfg: CastlingLeViTConfig):
+        """LeViT's stem (four 3 x 3 stride-2 conv + BN, widths C0/8, C0/4, C0/2, C0), one stage per entry of embed_dims
+        (a shrink block before each but the first, then its blocks), the BN + Linear head and, with distillation,
+        ``head_dist``; the reference's unit names and stage grids."""
         super().__init__()
         self.cfg = cfg
         c0, eps = cfg.embed_dims[0], cfg.batch_norm_eps
@@ -276,6 +283,9 @@ class CastlingLeViT(TokenStagesNet):
         return self.head(x)
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` ("stem", "stages.s.downsample", "stages.s.blocks.j", "head") on its input: the stem maps images
+        to tokens (B, N, C0) with Hardswish between its convs; the head averages the tokens and, with distillation,
+        averages the two heads' logits."""
         if name == "stem":
             return self._stem(x)
         if name == "head":

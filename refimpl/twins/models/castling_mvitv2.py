@@ -132,6 +132,8 @@ class CastlingMViTv2(TokenStagesNet):
     """MViTv2 patch embedding, four stages of pooling-attention blocks with the Castling core, norm, mean, head."""
 
     def __init__(self, cfg: CastlingMViTv2Config):
+        """MViTv2's patch embedding, one stage of pooling-attention blocks per entry of depths (the reference's
+        ``block_specs``), the final LayerNorm and the head; the reference's unit names and stage grids."""
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg)
@@ -147,6 +149,8 @@ class CastlingMViTv2(TokenStagesNet):
         return self.stages[int(parts[1])].blocks[int(parts[3])]
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` ("patch_embed", "stages.s.blocks.j", "head") on its input: the head normalises the tokens,
+        averages them and projects to logits."""
         if name == "patch_embed":
             return self.patch_embed(x)
         if name == "head":

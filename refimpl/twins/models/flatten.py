@@ -62,6 +62,9 @@ class DeiT(nn.Module):
     methods (run_unit, run_unit_part), features and forward."""
 
     def __init__(self, cfg, make_blocks, *, cls_token: bool):
+        """The patch embedding, the class token (``cls_token``), the positional embedding (one per patch token, plus one
+        for the class token), the blocks ``make_blocks()`` returns, the final LayerNorm and the head, sized by the DeiT
+        config ``cfg``."""
         super().__init__()
         self.cfg = cfg
         c, (gh, gw) = cfg.embed_dim, cfg.grid
@@ -75,15 +78,20 @@ class DeiT(nn.Module):
         self.head = nn.Linear(c, cfg.num_classes)
 
     def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """The "stem" unit: images (B, in_chans, H, W) -> patch tokens (B, N, C), the class token prepended if there is
+        one, plus the positional embedding."""
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
         if self.has_cls_token:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         return x + self.pos_embed
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        """The "head" unit: logits (B, num_classes) of the LayerNorm of the class token or, without one, of the mean of
+        the normalised tokens."""
         return self.head(self.norm(x[:, 0]) if self.has_cls_token else self.norm(x).mean(dim=1))
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` of the reference's ``unit_names`` ("stem", "blocks.i", "head") on its input ``x``."""
         if name == "stem":
             return self.stem(x)
         if name == "head":
@@ -91,6 +99,8 @@ class DeiT(nn.Module):
         return self.blocks[int(name.split(".")[1])](x)
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` of the block unit ``name`` ("blocks.i") on ``x``: "attn" or "mlp" (and "lcm" in L2ViT-DeiT's
+        enhanced blocks)."""
         return self.blocks[int(name.split(".")[1])].part(part, x)
 
     def _backbone(self, images: torch.Tensor) -> torch.Tensor:
@@ -105,9 +115,12 @@ class DeiT(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], *self.cfg.grid)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: the last block's patch tokens as one channels-first map [(B, C, H', W')] on the
+        patch grid (the class token dropped)."""
         return [self._grid(self._backbone(images))]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): stem, blocks, head."""
         return self.head_unit(self._backbone(images))
 
 
@@ -116,6 +129,7 @@ class FlattenDeiT(DeiT):
     mean over tokens, head."""
 
     def __init__(self, cfg: FlattenDeiTConfig):
+        """The DeiT frame without a class token around ``cfg.depth`` focused blocks."""
         super().__init__(cfg, lambda: (DeiTBlock(cfg) for _ in range(cfg.depth)), cls_token=False)
 
 
@@ -169,6 +183,8 @@ class FlattenSwin(nn.Module):
     LN, global average pool, head."""
 
     def __init__(self, cfg: FlattenSwinConfig):
+        """The patch embedding with its LayerNorm, one stage per configured stage (its focused or softmax window blocks,
+        then patch merging but after the last), the final LayerNorm and the head."""
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg.in_chans, cfg.embed_dim, cfg.patch_size, norm_eps=cfg.layer_norm_eps)
@@ -178,12 +194,18 @@ class FlattenSwin(nn.Module):
         self.head = nn.Linear(cl, cfg.num_classes)
 
     def stem(self, images: torch.Tensor) -> torch.Tensor:
+        """The "stem" unit: images (B, in_chans, H, W) -> the patch grid channels-last (B, H', W', C), LayerNorm
+        applied."""
         return self.patch_embed.norm(self.patch_embed(images).permute(0, 2, 3, 1))
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        """The "head" unit: logits (B, num_classes) from the LayerNorm of the last grid (B, H, W, C), averaged over its
+        tokens."""
         return self.head(self.norm(x).mean(dim=(1, 2)))
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` ("stem", "layers.i.blocks.j", "layers.i.downsample", "head") on its input ``x``: images for the
+        stem, else a channels-last grid."""
         if name == "stem":
             return self.stem(x)
         if name == "head":
@@ -193,6 +215,7 @@ class FlattenSwin(nn.Module):
         return stage.downsample(x) if parts[2] == "downsample" else stage.blocks[int(parts[3])](x)
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp") of the block unit ``name`` ("layers.i.blocks.j") on ``x``."""
         parts = name.split(".")
         return self.layers[int(parts[1])].blocks[int(parts[3])].part(part, x)
 
@@ -208,9 +231,12 @@ class FlattenSwin(nn.Module):
         return self.head_unit(x), feats
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's output before its patch merging, channels-first
+        (B, C 2^i, H_i, W_i)."""
         return self._run(images)[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): stem, stages, head."""
         return self._run(images)[0]
 
 

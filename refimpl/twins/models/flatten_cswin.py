@@ -174,6 +174,9 @@ class FlattenCSwin(nn.Module):
     conv merges, LayerNorm, mean over tokens, head."""
 
     def __init__(self, cfg: FlattenCSwinConfig):
+        """The released attributes: the conv stem ``stage1_conv_embed`` (conv, tokens, LayerNorm), per stage the blocks
+        ``stage{i+1}``, preceded from the second stage on by the conv merge ``merge{i}``, the final LayerNorm and the
+        head."""
         super().__init__()
         self.cfg = cfg
         c0 = cfg.embed_dim
@@ -195,6 +198,8 @@ class FlattenCSwin(nn.Module):
         return x.transpose(1, 2).reshape(x.shape[0], x.shape[2], gh, gw)
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        """The "head" unit: logits (B, num_classes) from the LayerNorm of the last stage's tokens (B, N, C), averaged
+        over them."""
         return self.head(self.norm(x).mean(dim=1))
 
     def _block(self, name: str) -> CSWinBlock:
@@ -202,6 +207,8 @@ class FlattenCSwin(nn.Module):
         return getattr(self, stage)[int(j)]
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` ("stem", "merge{i}", "stage{i}.{j}", "head") on its input: images for the stem, else tokens
+        (B, N, C)."""
         if name == "stem":
             return self.stage1_conv_embed(x)
         if name == "head":
@@ -211,6 +218,7 @@ class FlattenCSwin(nn.Module):
         return self._block(name)(x)
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp") of the block unit ``name`` ("stage{i}.{j}") on ``x``."""
         return self._block(name).part(part, x)
 
     def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -224,9 +232,11 @@ class FlattenCSwin(nn.Module):
         return self.head_unit(x), feats
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's output tokens as a channels-first map (B, C 2^i, H_i, W_i)."""
         return self._run(images)[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): stem, merges and stages, head."""
         return self._run(images)[0]
 
 

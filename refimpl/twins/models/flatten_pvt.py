@@ -93,6 +93,9 @@ class FlattenPVT(nn.Module):
     if the config applies it), mean over tokens, head."""
 
     def __init__(self, cfg: FlattenPVTConfig):
+        """Per stage i the patch embedding ``patch_embed{i+1}`` (kernel, stride and padding of the config's version),
+        the positional embedding ``pos_embed{i+1}`` (v1), the blocks ``block{i+1}`` and the stage LayerNorm
+        ``norm{i+1}`` (v2); v1's final LayerNorm ``norm``; the head."""
         super().__init__()
         self.cfg = cfg
         for i in range(cfg.n_stages):
@@ -121,6 +124,8 @@ class FlattenPVT(nn.Module):
         return y if self.cfg.version == 2 else y + getattr(self, f"pos_embed{i + 1}")
 
     def head_unit(self, x: torch.Tensor) -> torch.Tensor:
+        """The "head" unit: logits (B, num_classes) from the last stage's tokens (B, N, C), through the final LayerNorm
+        when the config applies it, averaged over the tokens."""
         if self.cfg.applies_final_norm:
             x = self.norm(x)
         return self.head(x.mean(dim=1))
@@ -130,6 +135,8 @@ class FlattenPVT(nn.Module):
         return getattr(self, stage)[int(j)]
 
     def run_unit(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """Unit ``name`` ("patch_embed{i}", "block{i}.{j}", "norm{i}" (v2), "head") on its input: images for
+        "patch_embed1", else tokens (B, N, C)."""
         if name == "head":
             return self.head_unit(x)
         if name.startswith("patch_embed"):
@@ -139,6 +146,7 @@ class FlattenPVT(nn.Module):
         return self._block(name)(x)
 
     def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp") of the block unit ``name`` ("block{i}.{j}") on ``x``."""
         return self._block(name).part(part, x)
 
     def _run(self, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -153,9 +161,12 @@ class FlattenPVT(nn.Module):
         return self.head_unit(x), feats
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's tokens after its blocks (and v2's stage norm) as a channels-first
+        map (B, C_i, H_i, W_i)."""
         return self._run(images)[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): the stages, head."""
         return self._run(images)[0]
 
 

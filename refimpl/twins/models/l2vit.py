@@ -52,6 +52,8 @@ class PatchEmbed(nn.Module):
 
     def __init__(self, in_chans: int, dim: int, *, stem: bool, hidden: int = 0, ln_eps: float = 1e-5,
                  bn_eps: float = 1e-5):
+        """The stem (``stem=True``: ConvStem in_chans -> ``hidden`` -> dim, then LayerNorm over dim) or a downsampling
+        layer (LayerNorm over in_chans, then the 2 x 2 stride-2 conv to dim)."""
         super().__init__()
         self.stem = stem
         if stem:
@@ -62,6 +64,9 @@ class PatchEmbed(nn.Module):
             self.proj = nn.Conv2d(in_chans, dim, 2, stride=2)
 
     def forward(self, x: torch.Tensor, size: tuple[int, int]) -> tuple[torch.Tensor, tuple[int, int]]:
+        """(tokens (B, N', dim), new grid size): the stem from images (B, in_chans, H, W) zero-padded to multiples of 4;
+        a downsampling layer from tokens (B, N, in_chans) on the grid ``size``, normalised, then zero-padded to
+        multiples of 2."""
         if not self.stem:
             b, n, c = x.shape
             x = self.norm(x).transpose(1, 2).reshape(b, c, size[0], size[1])
@@ -77,6 +82,8 @@ class L2ViT(nn.Module):
     """forward(images) -> logits; features(images) -> [stage outputs (B, C_i, H_i, W_i)]; run_unit(name, x)."""
 
     def __init__(self, cfg: L2ViTNetConfig):
+        """Per stage the downsampling layer (the stem first) and 2 N_i blocks alternating LWA (even) and LGA (odd) with
+        the stage's block config; the final LayerNorm and the head."""
         super().__init__()
         self.cfg = cfg
         self.downsample_layers = nn.ModuleList()
@@ -129,9 +136,12 @@ class L2ViT(nn.Module):
         return t.transpose(1, 2).reshape(b, t.shape[2], size[0], size[1])
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's output tokens as a channels-first grid (B, C_i, H_i, W_i)."""
         return self._backbone(images)[1]
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): the stages, then LayerNorm, the mean over the tokens
+        and the head."""
         return self._head(self._backbone(images)[0])
 
 

@@ -79,6 +79,8 @@ class L2ViTDeiT(DeiT):
     (refimpl.twins.models.flatten.DeiT's frame, with a class token)."""
 
     def __init__(self, cfg: L2ViTDeiTConfig):
+        """The DeiT frame with a class token around one block per letter of ``cfg.kinds`` ("S": softmax attention, "E":
+        enhanced linear attention + LCM)."""
         super().__init__(cfg, lambda: (Block(cfg, kind) for kind in cfg.kinds), cls_token=True)
 
 

@@ -31,12 +31,15 @@ class PatchEmbed(nn.Module):
     and out."""
 
     def __init__(self, cin: int, cout: int, kernel: int, stride: int, padding: int, norm_eps: float | None):
+        """The conv (``kernel``, ``stride``, ``padding``) cin -> cout and, when ``norm_eps`` is given
+        (hierarchical models), the LayerNorm over its output channels."""
         super().__init__()
         self.proj = nn.Conv2d(cin, cout, kernel, stride=stride, padding=padding)
         if norm_eps is not None:
             self.norm = nn.LayerNorm(cout, eps=norm_eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The conv of x (B, cin, H, W), then the LayerNorm over channels if there is one; returns (B, cout, H', W')."""
         x = self.proj(x)
         if hasattr(self, "norm"):
             x = self.norm(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
@@ -81,6 +84,9 @@ class LiSANet(nn.Module):
     """forward(images) -> logits; features(images) -> [stage outputs (B, C_i, H_i, W_i)]; run_unit(name, x)."""
 
     def __init__(self, cfg: LiSANetConfig):
+        """Per stage the patch embedding (isotropic: stride patch_size; hierarchical: overlapping 7/4/3 then 3/2/1
+        convs, or kernel = stride patches, each with a LayerNorm) and its blocks with ``cfg.operator``; the isotropic
+        positional embedding when pos_embed; the final LayerNorm and the head."""
         super().__init__()
         self.cfg = cfg
         grids = stage_grids(cfg, cfg.image_size)
@@ -126,6 +132,7 @@ class LiSANet(nn.Module):
         return self._block(int(parts[1]), int(parts[2]), x)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's output grid, channels-first (B, C_i, H_i, W_i)."""
         x, feats = images, []
         for i in range(self.cfg.num_stages):
             x = self._embed(i, x)
@@ -135,6 +142,8 @@ class LiSANet(nn.Module):
         return feats
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): the last stage's tokens normalised, averaged, through
+        the head."""
         return self._head(self.features(images)[-1])
 
 

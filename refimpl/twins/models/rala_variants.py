@@ -64,6 +64,7 @@ class RALADeiT(FlattenDeiT):
     (LayerNorm, mean over the tokens, linear) and unit methods, RALA blocks."""
 
     def __init__(self, cfg: RALADeiTConfig):
+        """FLatten-DeiT's frame (no class token) around ``cfg.depth`` RALA blocks on the patch grid."""
         acfg = cfg.attention_config()
         DeiT.__init__(self, cfg, lambda: (Block(cfg.embed_dim, cfg.hidden, cfg.layer_norm_eps, rala=acfg, grid=cfg.grid)
                                           for _ in range(cfg.depth)), cls_token=False)
@@ -92,6 +93,8 @@ class RALASwin(FlattenSwin):
     pool, linear), stages and unit methods, RALA / window-attention blocks."""
 
     def __init__(self, cfg: RALASwinConfig):
+        """FLatten-Swin's frame (patch embedding + LN, stages, LN, head) with RALA blocks in the "L" stages, Swin's
+        shifted-window softmax blocks (the shift on odd blocks) in the "S" stages, patch merging between stages."""
         nn.Module.__init__(self)
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg.in_chans, cfg.embed_dim, cfg.patch_size, norm_eps=cfg.layer_norm_eps)

@@ -40,6 +40,8 @@ class RopeSoftmaxAttention(nn.Module):
     RoPE-rotated q and k, + LePE, gated by o, output projection.  forward(x) in the config's layout."""
 
     def __init__(self, cfg: RALAConfig):
+        """The fused qkvo projection (4C rows: Q, K, V, the gate o), the LePE depthwise conv on V when lepe_kernel > 0,
+        and the output projection; Linear or 1 x 1 conv by the layout."""
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
@@ -49,6 +51,8 @@ class RopeSoftmaxAttention(nn.Module):
         self.proj = _proj(cfg.layout, c, c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The released softmax layer on x in the config's layout ((B, H, W, C) or (B, C, H, W)): softmax(d^-1/2 q k^T)
+        v of the 2-D RoPE-rotated q and k, + LePE(v) when configured, times the gate o, projected; returns x's shape."""
         cfg, c, nh = self.cfg, self.cfg.dim, self.cfg.num_heads
         d = c // nh
         if cfg.layout == "channels_first":
@@ -80,6 +84,9 @@ class Block(nn.Module):
     """x + pos(x); x + g1 attn(norm1 x); x + g2 ffn(norm2 x), in the block config's layout."""
 
     def __init__(self, bc: RAVLTBlockConfig, attention: str):
+        """The CPE depthwise conv ``pos`` (when cpe_kernel > 0), norm1 and norm2 (LayerNorm over C in either layout),
+        the stage's attention (RALA for "rala", :class:`RopeSoftmaxAttention` for "softmax"), the FFN and, with
+        layerscale, gamma_1 and gamma_2 (ones)."""
         super().__init__()
         self.bc = bc
         c = bc.attn.dim
@@ -98,6 +105,8 @@ class Block(nn.Module):
             self.gamma_2 = nn.Parameter(torch.ones(shape))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x + CPE(x), then x + gamma_1 attn(norm1 x) and x + gamma_2 ffn(norm2 x) (the gammas with layerscale only), in
+        the block config's layout; returns x's shape."""
         if self.bc.cpe_kernel:
             if self.bc.attn.layout == "channels_first":
                 x = x + self.pos(x)
@@ -153,6 +162,9 @@ class RAVLT(nn.Module):
     """forward(images) -> logits; features(images) -> [stage outputs (B, C_i, H_i, W_i)]; run_unit(name, x)."""
 
     def __init__(self, cfg: RAVLTNetConfig):
+        """The convolutional stem ``patch_embed`` (four 3 x 3 convs with BN and GELU, stride 4 in all), one ``layers``
+        entry per stage (its blocks, then the 3 x 3 stride-2 ``downsample`` but after the last), and the head's 1 x 1
+        conv ``proj`` to head_proj, BN ``norm`` and 1 x 1 conv ``head``."""
         super().__init__()
         self.cfg = cfg
         self.patch_embed = PatchEmbed(cfg.in_chans, cfg.dims[0], cfg.batch_norm_eps)
@@ -193,9 +205,13 @@ class RAVLT(nn.Module):
         return layer.block(int(parts[3]), x)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """The reference's ``features``: each stage's output before its downsample, channels-first
+        (B, C_i, H_i, W_i)."""
         return self._backbone(images)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Logits (B, num_classes) of images (B, in_chans, H, W): the stages, then proj, BN, Swish, average pooling and
+        the 1 x 1 conv head."""
         return self._head(self._backbone(images)[-1])
 
 

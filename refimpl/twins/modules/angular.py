@@ -150,6 +150,9 @@ class CastlingAttention(nn.Module):
     """
 
     def __init__(self, cfg: CastlingConfig):
+        """The fused qkv Linear, proj and the conv branch's depthwise ``dconv``: (k, 1) over the tokens with the h heads
+        as channels ("tokens1d"), k x k over the H x W grid on C channels ("grid2d"), or None ("none"); its bias per
+        conv_bias."""
         super().__init__()
         self.cfg = cfg
         c, h, k = cfg.dim, cfg.num_heads, cfg.conv_kernel
@@ -163,6 +166,8 @@ class CastlingAttention(nn.Module):
             self.dconv = None
 
     def forward(self, x: torch.Tensor, hw=None) -> torch.Tensor:
+        """Castling-ViT Eq. 9-10: the castling core of x (B, N, C) (the sparse branch per ``cfg.sparse`` and the
+        train / eval mode), projected; returns (B, N, C).  ``hw`` = (H, W) is needed by the "grid2d" conv only."""
         b, n, c = x.shape
         h = self.cfg.num_heads
         q, k, v = self.qkv(x).reshape(b, n, 3, h, c // h).permute(2, 0, 3, 1, 4).unbind(0)

@@ -46,6 +46,8 @@ class EnhancedLinearAttention(nn.Module):
     order="linear")."""
 
     def __init__(self, cfg: L2ViTConfig):
+        """The fused qkv Linear, proj and the learnable scale: ``scale`` (1,) initialised to sqrt(C) for scale_mode
+        "scalar", else ``temperature`` (h, 1, 1) initialised to d^-1/2."""
         super().__init__()
         self.cfg = cfg
         c, h = cfg.dim, cfg.num_heads
@@ -57,6 +59,8 @@ class EnhancedLinearAttention(nn.Module):
             self.temperature = nn.Parameter(torch.full((h, 1, 1), cfg.head_dim ** -0.5))
 
     def forward(self, x: torch.Tensor, order: str = "linear") -> torch.Tensor:
+        """L2ViT Eq. 4: the enhanced linear attention of x (B, N, C) (ReLU features, the normaliser clamped at C_min,
+        the scale on the K^T V buffer as ``cfg`` says), projected; returns (B, N, C)."""
         cfg = self.cfg
         b, n, c = x.shape
         h = cfg.num_heads
@@ -74,6 +78,7 @@ class LCM(nn.Module):
     """Local concentration module on tokens (B, N, C) of an H x W grid: conv1 -> GELU -> BN -> conv2."""
 
     def __init__(self, c: int, k: int = 7, bn_eps: float = 1e-5):
+        """conv1 and conv2 (k x k depthwise, padding k // 2) with GELU and BatchNorm (eps ``bn_eps``) between them."""
         super().__init__()
         self.conv1 = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
         self.act = nn.GELU()
@@ -81,6 +86,8 @@ class LCM(nn.Module):
         self.conv2 = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
 
     def forward(self, x: torch.Tensor, hw) -> torch.Tensor:
+        """LCM (Eq. 6-7): DWConv_2(BN(GELU(DWConv_1 X))) of the tokens x (B, N, C) on the grid ``hw`` = (H, W); returns
+        (B, N, C)."""
         b, n, c = x.shape
         g = x.transpose(1, 2).reshape(b, c, hw[0], hw[1])
         g = self.conv2(self.bn(self.act(self.conv1(g))))
@@ -96,6 +103,8 @@ class LGABlock(nn.Module):
     """forward(x (B, N, C), hw, order="linear"): CPE, x + attn(LN1 x), x + LCM(LN3 x), x + MLP(LN2 x)."""
 
     def __init__(self, cfg: L2ViTConfig):
+        """The LGA block's parts, with the released names: cpe (one CPE), norm1, attn, norm3 (lcm_placement "residual"
+        only), local_mp (the LCM), norm2, mlp."""
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
@@ -109,6 +118,8 @@ class LGABlock(nn.Module):
         self.mlp = Mlp(c, cfg.mlp_hidden)
 
     def forward(self, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
+        """The LGA block on x (B, N, C) on the grid ``hw``: CPE, x + Attn(LN_1 x), x + LCM(LN_3 x) (Eq. 8; for
+        lcm_placement "attention" instead x + LCM(Attn(LN_1 x))), x + MLP(LN_2 x); returns (B, N, C)."""
         x = _cpe(self.cpe[0], x, hw)
         a = self.attn(self.norm1(x), order)
         if self.cfg.lcm_placement == "residual":
@@ -123,6 +134,8 @@ class LWABlock(nn.Module):
     """forward(x (B, N, C), hw): CPE, x + WindowAttn(LN1 x), [CPE], x + MLP(LN2 x)."""
 
     def __init__(self, cfg: L2ViTConfig):
+        """The LWA block's parts: cpe (one CPE, two for lwa_cpe "twice"), norm1, attn (the window attention with the
+        config's window options, -inf masking), norm2, mlp."""
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
@@ -135,6 +148,8 @@ class LWABlock(nn.Module):
         self.mlp = Mlp(c, cfg.mlp_hidden)
 
     def forward(self, x: torch.Tensor, hw) -> torch.Tensor:
+        """The LWA block on x (B, N, C) on the grid ``hw``: CPE, x + WindowAttn(LN_1 x), the second CPE if there is one,
+        x + MLP(LN_2 x); returns (B, N, C)."""
         b, n, c = x.shape
         x = _cpe(self.cpe[0], x, hw)
         x = x + self.attn(self.norm1(x).reshape(b, hw[0], hw[1], c)).reshape(b, n, c)

@@ -151,6 +151,8 @@ class FocusedLinearAttention(_FocusedBase):
     """DeiT / PVT layout: forward(x (B, N, C), hw, order="linear") -> (B, N, C)."""
 
     def __init__(self, cfg: FocusedConfig, n_kv: int):
+        """The q and kv Linears, for sr_ratio > 1 the reduction conv ``sr`` (kernel and stride sr) and its LayerNorm,
+        then the DWC, proj and the optional learnable scale and positional encoding (``n_kv`` key tokens)."""
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
@@ -162,6 +164,9 @@ class FocusedLinearAttention(_FocusedBase):
         self._common(cfg, n_kv)
 
     def forward(self, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
+        """FLatten Eq. 4-6, 10-12 in the DeiT / PVT layout: the focused linear attention of x (B, N, C) on the grid
+        ``hw`` = (H, W), K and V from the sr-reduced grid when sr_ratio > 1, plus the DWC of V (resampled to the query
+        grid), projected; returns (B, N, C).  ``order``: "linear" or "quadratic" association."""
         b, n, c = x.shape
         big_h, big_w = hw
         q = self.q(x)
@@ -181,6 +186,9 @@ class FocusedWindowAttention(_FocusedBase):
     own shift; the DWC runs on the wh x ww window grid; the positional encoding covers wh ww tokens)."""
 
     def __init__(self, cfg: FocusedConfig, window_size):
+        """The fused qkv Linear, the DWC on the wh x ww window grid, proj and the optional learnable scale and
+        positional encoding (wh ww tokens); TypeError / ValueError for a window that is not an int >= 1 or a pair of
+        them."""
         super().__init__()
         self.cfg, self.ws = cfg, window_size
         self.wpair = pair(window_size, "window_size")
@@ -191,6 +199,10 @@ class FocusedWindowAttention(_FocusedBase):
         self._common(cfg, self.wpair[0] * self.wpair[1])
 
     def forward(self, x: torch.Tensor, hw, shift=0, order: str = "linear") -> torch.Tensor:
+        """FLatten's focused linear attention in the Swin layout: x (B, N, C) on the grid ``hw`` rolled by -shift, cut
+        into windows, the focused attention plus DWC of each window (the shift mask applied unless shift_mask is
+        "ignore"), projected, merged and rolled back; returns (B, N, C).  No padding: ``hw`` must be a multiple of the
+        window.  ValueError for a shift outside [0, window) on an axis."""
         b, n, c = x.shape
         big_h, big_w = hw
         ws = self.wpair

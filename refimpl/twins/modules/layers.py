@@ -17,12 +17,15 @@ class LayerNormChannelsFirst(nn.Module):
     """LayerNorm over dim 1 of (B, C, H, W), computed directly (not by permuting to channels-last)."""
 
     def __init__(self, c: int, eps: float = 1e-5):
+        """The per-channel weight (ones) and bias (zeros) of ``c`` channels, and ``eps``."""
         super().__init__()
         self.weight = nn.Parameter(torch.ones(c))
         self.bias = nn.Parameter(torch.zeros(c))
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, C, H, W) normalised over C at each position (mean, biased variance, eps inside the square root), scaled
+        and shifted per channel; returns (B, C, H, W)."""
         mu = x.mean(1, keepdim=True)
         var = (x - mu).pow(2).mean(1, keepdim=True)
         return (x - mu) / torch.sqrt(var + self.eps) * self.weight[:, None, None] + self.bias[:, None, None]
@@ -32,12 +35,14 @@ class Mlp(nn.Module):
     """fc1 -> GELU -> fc2."""
 
     def __init__(self, c: int, hidden: int, out: int | None = None, approximate: str = "none"):
+        """fc1 (c -> hidden), GELU (``approximate``: "none" or "tanh"), fc2 (hidden -> ``out``, default c)."""
         super().__init__()
         self.fc1 = nn.Linear(c, hidden)
         self.act = nn.GELU(approximate=approximate)
         self.fc2 = nn.Linear(hidden, out or c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """fc2(GELU(fc1 x)) on the last axis of x (..., c); returns (..., out)."""
         return self.fc2(self.act(self.fc1(x)))
 
 
@@ -45,10 +50,12 @@ class CPE(nn.Module):
     """x + DWConv_kxk(x), 'same' padding (conditional positional encoding)."""
 
     def __init__(self, c: int, k: int = 3):
+        """The k x k depthwise conv ``proj`` (with bias, padding k // 2) on ``c`` channels."""
         super().__init__()
         self.proj = nn.Conv2d(c, c, k, padding=k // 2, groups=c)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x + DWConv_kxk(x) for x (B, C, H, W); returns (B, C, H, W)."""
         return x + self.proj(x)
 
 
@@ -56,11 +63,14 @@ class PatchMerging(nn.Module):
     """Swin patch merging with bottom/right zero padding of odd grids; input (B, H, W, C)."""
 
     def __init__(self, c: int, eps: float = 1e-5):
+        """The LayerNorm over the 4C concatenated channels and the bias-free reduction Linear 4C -> 2C."""
         super().__init__()
         self.norm = nn.LayerNorm(4 * c, eps=eps)
         self.reduction = nn.Linear(4 * c, 2 * c, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, H, W, C), an odd H or W zero-padded at the bottom / right: each 2 x 2 neighbourhood's tokens
+        concatenated in Swin's order (x0, x1, x2, x3), normalised and reduced; returns (B, ceil(H/2), ceil(W/2), 2C)."""
         h, w = x.shape[1], x.shape[2]
         x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
         parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]

@@ -54,6 +54,8 @@ class LinearAttention(nn.Module):
     def __init__(self, feature_map: str = "relu", order: str = "linear", normalize: bool = True,
                  eps: float = 0.0, eps_policy: str = "add", clamp_min: float | None = None,
                  feature_map_options: Mapping[str, Any] | None = None, elu1_form: str = "exp"):
+        """Stores the options (no parameters); raises ValueError for a feature map not in FEATURE_MAPS, an order other
+        than "linear" / "quadratic" or an eps_policy other than "add" / "clamp"."""
         super().__init__()
         if feature_map not in FEATURE_MAPS or order not in ("linear", "quadratic") \
                 or eps_policy not in ("add", "clamp"):
@@ -64,6 +66,9 @@ class LinearAttention(nn.Module):
         self.elu1_form = elu1_form
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """O for q (B, h, N, d), k (B, h, M, d), v (B, h, M, e): phi(Q) (phi(K)^T V) ("linear") or (phi(Q) phi(K)^T) V
+        ("quadratic"), divided by its normaliser (clamped at clamp_min, then eps added or clamped at eps) unless
+        ``normalize`` is False; returns (B, h, N, e)."""
         fq = feature_map(q, self.feature_map, self.feature_map_options, self.elu1_form)
         fk = feature_map(k, self.feature_map, self.feature_map_options, self.elu1_form)
         if self.order == "linear":

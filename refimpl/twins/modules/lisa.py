@@ -98,6 +98,9 @@ class LiSAAttention(_Projections):
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *,
                  exact_toeplitz: bool = False, fft_lengths: Sequence[int] | None = None, transform: str = "rfft",
                  qkv_bias: bool = True, l2_eps: float = 1e-12):
+        """The qkv and proj Linears and the LiSA weights the heads share (zeros): weight_a (P, c, D), weight_b (P, D),
+        bias_a, bias_b (c, D), P = N for the circular kernels or prod(2n - 1) with exact_toeplitz; the FFT lengths
+        (fft_lengths, default 2n - 1 per axis; the grid for the circular kernels)."""
         super().__init__(dim, num_heads, qkv_bias)
         self.grid = tuple(grid)
         self.exact_toeplitz = exact_toeplitz
@@ -126,6 +129,9 @@ class LiSAAttention(_Projections):
     taps: dict | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """LiSA Eq. 10 (Eq. 9 with exact_toeplitz) on x (B, N, C): Q and K L2-normalised per head, Ga = Wa * K + Ba and
+        Gb = Wb * V + Bb by FFT convolution over the grid, out_iv = sum_c,d Q_ic Ga_icd Gb_ivd, merged and projected;
+        returns (B, N, C).  The taps receive "qn", "kn", "ga", "gb"."""
         q, k, v = self.split(x)
         b, h, n, c = q.shape
         q = tap(self.taps, "qn", F.normalize(q, dim=-1, eps=self.l2_eps))
@@ -161,6 +167,8 @@ class LocalLiSAAttention(_Projections):
 
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, kernel: int,
                  qkv_bias: bool = True, l2_eps: float = 1e-12):
+        """The qkv and proj Linears and the local weights the heads share (zeros): weight_a (k^r, c, D), weight_b
+        (k^r, D), bias_a, bias_b (c, D), r the number of grid axes."""
         super().__init__(dim, num_heads, qkv_bias)
         self.grid, self.kernel, self.l2_eps = tuple(grid), int(kernel), l2_eps
         c, p = dim // num_heads, int(kernel) ** len(self.grid)
@@ -170,6 +178,9 @@ class LocalLiSAAttention(_Projections):
         self.bias_b = nn.Parameter(torch.zeros(c, latent))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """LiSA Eq. 9 with local k x k kernels on x (B, N, C): Q and K L2-normalised per head, Ga and Gb summed over
+        each token's window of K and V (zero outside the grid), out_iv = sum_c,d Q_ic Ga_icd Gb_ivd, merged and
+        projected; returns (B, N, C)."""
         q, k, v = self.split(x)
         b, h, n, c = q.shape
         q = F.normalize(q, dim=-1, eps=self.l2_eps)
@@ -188,6 +199,8 @@ class ConvOperator(nn.Module):
     global filter ("gf": irfft2(rfft2(X) * K), K complex (H, W // 2 + 1, C)), then a C x C projection; no biases."""
 
     def __init__(self, dim: int, grid: Sequence[int], op: str):
+        """For op "dwconv" the 7 x 7 depthwise conv, else GFNet's ``complex_weight`` (H, W // 2 + 1, C, 2) (zeros); then
+        the bias-free C x C projection."""
         super().__init__()
         self.grid, self.op = tuple(grid), op
         if op == "dwconv":
@@ -197,6 +210,8 @@ class ConvOperator(nn.Module):
         self.proj = nn.Linear(dim, dim, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The 7 x 7 depthwise conv or the global filter irfft2(rfft2(X) K) of x (B, N, C) on the (H, W) grid, then the
+        projection; returns (B, N, C)."""
         b, n, c = x.shape
         h, w = self.grid
         if self.op == "dwconv":
@@ -214,6 +229,9 @@ class StructureAwareAttention(_Projections):
 
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, form: str = "eq7",
                  rpe: str = "toeplitz", rpe_per_head: bool = False, qkv_bias: bool = True, l2_eps: float = 1e-12):
+        """The qkv and proj Linears and the dense RPE parameters (zeros) over P = prod(2n - 1) Toeplitz offsets or the N
+        circulant entries: ``rpe`` (P,) or (P, h) for "eq4"; else weight_a ((P, D) for "eq5" / "eq5_bias", (P, c, D)
+        otherwise), weight_b (P, D), bias_b (c, D), and bias_a (c, D) for "eq7" and "eq5_bias"."""
         super().__init__(dim, num_heads, qkv_bias)
         self.grid, self.form, self.kind, self.l2_eps = tuple(grid), form, rpe, l2_eps
         c = dim // num_heads
@@ -228,6 +246,9 @@ class StructureAwareAttention(_Projections):
                 self.bias_a = nn.Parameter(torch.zeros(c, latent))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Structure-aware attention (LiSA Eq. 4-7) of x (B, N, C) with dense RPE tensors, Q and K L2-normalised per
+        head: Eq. 4's (Q K^T times R elementwise) V, or the forms with Ra, Rb of Eq. 5-7; merged and projected; returns
+        (B, N, C)."""
         q, k, v = self.split(x)
         q = F.normalize(q, dim=-1, eps=self.l2_eps)
         k = F.normalize(k, dim=-1, eps=self.l2_eps)
@@ -260,6 +281,8 @@ class SelfAttention(_Projections):
 
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], *, rpe: str | None = None,
                  qkv_bias: bool = True):
+        """The qkv and proj Linears, the scale c^-1/2 and, for rpe "shared" / "per_head", the Toeplitz RPE parameters e
+        (P,) / (P, h), P = prod(2n - 1) (zeros)."""
         super().__init__(dim, num_heads, qkv_bias)
         self.grid, self.scale = tuple(grid), (dim // num_heads) ** -0.5
         if rpe is not None:
@@ -267,6 +290,8 @@ class SelfAttention(_Projections):
             self.rpe = nn.Parameter(torch.zeros((p, num_heads) if rpe == "per_head" else (p,)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """LiSA Eq. 3: softmax(Q K^T / sqrt(c) + R) V of x (B, N, C), R the dense Toeplitz RPE T(e) (none without rpe),
+        merged and projected; returns (B, N, C)."""
         q, k, v = self.split(x)
         logits = (q * self.scale) @ k.transpose(-1, -2)
         if hasattr(self, "rpe"):
@@ -280,6 +305,8 @@ class OperatorBlock(nn.Module):
     replace only the operator in the LiSA block)."""
 
     def __init__(self, dim: int, attn: nn.Module, *, mlp_ratio: float = 4.0, ln_eps: float = 1e-6):
+        """norm1, the given operator ``attn``, norm2 (LayerNorms, eps ``ln_eps``) and the MLP of width
+        int(C mlp_ratio)."""
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
         self.attn = attn
@@ -287,6 +314,7 @@ class OperatorBlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x + attn(LN_1 x), then + MLP(LN_2 .), on x (B, N, C); returns (B, N, C)."""
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 
@@ -296,6 +324,8 @@ class LiSABlock(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, grid: Sequence[int], latent: int = 16, *, mlp_ratio: float = 4.0,
                  ln_eps: float = 1e-6, **attn_kwargs):
+        """norm1, the :class:`LiSAAttention` built from the arguments (``attn_kwargs`` passed on), norm2 and the MLP of
+        width int(C mlp_ratio)."""
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=ln_eps)
         self.attn = LiSAAttention(dim, num_heads, grid, latent, **attn_kwargs)
@@ -303,6 +333,7 @@ class LiSABlock(nn.Module):
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The LiSA block (§5.1, Fig. 3) on x (B, N, C): x + LiSA(LN_1 x), then + MLP(LN_2 .); returns (B, N, C)."""
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
 

@@ -124,6 +124,9 @@ class RALAttention(nn.Module):
     taps: dict | None = None
 
     def __init__(self, cfg: RALAConfig):
+        """The projections of ``cfg.layout`` (Linear for "tokens", 1 x 1 Conv2d for "channels_first"): the fused
+        ``qkvo`` (4C rows, the gate last) or ``qkv`` (3C) with the gate's own ``phi`` for gate "linear"; the LePE
+        depthwise conv on V when lepe_kernel > 0; the output projection ``proj`` when out_proj."""
         super().__init__()
         self.cfg = cfg
         c, lay = cfg.dim, cfg.layout
@@ -140,6 +143,10 @@ class RALAttention(nn.Module):
             self.proj = _proj(lay, c, c, True)
 
     def forward(self, x: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
+        """RALA (Eq. 2-4, 6) of x (B, H, W, C) ("tokens") or (B, C, H, W) ("channels_first"): the projections, the
+        rank-augmented core per head, + LePE(V) when configured, times the gate phi(X), then the output projection when
+        configured; returns x's shape.  ``taps`` (else the attribute ``taps``) receives q, k, v, the core's "core.*"
+        stages, core, gate and out."""
         t = taps if taps is not None else (self.taps if self.taps is not None else {})
         cfg, c, nh = self.cfg, self.cfg.dim, self.cfg.num_heads
         if cfg.layout == "channels_first":
@@ -195,6 +202,8 @@ class RAVLTFFN(nn.Module):
     """fc1 -> GELU -> (h + DWConv3x3(h)) -> fc2 (twin of refimpl.attention.rala.ravlt_ffn)."""
 
     def __init__(self, cfg: RAVLTBlockConfig):
+        """fc1 (C -> hidden) and fc2 (hidden -> C), Linear or 1 x 1 conv by the layout, and with ffn_dwconv the 3 x 3
+        depthwise ``dwconv`` on the hidden channels."""
         super().__init__()
         self.cfg = cfg
         c, hd, lay = cfg.attn.dim, cfg.hidden, cfg.attn.layout
@@ -204,6 +213,8 @@ class RAVLTFFN(nn.Module):
         self.fc2 = _proj(lay, hd, c, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """fc2(g) with g = GELU(fc1 x), plus DWConv3x3(g) as a residual when ffn_dwconv, on x in the block's layout;
+        returns x's shape."""
         cf = self.cfg.attn.layout == "channels_first"
         hid = F.gelu(self.fc1(x))
         if self.cfg.ffn_dwconv:
@@ -230,6 +241,8 @@ class RAVLTBlock(nn.Module):
     """
 
     def __init__(self, cfg: RAVLTBlockConfig):
+        """The CPE depthwise conv ``pos`` (when cpe_kernel > 0), norm1 and norm2 (LayerNorm over C in either layout),
+        the RALA layer ``attn``, the FFN and, with layerscale, gamma_1 and gamma_2 (ones)."""
         super().__init__()
         self.cfg = cfg
         c = cfg.attn.dim
@@ -246,6 +259,9 @@ class RAVLTBlock(nn.Module):
             self.gamma_2 = nn.Parameter(torch.ones(shape))
 
     def forward(self, x: torch.Tensor, taps: dict | None = None) -> torch.Tensor:
+        """The RAVLT block (§3.2, Fig. 6) on x in the layout's shape: x + CPE(x), then x + gamma_1 RALA(LN_1 x) and
+        x + gamma_2 FFN(LN_2 x) (the gammas with layerscale only); returns x's shape, ``taps`` receiving the tensors
+        between the steps."""
         t = taps if taps is not None else {}
         cf = self.cfg.attn.layout == "channels_first"
         if self.cfg.cpe_kernel:

@@ -21,10 +21,13 @@ class SoftmaxAttention(nn.Module):
     softmax(scale q k^T + bias, masked_fill(~mask, -inf)) v."""
 
     def __init__(self, scale: float | None = None):
+        """Stores the logits' scale (None: d^-1/2, d the size of the queries' last axis)."""
         super().__init__()
         self.scale = scale
 
     def forward(self, q, k, v, bias=None, mask=None):
+        """softmax(scale q k^T + bias) v for q (B, h, N, d), k (B, h, M, d), v (B, h, M, e), the keys where the bool
+        ``mask`` is False excluded (-inf); returns (B, h, N, e)."""
         scale = q.shape[-1] ** -0.5 if self.scale is None else self.scale
         a = (q * scale) @ k.transpose(-1, -2)
         if bias is not None:
@@ -59,6 +62,9 @@ class WindowAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, window_size: int, *, shift: int = 0, pad: bool = True,
                  rel_pos_bias: bool = True, mask_padding: bool = True, mask_value: float | None = None,
                  qkv_bias: bool = True, proj_bias: bool = True, scale: float | None = None):
+        """The qkv and proj Linears, with ``rel_pos_bias`` the relative-position bias table ((2 wh - 1)(2 ww - 1), h)
+        (zeros) and its non-persistent index buffer, and the shift, padding and masking options; the scale defaults to
+        d^-1/2.  Raises TypeError / ValueError for a window < 1 or a shift outside [0, window) on an axis."""
         super().__init__()
         self.dim, self.num_heads, self.ws, self.shift = dim, num_heads, window_size, shift
         self.wpair, self.spair = pair(window_size, "window_size"), pair(shift, "shift")
@@ -76,6 +82,10 @@ class WindowAttention(nn.Module):
             self.register_buffer("relative_position_index", relative_position_index(wh, ww), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Swin's (shifted) window attention of x (B, H, W, C): zero-pad to window multiples, roll by -shift, per window
+        SoftMax(Q K^T scale + B + mask) V (the shift mask and, with mask_padding, the padded keys: -inf, or the additive
+        mask_value), proj, merge, roll back, crop; returns (B, H, W, C).  ValueError for a grid that is not a multiple
+        of the window with pad=False."""
         b, h, w, c = x.shape
         ws, (wh, ww), (sh, sw) = self.wpair, self.wpair, self.spair
         ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
