@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as TF_
 from hypothesis import given, settings, strategies as st
@@ -206,3 +207,19 @@ def test_state_dict_keys_match_the_reference_parameters():
         cfg = F.FocusedConfig.preset(preset, dim=8, num_heads=2)
         assert set(TF.FocusedWindowAttention(cfg, 3).state_dict()) == \
             set(F.focused_param_shapes(cfg, layout="window", n_kv=9))
+
+
+def test_window_twin_refuses_a_grid_the_windows_do_not_tile():
+    """The Swin-layout twin does not pad, like the reference (focused._window_geometry): a 3 x 3 grid with
+    2 x 2 windows, or an hw that does not hold the N tokens, is a ValueError naming hw (window_partition
+    used to drop the remainder and window_reverse to leave it uninitialised: a non-finite output)."""
+    cfg = F.FocusedConfig.preset("paper", dim=8, num_heads=2, kernel_size=3)
+    m = TF.FocusedWindowAttention(cfg, 2).double()
+    with pytest.raises(ValueError, match="argument 'hw'.*multiple of the window"):
+        m(torch.zeros((1, 9, 8), dtype=torch.float64), (3, 3))
+    with pytest.raises(ValueError, match="argument 'hw'.*N = 16"):
+        m(torch.zeros((1, 16, 8), dtype=torch.float64), (2, 4))
+    with torch.no_grad():                 # the twin's parameters are loaded, not initialised: fill them
+        for t in m.parameters():
+            t.copy_(0.1 * torch.randn(t.shape, generator=torch.Generator().manual_seed(0), dtype=t.dtype))
+        assert torch.isfinite(m(torch.ones((1, 16, 8), dtype=torch.float64), (4, 4))).all()

@@ -121,7 +121,8 @@ def layer_case(draw):
     over = dict(dim=heads * d, num_heads=heads, order=draw(st.sampled_from(("linear", "quadratic"))))
     if preset == "paper":
         over["gate"] = draw(st.sampled_from(("linear", "identity", "tanh", "none")))
-        over["layout"] = draw(st.sampled_from(("tokens", "channels_first")))
+    # either layout for both presets: the official fused qkvo projection in the tokens layout too
+    over["layout"] = draw(st.sampled_from(("tokens", "channels_first")))
     cfg = R.RALAConfig.preset(preset, **over)
     h, w = draw(st.integers(1, 5)), draw(st.integers(1, 5))
     seed = draw(st.integers(0, 2**32 - 1))
@@ -160,6 +161,22 @@ def test_rala_attention_layer(device, dtype_name, case):
     assert_matches(out, ref, bound, dtype_name, naive=nv, name=f"rala_attention ({cfg.layout}, gate {cfg.gate})",
                    rerun=lambda: mod(xt), higher=lambda: mod64(xt64),
                    higher_bound=lambda: R.rala_attention_bound(x, params, cfg, dtype="float64"))
+
+
+def test_fused_qkvo_projection_in_the_tokens_layout(device):
+    """The official fused qkvo projection (Q, K, V and the gate from one 4C-row weight) with tokens (B, H, W, C)
+    in place of channels-first input: the twin builds only ``qkvo``, and its tokens branch used to call
+    ``qkv`` (AttributeError).  It matches the reference in float64."""
+    cfg = R.RALAConfig.preset("official", dim=8, num_heads=2, layout="tokens")
+    assert cfg.gate_source == "qkvo"
+    mod, params = _module_and_params(T.RALAttention(cfg), 3, "float64", device)
+    x = np.random.default_rng(4).standard_normal((2, 3, 4, 8))
+    with torch.no_grad():
+        out = mod(to_torch(x, "float64", device))
+    ref = R.rala_attention(x, params, cfg)
+    bound = R.rala_attention_bound(x, params, cfg, dtype="float64")
+    assert_matches(out, ref, bound, "float64", naive=naive(R.rala_attention, x, params, cfg, dtype_name="float64"),
+                   name="rala_attention (tokens, qkvo)", rerun=lambda: mod(to_torch(x, "float64", device)))
 
 
 @given(st.sampled_from(("paper", "official")), st.integers(1, 4), st.integers(1, 4), st.integers(0, 2**32 - 1))

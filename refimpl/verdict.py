@@ -118,7 +118,8 @@ from .verdict_bounds import (_FORMATS, Bound, accumulation_format, accumulation_
                              sum_rounding_l2, ulp_distance, underflow_eta, unit_roundoff)
 
 __all__ = [
-    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "sum_depth_l2", "sum_rounding_l2", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
+    "unit_roundoff", "underflow_eta", "accumulation_format", "accumulation_ratio", "sum_depth", "sum_depth_l2",
+    "sum_rounding_l2", "running_bound", "gamma", "probabilistic_gamma", "confidence_lambda", "round_to", "Bound",
     "ulp_distance", "ErrorReport", "compare", "assert_close", "assert_no_divergence", "MATCH", "DIVERGES",
     "INCONCLUSIVE", "Stage", "StageReport", "compare_stages",
 ]

@@ -443,6 +443,22 @@ def test_bad_inputs_raise_clear_errors():
         mod.run_unit(p, "stages.9.9", np.zeros((1, 16, 2, 2)), cfg)
 
 
+@pytest.mark.parametrize("name,field", [("l2vit_tiny", "dims"), ("l2vit_tiny", "pairs"), ("ravlt_t", "depths"),
+                                        ("ravlt_t", "num_heads"), ("lisanet_h_t", "dims"), ("lisanet_h_t", "depths"),
+                                        ("flatten_swin_t", "depths"), ("flatten_swin_t", "num_heads")])
+def test_per_stage_sizes_refuse_floats_instead_of_truncating(name, field):
+    """A per-stage size given as a float (96.9, 2.7) is refused naming the field and the stage, not truncated
+    to an int (it was: L2ViTNetConfig(dims=(96.9, ...)) built a 96-channel stage); an empty list and a 0 too."""
+    base = models.create(name)[0]
+    value = getattr(base, field)
+    with pytest.raises(TypeError, match=rf"'{field}\[0\]'.*integer.*{value[0] + 0.5}"):
+        dataclasses.replace(base, **{field: (value[0] + 0.5,) + tuple(value[1:])})
+    with pytest.raises((TypeError, ValueError), match=field):
+        dataclasses.replace(base, **{field: ()})
+    with pytest.raises(ValueError, match=rf"'{field}\[0\]'.*>= 1"):
+        dataclasses.replace(base, **{field: (0,) + tuple(value[1:])})
+
+
 @pytest.mark.parametrize("name", ["l2vit_small", "ravlt_b", "lisanet_h_b"])
 def test_macs_are_consistent_with_the_parameter_shapes(name):
     """The MAC counter and the parameter shapes agree: every block's MLP/FFN costs tokens x (fc1 + fc2

@@ -96,8 +96,6 @@ class CastlingDeiTConfig(DeiTClassTokenGeometry):
         if h % self.patch_size or w % self.patch_size:
             raise ValueError(f"argument 'img_size': {self.img_size} must be a multiple of patch_size="
                              f"{self.patch_size} (the patch embedding does not pad)")
-        if not self.mlp_ratio > 0:
-            raise ValueError(f"argument 'mlp_ratio': expected > 0, got {self.mlp_ratio}")
         if self.attention_config().conv == "grid2d":
             raise ValueError("argument 'attn_overrides': conv='grid2d' needs the token grid, which the class token "
                              "is not part of; Castling-DeiT uses the (k, 1) token conv ('tokens1d') or 'none'")

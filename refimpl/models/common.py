@@ -61,6 +61,15 @@ def normalize_img_size(value: Any, name: str = "img_size") -> tuple[int, int]:
     return (numerics.check_positive_int(value[0], f"{name}[0]"), numerics.check_positive_int(value[1], f"{name}[1]"))
 
 
+def stage_ints(value: Any, name: str) -> tuple[int, ...]:
+    """A per-stage list (dims, depths, num_heads, ...): a non-empty tuple or list of integers >= 1, returned as a
+    tuple of ints (floats such as 2.7 refused, not truncated: validation.check_int_tuple)."""
+    out = validation.check_int_tuple(value, name, minimum=1)
+    if not out:
+        raise ValueError(f"argument '{name}': expected one entry per stage, got an empty {type(value).__name__}")
+    return out
+
+
 def normalize_overrides(value: Any, name: str = "attn_overrides") -> tuple[tuple[str, Any], ...]:
     """A mapping or (field, value) pairs -> a sorted tuple of pairs (frozen configs stay hashable)."""
     if value is None:

@@ -141,8 +141,8 @@ class _SwinStages:
     def _check_stages(self, check_common: Callable[[Any], None]) -> None:
         """__post_init__'s shared part: depths / num_heads to int tuples, ``check_common(self)``, one entry per
         stage, types "L" / "S", positive depths and window, the window preset, heads dividing each stage."""
-        object.__setattr__(self, "depths", tuple(int(d) for d in self.depths))
-        object.__setattr__(self, "num_heads", tuple(int(h) for h in self.num_heads))
+        object.__setattr__(self, "depths", common.stage_ints(self.depths, "depths"))
+        object.__setattr__(self, "num_heads", common.stage_ints(self.num_heads, "num_heads"))
         check_common(self)
         n = len(self.depths)
         if len(self.num_heads) != n or len(self.attn_types) != n or set(self.attn_types) - {"L", "S"}:
@@ -157,7 +157,7 @@ class _SwinStages:
         for i in range(n):
             c, h = self.stage_dim(i), self.num_heads[i]
             if c % h:
-                raise ValueError(f"argument 'num_heads': stage {i} has {c} channels, not divisible by {h} heads")
+                raise ValueError(f"argument 'num_heads': stage {i + 1} has {c} channels, not divisible by {h} heads")
 
     @property
     def n_stages(self) -> int:

@@ -107,10 +107,7 @@ class L2ViTNetConfig:
         validation.check_eps(self.layer_norm_eps, "layer_norm_eps")
         validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name in ("dims", "pairs", "num_heads"):
-            v = tuple(int(t) for t in getattr(self, name))
-            if not v or any(t < 1 for t in v):
-                raise ValueError(f"L2ViTNetConfig.{name}: expected positive ints, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, v)
+            object.__setattr__(self, name, common.stage_ints(getattr(self, name), name))
         if not (len(self.dims) == len(self.pairs) == len(self.num_heads)):
             raise ValueError(f"L2ViTNetConfig: dims {self.dims}, pairs {self.pairs} and num_heads "
                              f"{self.num_heads} must have one entry per stage")

@@ -172,28 +172,19 @@ class LiSANetConfig:
             raise ValueError(f"LiSANetConfig.preset: expected 'paper' (LiSA has no released code, so no "
                              f"'official' preset), got {self.preset!r}")
         for name in ("dims", "depths", "num_heads"):
-            v = tuple(int(t) for t in getattr(self, name))
-            if not v or any(t < 1 for t in v):
-                raise ValueError(f"LiSANetConfig.{name}: expected positive ints, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, v)
+            object.__setattr__(self, name, common.stage_ints(getattr(self, name), name))
         if not (len(self.dims) == len(self.depths) == len(self.num_heads)):
             raise ValueError(f"LiSANetConfig: dims {self.dims}, depths {self.depths}, num_heads {self.num_heads} "
                              f"need one entry per stage")
         if self.kind == "isotropic" and len(self.dims) != 1:
             raise ValueError(f"LiSANetConfig: an isotropic model has one stage, got dims {self.dims}")
-        size = self.image_size
-        if isinstance(size, (int, np.integer)):
-            size = (int(size), int(size))
-        size = tuple(int(t) for t in size)
-        if len(size) != 2 or min(size) < 1:
-            raise ValueError(f"LiSANetConfig.image_size: expected (H, W) positive, got {self.image_size!r}")
-        object.__setattr__(self, "image_size", size)
+        object.__setattr__(self, "image_size", common.normalize_img_size(self.image_size, "image_size"))
         numerics.check_positive_int(self.patch_size, "patch_size")
         numerics.check_positive_int(self.latent, "latent")
         object.__setattr__(self, "lisa_overrides", common.normalize_overrides(self.lisa_overrides, "lisa_overrides"))
         grids = stage_grids(self, self.image_size)
         if any(min(g) < 1 for g in grids):
-            raise ValueError(f"LiSANetConfig.image_size: {size} leaves an empty stage grid {grids}")
+            raise ValueError(f"LiSANetConfig.image_size: {self.image_size} leaves an empty stage grid {grids}")
         for i in range(self.num_stages):
             block_config(self, i)
             if self.operator != "lisa":
@@ -530,7 +521,7 @@ def resize_params(params: Mapping[str, Any], cfg: LiSANetConfig, image_size: Seq
     uses bicubic).  Everything else is unchanged.  Returns (new params, config with the new image_size).
     """
     params = _check_params(params, cfg)
-    new_cfg = dataclasses.replace(cfg, image_size=tuple(int(t) for t in image_size))
+    new_cfg = dataclasses.replace(cfg, image_size=common.normalize_img_size(image_size, "image_size"))
     old_g, new_g = stage_grids(cfg, cfg.image_size), stage_grids(new_cfg, new_cfg.image_size)
     out = {k: np.asarray(v) for k, v in params.items()}
     for i in range(cfg.num_stages):
@@ -581,7 +572,7 @@ def macs(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None, *, fft: bool
     They have no FFTs, so ``fft`` adds nothing.  "lisa_local" (Table 3c, direct k x k convolutions):
     "attn.local_a" (Ga, depth-wise: N C D k^2), "attn.local_b" (Gb: N C D k^2) and "attn.contraction".
     "dwconv", "gf": no qkv (lisanet_operators.conv_operator_macs; the GF layer's FFTs with ``fft``)."""
-    hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
+    hw = cfg.image_size if image_hw is None else common.normalize_img_size(image_hw, "image_hw")
     if stage_grids(cfg, hw) != stage_grids(cfg, cfg.image_size):
         raise ValueError(f"argument 'image_hw': {hw} does not give the stage grids of image_size={cfg.image_size}")
     out: dict[str, int] = {}
@@ -630,7 +621,7 @@ def elementwise(cfg: LiSANetConfig, image_hw: Sequence[int] | None = None) -> di
     N log2 N of every real transform (see :func:`macs`).  The Table 3b operators instead: "attn.softmax"
     (h N^2 exponentials, self-attention), "attn.rpe" (the RPE sum or product, h N^2, where there is an RPE),
     "attn.l2" (SA forms), "attn.bias_sums" (N C D per bias, Eq. 5 / 7 forms); no FFTs."""
-    hw = cfg.image_size if image_hw is None else tuple(int(t) for t in image_hw)
+    hw = cfg.image_size if image_hw is None else common.normalize_img_size(image_hw, "image_hw")
     out: dict[str, int] = {}
     fft = 0.0
     grids = stage_grids(cfg, hw)

@@ -123,10 +123,7 @@ class RAVLTNetConfig:
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
         validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name in ("dims", "depths", "num_heads"):
-            v = tuple(int(t) for t in getattr(self, name))
-            if not v or any(t < 1 for t in v):
-                raise ValueError(f"RAVLTNetConfig.{name}: expected positive ints, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, v)
+            object.__setattr__(self, name, common.stage_ints(getattr(self, name), name))
         n = len(self.dims)
         if not (len(self.depths) == len(self.num_heads) == n == len(self.layer_scale_init)):
             raise ValueError(f"RAVLTNetConfig: dims, depths, num_heads and layer_scale_init need one entry per "

@@ -5,8 +5,9 @@ with submodules ``c`` and ``bn``, BatchNorm1d on the flattened tokens, Hardswish
 ``l``), with the attention changed as the reference's docstring describes: the Castling core
 (refimpl.twins.modules.angular.castling_core_t) in the stage blocks, with Q/K at the value dim and the residual
 pooling connection (+ q); in the shrink blocks q is projected at every token and then subsampled (post-Q
-pooling: MViTv2's conv + LayerNorm, or the stride-2 selection), and the core is evaluated for the pooled queries only (the constant over all N keys, Q^ (K^^T V) with
-N' rows, the token conv taken at the kept positions).  The reference evaluates the core at full resolution
+pooling: MViTv2's conv + LayerNorm, or the stride-2 selection), and the core is evaluated for the pooled
+queries only (the constant over all N keys, Q^ (K^^T V) with N' rows, the token conv taken at the kept
+positions).  The reference evaluates the core at full resolution
 and subsamples its rows instead, so the two sides agree only because the core is row-wise in Q.
 state_dict keys equal refimpl.models.castling_levit.param_shapes; unit values are tokens (B, N, C).
 """

@@ -5,7 +5,8 @@ structure of the released modules (token-major projections, norms taken before t
 after it, a reciprocal normaliser z, nn.Conv2d depthwise DWC, F.interpolate for sr > 1), so that the
 equivalence suite checks a second, independent route against the NumPy reference:
 
-- f_p's norm ||x|| is taken directly (the reference uses max * ||x / max||);
+- f_p is the reference's max-scaled form (r = x / max x, ||x|| = max x ||r||, r^p / ||r^p||) with torch's
+  norm (torch.linalg.vector_norm) and the other product order (r^p / ||r^p|| * ||x||);
 - the shifted-window mask is applied by zeroing masked scores in the quadratic order (the reference groups
   queries by mask row in both orders), and Swin's mask comes from refimpl.twins.modules.layers (derived from
   the roll, the reference's from Swin's region slices);
@@ -201,11 +202,15 @@ class FocusedWindowAttention(_FocusedBase):
     def forward(self, x: torch.Tensor, hw, shift=0, order: str = "linear") -> torch.Tensor:
         """FLatten's focused linear attention in the Swin layout: x (B, N, C) on the grid ``hw`` rolled by -shift, cut
         into windows, the focused attention plus DWC of each window (the shift mask applied unless shift_mask is
-        "ignore"), projected, merged and rolled back; returns (B, N, C).  No padding: ``hw`` must be a multiple of the
-        window.  ValueError for a shift outside [0, window) on an axis."""
+        "ignore"), projected, merged and rolled back; returns (B, N, C).  No padding: ValueError for an ``hw`` that is
+        not a multiple of the window or does not hold N tokens, and for a shift outside [0, window) on an axis."""
         b, n, c = x.shape
         big_h, big_w = hw
         ws = self.wpair
+        if big_h % ws[0] or big_w % ws[1] or big_h * big_w != n:
+            # window_partition would drop the remainder and window_reverse leave it uninitialised
+            raise ValueError(f"argument 'hw': expected a grid of N = {n} tokens that is a multiple of the window "
+                             f"{ws} (the Swin layout does not pad), got {tuple(hw)}")
         sh, sw = pair(shift, "shift")
         if not (0 <= sh < ws[0] and 0 <= sw < ws[1]):
             raise ValueError(f"argument 'shift': expected 0 <= shift < window {ws} on each axis, got {shift!r}")

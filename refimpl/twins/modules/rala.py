@@ -169,12 +169,15 @@ class RALAttention(nn.Module):
         else:
             bsz, h, w, _ = x.shape
             tok = x.reshape(bsz, h * w, c)
-            p = self.qkv(tok)
-            heads = p.reshape(bsz, h * w, 3, nh, c // nh).permute(2, 0, 3, 1, 4)
+            p = self.qkvo(tok) if cfg.gate_source == "qkvo" else self.qkv(tok)      # (B, N, mC)
+            heads = p[..., :3 * c].reshape(bsz, h * w, 3, nh, c // nh).permute(2, 0, 3, 1, 4)
             q, k, v = heads[0], heads[1], heads[2]
-            v_grid = p[..., 2 * c:].transpose(1, 2).reshape(bsz, c, h, w)
-            gate = {"linear": lambda: self.phi(tok), "identity": lambda: tok, "tanh": lambda: torch.tanh(tok),
-                    "none": lambda: None}[cfg.gate]()
+            v_grid = p[..., 2 * c:3 * c].transpose(1, 2).reshape(bsz, c, h, w)
+            if cfg.gate_source == "qkvo":
+                gate = p[..., 3 * c:]
+            else:
+                gate = {"linear": lambda: self.phi(tok), "identity": lambda: tok, "tanh": lambda: torch.tanh(tok),
+                        "none": lambda: None}[cfg.gate]()
         t["q"], t["k"], t["v"] = q, k, v
         core_taps = Taps({name[5:]: val for name, val in getattr(t, "forced", {}).items()
                           if name.startswith("core.")})
