@@ -229,17 +229,21 @@ def batch_norm2d_bound(x, weight, bias, running_mean, running_var, eps=config.BA
 backends.register("gelu", "numpy", numerics.gelu)
 
 
-def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = None) -> np.ndarray:
     """GELU(x) = x Phi(x): :func:`refimpl.numerics.gelu` (the definition: x/2 (1 + erf(x / sqrt 2)), or the
     tanh form for ``approximate="tanh"``) through the backend switch, ``backends.call("gelu", ...)``.
 
     x is first brought to the working precision (numerics.as_float); a float64 array of at least one
     dimension then runs on the selected backend's kernel (C or Numba: the definition's operations with
     libm's erf / tanh, within :func:`gelu_bound`), everything else on the definition.  Under the default
-    NumPy backend this is numerics.gelu, bit for bit.
+    NumPy backend this is numerics.gelu, bit for bit.  ``out``: an array of x's shape and working dtype (C
+    order for the kernels) receiving the result, x itself for in place (the networks' MLPs, on their fresh
+    fc1 output: no allocation and no first touch of a new buffer); the same values as without it.
     """
     x = as_float(x, "x")
-    return backends.call("gelu", x, approximate)
+    if out is None:
+        return backends.call("gelu", x, approximate)
+    return backends.call("gelu", x, approximate, out=out)
 
 
 def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:

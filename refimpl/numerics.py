@@ -192,19 +192,31 @@ def softmax_bound(x: np.ndarray, axis: int = -1) -> "Bound":
                  "softmax: k folded into the scale, u p_i (n + ulps + 3 + |x_i - max| + E_p|x - max|)")
 
 
-def gelu(x: np.ndarray, approximate: str = "none") -> np.ndarray:
+def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = None) -> np.ndarray:
     """GELU(x) = x * Phi(x) (Hendrycks & Gimpel, 2016).
 
     approximate="none": x/2 * (1 + erf(x / sqrt 2)), the exact form (torch's default);
     approximate="tanh": x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+    out: None, or an array of the result's shape and dtype (x itself allowed: the map is element-wise) that
+    receives the same values, and is returned (the kernels' ``out=``, so that a caller writes in place on every
+    backend).
     """
     x = as_float(x, "x")
     if approximate == "none":
-        return 0.5 * x * (1.0 + scipy.special.erf(x / math.sqrt(2.0)))
-    if approximate == "tanh":
+        y = 0.5 * x * (1.0 + scipy.special.erf(x / math.sqrt(2.0)))
+    elif approximate == "tanh":
         c = math.sqrt(2.0 / math.pi)
-        return 0.5 * x * (1.0 + np.tanh(c * (x + config.GELU_TANH_COEF * x * x * x)))
-    raise ArgumentError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
+        y = 0.5 * x * (1.0 + np.tanh(c * (x + config.GELU_TANH_COEF * x * x * x)))
+    else:
+        raise ArgumentError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
+    if out is None:
+        return y
+    if not isinstance(out, np.ndarray) or out.shape != np.shape(y) or out.dtype != y.dtype \
+            or not out.flags.writeable:
+        raise ArgumentTypeError(f"argument 'out': expected a writeable {y.dtype} array of shape {np.shape(y)}, "
+                                f"got {describe(out)}")
+    np.copyto(out, y)
+    return out
 
 
 def relu(x: np.ndarray) -> np.ndarray:

@@ -251,11 +251,31 @@ def test_thread_count_changes_no_bit(name, approximate):
     rng = np.random.default_rng(11)
     x = rng.standard_normal(3 * 16384 + 123) * 6               # above the one-thread cut-off, a partial block
     one = kernel(name)(x, approximate, threads=1)
-    for t in (2, 3, 5):
+    for t in (1, 2, 3, 5):
         same_bits_or_nan(kernel(name)(x, approximate, threads=t), one)
+        y = x.copy()                                           # in place, several blocks (Numba: via scratch)
+        assert kernel(name)(y, approximate, out=y, threads=t) is y
+        same_bits_or_nan(y, one)
     agree_float64(one, definition(x, approximate), layers.gelu_bound(x, approximate), f"gelu[{name}] threads")
     with pytest.raises(ValueError, match="threads"):
         kernel(name)(x, threads=0)
+
+
+@FORMS
+def test_layers_gelu_out_in_place_on_every_backend(approximate):
+    """layers.gelu(x, out=x), as the networks' MLPs call it on their fresh fc1 output: the same bits as
+    without out on every backend (the NumPy definition copies its result into out), x returned; the
+    definition refuses an out of another shape or dtype, naming it."""
+    x = np.random.default_rng(3).standard_normal((2, 197, 96)) * 4
+    for name in available_backends():
+        with backends.use(name):
+            fresh = layers.gelu(x, approximate)
+            y = x.copy()
+            assert layers.gelu(y, approximate, out=y) is y
+            same_bits_or_nan(y, fresh)
+    for bad in (np.empty((2, 197, 95)), np.empty(x.shape, np.float32), [0.0]):
+        with pytest.raises(TypeError, match="argument 'out'"):
+            numerics.gelu(x, approximate, out=bad)
 
 
 def test_c_output_is_poisoned():

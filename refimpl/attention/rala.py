@@ -297,8 +297,9 @@ def ravlt_ffn(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, taps:
     validation.check_taps(taps)
     tok, h, w = _grid_to_tokens(x, layout)
     t = taps if taps is not None else {}
-    hid = layers.gelu(layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
-                                      params.get("fc1.bias")))
+    hid = layers.linear(tok, _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c),
+                        params.get("fc1.bias"))
+    hid = layers.gelu(hid, out=hid)                 # in place on the fresh fc1 output
     t["hidden"] = hid
     if cfg.ffn_dwconv:
         conv = layers.depthwise_conv2d(_tokens_to_cf(hid, h, w), _param(params, "dwconv.weight"),

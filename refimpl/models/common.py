@@ -189,7 +189,8 @@ def linear2d(x: np.ndarray, weight: Any, bias: Any = None) -> np.ndarray:
 
 def mlp2d(x: np.ndarray, p: Mapping[str, Any]) -> np.ndarray:
     """layers.mlp (fc2(GELU(fc1 x))) through :func:`linear2d`."""
-    return linear2d(layers.gelu(linear2d(x, p["fc1.weight"], p.get("fc1.bias"))), p["fc2.weight"], p.get("fc2.bias"))
+    h = linear2d(x, p["fc1.weight"], p.get("fc1.bias"))          # a fresh array: GELU in place on it
+    return linear2d(layers.gelu(h, out=h), p["fc2.weight"], p.get("fc2.bias"))
 
 
 def patch_merging2d(x: np.ndarray, p: Mapping[str, Any], eps: float) -> np.ndarray:

@@ -430,7 +430,8 @@ def _conv_mlp(x: np.ndarray, p: Mapping[str, Any], hw: tuple[int, int]) -> np.nd
     w = numerics.as_float(p["dwconv.dwconv.weight"], "dwconv.dwconv.weight")
     h = layers.depthwise_conv2d(np.ascontiguousarray(_to_grid(h, hw)), w, p["dwconv.dwconv.bias"],
                                 padding=w.shape[-1] // 2)
-    return common.linear2d(layers.gelu(np.ascontiguousarray(_to_tokens(h))), p["fc2.weight"], p["fc2.bias"])
+    t = np.ascontiguousarray(_to_tokens(h))          # a copy, or a view of the fresh h: GELU in place on it
+    return common.linear2d(layers.gelu(t, out=t), p["fc2.weight"], p["fc2.bias"])
 
 
 def unit_parts(cfg: FlattenPVTConfig, name: str) -> tuple[str, ...]:
