@@ -197,9 +197,10 @@ def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = N
 
     approximate="none": x/2 * (1 + erf(x / sqrt 2)), the exact form (torch's default);
     approximate="tanh": x/2 * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
-    out: None, or an array of the result's shape and dtype (x itself allowed: the map is element-wise) that
-    receives the same values, and is returned (the kernels' ``out=``, so that a caller writes in place on every
-    backend).
+    out: None, or an array of the result's shape and of its dtype or x's (x itself allowed: the map is
+    element-wise) that receives the values, rounded to out's dtype, and is returned (the kernels' ``out=``, so
+    that a caller writes in place on every backend; under a half precision, where erf computes in float32, out = x
+    keeps x's format, as the next operation's as_float would).
     """
     x = as_float(x, "x")
     if approximate == "none":
@@ -211,11 +212,11 @@ def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = N
         raise ArgumentError(f"argument 'approximate': expected 'none' or 'tanh', got {approximate!r}")
     if out is None:
         return y
-    if not isinstance(out, np.ndarray) or out.shape != np.shape(y) or out.dtype != y.dtype \
+    if not isinstance(out, np.ndarray) or out.shape != np.shape(y) or out.dtype not in (y.dtype, x.dtype) \
             or not out.flags.writeable:
-        raise ArgumentTypeError(f"argument 'out': expected a writeable {y.dtype} array of shape {np.shape(y)}, "
+        raise ArgumentTypeError(f"argument 'out': expected a writeable {x.dtype} array of shape {np.shape(y)}, "
                                 f"got {describe(out)}")
-    np.copyto(out, y)
+    np.copyto(out, y, casting="same_kind")
     return out
 
 

@@ -158,7 +158,10 @@ def verify_network_gradients(module: Any, fam: Any, cfg: Any, params: Mapping[st
     unitwise = hasattr(twin, "run_unit") and all(hasattr(fam, a) for a in ("unit_names", "run_unit", "unit_bound"))
     units = list(fam.unit_names(cfg)) if unitwise else []
     mods = unit_modules(units, dict(module.named_modules()), source) if unitwise else {}
-    dx, fgrads, bounds = foreign_backward(module, x, g, units, mods, dtype, device, call)
+    # the units a void bound may send part by part: their tensors are kept (with their gradients) in the run
+    inner = [u for u in units if hasattr(fam, "unit_parts") and hasattr(twin, "run_unit_part")
+             and fam.unit_parts(cfg, u)]
+    dx, fgrads, bounds = foreign_backward(module, x, g, units, mods, dtype, device, call, inner)
     tp = dict(twin.named_parameters())
     names = ["input"] + sorted(tp)
     got: dict[str, np.ndarray] = {"input": dx}

@@ -334,11 +334,14 @@ class Report:
         if fd:
             head += f"\nfirst gradient divergence: {fd['tensor']}: {fd['why']}"
         rows = gr.get("tensors", [])
-        units = gr.get("units") or []
+        # the units, each followed by its parts where it was judged part by part ("unit/part")
+        units = [dict(e, unit=name) for u in gr.get("units") or [] for name, e in
+                 [(u["unit"], u)] + [(f"{u['unit']}/{q['part']}", q) for q in u.get("parts", [])]]
         if units:
             ufd = gr.get("units_first_divergence")
+            at = "" if not ufd else ufd["unit"] + (f" (part {ufd['part']})" if ufd.get("part") else "")
             head += (f"\nunit by unit (teacher-forced): {gr.get('units_verdict', '-')}"
-                     + (f"; first divergence at unit {ufd['unit']}: {ufd['tensor']}" if ufd else ""))
+                     + (f"; first divergence at unit {at}: {ufd['tensor']}" if ufd else ""))
         if markdown:
             lines = [head]
             if units:

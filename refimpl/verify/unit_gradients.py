@@ -29,7 +29,7 @@ foreign parameter gradients are those of the whole run (a unit's parameters rece
 from __future__ import annotations
 
 import copy
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import numpy as np
 
@@ -45,18 +45,39 @@ __all__ = ["foreign_backward", "judge_units"]
 
 
 def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str], mods: Mapping[str, str],
-                     dtype: str, device: str, call: Mapping[str, Any] | None
+                     dtype: str, device: str, call: Mapping[str, Any] | None, inner: Collection[str] = ()
                      ) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, tuple]]:
     """(dL/dx, dL/dtheta in the module's parameter names, boundaries) of the foreign network ``module`` in
-    ``dtype`` for L = <g, logits>.  boundaries: unit -> (x_u, dL/dx_u, y_u, g_u) as float64 arrays in the foreign
-    layout (None where the tensor was not observed or received no gradient); ``mods``: unit -> the foreign
-    submodule computing it.  Every floating parameter is made to require a gradient for the run, then restored."""
+    ``dtype`` for L = <g, logits>.  boundaries: unit -> (x_u, dL/dx_u, y_u, g_u, within) as float64 arrays in the
+    foreign layout (None where the tensor was not observed or received no gradient), ``within`` the tensors the
+    units named in ``inner`` (those with parts) computed of their input's size, in order, as ("#i op", value,
+    gradient or None) (an empty list for the other units): where a part's input is located by value, and the
+    gradient that reached it.  ``mods``: unit -> the foreign submodule computing it.  Every floating parameter is
+    made to require a gradient for the run, then restored."""
     import torch
+    from torch.overrides import TorchFunctionMode
     subs = dict(module.named_modules())
     seen_in: dict[str, Any] = {}
     seen_out: dict[str, Any] = {}
     grads: dict[int, Any] = {}
     handles = []
+    inside: list[Any] = [None]                       # (unit, its input's size) while a unit of ``inner`` runs
+    within: dict[str, list] = {u: [] for u in units}
+
+    class _Within(TorchFunctionMode):
+        """Every floating tensor that needs a gradient, of the running unit's input size, computed in it."""
+
+        def __torch_function__(self, func, types, args_=(), kwargs_=None):
+            """Run ``func``; keep (and watch) its outputs of interest."""
+            res = func(*args_, **(kwargs_ or {}))
+            if inside[0] is not None:
+                u, size = inside[0]
+                for t in (res if isinstance(res, (tuple, list)) else (res,)):
+                    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad \
+                            and t.numel() == size:
+                        within[u].append((f"#{len(within[u])} {getattr(func, '__name__', func)}", t))
+                        watch(t)
+            return res
 
     def watch(t: Any) -> None:
         if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in grads:
@@ -70,17 +91,22 @@ def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str]
             if u not in seen_in and inp and isinstance(inp[0], torch.Tensor):
                 seen_in[u] = inp[0]
                 watch(inp[0])
+                if u in inner:
+                    inside[0] = (u, inp[0].numel())
 
         def post(_m, _inp, out, u=u):
             t = out[0] if isinstance(out, (tuple, list)) else out
+            if inside[0] is not None and inside[0][0] == u:
+                inside[0] = None
             if u not in seen_out and isinstance(t, torch.Tensor):
                 seen_out[u] = t
                 watch(t)
         handles.append(subs[path].register_forward_pre_hook(pre))
         handles.append(subs[path].register_forward_hook(post))
     try:
-        xt, out, dx, fgrads = backward_pass(module, lambda t: module(t, **dict(call or {})), x, g, dtype, device,
-                                       "the network", f"the logits {tuple(g.shape)}", reshape=True)
+        with _Within():
+            xt, out, dx, fgrads = backward_pass(module, lambda t: module(t, **dict(call or {})), x, g, dtype,
+                                                device, "the network", f"the logits {tuple(g.shape)}", reshape=True)
     finally:
         for h in handles:
             h.remove()
@@ -101,7 +127,7 @@ def foreign_backward(module: Any, x: np.ndarray, g: np.ndarray, units: list[str]
         else:
             nxt = units[k + 1]
             yout, gout = pair(seen_in[nxt] if nxt in seen_in else seen_out.get(u))
-        bounds[u] = (xin, dxin, yout, gout)
+        bounds[u] = (xin, dxin, yout, gout, [(label,) + pair(t) for label, t in within[u]])
     return dx, fgrads, bounds
 
 
@@ -126,18 +152,18 @@ def _read(f: np.ndarray, shape: tuple, how: str) -> np.ndarray:
     return next(arr for arr, h in layouts(f, shape) if h == how)
 
 
-def _twin_unit_grads(m: Any, u: str, x: np.ndarray, g: np.ndarray, keys: list[str] | None, dtype: str
-                     ) -> tuple[np.ndarray, dict[str, np.ndarray], Any, Any, Any]:
-    """The twin ``m``'s unit ``u`` differentiated in ``dtype`` at ``x`` with cotangent ``g`` (reference layout):
-    (dL/dx, parameter name -> gradient (only those that received one; ``keys``: those, given), output, the
-    input leaf, the cotangent tensor)."""
+def _twin_grads(m: Any, run: Any, x: np.ndarray, g: np.ndarray, keys: list[str] | None, dtype: str
+                ) -> tuple[np.ndarray, dict[str, np.ndarray], Any, Any, Any]:
+    """The twin ``m`` run as ``run(m, x)`` (a unit or a part of one) differentiated in ``dtype`` at ``x`` with
+    cotangent ``g`` (reference layout): (dL/dx, parameter name -> gradient (only those that received one;
+    ``keys``: those, zeros where none), output, the input leaf, the cotangent tensor)."""
     import torch
     dt = _torch_dtype(dtype)
     tp = dict(m.named_parameters())
     names = sorted(tp) if keys is None else keys
     xt = torch.from_numpy(np.ascontiguousarray(x)).to(dtype=dt).requires_grad_(True)
     with torch.enable_grad():
-        y = m.run_unit(u, xt)
+        y = run(m, xt)
         gt = torch.from_numpy(np.ascontiguousarray(g).reshape(tuple(y.shape))).to(dtype=dt)
         rg = torch.autograd.grad(y, [xt] + [tp[k] for k in names], gt, allow_unused=True)
     if keys is None:
@@ -145,6 +171,12 @@ def _twin_unit_grads(m: Any, u: str, x: np.ndarray, g: np.ndarray, keys: list[st
     else:
         out = {k: (_to64(t) if t is not None else np.zeros(tuple(tp[k].shape))) for k, t in zip(names, rg[1:])}
     return (_to64(rg[0]) if rg[0] is not None else np.zeros(x.shape)), out, y.detach(), xt.detach(), gt
+
+
+def _twin_unit_grads(m: Any, u: str, x: np.ndarray, g: np.ndarray, keys: list[str] | None, dtype: str
+                     ) -> tuple[np.ndarray, dict[str, np.ndarray], Any, Any, Any]:
+    """:func:`_twin_grads` of the twin's unit ``u``."""
+    return _twin_grads(m, lambda mod, t: mod.run_unit(u, t), x, g, keys, dtype)
 
 
 def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray], source: Mapping[str, str],
@@ -163,7 +195,7 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
     prep: dict[str, Any] = {}
     owners: dict[str, list[str]] = {}
     for k, u in enumerate(units):
-        xin, dxin, yout, gout = bounds.get(u, (None,) * 4)
+        xin, dxin, yout, gout, _ = bounds.get(u, (None,) * 4 + ([],))
         like_in = x if k == 0 else taps.get(units[k - 1])
         miss = ("the unit's input was not observed" if xin is None or like_in is None else
                 "no gradient reached the unit's input" if dxin is None else
@@ -230,11 +262,19 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
         div = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.DIVERGES]
         why = ""
         void = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.INCONCLUSIVE]
+        parts = None
         if sub["verdict"] == _verdict.INCONCLUSIVE and void:
             rho = config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64)
             why = (f"void bound at {len(void)} of {len(names)} tensor(s) (first {void[0]}): the unit's forward "
                    f"relative bound is {rho_t + rho_64:.3g} (rho_T {rho_t:.3g} in {dtype}, rho_64 {rho_64:.3g}), "
                    f"F_bwd times it {rho:.3g} of the gradient's terms")
+            parts = _judge_parts(twin, member_net, fam, cfg, params, source, fgrads, owners, u, xu, fdx, gu,
+                                 bounds[u][4], dtype, p_unit)
+            if parts is not None:
+                sub["verdict"], why, first_part = _parts_verdict(parts, why)
+                div = sorted({t for e in parts for t in e["diverging"]}, key=lambda t: (t != "input", t))
+                if first_part is not None:
+                    sub["first_divergence"] = first_part
         elif sub["verdict"] == _verdict.INCONCLUSIVE:
             why = "no gradient of the unit was compared: " + "; ".join(f"{k}: {v}" for k, v in none.items())
         elif div:
@@ -243,11 +283,135 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
                         "worst": None if worst is None else worst["name"],
                         "err_over_bound": None if worst is None else worst["err_over_bound"],
                         "forward_relative_bound": _f(rho_t + rho_64), "diverging": div, "why": why})
+        if parts is not None:           # the unit's worst tensor is its parts' (the whole unit's bound is void)
+            judged_parts = [e for e in parts if e["err_over_bound"] is not None]
+            top = max(judged_parts, key=lambda e: e["err_over_bound"], default=None)
+            entries[-1].update(parts=parts, worst=None if top is None else f"{top['part']}: {top['worst']}",
+                               err_over_bound=None if top is None else top["err_over_bound"])
         verdicts.append(sub["verdict"])
         if div and first is None:
             fd = sub["first_divergence"]
             first = {"unit": u, "tensor": fd["tensor"], "why": fd["why"], "max_abs_err": fd["max_abs_err"],
                      "err_over_bound": fd["err_over_bound"]}
+            if "part" in fd:
+                first["part"] = fd["part"]
     verdict = (_verdict.DIVERGES if _verdict.DIVERGES in verdicts else
                _verdict.MATCH if verdicts and all(v == _verdict.MATCH for v in verdicts) else _verdict.INCONCLUSIVE)
     return {"verdict": verdict, "units": entries, "first_divergence": first}
+
+
+def _parts_verdict(parts: list[dict[str, Any]], void_why: str) -> tuple[str, str, dict[str, Any] | None]:
+    """A unit's (verdict, why, first divergence) from its parts' entries (:func:`_judge_parts`): the first
+    diverging part's, "match" where every part matches, else "inconclusive"."""
+    verdicts = [e["verdict"] for e in parts]
+    notes = ", ".join(f"{e['part']} {e['verdict']}" + (f" (err/bound {e['err_over_bound']:.3g})"
+                                                         if e["err_over_bound"] is not None else "") for e in parts)
+    head = f"{void_why}; part by part (teacher-forced): {notes}"
+    for e in parts:
+        if e["verdict"] == _verdict.DIVERGES:
+            fd = dict(e["first_divergence"] or {}, part=e["part"])
+            return _verdict.DIVERGES, f"{head}; first divergence in part {e['part']!r}: {e['why']}", fd
+    if verdicts and all(v == _verdict.MATCH for v in verdicts):
+        return _verdict.MATCH, head, None
+    return _verdict.INCONCLUSIVE, head + "; " + "; ".join(f"{e['part']}: {e['why']}" for e in parts
+                                                           if e["verdict"] != _verdict.MATCH and e["why"]), None
+
+
+def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
+                 source: Mapping[str, str], fgrads: Mapping[str, np.ndarray], owners: Mapping[str, list[str]],
+                 u: str, xu: np.ndarray, fdx: np.ndarray, gu: np.ndarray, within: list, dtype: str,
+                 p_unit: float) -> list[dict[str, Any]] | None:
+    """The backward of unit ``u`` (whose own bound is void) part by part (``fam.unit_parts``: a block's attention
+    and MLP residual branches), teacher-forced as the forward's parts are (refimpl.verify.networks): part i's input
+    is the foreign network's value between the parts, located by value among the tensors the unit computed
+    (``within``, :func:`refimpl.verify.locate.locate` within part i-1's own bound), and its cotangent the gradient
+    that reached that tensor in the foreign backward (the unit's output cotangent ``gu`` for the last part).  Each
+    part's tensors (its input gradient: the foreign gradient at the part's input, ``fdx`` for the first; the
+    parameters it alone uses, which no other part or unit shares) are judged with the part's own forward bound as
+    rho.  None where the family or the twin has no parts for ``u``; a part whose input is not located, or whose
+    output has no gradient, is "inconclusive" with why."""
+    from .locate import locate
+    names_parts = tuple(fam.unit_parts(cfg, u)) if hasattr(fam, "unit_parts") else ()
+    if not names_parts or not hasattr(twin, "run_unit_part"):
+        return None
+    pool = [(label, v) for label, v, _ in within if v is not None]
+    grad_of = {label: gr for label, _, gr in within}
+    tp = dict(twin.named_parameters())
+    # the parts' inputs: x_u, then each located intermediate (value and gradient, reference layout)
+    inputs: list[tuple[np.ndarray, np.ndarray | None, str]] = [(xu, fdx, "the unit's input")]
+    after = 0
+    for i, part in enumerate(names_parts[:-1]):
+        xp = inputs[-1][0]
+        rp = fam.run_unit_part(params, u, part, xp, cfg)
+        bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
+        found = locate(pool[after:], rp, bp.array(dtype, rp.shape))
+        if found is None or found[2] > config.VERIFY_LOCATE_GATE:
+            inputs.append((None, None, f"part {part!r}'s output was not located among the unit's tensors"))
+            break
+        label, how = found[1].split(": ", 1)
+        gr = grad_of.get(label)
+        inputs.append((found[0], None if gr is None else _read(gr, rp.shape, how), f"{label} (by value)"))
+        after += found[3] + 1
+    # the twin's float64 backward of each part whose input and output cotangent are known; a parameter that
+    # more than one part (or unit) uses is not compared part-wise (the network's gradient sums over them)
+    twin64: dict[str, Any] = {}
+    for i, part in enumerate(names_parts):
+        xp, dxp, where = inputs[i] if i < len(inputs) else (None, None, "not located")
+        g_out = gu if i + 1 == len(names_parts) else (inputs[i + 1][1] if i + 1 < len(inputs) else None)
+        if xp is None or dxp is None or g_out is None:
+            twin64[part] = (where if xp is None else "no gradient reached the part's input in the network's backward"
+                            if dxp is None else "no gradient reached the part's output in the network's backward")
+            continue
+        run = (lambda mod, t, q=part: mod.run_unit_part(u, q, t))
+        twin64[part] = (xp, dxp, g_out, run) + _twin_grads(twin, run, xp, g_out, None, "float64")
+    uses: dict[str, int] = {}
+    for item in twin64.values():
+        for k in (item[5] if not isinstance(item, str) else ()):
+            uses[k] = uses.get(k, 0) + 1
+    entries = []
+    p_part = p_unit / len(names_parts)
+    for i, part in enumerate(names_parts):
+        item = twin64[part]
+        entry = {"part": part, "input": inputs[i][2] if i < len(inputs) else "not located",
+                 "verdict": _verdict.INCONCLUSIVE, "tensors": 0, "worst": None, "err_over_bound": None,
+                 "forward_relative_bound": None, "diverging": [], "why": "", "first_divergence": None}
+        entries.append(entry)
+        if isinstance(item, str):
+            entry["why"] = item
+            continue
+        xp, dxp, g_out, run, rdx, rg, _y, x64, g64 = item
+        keys = sorted(k for k in rg if owners.get(k) == [u] and uses[k] == 1)
+        names = ["input"] + keys
+        refg = {"input": rdx, **{k: rg[k] for k in keys}}
+        got = {"input": dxp, **{k: fgrads[source[k]] if source.get(k) in fgrads else np.zeros(rg[k].shape)
+                                for k in keys}}
+        none = {k: "a buffer or derived value of the network: no gradient" for k in keys if source.get(k) not in fgrads}
+        mag, length = _magnitudes(lambda v, run=run: run(twin, v), x64, {"input": x64, **{k: tp[k] for k in keys}},
+                                  g64)
+        member = None
+        if member_net is not None:
+            try:
+                mdx, mg, *_ = _twin_grads(member_net, run, round_to(xp, dtype), round_to(g_out, dtype), keys, dtype)
+                member = {"input": mdx, **mg}
+            except Exception:   # a twin op without a kernel in this precision on the CPU
+                member = None
+        r = fam.run_unit_part(params, u, part, xp, cfg)
+        rho_t = forward_relative_bound(fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype), r, dtype)
+        rho_64 = forward_relative_bound(fam.unit_part_bound(params, u, part, xp, cfg, dtype="float64"), r,
+                                        "float64")
+        sub: dict[str, Any] = {"tensors": []}
+        judge_tensors(sub, names, refg, got, {k: source.get(k, "") for k in keys}, mag, length, member,
+                      config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64), dtype, p_part, none)
+        judged = [t for t in sub["tensors"] if t["err_over_bound"] is not None]
+        worst = max(judged, key=lambda t: t["err_over_bound"], default=None)
+        entry.update(verdict=sub["verdict"], tensors=len(names), worst=None if worst is None else worst["name"],
+                     err_over_bound=None if worst is None else worst["err_over_bound"],
+                     forward_relative_bound=_f(rho_t + rho_64),
+                     diverging=[t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.DIVERGES])
+        if entry["diverging"]:
+            entry["first_divergence"] = sub["first_divergence"]
+            entry["why"] = sub["first_divergence"]["why"]
+        elif sub["verdict"] == _verdict.INCONCLUSIVE:
+            entry["why"] = (f"the part's forward relative bound {rho_t + rho_64:.3g} is void for its gradients"
+                            if judged or not none else "no gradient of the part was compared")
+    return entries
