@@ -85,8 +85,33 @@ def _check_heads(dim: int, num_heads: int) -> None:
         raise ArgumentError(f"argument 'num_heads': dim={dim} is not divisible by num_heads={num_heads}")
 
 
+class _GridHeads:
+    """The derived sizes :class:`LiSAConfig` and :class:`SAConfig` share (a mixin of the frozen configs, no fields;
+    each defines ``kernel_grid``)."""
+
+    @property
+    def head_dim(self) -> int:
+        """c = C / h, the head dimension."""
+        return self.dim // self.num_heads
+
+    @property
+    def num_tokens(self) -> int:
+        """N, the number of tokens of the grid."""
+        return int(np.prod(self.grid))
+
+    @property
+    def ndim(self) -> int:
+        """The number of grid axes (1, 2 or 3)."""
+        return len(self.grid)
+
+    @property
+    def kernel_tokens(self) -> int:
+        """The number of entries of ``kernel_grid`` (the RPE kernels' first axis)."""
+        return int(np.prod(self.kernel_grid))
+
+
 @dataclasses.dataclass(frozen=True)
-class LiSAConfig:
+class LiSAConfig(_GridHeads):
     """LiSA operator / block configuration (LiSA §4.3, §5.1, Fig. 3, Fig. 7).
 
     dim : C.  num_heads : h (c = C / h).  grid : token grid (N,), (H, W) or (T, H, W).
@@ -146,29 +171,9 @@ class LiSAConfig:
         raise ArgumentError(f"argument 'name': expected 'paper', got {name!r}")
 
     @property
-    def head_dim(self) -> int:
-        """c = C / h, the head dimension."""
-        return self.dim // self.num_heads
-
-    @property
-    def num_tokens(self) -> int:
-        """N, the number of tokens of the grid."""
-        return int(np.prod(self.grid))
-
-    @property
-    def ndim(self) -> int:
-        """The number of grid axes (1, 2 or 3)."""
-        return len(self.grid)
-
-    @property
     def kernel_grid(self) -> tuple[int, ...]:
         """Grid of Wa, Wb: the token grid (circular) or the 2n-1 offsets per axis (exact_toeplitz)."""
         return tuple(2 * n - 1 for n in self.grid) if self.exact_toeplitz else self.grid
-
-    @property
-    def kernel_tokens(self) -> int:
-        """The number of entries of :attr:`kernel_grid` (the Wa, Wb kernels' first axis)."""
-        return int(np.prod(self.kernel_grid))
 
     @property
     def mlp_hidden(self) -> int:
@@ -177,7 +182,7 @@ class LiSAConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SAConfig:
+class SAConfig(_GridHeads):
     """Structure-aware attention computed directly with dense RPE tensors (LiSA §4.1-4.2, Fig. 6).
 
     form : "eq4" (one RPE R, Eq. 4), "eq5" (Ra, Rb, Bb), "eq6" (Hadamard: Ra~ per channel), "eq7" (+ Ba).
@@ -215,29 +220,10 @@ class SAConfig:
             raise ArgumentError("argument 'rpe_per_head': only defined for form='eq4' (Table 3b)")
 
     @property
-    def head_dim(self) -> int:
-        """c = C / h, the head dimension."""
-        return self.dim // self.num_heads
-
-    @property
-    def num_tokens(self) -> int:
-        """N, the number of tokens of the grid."""
-        return int(np.prod(self.grid))
-
-    @property
-    def ndim(self) -> int:
-        """The number of grid axes (1, 2 or 3)."""
-        return len(self.grid)
-
-    @property
     def kernel_grid(self) -> tuple[int, ...]:
         """Grid of the RPE parameters: the 2n-1 offsets per axis (Toeplitz, Eq. 2) or the token grid (circulant)."""
         return tuple(2 * n - 1 for n in self.grid) if self.rpe == "toeplitz" else self.grid
 
-    @property
-    def kernel_tokens(self) -> int:
-        """The number of entries of :attr:`kernel_grid`."""
-        return int(np.prod(self.kernel_grid))
 
 
 def _proj_shapes(dim: int, qkv_bias: bool) -> dict[str, tuple[int, ...]]:

@@ -115,11 +115,9 @@ class RAVLTNetConfig:
     batch_norm_eps: float = config.BATCH_NORM_EPS
 
     def __post_init__(self) -> None:
-        """Stores dims, depths, num_heads (and stage_attention) as tuples, layer_scale_init as floats and attn_overrides
-        as sorted pairs; raises ValueError (TypeError for a wrong type) for mlp_ratio <= 0, a bad batch_norm_eps, stage
-        lists that are empty, non-positive or of unequal length, an unknown preset or stage attention, a head_proj < 1,
-        a block config refused, and a "softmax" stage without the official fused qkvo projection and output
-        projection."""
+        """Normalises the stage lists to tuples (attn_overrides to sorted pairs); ValueError / TypeError for a bad
+        mlp_ratio, batch_norm_eps, stage list, preset, stage attention, head_proj or block config, and for a
+        "softmax" stage without the official fused qkvo projection and output projection."""
         validation.check_positive(self.mlp_ratio, "mlp_ratio")
         validation.check_eps(self.batch_norm_eps, "batch_norm_eps")
         for name in ("dims", "depths", "num_heads"):
@@ -169,14 +167,12 @@ class RAVLTNetConfig:
 
     @property
     def uses_layer_scale(self) -> bool:
-        """Whether the blocks scale both branches by learned gamma_1, gamma_2 (``layer_scale``, or the preset's when
-        None)."""
+        """Whether the blocks scale both branches by learned gamma_1, gamma_2 (``layer_scale`` or the preset's)."""
         return bool(self._resolved("layer_scale"))
 
     @property
     def uses_ffn_dwconv(self) -> bool:
-        """Whether the FFN has the 3 x 3 depthwise conv with residual after the GELU (``ffn_dwconv``, or the preset's
-        when None)."""
+        """Whether the FFN has the 3 x 3 depthwise conv with residual after GELU (``ffn_dwconv`` or the preset's)."""
         return bool(self._resolved("ffn_dwconv"))
 
 

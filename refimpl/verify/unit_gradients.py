@@ -339,11 +339,13 @@ def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping
     tp = dict(twin.named_parameters())
     # the parts' inputs: x_u, then each located intermediate (value and gradient, reference layout)
     inputs: list[tuple[np.ndarray, np.ndarray | None, str]] = [(xu, fdx, "the unit's input")]
+    ref: dict[str, tuple] = {}          # part -> (its reference output, its bound in dtype) on its input
     after = 0
     for i, part in enumerate(names_parts[:-1]):
         xp = inputs[-1][0]
         rp = fam.run_unit_part(params, u, part, xp, cfg)
         bp = fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype)
+        ref[part] = (rp, bp)
         found = locate(pool[after:], rp, bp.array(dtype, rp.shape))
         if found is None or found[2] > config.VERIFY_LOCATE_GATE:
             inputs.append((None, None, f"part {part!r}'s output was not located among the unit's tensors"))
@@ -395,8 +397,9 @@ def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping
                 member = {"input": mdx, **mg}
             except Exception:   # a twin op without a kernel in this precision on the CPU
                 member = None
-        r = fam.run_unit_part(params, u, part, xp, cfg)
-        rho_t = forward_relative_bound(fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype), r, dtype)
+        r, b_t = ref.get(part) or (fam.run_unit_part(params, u, part, xp, cfg),
+                                   fam.unit_part_bound(params, u, part, xp, cfg, dtype=dtype))
+        rho_t = forward_relative_bound(b_t, r, dtype)
         rho_64 = forward_relative_bound(fam.unit_part_bound(params, u, part, xp, cfg, dtype="float64"), r,
                                         "float64")
         sub: dict[str, Any] = {"tensors": []}
