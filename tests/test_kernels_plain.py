@@ -618,10 +618,10 @@ def test_plain_wrappers_answer_out_of_band_inputs_with_the_definition():
 
 
 def test_below_band_flags_exactly_the_tiny_nonzero_entries():
-    """refimpl.backends._c._below_band: an entry 0 < |x| < 2^-B anywhere (also past the first block) flags
-    the array; zeros, float32 arrays and entries of magnitude >= 2^-B do not."""
+    """refimpl.backends._c._below_band: an entry 0 < |x| < 2^-B anywhere (also at the end of a long array)
+    flags the array; zeros, float32 arrays and entries of magnitude >= 2^-B do not."""
     edge = 2.0 ** -config.RANGE_RESCALE_EXPONENT
-    x = np.ones(3 * _c._TINY_BLOCK + 5)
+    x = np.ones(3 * (1 << 16) + 5)
     x[::7] = 0.0
     assert not _c._below_band(x, None, x.astype(np.float32))
     x[-1] = edge

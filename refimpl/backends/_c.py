@@ -14,7 +14,8 @@ agreement tests avoid except where they test NaN propagation).
 
 This module is the runtime: loading the compiled module (:func:`_load`, :func:`status`), the call of a
 kernel (:func:`run_kernel`, :func:`call_kernel`, :func:`workspace_for`), the status check, the thread count (:func:`default_threads`) and the range safety net of the
-range-checked kernels (:func:`_outside_band`, :func:`_below_band`, :func:`_poison`, :func:`_range_fallback`).  The wrappers
+range-checked kernels (:func:`range_stats`, the one-pass C scan of ckernels/scan.c; :func:`_outside_band`,
+:func:`_below_band`, :func:`_poison`, :func:`_range_fallback`).  The wrappers
 live in per-family modules next to it, each kernel registered with its predicate there:
 ``_c_depthwise.py`` (depthwise conv2d), ``_c_linear.py`` (the fused kernelized linear attention and the
 kernels built on it: RALA, ELU + 1, the focused map, Castling-ViT's linear-angular attention),
@@ -153,16 +154,27 @@ def call_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray 
 
 
 def run_kernel(kernel: str, out: np.ndarray, *args: Any, workspace: np.ndarray | None = None, twin: Any = None,
-               band: tuple = (), tiny: tuple = (), outside: bool = False) -> np.ndarray:
+               band: tuple = (), tiny: tuple = (), outside: Any = False) -> np.ndarray:
     """The steps every wrapper takes once its arguments are validated: with a ``twin`` (the NumPy
     definition, a function of no arguments), answer with it if an array of ``band`` is above the kernels'
     range (:func:`_outside_band`) or one of ``tiny`` below it (:func:`_below_band`: the arrays whose groups the
-    definition scales up), or where the wrapper's own range test says so (``outside``); otherwise poison ``out`` (:func:`_poison`), run the kernel
-    (:func:`call_kernel`) and, with a twin, replace the kernel's NaN/Inf by the definition's values
-    (:func:`_range_fallback`).  Returns ``out``."""
-    if twin is not None and (outside or _outside_band(*band) or _below_band(*tiny)):
-        out[...] = twin()
-        return out
+    definition scales up), or where the wrapper's own range test says so (``outside``: a bool, or a function
+    of :func:`range_stats` answering a bool, e.g. refimpl.backends._c_linear.elu1_underflows); otherwise poison
+    ``out`` (:func:`_poison`), run the kernel (:func:`call_kernel`) and, with a twin, replace the kernel's
+    NaN/Inf by the definition's values (:func:`_range_fallback`).  Each array is scanned once
+    (:func:`range_stats`) for all three tests.  Returns ``out``."""
+    if twin is not None:
+        seen: dict[int, tuple[float, float, float]] = {}
+
+        def stats(a: np.ndarray) -> tuple[float, float, float]:
+            if id(a) not in seen:
+                seen[id(a)] = range_stats(a)
+            return seen[id(a)]
+
+        test = outside(stats) if callable(outside) else bool(outside)
+        if test or _outside_band(*band, stats=stats) or _below_band(*tiny, stats=stats):
+            out[...] = twin()
+            return out
     _poison(out)  # an element the kernel does not write stays NaN (and is never "repaired" by the twin)
     call_kernel(kernel, out, *args, workspace=workspace)
     return _range_fallback(out, twin)
@@ -197,30 +209,44 @@ def _threads(threads: Any) -> int:
     return int(threads)
 
 
-def _outside_band(*arrays: Any) -> bool:
-    """Whether a float64 array among ``arrays`` (None skipped) may have its largest magnitude m above 2^B,
-    B = config.RANGE_RESCALE_EXPONENT: where the NumPy definitions rescale (numerics.pow2_exponent) and the
-    kernels, which do not, may overflow.  Tested on the sum of squares S = x . x (one pass, no temporary):
-    m > 2^B gives S >= m^2 > 2^2B (or inf), so no such array is missed; an array with m slightly below 2^B
-    may be flagged too, and then simply gets the definition's result.  A NaN makes S NaN, which is not
-    flagged: the kernel's NaN output is handled by :func:`_range_fallback`."""
-    two_b = 2 * config.RANGE_RESCALE_EXPONENT
-    for a in arrays:
-        if a is None or a.dtype != np.float64:
-            continue
-        flat = a.reshape(-1)
-        with np.errstate(over="ignore", under="ignore"):
-            ss = float(np.einsum("i,i->", flat, flat))     # not BLAS: its idle threads would slow the kernel
-        if ss > 2.0 ** two_b:
-            return True
-    return False
+def range_stats_numpy(a: Any) -> tuple[float, float, float]:
+    """The NumPy twin of the C range scan (ckernels/scan.c, :func:`range_stats`), its specification: of a
+    float64 array, (max |x|, min |x| over the nonzero entries, min x), NaN entries taking no part; (0, +Inf,
+    +Inf) where no entry is left.  Each value is one of the entries or its magnitude (no arithmetic); a zero
+    minimum may be either zero (the order of the comparisons keeps one; nothing reads its sign)."""
+    flat = np.asarray(a, dtype=np.float64).reshape(-1)
+    kept = flat[~np.isnan(flat)]
+    if kept.size == 0:
+        return 0.0, np.inf, np.inf
+    mag = np.abs(kept)
+    nonzero = mag[mag > 0]
+    return float(mag.max()), float(nonzero.min()) if nonzero.size else np.inf, float(kept.min())
 
 
-#: Elements per block of :func:`_below_band`'s pass (a 512 KiB float64 buffer: the |x| of a block stays in cache).
-_TINY_BLOCK = 1 << 16
+def range_stats(a: np.ndarray) -> tuple[float, float, float]:
+    """:func:`range_stats_numpy`'s three statistics of a float64 array in one pass of the C scan
+    (``refimpl_range_scan_f64``, ckernels/scan.c: comparisons only, so the same values bit for bit) where the
+    array is C-contiguous (the wrappers' validated buffers), else by the twin itself."""
+    if a.dtype != np.float64 or not a.flags.c_contiguous:
+        return range_stats_numpy(a)
+    mod = _load()
+    out = mod.ffi.new("double[3]")
+    _check_status(mod, mod.lib.refimpl_range_scan_f64(out, mod.ffi.from_buffer("double[]", a), a.size),
+                  "refimpl_range_scan")
+    return out[0], out[1], out[2]
 
 
-def _below_band(*arrays: Any) -> bool:
+def _outside_band(*arrays: Any, stats: Any = range_stats) -> bool:
+    """Whether a float64 array among ``arrays`` (None skipped) has an entry of magnitude above 2^B,
+    B = config.RANGE_RESCALE_EXPONENT (or an infinite one): where the NumPy definitions rescale
+    (numerics.pow2_exponent) and the kernels, which do not, may overflow.  NaN entries are not looked at: the
+    kernel's NaN output is handled by :func:`_range_fallback`.  ``stats``: :func:`range_stats` or a cache of
+    it."""
+    edge = 2.0 ** config.RANGE_RESCALE_EXPONENT
+    return any(a is not None and a.dtype == np.float64 and stats(a)[0] > edge for a in arrays)
+
+
+def _below_band(*arrays: Any, stats: Any = range_stats) -> bool:
     """Whether a float64 array among ``arrays`` (None skipped) has a nonzero entry of magnitude below 2^-B,
     B = config.RANGE_RESCALE_EXPONENT: the arrays where the NumPy definitions of linear attention and RALA's core
     scale a group (a row of phi(Q), a head's phi(K), a column of V) whose largest magnitude is below 2^-B up by
@@ -229,19 +255,11 @@ def _below_band(*arrays: Any) -> bool:
     input below 2^-B), so none is missed; an array with one tiny entry beside larger ones is flagged too and
     then simply gets the definition's result.  (ELU + 1 rows of inputs below -177, whose features exp(x) are
     below 2^-256, are the kernel's: features down to 2^-1022 are normal numbers, and a row whose products
-    underflow to a zero normaliser is NaN, which :func:`_range_fallback` answers with the definition.)  float32 holds nothing below 2^-149, so only float64 is looked
-    at; one pass over each array, in blocks (no temporary of the array's size)."""
+    underflow to a zero normaliser is NaN, which :func:`_range_fallback` answers with the definition.)  float32
+    holds nothing below 2^-149, so only float64 is looked at.  ``stats``: :func:`range_stats` or a cache of
+    it."""
     edge = 2.0 ** -config.RANGE_RESCALE_EXPONENT
-    for a in arrays:
-        if a is None or a.dtype != np.float64:
-            continue
-        flat = a.reshape(-1)
-        buf = np.empty(min(flat.size, _TINY_BLOCK))
-        for start in range(0, flat.size, _TINY_BLOCK):
-            blk = np.abs(flat[start:start + _TINY_BLOCK], out=buf[:min(_TINY_BLOCK, flat.size - start)])
-            if blk.min() < edge and np.any((blk > 0) & (blk < edge)):
-                return True
-    return False
+    return any(a is not None and a.dtype == np.float64 and stats(a)[1] < edge for a in arrays)
 
 
 #: The poison of the range-checked kernels' outputs: a quiet NaN with a payload no arithmetic produces from

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import config
 from . import _validate
-from ._c import _load, _threads, run_kernel, workspace_for
+from ._c import _load, _threads, range_stats, run_kernel, workspace_for
 from ._registry import definition, register
 from ._validate import empty_aligned, float_arrays, real_scalar
 
@@ -160,17 +160,19 @@ _EXP_TINY = math.log(2.0 ** np.finfo(np.float64).minexp) + 1.0
 _EXP_SMALL = math.log(2.0 ** -960) + 1.0
 
 
-def elu1_underflows(q: np.ndarray, k: np.ndarray, key_weight: Any, feature_map: str) -> bool:
+def elu1_underflows(q: np.ndarray, k: np.ndarray, key_weight: Any, feature_map: str, stats: Any = None) -> bool:
     """Whether float64 ELU + 1 features (``feature_map`` "elu1"; key features alpha_j kappa(K_j) with
     ``key_weight``) may underflow where the NumPy definition recomputes rows from log-features: a lower bound
     of log phi (min(min x, 0), and log min alpha) below log(e 2^-1022), or of a product phi(Q_i)_c phi(K_j)_c
     below e 2^-960.  Then the wrappers answer with the definition (the kernel computes such rows, finite but
-    with the subnormal features' few bits, or NaN)."""
+    with the subnormal features' few bits, or NaN).  The minima are :func:`refimpl.backends._c.range_stats`'
+    (NaN entries take no part), through ``stats`` where run_kernel passes its cache."""
     if feature_map != "elu1" or q.dtype != np.float64:
         return False
+    least = (lambda a: (stats or range_stats)(a)[2])     # noqa: E731
     with np.errstate(divide="ignore", invalid="ignore"):
-        lq = min(float(np.min(q)), 0.0)
-        lk = min(float(np.min(k)), 0.0) + (0.0 if key_weight is None else float(np.log(np.min(key_weight))))
+        lq = min(least(q), 0.0)
+        lk = min(least(k), 0.0) + (0.0 if key_weight is None else float(np.log(least(key_weight))))
     return lq < _EXP_TINY or lk < _EXP_TINY or lq + lk < _EXP_SMALL
 
 
@@ -196,7 +198,7 @@ def _linear_attention_call(q: Any, k: Any, v: Any, key_weight: Any, feature_map:
     return run_kernel("linear_attention", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"], sz["N"],
                       sz["M"], sz["d"], sz["e"], ws.size, nthreads, workspace=ws, twin=twin,
                       band=(a.q, a.k, a.v, kw, vs), tiny=(a.q, a.k, a.v, vs),
-                      outside=elu1_underflows(a.q, a.k, kw, feature_map))
+                      outside=lambda st: elu1_underflows(a.q, a.k, kw, feature_map, st))
 
 
 def _reweighted_supported(q: Any, k: Any, v: Any, alpha: Any, *args: Any, **_: Any) -> bool:

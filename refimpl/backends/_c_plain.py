@@ -80,7 +80,7 @@ def _linear(q: Any, k: Any, v: Any, key_weight: Any, feature_map: Any, eps: Any,
     return run_kernel("linear_attention_plain", result, a.q, a.k, a.v, kw, vs, options, sz["B"] * sz["h"],
                       sz["N"], sz["M"], sz["d"], sz["e"], ws.size, workspace=ws, twin=twin,
                       band=(a.q, a.k, a.v, kw, vs), tiny=(a.q, a.k, a.v, vs),
-                      outside=elu1_underflows(a.q, a.k, kw, feature_map))
+                      outside=lambda st: elu1_underflows(a.q, a.k, kw, feature_map, st))
 
 
 def linear_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, feature_map: str = "relu", eps: float = 0.0,
@@ -403,3 +403,20 @@ def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None,
     result = empty_aligned(a.out_shape, a.x.dtype)
     return run_kernel("dwconv2d_plain", result, a.x, a.weight, a.bias, a.stride[0], a.stride[1], a.pad_top,
                       a.pad_left, b_, c, h, w, kh, kw, oh, ow)
+
+
+def range_stats(a: np.ndarray) -> tuple[float, float, float]:
+    """:func:`refimpl.backends._c.range_stats` by the plain scalar scan (``refimpl_range_scan_plain_f64``,
+    ckernels/scan.c), its specification beside the vector loop: (max |x|, min |x| over the nonzero entries,
+    min x) of a C-contiguous float64 array, NaN entries taking no part.  TypeError for another dtype,
+    ValueError for a non-contiguous array (naming 'a')."""
+    mod = _load()
+    if not isinstance(a, np.ndarray) or a.dtype != np.float64:
+        raise TypeError(f"argument 'a': expected a float64 ndarray, got {getattr(a, 'dtype', type(a).__name__)}")
+    if not a.flags.c_contiguous:
+        raise ValueError("argument 'a': expected a C-contiguous array")
+    out = mod.ffi.new("double[3]")
+    status = mod.lib.refimpl_range_scan_plain_f64(out, mod.ffi.from_buffer("double[]", a), a.size)
+    if status != 0:
+        raise RuntimeError(f"refimpl_range_scan_plain_f64 refused its arguments (status {status})")
+    return out[0], out[1], out[2]
