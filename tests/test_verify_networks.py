@@ -625,3 +625,44 @@ def test_the_head_wiring_takes_what_the_classifier_receives_as_the_features_with
     beyond = f.copy()
     beyond[i] += 1.5 * e_f[i]
     assert "it receives any tensor" in says(beyond)
+
+
+# --- L2ViT's blocks part by part (refimpl.models.l2vit.unit_parts) --------------------------------------------------
+
+#: The reduced L2ViT-T at the paper's head dim 32 (C 64 / 128): in float32 its LWA blocks' own bounds are void
+#: (relative 1.4 and 3.3, official preset) while each of their residual steps' stays below 1e-2.
+L2VIT_WIDE = {"reduced": True, "dims": [64, 128], "num_heads": [2, 4]}
+
+
+def _l2vit_wide(bug_unit: str | None = None, bug_rel: float = 0.0):
+    import refimpl.twins.models as em
+    module = em.build(network_config("l2vit_tiny", "official", L2VIT_WIDE, None)[0])
+    if bug_unit is not None:
+        dict(module.named_modules())[bug_unit].register_forward_hook(lambda _m, _i, out: out * (1 + bug_rel))
+    return module
+
+
+def test_l2vit_blocks_whose_own_bound_is_void_are_judged_part_by_part():
+    """The twin as the foreign network in float32: the LWA blocks' own bounds are void, so each is judged by its
+    parts (CPE, window attention, second CPE, MLP), every part within its bound: the network matches."""
+    r = V.verify(_l2vit_wide(), "l2vit_tiny", preset="official", config=L2VIT_WIDE, dtype="float32", ensemble=False)
+    assert r.verdict == "match", str(r)
+    u = {s.name: s for s in r.stages}
+    for name in ("stages.0.0", "stages.1.0"):
+        assert "stage-wise: the unit's own bound is void in float32" in u[name].detail, u[name].detail
+        assert [(q.name, q.verdict) for q in u[name].parts] == [(p, "match") for p in ("cpe", "attn", "cpe1", "mlp")]
+        assert all(q.err_over_bound < 1.0 for q in u[name].parts)
+    assert u["stages.0.1"].parts is None and u["stages.0.1"].verdict == "match"     # an LGA block: its bound holds
+
+
+def test_l2vit_a_bug_in_one_part_of_a_void_block_diverges_at_that_part():
+    """stages.1.0's MLP output off by 1e-2 relative: invisible to the block's void bound, outside its "mlp" part's.
+    The network diverges first at stages.1.0, part 'mlp'; the block's other parts and the other units match."""
+    r = V.verify(_l2vit_wide("stages.1.0.mlp", 1e-2), "l2vit_tiny", preset="official", config=L2VIT_WIDE,
+                 dtype="float32", ensemble=False)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == "stages.1.0", str(r)
+    assert "part 'mlp'" in r.first_divergence["why"], r.first_divergence
+    u = {s.name: s for s in r.stages}
+    assert [(q.name, q.verdict) for q in u["stages.1.0"].parts] == [("cpe", "match"), ("attn", "match"),
+                                                                     ("cpe1", "match"), ("mlp", "diverges")]
+    assert all(s.verdict == "match" for n, s in u.items() if n != "stages.1.0"), str(r)

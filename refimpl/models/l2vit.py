@@ -15,8 +15,9 @@ The network (Table 13, §4.3; the norms the paper leaves unstated are the releas
                 conv 2x2 stride 2 (C_i = 2 C_(i-1))                               ("downsample_layers.i")
     head        LayerNorm -> mean over tokens -> Linear                           ("norm", "head")
 
-The blocks are :func:`refimpl.attention.enhanced.lwa_block` / :func:`~refimpl.attention.enhanced.lga_block`
-with :class:`refimpl.attention.enhanced.L2ViTConfig` built from this config: the attention preset
+The blocks compute as :func:`refimpl.attention.enhanced.lwa_block` / :func:`~refimpl.attention.enhanced.lga_block`,
+run as their residual steps (:func:`unit_parts`: "cpe", "attn", ["cpe1" | "lcm"], "mlp"; Fig. 3, Eq. 8), with
+:class:`refimpl.attention.enhanced.L2ViTConfig` built from this config: the attention preset
 (``preset="paper"`` the equations, ``"official"`` the released code's blocks - see enhanced.py's table)
 is passed through; ``block_overrides`` sets any other L2ViTConfig field (e.g. ``c_min``, ``lcm_kernel``).
 
@@ -43,7 +44,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention import enhanced
+from ..attention import enhanced, softmax as _softmax
 from ..numerics import relu
 from . import _netparts as nets
 from . import common, counting
@@ -51,7 +52,7 @@ from .registry import register
 from .common import Err
 
 __all__ = ["L2ViTNetConfig", "block_config", "param_shapes", "init_params", "stem", "downsample", "unit_names",
-           "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds", "macs", "elementwise",
+           "unit_parts", "run_unit", "run_unit_part", "unit_bound", "unit_part_bound", "run", "features", "forward", "forward_bounds", "macs", "elementwise",
            "stage_grids", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS"]
 
 #: This module: the family the network interpreter (models._netparts) runs.
@@ -238,8 +239,9 @@ def _feature_map(name: str, y: np.ndarray, cfg: L2ViTNetConfig) -> np.ndarray | 
     return y if name in {f"stages.{i}.{d - 1}" for i, d in enumerate(cfg.depths)} else None
 
 
-def _unit_input(name: str, x: Any, cfg: L2ViTNetConfig) -> np.ndarray:
-    """The input of unit ``name``: images (B, in_chans, H, W) for "stem", else a channels-first grid."""
+def _unit_input(name: str, x: Any, cfg: L2ViTNetConfig, part: str | None = None) -> np.ndarray:
+    """The input of unit ``name`` (or of one of its parts, which take and give the unit's layout): images
+    (B, in_chans, H, W) for "stem", else a channels-first grid."""
     return nets.check_grid_input(name, x, cfg.in_chans, "stem")
 
 
@@ -304,16 +306,78 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, 
         return layers.linear(np.mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
     if name.startswith("downsample_layers."):
         return downsample(x, params, int(name.split(".")[1]), cfg)
+    inner: dict | None = {} if taps is not None else None
+    for part in unit_parts(cfg, name):
+        x = _part(params, name, part, x, cfg, taps=inner)
+    if taps is not None:
+        taps.update(inner)
+    return x
+
+
+def unit_parts(cfg: L2ViTNetConfig, name: str) -> tuple[str, ...]:
+    """The residual steps a block unit "stages.i.j" is made of, in order (L2ViT Fig. 3, §4.3, Eq. 8): "cpe"
+    (X + DWConv(X), "cpe.0"), "attn" (X + WindowAttn(LN_1 X) in an LWA block; X + Attn(LN_1 X) in an LGA block,
+    X + LCM(Attn(LN_1 X)) there with lcm_placement "attention"), "cpe1" (LWA with lwa_cpe "twice": the second
+    CPE "cpe.1"), "lcm" (LGA with lcm_placement "residual": X + LCM(LN_3 X), Eq. 8), "mlp" (X + MLP(LN_2 X)).
+    The block is its parts applied in order (:func:`run_unit`); the stem, downsamplings and head have none (())."""
+    nets.check_unit(_M, name, cfg)
+    if not name.startswith("stages."):
+        return ()
+    i, j = _parse_block(name)
+    bc = block_config(cfg, i)
+    if _block_kind(j) == "lwa":
+        return ("cpe", "attn", "cpe1", "mlp") if bc.lwa_cpe == "twice" else ("cpe", "attn", "mlp")
+    return ("cpe", "attn", "lcm", "mlp") if bc.lcm_placement == "residual" else ("cpe", "attn", "mlp")
+
+
+def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: L2ViTNetConfig) -> np.ndarray:
+    """One part of a block unit (:func:`unit_parts`) on a channels-first grid (B, C_i, H_i, W_i) -> the same;
+    the unit is its parts applied in order.  References: L2ViT §4.3, Fig. 3, Eq. 8."""
+    return nets.run_part(_M, params, name, part, x, cfg)
+
+
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: L2ViTNetConfig, *,
+          taps: dict | None = None) -> np.ndarray:
+    """One residual step of block ``name`` on the grid x (B, C, H, W), computed on its tokens (row-major) as
+    enhanced.lwa_block / lga_block compute it.  ``taps`` records those blocks' tap names (tokens (B, N, C)):
+    "cpe" (after "cpe"), "attn_out" and the attention's "attn.*", "cpe1" (the LWA block after its attention
+    residual and second CPE, if any), "lcm" (the LCM's output), "mlp" (the MLP's output)."""
     i, j = _parse_block(name)
     bc = block_config(cfg, i)
     hw = (x.shape[2], x.shape[3])
     t = nets.grid_to_tokens(x)
     p = layers.subparams(params, name)
-    if _block_kind(j) == "lwa":
-        t = enhanced.lwa_block(t, p, bc, hw, taps=taps)
-    else:
-        t = enhanced.lga_block(t, p, bc, hw, order=cfg.order, taps=taps)
-    return nets.tokens_to_grid(t, hw)
+    rec: dict = {}
+    lwa = _block_kind(j) == "lwa"
+    if part in ("cpe", "cpe1"):                       # X + DWConv_3x3(X) (§4.3 "CPE in every block")
+        out = enhanced._cpe(t, p, "cpe.0" if part == "cpe" else "cpe.1", hw)
+        rec[part] = out
+    elif part == "attn":
+        inner: dict | None = {} if taps is not None else None
+        y = enhanced._ln(t, p, "norm1", bc)
+        if lwa:                                       # Fig. 3: window attention, softmax within each window
+            y = y.reshape(t.shape[0], hw[0], hw[1], bc.dim)
+            a = _softmax.window_attention(y, layers.subparams(p, "attn"), taps=inner,
+                                          **enhanced._window_kwargs(bc)).reshape(t.shape)
+        else:                                         # Eq. 4: enhanced linear attention
+            a = enhanced.enhanced_attention(y, layers.subparams(p, "attn"), bc, order=cfg.order, taps=inner)
+        rec["attn_out"] = a
+        if not lwa and bc.lcm_placement == "attention":
+            a = rec["lcm"] = enhanced.lcm(a, layers.subparams(p, "local_mp"), hw, batch_norm_eps=bc.batch_norm_eps)
+        out = t + a
+        if lwa and bc.lwa_cpe == "once":
+            rec["cpe1"] = out
+        rec.update({"attn." + k: v for k, v in (inner or {}).items()})
+    elif part == "lcm":                               # Eq. 8: X + LCM(LN_3 X)
+        rec["lcm"] = enhanced.lcm(enhanced._ln(t, p, "norm3", bc), layers.subparams(p, "local_mp"), hw,
+                                  batch_norm_eps=bc.batch_norm_eps)
+        out = t + rec["lcm"]
+    else:                                             # X + MLP(LN_2 X)
+        rec["mlp"] = layers.mlp(enhanced._ln(t, p, "norm2", bc), layers.subparams(p, "mlp"))
+        out = t + rec["mlp"]
+    if taps is not None:
+        taps.update(rec)
+    return nets.tokens_to_grid(out, hw)
 
 
 def run(params: Mapping[str, np.ndarray], images: Any, cfg: L2ViTNetConfig, *,
@@ -420,42 +484,45 @@ def _e_enhanced_attention(t: Err, p: Mapping[str, Any], bc: enhanced.L2ViTConfig
     return common.e_linear(core, p["proj.weight"], p.get("proj.bias"))
 
 
-def _e_block(t: Err, p: Mapping[str, Any], bc: enhanced.L2ViTConfig, kind: str, hw: tuple[int, int],
-             order: str, dtype: Any) -> Err:
-    """One LWA / LGA block with an input error, stage by stage as enhanced.lwa_block_bound /
-    lga_block_bound chain them (their stage helpers are enhanced.py's private ``_err_*``: the public
-    bounds take exact inputs only)."""
-    x, ex, k = enhanced._err_cpe(t.value, t.err, p, "cpe.0", hw)
-    x = Err(x, ex, t.depth + k)
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTNetConfig, dtype: Any) -> Err:
+    """:func:`_part` with an input error (common.Err convention), on the grid's tokens: the CPE by
+    enhanced.py's ``_err_cpe``, LayerNorms capped by their range (_netparts.e_layer_norm), LWA's window attention
+    by common.e_window_attention, LGA's by :func:`_e_enhanced_attention`, the LCM by enhanced.py's ``_err_lcm``,
+    the MLP by common.e_mlp and each residual sum by common.e_add (the stages enhanced.lwa_block_bound /
+    lga_block_bound chain, whose public forms take exact inputs only)."""
+    i, j = _parse_block(name)
+    bc = block_config(cfg, i)
+    hw = (t.value.shape[2], t.value.shape[3])
+    x = nets.e_tokens(t)
+    p = layers.subparams(params, name)
+    if part in ("cpe", "cpe1"):
+        v, e, k = enhanced._err_cpe(x.value, x.err, p, "cpe.0" if part == "cpe" else "cpe.1", hw)
+        return nets.e_grid(Err(v, e, x.depth + k), hw)
+    if part == "lcm":
+        y = nets.e_layer_norm(x, p["norm3.weight"], p["norm3.bias"], bc.layer_norm_eps, dtype)
+        v, e, k = enhanced._err_lcm(y.value, y.err, layers.subparams(p, "local_mp"), hw, bc.batch_norm_eps)
+        return nets.e_grid(common.e_add(x, Err(v, e, y.depth + k)), hw)
+    if part == "mlp":
+        y = nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.layer_norm_eps, dtype)
+        return nets.e_grid(common.e_add(x, common.e_mlp(y, layers.subparams(p, "mlp"))), hw)
     y = nets.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.layer_norm_eps, dtype)
-    if kind == "lwa":
+    if _block_kind(j) == "lwa":
         shape4 = (y.value.shape[0], hw[0], hw[1], bc.dim)
         a = common.e_window_attention(Err(y.value.reshape(shape4), y.err.reshape(shape4), y.depth),
                                       layers.subparams(p, "attn"), num_heads=bc.num_heads,
                                       window_size=bc.window_size, shift=bc.window_shift,
                                       rel_pos_bias=bc.window_rel_pos_bias, mask_padding=bc.window_mask_padding)
-        x1 = common.e_add(x, Err(a.value.reshape(x.value.shape), a.err.reshape(x.value.shape), a.depth))
-        if bc.lwa_cpe == "twice":
-            v, e, k = enhanced._err_cpe(x1.value, x1.err, p, "cpe.1", hw)
-            x1 = Err(v, e, x1.depth + k)
+        a = Err(a.value.reshape(x.value.shape), a.err.reshape(x.value.shape), a.depth)
     else:
-        a = _e_enhanced_attention(y, layers.subparams(p, "attn"), bc, order, dtype)
-        lp = layers.subparams(p, "local_mp")
-        if bc.lcm_placement == "residual":
-            x1 = common.e_add(x, a)
-            y3 = nets.e_layer_norm(x1, p["norm3.weight"], p["norm3.bias"], bc.layer_norm_eps, dtype)
-            v, e, k = enhanced._err_lcm(y3.value, y3.err, lp, hw, bc.batch_norm_eps)
-            x1 = common.e_add(x1, Err(v, e, y3.depth + k))
-        else:
-            v, e, k = enhanced._err_lcm(a.value, a.err, lp, hw, bc.batch_norm_eps)
-            x1 = common.e_add(x, Err(v, e, a.depth + k))
-    m = common.e_mlp(nets.e_layer_norm(x1, p["norm2.weight"], p["norm2.bias"], bc.layer_norm_eps, dtype),
-                     layers.subparams(p, "mlp"))
-    return common.e_add(x1, m)
+        a = _e_enhanced_attention(y, layers.subparams(p, "attn"), bc, cfg.order, dtype)
+        if bc.lcm_placement == "attention":
+            v, e, k = enhanced._err_lcm(a.value, a.err, layers.subparams(p, "local_mp"), hw, bc.batch_norm_eps)
+            a = Err(v, e, a.depth + k)
+    return nets.e_grid(common.e_add(x, a), hw)
 
 
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTNetConfig, dtype: Any) -> Err:
-    """:func:`run_unit` with an input error (common.Err convention)."""
+    """:func:`run_unit` with an input error (common.Err convention); a block as its parts (:func:`_e_part`)."""
     if name == "stem":
         pre = "downsample_layers.0"
         t = nets.e_pad(Err(nets.check_images(t.value, cfg.in_chans), t.err, t.depth), 4)
@@ -475,17 +542,21 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTNetConfig, d
         y = nets.e_layer_norm_cf(t, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"], cfg.layer_norm_eps,
                                  dtype)
         return common.e_conv2d(nets.e_pad(y, 2), params[f"{pre}.proj.weight"], params[f"{pre}.proj.bias"], stride=2)
-    i, j = _parse_block(name)
-    hw = (t.value.shape[2], t.value.shape[3])
-    out = _e_block(nets.e_tokens(t), layers.subparams(params, name), block_config(cfg, i), _block_kind(j), hw,
-                   cfg.order, dtype)
-    return nets.e_grid(out, hw)
+    for part in unit_parts(cfg, name):
+        t = _e_part(params, name, part, t, cfg, dtype)
+    return t
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: L2ViTNetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the running first-order analysis of :func:`forward_bounds`, restarted at the unit)."""
     return nets.bound_unit(_M, params, name, x, cfg, dtype, label="L2ViT")
+
+
+def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: L2ViTNetConfig, *,
+                    dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and parameters."""
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype, label="L2ViT")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, *,

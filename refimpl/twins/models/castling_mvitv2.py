@@ -99,6 +99,10 @@ class Block(nn.Module):
         self.mlp = Mlp(b.dim_out, cfg.mlp_ratio * b.dim_out)
 
     def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One residual step of the block: "attn" (skip + attn(norm1 x), the skip pooled / projected as MultiScaleBlock
+        does) or "mlp" (x + mlp(norm2 x))."""
+        if name not in ("attn", "mlp"):
+            raise ValueError(f"argument 'name': the block has parts ('attn', 'mlp'), got {name!r}")
         if name == "mlp":
             return x + self.mlp(self.norm2(x))
         xn = self.norm1(x)
@@ -156,6 +160,11 @@ class CastlingMViTv2(TokenStagesNet):
         if name == "head":
             return self.head(self.norm(x).mean(1))
         return self._block(name)(x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp"; refimpl.models.castling_mvitv2.unit_parts) of the block unit ``name``
+        ("stages.s.blocks.j") on its tokens (B, N, C); the block is its parts in order."""
+        return self._block(name).part(part, x)
 
 
 def build(cfg: CastlingMViTv2Config) -> nn.Module:

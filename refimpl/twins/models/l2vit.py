@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from refimpl.twins.modules.enhanced import LGABlock, LWABlock
-from refimpl.models.l2vit import L2ViTNetConfig, block_config, unit_names
+from refimpl.errors import ArgumentError
+from refimpl.models.l2vit import L2ViTNetConfig, block_config, unit_names, unit_parts
 
 CONFIG_TYPES = (L2ViTNetConfig,)
 
@@ -100,9 +101,10 @@ class L2ViT(nn.Module):
         self.norm = nn.LayerNorm(cfg.dims[-1], eps=cfg.layer_norm_eps)
         self.head = nn.Linear(cfg.dims[-1], cfg.num_classes)
 
-    def _block(self, i: int, j: int, x: torch.Tensor, size) -> torch.Tensor:
+    def _block(self, i: int, j: int, x: torch.Tensor, size, part: str | None = None) -> torch.Tensor:
         blk = self.stages[i][j]
-        return blk(x, size) if isinstance(blk, LWABlock) else blk(x, size, self.cfg.order)
+        args = (x, size) if isinstance(blk, LWABlock) else (x, size, self.cfg.order)
+        return blk(*args) if part is None else blk.part(part, *args)
 
     def _backbone(self, images: torch.Tensor):
         size = (images.shape[2], images.shape[3])
@@ -134,6 +136,17 @@ class L2ViT(nn.Module):
         else:
             t, size = self._block(int(parts[1]), int(parts[2]), tok, (h, w)), (h, w)
         return t.transpose(1, 2).reshape(b, t.shape[2], size[0], size[1])
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` of the block unit ``name`` ("stages.i.j"; refimpl.models.l2vit.unit_parts) on a channels-first
+        grid (B, C, H, W) -> the same; the block's ``run_unit`` is its parts in order."""
+        parts = unit_parts(self.cfg, name)        # refuses an unknown unit, naming 'name'
+        if part not in parts:
+            raise ArgumentError(f"argument 'part': unit {name!r} has parts {parts}, got {part!r}")
+        b, c, h, w = x.shape
+        _, i, j = name.split(".")
+        t = self._block(int(i), int(j), x.flatten(2).transpose(1, 2), (h, w), part)
+        return t.transpose(1, 2).reshape(b, c, h, w)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """The reference's ``features``: each stage's output tokens as a channels-first grid (B, C_i, H_i, W_i)."""

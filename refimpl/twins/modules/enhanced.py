@@ -99,8 +99,15 @@ def _cpe(m: CPE, x: torch.Tensor, hw) -> torch.Tensor:
     return m(x.transpose(1, 2).reshape(b, c, hw[0], hw[1])).flatten(2).transpose(1, 2)
 
 
+def _check_part(block: nn.Module, name: str) -> None:
+    if name not in block.parts:
+        raise ValueError(f"argument 'name': the block has parts {block.parts}, got {name!r}")
+
+
 class LGABlock(nn.Module):
-    """forward(x (B, N, C), hw, order="linear"): CPE, x + attn(LN1 x), x + LCM(LN3 x), x + MLP(LN2 x)."""
+    """forward(x (B, N, C), hw, order="linear"): its parts in order - "cpe" (CPE), "attn" (x + attn(LN1 x)), "lcm"
+    (x + LCM(LN3 x)), "mlp" (x + MLP(LN2 x)); with lcm_placement "attention" "attn" is x + LCM(attn(LN1 x)) and
+    there is no "lcm"."""
 
     def __init__(self, cfg: L2ViTConfig):
         """The LGA block's parts, with the released names: cpe (one CPE), norm1, attn, norm3 (lcm_placement "residual"
@@ -108,6 +115,7 @@ class LGABlock(nn.Module):
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
+        self.parts = ("cpe", "attn", "lcm", "mlp") if cfg.lcm_placement == "residual" else ("cpe", "attn", "mlp")
         self.cpe = nn.ModuleList([CPE(c, cfg.cpe_kernel)])
         self.norm1 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.attn = EnhancedLinearAttention(cfg)
@@ -117,21 +125,30 @@ class LGABlock(nn.Module):
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(c, cfg.mlp_hidden)
 
-    def forward(self, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
-        """The LGA block on x (B, N, C) on the grid ``hw``: CPE, x + Attn(LN_1 x), x + LCM(LN_3 x) (Eq. 8; for
-        lcm_placement "attention" instead x + LCM(Attn(LN_1 x))), x + MLP(LN_2 x); returns (B, N, C)."""
-        x = _cpe(self.cpe[0], x, hw)
-        a = self.attn(self.norm1(x), order)
-        if self.cfg.lcm_placement == "residual":
-            x = x + a
-            x = x + self.local_mp(self.norm3(x), hw)
-        else:
-            x = x + self.local_mp(a, hw)
+    def part(self, name: str, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
+        """One residual step of the block (``self.parts``) on x (B, N, C) on the grid ``hw``: "cpe" x + DWConv(x),
+        "attn" x + Attn(LN_1 x) (x + LCM(Attn(LN_1 x)) for lcm_placement "attention"), "lcm" x + LCM(LN_3 x)
+        (Eq. 8), "mlp" x + MLP(LN_2 x); returns (B, N, C)."""
+        _check_part(self, name)
+        if name == "cpe":
+            return _cpe(self.cpe[0], x, hw)
+        if name == "attn":
+            a = self.attn(self.norm1(x), order)
+            return x + (a if self.cfg.lcm_placement == "residual" else self.local_mp(a, hw))
+        if name == "lcm":
+            return x + self.local_mp(self.norm3(x), hw)
         return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor, hw, order: str = "linear") -> torch.Tensor:
+        """The LGA block on x (B, N, C) on the grid ``hw``: its parts in order; returns (B, N, C)."""
+        for name in self.parts:
+            x = self.part(name, x, hw, order)
+        return x
 
 
 class LWABlock(nn.Module):
-    """forward(x (B, N, C), hw): CPE, x + WindowAttn(LN1 x), [CPE], x + MLP(LN2 x)."""
+    """forward(x (B, N, C), hw): its parts in order - "cpe" (CPE), "attn" (x + WindowAttn(LN1 x)), "cpe1" (the second
+    CPE, lwa_cpe "twice" only), "mlp" (x + MLP(LN2 x))."""
 
     def __init__(self, cfg: L2ViTConfig):
         """The LWA block's parts: cpe (one CPE, two for lwa_cpe "twice"), norm1, attn (the window attention with the
@@ -139,6 +156,7 @@ class LWABlock(nn.Module):
         super().__init__()
         self.cfg = cfg
         c = cfg.dim
+        self.parts = ("cpe", "attn", "cpe1", "mlp") if cfg.lwa_cpe == "twice" else ("cpe", "attn", "mlp")
         self.cpe = nn.ModuleList([CPE(c, cfg.cpe_kernel) for _ in range(2 if cfg.lwa_cpe == "twice" else 1)])
         self.norm1 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.attn = WindowAttention(c, cfg.num_heads, cfg.window_size, shift=cfg.window_shift, pad=True,
@@ -147,12 +165,19 @@ class LWABlock(nn.Module):
         self.norm2 = nn.LayerNorm(c, eps=cfg.layer_norm_eps)
         self.mlp = Mlp(c, cfg.mlp_hidden)
 
-    def forward(self, x: torch.Tensor, hw) -> torch.Tensor:
-        """The LWA block on x (B, N, C) on the grid ``hw``: CPE, x + WindowAttn(LN_1 x), the second CPE if there is one,
-        x + MLP(LN_2 x); returns (B, N, C)."""
-        b, n, c = x.shape
-        x = _cpe(self.cpe[0], x, hw)
-        x = x + self.attn(self.norm1(x).reshape(b, hw[0], hw[1], c)).reshape(b, n, c)
-        if len(self.cpe) > 1:
-            x = _cpe(self.cpe[1], x, hw)
+    def part(self, name: str, x: torch.Tensor, hw) -> torch.Tensor:
+        """One residual step of the block (``self.parts``) on x (B, N, C) on the grid ``hw``: "cpe" / "cpe1"
+        x + DWConv(x) (cpe.0 / cpe.1), "attn" x + WindowAttn(LN_1 x), "mlp" x + MLP(LN_2 x); returns (B, N, C)."""
+        _check_part(self, name)
+        if name in ("cpe", "cpe1"):
+            return _cpe(self.cpe[0 if name == "cpe" else 1], x, hw)
+        if name == "attn":
+            b, n, c = x.shape
+            return x + self.attn(self.norm1(x).reshape(b, hw[0], hw[1], c)).reshape(b, n, c)
         return x + self.mlp(self.norm2(x))
+
+    def forward(self, x: torch.Tensor, hw) -> torch.Tensor:
+        """The LWA block on x (B, N, C) on the grid ``hw``: its parts in order; returns (B, N, C)."""
+        for name in self.parts:
+            x = self.part(name, x, hw)
+        return x
