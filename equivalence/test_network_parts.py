@@ -1,11 +1,11 @@
-"""Every block part of the reduced RAVLT networks (both presets) and LiSANet networks, teacher-forced: each part
-of the twin (``run_unit_part``), fed the reference's input of that part rounded to T, is judged by the verdict
-against the reference's part through the part's own running bound (``unit_part_bound``), with the NumPy naive run
-and the twin's legitimate variants as the ensemble (equivalence/test_models.py's ``_check_stage``), and must match
-in every dtype of the suite; the twin's unit is its parts composed, bit for bit.  test_models.py goes part by part
-only where a unit's own bound is void; here every part is compared, so that a part's comparison is known to be
-conclusive before a deeper or lower-precision network needs it (a RAVLT block's own float32 bound is void at
-widths 64 / 128, its parts' are not: tests/test_verify_ravlt_parts.py)."""
+"""Every block part of the reduced RAVLT networks (both presets) and LiSANet networks (isotropic and hierarchical),
+teacher-forced: each part of the twin (``run_unit_part``), fed the reference's input of that part rounded to T, is
+judged by the verdict against the reference's part through the part's own running bound (``unit_part_bound``),
+with the NumPy naive run and the twin's legitimate variants as the ensemble (equivalence/test_models.py's
+``_check_stage``), and must match in every dtype of the suite; the twin's unit is its parts composed, bit for bit.
+test_models.py goes part by part only where a unit's own bound is void; here every part is compared, so that a
+part's comparison is known to be conclusive before a deeper or lower-precision network needs it (a RAVLT block's
+own float32 bound is void at widths 64 / 128, its parts' are not: tests/test_verify_ravlt_parts.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from equivalence.test_models import _check_stage, _setup
 from refimpl import numerics
 from refimpl.verdict import MATCH
 
-CASES = [("ravlt_t", "paper"), ("ravlt_t", "official")]
+CASES = [("ravlt_t", "paper"), ("ravlt_t", "official"), ("lisanet_i_t", "paper"), ("lisanet_h_t", "paper")]
 
 
 @pytest.mark.parametrize("name,preset", CASES)
