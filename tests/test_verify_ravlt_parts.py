@@ -60,3 +60,21 @@ def test_a_bug_in_one_blocks_ffn_diverges_at_that_part():
     assert [(p.name, p.verdict) for p in blk.parts] == [("cpe", "match"), ("attn", "match"), ("mlp", "diverges")], blk
     assert "part 'mlp'" in blk.detail, blk.detail
     assert all(s.verdict == "match" for s in r.stages if s.name != unit), str(r)
+
+
+def test_gradients_of_a_void_block_part_by_part_through_a_channels_first_layer_norm():
+    """verify --grad, RAVLT-T reduced (official preset, channels-first blocks) in float32: layers.0.blocks.0's own
+    forward bound (relative ~0.13) is void for its gradients, so its backward is judged part by part.  The parts'
+    outputs are located by value among the block's tensors; the last tensor with a part's output value is the
+    permuted view the next part's channels-first LayerNorm reads, whose gradient is only the norm branch's share:
+    the part's cotangent is the gradient of the first tensor holding the value (the residual sum), and every part
+    matches (with the view's gradient each part diverged)."""
+    r = V.verify(em.build(network_config(NAME, None, {"reduced": True}, None)[0]), NAME, config={"reduced": True},
+                 dtype="float32", grad=True, ensemble=False)
+    g = r.gradients
+    assert g["verdict"] == "match" and r.verdict == "match", str(r)
+    blk = next(u for u in g["units"] if u["unit"] == "layers.0.blocks.0")
+    assert "void bound" in blk["why"] and blk["verdict"] == "match", blk
+    parts = blk["parts"]
+    assert [p["part"] for p in parts] == ["cpe", "attn", "mlp"] and all(p["verdict"] == "match" for p in parts), parts
+    assert all(p["input"].endswith("(by value)") for p in parts[1:]), parts
