@@ -99,3 +99,22 @@ def test_a_wrong_part_is_outside_its_bound():
     rep = verdict.compare(got, lisanet.run_unit_part(params, u, "attn", x, cfg),
                           lisanet.unit_part_bound(params, u, "attn", x, cfg, dtype="float64"), "float64")
     assert rep.verdict == verdict.DIVERGES, str(rep)
+
+
+def test_verify_gradients_of_void_blocks_part_by_part():
+    """verify --grad, LiSANet-I-T reduced in float32 (no torch ensemble): each block's own forward relative bound
+    (~0.07) is void for some of its gradients, so its backward is judged part by part (the "mlp" part's input
+    located by value among the block's tensors); the parts' bounds (~1e-3, ~6e-5) are conclusive and everything
+    matches, where without parts the blocks were "inconclusive"."""
+    from refimpl import verify as V
+    from refimpl.verify.networks import network_config
+    name = "lisanet_i_t"
+    r = V.verify(em.build(network_config(name, None, {"reduced": True}, None)[0]), name, config={"reduced": True},
+                 dtype="float32", grad=True, ensemble=False)
+    g = r.gradients
+    assert g["verdict"] == "match" and r.verdict == "match", str(r)
+    blocks = [u for u in g["units"] if u["unit"].startswith("stages.")]
+    assert blocks and all("void bound" in u["why"] for u in blocks), g["units"]
+    for u in blocks:
+        assert [(p["part"], p["verdict"]) for p in u["parts"]] == [("attn", "match"), ("mlp", "match")], u
+        assert u["parts"][1]["input"].endswith("(by value)"), u
