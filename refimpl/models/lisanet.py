@@ -71,9 +71,9 @@ from .registry import register
 from .common import Err
 
 __all__ = ["LiSANetConfig", "block_config", "param_shapes", "init_params", "stage_grids", "embed", "unit_names",
-           "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds", "resize_params", "macs",
-           "elementwise", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES", "COUNT_GAPS", "OPERATORS",
-           "sa_config", "attn_param_shapes"]
+           "unit_parts", "run_unit", "run_unit_part", "unit_bound", "unit_part_bound", "run", "features", "forward",
+           "forward_bounds", "resize_params", "macs", "elementwise", "reduced", "test_image_hw", "NAMED",
+           "PAPER_COUNT_OVERRIDES", "COUNT_GAPS", "OPERATORS", "sa_config", "attn_param_shapes"]
 
 KINDS = ("isotropic", "hierarchical")
 EMBEDS = ("patch", "overlap")
@@ -381,16 +381,44 @@ def _feature_map(name: str, y: np.ndarray, cfg: LiSANetConfig) -> np.ndarray | N
     return y if name in {f"stages.{i}.{d - 1}" for i, d in enumerate(cfg.depths)} else None
 
 
-def _unit_input(name: str, x: Any, cfg: LiSANetConfig) -> np.ndarray:
-    """The input of unit ``name``: images (B, in_chans, H, W) for "patch_embed.0", else a channels-first grid."""
+def _unit_input(name: str, x: Any, cfg: LiSANetConfig, part: str | None = None) -> np.ndarray:
+    """The input of unit ``name`` (or of its part): images (B, in_chans, H, W) for "patch_embed.0", else a
+    channels-first grid."""
     return nets.check_grid_input(name, x, cfg.in_chans, "patch_embed.0")
+
+
+def unit_parts(cfg: LiSANetConfig, name: str) -> tuple[str, ...]:
+    """The residual branches a block unit is made of, in order, for stage-wise comparison (§5.1, Fig. 3): "attn"
+    (x + op(LN1 x), LiSA or the Table 3 operator) and "mlp" (x + MLP(LN2 x)); other units: ()."""
+    nets.check_unit(_M, name, cfg)
+    return _ops.BLOCK_PARTS if name.startswith("stages.") else ()
+
+
+def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: LiSANetConfig) -> np.ndarray:
+    """One part of a block unit (:func:`unit_parts`) on a channels-first grid; the unit is its parts in order."""
+    return nets.run_part(_M, params, name, part, x, cfg)
+
+
+def _block_args(name: str, hw: tuple[int, int], cfg: LiSANetConfig) -> tuple[Any, lisa.LiSAConfig]:
+    """(the operator's config, None for LiSA; the block's LiSAConfig) of block ``name`` on grid ``hw``."""
+    i = int(name.split(".")[1])
+    return (None if cfg.operator == "lisa" else sa_config(cfg, i, hw)), block_config(cfg, i, hw)
+
+
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: LiSANetConfig, *,
+          taps: dict | None = None) -> np.ndarray:
+    """Part ``part`` of block ``name`` on the grid's tokens, row-major (lisanet_operators.block_part)."""
+    hw = (x.shape[2], x.shape[3])
+    sc, bc = _block_args(name, hw, cfg)
+    t = _ops.block_part(nets.grid_to_tokens(x), layers.subparams(params, name), cfg.operator, part, sc, bc, taps)
+    return nets.tokens_to_grid(t, hw)
 
 
 def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *,
              taps: dict | None = None) -> np.ndarray:
     """One unit (see :func:`unit_names`): "patch_embed.i" (:func:`embed`; for i = 0 the images, whose stage
-    grids must be those of cfg.image_size), "stages.i.j" (a LiSA block on the grid's tokens, row-major) or
-    "head" (LayerNorm, mean over the tokens, Linear).  taps : the block's taps.
+    grids must be those of cfg.image_size), "stages.i.j" (a LiSA block on the grid's tokens, row-major: its
+    parts in order) or "head" (LayerNorm, mean over the tokens, Linear).  taps : the block's taps.
     References: LiSA §5.1, Table 7, Fig. 3."""
     nets.check_unit(_M, name, cfg)
     x = _unit_input(name, x, cfg)
@@ -404,15 +432,9 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *
         return layers.linear(np.mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
     if name.startswith("patch_embed."):
         return embed(x, params, int(name.split(".")[1]), cfg)
-    i = int(name.split(".")[1])
-    hw = (x.shape[2], x.shape[3])
-    if cfg.operator == "lisa":
-        t = lisa.lisa_block(nets.grid_to_tokens(x), layers.subparams(params, name), block_config(cfg, i, hw),
-                            taps=taps)
-    else:
-        t = _ops.operator_block(nets.grid_to_tokens(x), layers.subparams(params, name), cfg.operator,
-                                sa_config(cfg, i, hw), block_config(cfg, i, hw), taps)
-    return nets.tokens_to_grid(t, hw)
+    for part in unit_parts(cfg, name):      # the block as its parts
+        x = _part(params, name, part, x, cfg, taps=taps)
+    return x
 
 
 def run(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *,
@@ -451,16 +473,12 @@ def forward(params: Mapping[str, np.ndarray], images: Any, cfg: LiSANetConfig, *
 # Error bounds (for the equivalence suite)
 # ===================================================================================================
 
-def _e_block(t: Err, p: Mapping[str, Any], bc: lisa.LiSAConfig, dtype: Any) -> Err:
-    """A LiSA block with an input error: LN1, LiSA (lisa.py's stage analysis ``_tr_attention``, private: its
-    public bounds take exact inputs only; same E convention), residual, LN2, MLP, residual."""
-    y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], bc.ln_eps, dtype)
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        a, ea, k = lisa._tr_attention(y.value, y.err, layers.subparams(p, "attn"), bc, kind="lisa")
-    x1 = common.e_add(t, Err(a, ea, y.depth + k))
-    m = common.e_mlp(nets.e_layer_norm(x1, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, dtype),
-                     layers.subparams(p, "mlp"))
-    return common.e_add(x1, m)
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: LiSANetConfig, dtype: Any) -> Err:
+    """:func:`_part` with an input error (lisanet_operators.e_block_part on the grid's tokens)."""
+    hw = (t.value.shape[2], t.value.shape[3])
+    sc, bc = _block_args(name, hw, cfg)
+    out = _ops.e_block_part(nets.e_tokens(t), layers.subparams(params, name), cfg.operator, part, sc, bc, dtype)
+    return nets.e_grid(out, hw)
 
 
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: LiSANetConfig, dtype: Any) -> Err:
@@ -479,20 +497,21 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: LiSANetConfig, dt
             hw = (g.value.shape[2], g.value.shape[3])
             return nets.e_grid(common.e_add(nets.e_tokens(g), common.e_exact(params["pos_embed"])), hw)
         return g
-    i = int(name.split(".")[1])
-    hw = (t.value.shape[2], t.value.shape[3])
-    if cfg.operator != "lisa":
-        out = _ops.e_operator_block(nets.e_tokens(t), layers.subparams(params, name), cfg.operator,
-                                    sa_config(cfg, i, hw), block_config(cfg, i, hw), dtype)
-        return nets.e_grid(out, hw)
-    out = _e_block(nets.e_tokens(t), layers.subparams(params, name), block_config(cfg, i, hw), dtype)
-    return nets.e_grid(out, hw)
+    for part in unit_parts(cfg, name):
+        t = _e_part(params, name, part, t, cfg, dtype)
+    return t
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: LiSANetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the analysis of :func:`forward_bounds`, restarted at the unit)."""
     return nets.bound_unit(_M, params, name, x, cfg, dtype, label="LiSANet")
+
+
+def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: LiSANetConfig, *,
+                    dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and parameters."""
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype, label="LiSANet")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *,

@@ -2,7 +2,8 @@
 them) and the structure-aware attentions of Eq. 4, 5 and 7, each replacing LiSA in the block (§5.2: "we only
 replace our operator with others in the LiSA blocks"), Table 3c's LiSA with local k x k kernels
 ("lisa_local", refimpl.attention.lisa_local) and Table 3a's convolution rows ("dwconv", "gf": :data:`CONV_OPERATORS`),
-with their error propagation.
+with their error propagation; and the block's two residual branches, for LiSA itself as for every operator
+(:func:`block_part`, :func:`e_block_part`: the network's block parts, lisanet.unit_parts).
 
 Layer: networks.  Used by refimpl.models.lisanet (its ``operator`` field, :data:`refimpl.models.lisanet.OPERATORS`),
 which passes the operator's :class:`refimpl.attention.lisa.SAConfig` (``lisanet.sa_config``) and the block's
@@ -24,7 +25,8 @@ from . import _netparts as nets
 from . import common, counting
 from .common import Err
 
-__all__ = ["heads", "merge", "rpe_weights", "operator", "operator_block", "e_operator", "e_operator_block",
+__all__ = ["heads", "merge", "rpe_weights", "operator", "BLOCK_PARTS", "block_part", "operator_block", "e_operator",
+           "e_block_part", "e_operator_block",
            "CONV_OPERATORS", "conv_operator_shapes", "global_filter", "conv_operator_macs"]
 
 #: Table 3a's convolution rows in the LiSA block: "dwconv" (Depthwise conv (7 x 7) [19]) and "gf" (GF layer [39],
@@ -32,6 +34,8 @@ __all__ = ["heads", "merge", "rpe_weights", "operator", "operator_block", "e_ope
 #: output projection, without biases: the reading that gives the printed parameters (4.49M, 4.90M); with a
 #: projection bias the depthwise row would be 4.50M (docs/models_l2vit_ravlt_lisanet.md, "LiSA Table 3 variants").
 CONV_OPERATORS = ("dwconv", "gf")
+#: The residual branches of a LiSANet block, in order (:func:`block_part`): x + op(LN1 x), then + MLP(LN2 .).
+BLOCK_PARTS = ("attn", "mlp")
 DWCONV_KERNEL = 7       # Table 3a "Depthwise conv (7 x 7)"
 
 
@@ -166,21 +170,36 @@ def operator(x: np.ndarray, p: Mapping[str, Any], op: str, sc: lisa.SAConfig, ta
     return y
 
 
-def operator_block(x: np.ndarray, p: Mapping[str, Any], op: str, sc: lisa.SAConfig, bc: lisa.LiSAConfig,
-                   taps: dict | None = None) -> np.ndarray:
-    """:func:`refimpl.attention.lisa.lisa_block` with the operator ``op``: x + op(LN(x)), then
-    + MLP(LN(.)) (§5.2: "we only replace our operator with others in the LiSA blocks").  Same taps."""
-    ln1 = layers.layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.ln_eps)
+def block_part(x: np.ndarray, p: Mapping[str, Any], op: str, part: str, sc: Any, bc: lisa.LiSAConfig,
+               taps: dict | None = None) -> np.ndarray:
+    """One residual branch of a LiSANet block on tokens (B, N, C) (§5.1, Fig. 3: "LN, attention operator, LN and
+    MLP"): "attn" x + op(LN1 x) - LiSA (Eq. 9-10, :func:`refimpl.attention.lisa.lisa_attention` with ``bc``) for
+    op "lisa", else the Table 3 operator (:func:`operator` with ``sc``; §5.2: "we only replace our operator") -,
+    "mlp" x + MLP(LN2 x).  taps: "ln1", "attn", "resid1" and the operator's under "attn."; "ln2", "mlp", "out"."""
     inner: dict | None = {} if taps is not None else None
-    a = operator(ln1, layers.subparams(p, "attn"), op, sc, inner)
-    y = x + a
-    ln2 = layers.layer_norm(y, p["norm2.weight"], p["norm2.bias"], bc.ln_eps)
-    m = layers.mlp(ln2, layers.subparams(p, "mlp"))
-    out = y + m
+    if part == "attn":
+        ln = layers.layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.ln_eps)
+        ap = layers.subparams(p, "attn")
+        f = lisa.lisa_attention(ln, ap, bc, taps=inner) if op == "lisa" else operator(ln, ap, op, sc, inner)
+        names = ("ln1", "attn", "resid1")
+    else:
+        ln = layers.layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.ln_eps)
+        f = layers.mlp(ln, layers.subparams(p, "mlp"))
+        names = ("ln2", "mlp", "out")
+    y = x + f
     if taps is not None:
-        taps.update({"ln1": ln1, "attn": a, "resid1": y, "ln2": ln2, "mlp": m, "out": out})
+        taps.update(zip(names, (ln, f, y)))
         taps.update({f"attn.{k}": v for k, v in inner.items()})
-    return out
+    return y
+
+
+def operator_block(x: np.ndarray, p: Mapping[str, Any], op: str, sc: Any, bc: lisa.LiSAConfig,
+                   taps: dict | None = None) -> np.ndarray:
+    """:func:`refimpl.attention.lisa.lisa_block` with the operator ``op`` ("lisa" included): its parts
+    :data:`BLOCK_PARTS` in order (:func:`block_part`), x + op(LN(x)), then + MLP(LN(.)).  Same taps."""
+    for part in BLOCK_PARTS:
+        x = block_part(x, p, op, part, sc, bc, taps)
+    return x
 
 
 def e_operator(t: Err, p: Mapping[str, Any], op: str, sc: lisa.SAConfig) -> Err:
@@ -212,12 +231,23 @@ def e_operator(t: Err, p: Mapping[str, Any], op: str, sc: lisa.SAConfig) -> Err:
     return common.e_linear(Err(merge(o), merge(eo), qkv.depth + depth), p["proj.weight"], p["proj.bias"])
 
 
-def e_operator_block(t: Err, p: Mapping[str, Any], op: str, sc: lisa.SAConfig, bc: lisa.LiSAConfig,
-                     dtype: Any) -> Err:
-    """:func:`operator_block` with an input error (as refimpl.models.lisanet's ``_e_block``)."""
+def e_block_part(t: Err, p: Mapping[str, Any], op: str, part: str, sc: Any, bc: lisa.LiSAConfig, dtype: Any) -> Err:
+    """:func:`block_part` with an input error: LN (nets.e_layer_norm), the operator (LiSA by lisa.py's stage
+    analysis ``_tr_attention``, private: its public bounds take exact inputs only; same E convention; else
+    :func:`e_operator`) or the MLP (common.e_mlp), the residual sum."""
+    if part == "mlp":
+        y = nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, dtype)
+        return common.e_add(t, common.e_mlp(y, layers.subparams(p, "mlp")))
     y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], bc.ln_eps, dtype)
-    a = e_operator(y, layers.subparams(p, "attn"), op, sc)
-    x1 = common.e_add(t, a)
-    m = common.e_mlp(nets.e_layer_norm(x1, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, dtype),
-                     layers.subparams(p, "mlp"))
-    return common.e_add(x1, m)
+    if op != "lisa":
+        return common.e_add(t, e_operator(y, layers.subparams(p, "attn"), op, sc))
+    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        a, ea, k = lisa._tr_attention(y.value, y.err, layers.subparams(p, "attn"), bc, kind="lisa")
+    return common.e_add(t, Err(a, ea, y.depth + k))
+
+
+def e_operator_block(t: Err, p: Mapping[str, Any], op: str, sc: Any, bc: lisa.LiSAConfig, dtype: Any) -> Err:
+    """:func:`operator_block` with an input error: :func:`e_block_part` for each of :data:`BLOCK_PARTS`."""
+    for part in BLOCK_PARTS:
+        t = e_block_part(t, p, op, part, sc, bc, dtype)
+    return t

@@ -71,7 +71,7 @@ from .common import Err
 from . import flatten as _flatten
 from ._deit import (DeiTGeometry, block_shapes, deit_feature_map, deit_head, deit_head_shapes, deit_stem,
                     deit_stem_shapes, deit_unit_input, deit_unit_names, e_deit_head, e_deit_stem)
-from .ravlt import _e_attention as _e_rala_attention
+from .ravlt_bounds import _e_attention as _e_rala_attention
 from .registry import register
 
 __all__ = ["RALADeiTConfig", "RALASwinConfig", "param_shapes", "init_params", "unit_names", "unit_parts", "run_unit",
@@ -329,7 +329,7 @@ def features(params: Mapping[str, Any], images: Any, cfg: RALADeiTConfig | RALAS
 
 
 # ===================================================================================================
-# Error bounds (refimpl.models.common's running first-order convention; RALA through models.ravlt's adapter
+# Error bounds (refimpl.models.common's running first-order convention; RALA through models.ravlt_bounds's adapter
 # of RALA's own error model)
 # ===================================================================================================
 

@@ -59,14 +59,15 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import config, layers, numerics, validation
-from ..attention import rala, rala_bounds, rala_core
-from ..attention.softmax import softmax_attention, softmax_attention_error
+from ..attention import rala
+from ..attention.softmax import softmax_attention
 from . import _netparts as nets, common, counting
+from .ravlt_bounds import _e_attention, _e_cpe, _e_ffn, _gamma
 from .registry import register
 from .common import Err
 
 __all__ = ["RAVLTNetConfig", "block_config", "param_shapes", "init_params", "stem", "rope_softmax_attention",
-           "ravlt_net_block", "unit_names", "run_unit", "unit_bound", "run", "features", "forward", "forward_bounds",
+           "ravlt_net_block", "unit_names", "unit_parts", "run_unit", "run_unit_part", "unit_bound", "unit_part_bound", "run", "features", "forward", "forward_bounds",
            "macs", "elementwise", "stage_grids", "reduced", "test_image_hw", "NAMED", "PAPER_COUNT_OVERRIDES",
            "COUNT_GAPS"]
 
@@ -359,9 +360,41 @@ def _layer_norm(x: np.ndarray, p: Mapping[str, np.ndarray], name: str, bc: rala.
     return fn(x, p[name + ".weight"], p[name + ".bias"], bc.norm_eps)
 
 
+def _block_step(x: np.ndarray, params: Mapping[str, Any], bc: rala.RAVLTBlockConfig, step: str, attention: str,
+                taps: dict | None, max_elements: int | None) -> np.ndarray:
+    """One residual step of the block on x in the block's layout: "cpe" x + DWConv(x) (the identity without a
+    CPE), "attn" x + [g1 *] Attn(LN1 x), "mlp" x + [g2 *] FFN(LN2 x).  taps (dict or None): "cpe"; "attn",
+    "res1" and the attention's under "attn."; "ffn", "out".  None reaches the attention as None (its fused
+    kernels run only untapped)."""
+    if step == "cpe":
+        y = rala.ravlt_cpe(x, params, bc)
+        if taps is not None:
+            taps["cpe"] = y
+        return y
+    inner: dict | None = {} if taps is not None else None
+    if step == "attn":
+        n1, ap = _layer_norm(x, params, "norm1", bc), layers.subparams(params, "attn")
+        if attention == "rala":
+            f = rala.rala_attention(n1, ap, bc.attn, taps=inner, max_elements=max_elements)
+        else:
+            f = rope_softmax_attention(n1, ap, bc.attn, taps=inner, max_elements=max_elements)
+        key, names = "gamma_1", ("attn", "res1")
+    else:
+        f = rala.ravlt_ffn(_layer_norm(x, params, "norm2", bc), layers.subparams(params, "ffn"), bc)
+        key, names = "gamma_2", ("ffn", "out")
+    if bc.layerscale:
+        f = numerics.as_float(params[key], key) * f
+    y = x + f
+    if taps is not None:
+        taps.update({names[0]: f, names[1]: y})
+        taps.update({f"attn.{k}": v for k, v in inner.items()})
+    return y
+
+
 def ravlt_net_block(x: Any, params: Mapping[str, Any], bc: rala.RAVLTBlockConfig, *, attention: str = "rala",
                     taps: dict | None = None, max_elements: int | None = None) -> np.ndarray:
-    """One RAVLT block of the network: x1 = CPE(x); x2 = x1 + g1 Attn(LN1 x1); out = x2 + g2 FFN(LN2 x2).
+    """One RAVLT block of the network: x1 = CPE(x); x2 = x1 + g1 Attn(LN1 x1); out = x2 + g2 FFN(LN2 x2),
+    its three residual steps in order (the network's block parts, :func:`unit_parts`).
 
     With ``attention="rala"`` this is exactly :func:`refimpl.attention.rala.ravlt_block` (composed from the
     same public pieces, in the same order); ``"softmax"`` uses :func:`rope_softmax_attention`; with
@@ -371,29 +404,14 @@ def ravlt_net_block(x: Any, params: Mapping[str, Any], bc: rala.RAVLTBlockConfig
     x : block layout (bc.attn.layout) float.  params : rala.ravlt_block_param_shapes(bc) keys (+ gammas).
     taps : "cpe", "attn", "res1", "ffn", "out" and the attention's taps under "attn.".
 
-    References: RALA §3.2, Fig. 6; released code (layer scale, softmax stages).
+    References: RALA §3.2, Fig. 6; CPE: Chu et al. (2023); released code (layer scale, softmax stages).
     """
-    inner: dict | None = {} if taps is not None else None
-    x1 = rala.ravlt_cpe(numerics.as_float(x, "x"), params, bc)
-    n1 = _layer_norm(x1, params, "norm1", bc)
-    ap = layers.subparams(params, "attn")
-    if attention == "rala":
-        a = rala.rala_attention(n1, ap, bc.attn, taps=inner, max_elements=max_elements)
-    elif attention == "softmax":
-        a = rope_softmax_attention(n1, ap, bc.attn, taps=inner, max_elements=max_elements)
-    else:
+    if attention not in STAGE_ATTENTIONS:
         raise ValueError(f"argument 'attention': expected one of {STAGE_ATTENTIONS}, got {attention!r}")
-    if bc.layerscale:
-        a = numerics.as_float(params["gamma_1"], "gamma_1") * a
-    x2 = x1 + a
-    f = rala.ravlt_ffn(_layer_norm(x2, params, "norm2", bc), layers.subparams(params, "ffn"), bc)
-    if bc.layerscale:
-        f = numerics.as_float(params["gamma_2"], "gamma_2") * f
-    out = x2 + f
-    if taps is not None:
-        taps.update({"cpe": x1, "attn": a, "res1": x2, "ffn": f, "out": out})
-        taps.update({f"attn.{k}": v for k, v in inner.items()})
-    return out
+    x = numerics.as_float(x, "x")
+    for step in ("cpe", "attn", "mlp"):
+        x = _block_step(x, params, bc, step, attention, taps, max_elements)
+    return x
 
 
 def _to_layout(x_cf: np.ndarray, layout: str) -> np.ndarray:
@@ -423,9 +441,42 @@ def _feature_map(name: str, y: np.ndarray, cfg: RAVLTNetConfig) -> np.ndarray | 
     return y if name in {f"layers.{i}.blocks.{d - 1}" for i, d in enumerate(cfg.depths)} else None
 
 
-def _unit_input(name: str, x: Any, cfg: RAVLTNetConfig) -> np.ndarray:
-    """The input of unit ``name``: images (B, in_chans, H, W) for "stem", else a channels-first grid."""
+def _unit_input(name: str, x: Any, cfg: RAVLTNetConfig, part: str | None = None) -> np.ndarray:
+    """The input of unit ``name`` (or of one of its parts): images (B, in_chans, H, W) for "stem", else a
+    channels-first grid."""
     return nets.check_grid_input(name, x, cfg.in_chans, "stem")
+
+
+def unit_parts(cfg: RAVLTNetConfig, name: str) -> tuple[str, ...]:
+    """The residual steps a block unit is made of, in order, for stage-wise comparison (RALA §3.2, Fig. 6):
+    "cpe" (x + DWConv3x3(x); absent with cpe_kernel 0), "attn" (x + [g1 *] Attn(LN1 x), RALA or the
+    stage's softmax layer) and "mlp" (x + [g2 *] FFN(LN2 x)); the other units have no parts (())."""
+    nets.check_unit(_M, name, cfg)
+    return _block_parts(block_config(cfg, int(name.split(".")[1]))) if ".blocks." in name else ()
+
+
+def _block_parts(bc: rala.RAVLTBlockConfig) -> tuple[str, ...]:
+    return (("cpe",) if bc.cpe_kernel else ()) + ("attn", "mlp")
+
+
+def run_unit_part(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: RAVLTNetConfig) -> np.ndarray:
+    """One part of a block unit (:func:`unit_parts`) on a channels-first grid (B, C_i, H_i, W_i); the unit is
+    its parts applied in order."""
+    return nets.run_part(_M, params, name, part, x, cfg)
+
+
+def _part(params: Mapping[str, Any], name: str, part: str, x: np.ndarray, cfg: RAVLTNetConfig) -> np.ndarray:
+    """Block ``name``'s step ``part`` on a channels-first grid (:func:`_cf_step`)."""
+    i = int(name.split(".")[1])
+    return _cf_step(x, layers.subparams(params, name), block_config(cfg, i), part, cfg.attention(i), None, None)
+
+
+def _cf_step(x: np.ndarray, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, part: str, attention: str,
+             taps: dict | None, max_elements: int | None) -> np.ndarray:
+    """A block step on a channels-first grid, computed in the block's layout (:func:`_block_step`: CPE, Chu et
+    al.; RALA Eq. 2-6 or the released softmax layer; the FFN)."""
+    return _to_cf(_block_step(_to_layout(x, bc.attn.layout), p, bc, part, attention, taps, max_elements),
+                  bc.attn.layout)
 
 
 def _head_weight(params: Mapping[str, Any]) -> np.ndarray:
@@ -436,7 +487,7 @@ def _head_weight(params: Mapping[str, Any]) -> np.ndarray:
 def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, *, taps: dict | None = None,
              max_elements: int | None = None) -> np.ndarray:
     """One unit (see :func:`unit_names`): "stem" (images (B, in_chans, H, W) -> (B, C_0, H_1, W_1)),
-    "layers.i.blocks.j" (grid -> grid, :func:`ravlt_net_block` in the preset's layout),
+    "layers.i.blocks.j" (grid -> grid, :func:`ravlt_net_block`'s steps in the preset's layout, its parts in order),
     "layers.i.downsample" (conv 3x3/2 -> BN) or "head" (grid -> logits: conv 1x1, BN, Swish, mean, conv 1x1).
 
     taps : the stem's or the block's taps.  max_elements : guard of the softmax stages.
@@ -456,10 +507,13 @@ def run_unit(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, 
         z = layers.conv2d(x, params[f"{name}.reduction.weight"], params[f"{name}.reduction.bias"], stride=2, padding=1)
         return _bn(z, params, f"{name}.norm", cfg.batch_norm_eps)
     i = int(name.split(".")[1])
-    bc = block_config(cfg, i)
-    y = ravlt_net_block(_to_layout(x, bc.attn.layout), layers.subparams(params, name), bc,
-                        attention=cfg.attention(i), taps=taps, max_elements=max_elements)
-    return _to_cf(y, bc.attn.layout)
+    bc, p = block_config(cfg, i), layers.subparams(params, name)
+    parts = _block_parts(bc)            # the block as its parts (unit_parts, run_unit_part's steps)
+    if taps is not None and "cpe" not in parts:
+        taps["cpe"] = _to_layout(x, bc.attn.layout)
+    for part in parts:
+        x = _cf_step(x, p, bc, part, cfg.attention(i), taps, max_elements)
+    return x
 
 
 def run(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, *, taps: dict | None = None,
@@ -498,120 +552,29 @@ def forward(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, 
 # Error bounds of the whole network (for the equivalence suite)
 # ===================================================================================================
 #
-# The blocks are propagated on tokens (B, N, C) whatever the block layout (LayerNorm over C, 1 x 1 convs
-# and Linear layers are the same maps).  RALA's own error model (attention/rala_bounds.py) tracks absolute
-# errors with u included: the adapters below convert to and from the common.Err coefficients, and call
-# rala_bounds.py's stage helpers (private: its public bounds take exact inputs only).
+# The blocks are propagated on tokens (B, N, C) whatever the block layout (refimpl.models.ravlt_bounds: the
+# attention, CPE and FFN stages with their input errors), part by part as they run.
 
-def _layout_tok(x: np.ndarray, layout: str) -> np.ndarray:
-    return rala_core._grid_to_tokens(x, layout)[0]
-
-
-def _e_attention(t: Err, p: Mapping[str, Any], acfg: rala.RALAConfig, hw: tuple[int, int], kind: str,
-                 dtype: Any) -> Err:
-    """RALA or the released softmax layer with an input error; t and the result on tokens (B, N, C)."""
-    pr = rala_bounds._Prec.of(dtype)
-    c, heads, d = acfg.dim, acfg.num_heads, acfg.head_dim
-    tok, etok = t.value, nets.to_abs(t.err, dtype)
-    bias = lambda key: None if p.get(key) is None else numerics.as_float(p[key], key)   # noqa: E731
-    sp = lambda a: rala_core._split_heads(a, heads)                                            # noqa: E731
-    n = tok.shape[1]
-    if acfg.gate_source == "qkvo":
-        wt = rala_core._weight2d(p["qkvo.weight"], acfg.layout, "qkvo.weight", 4 * c, c)
-        e_all = rala_bounds._e_linear(tok, etok, wt, bias("qkvo.bias"), pr)
-        eq, ek, ev, eg = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:3 * c], e_all[..., 3 * c:]
+def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTNetConfig, dtype: Any) -> Err:
+    """:func:`_part` with the running error analysis: the channels-first grid t as tokens, the part's stages
+    (CPE; LN1, the stage's attention, gamma_1, the sum; LN2, the FFN, gamma_2, the sum), back to the grid."""
+    i = int(name.split(".")[1])
+    bc, p = block_config(cfg, i), layers.subparams(params, name)
+    hw = (t.value.shape[2], t.value.shape[3])
+    x = nets.e_tokens(t)
+    if part == "cpe":
+        return nets.e_grid(_e_cpe(x, p, hw), hw)
+    if part == "attn":
+        y = _e_attention(nets.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.norm_eps, dtype),
+                         layers.subparams(p, "attn"), bc.attn, hw, cfg.attention(i), dtype)
+        key = "gamma_1"
     else:
-        wt = rala_core._weight2d(p["qkv.weight"], acfg.layout, "qkv.weight", 3 * c, c)
-        e_all = rala_bounds._e_linear(tok, etok, wt, bias("qkv.bias"), pr)
-        eq, ek, ev = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:]
-        if acfg.gate == "linear":
-            eg = rala_bounds._e_linear(tok, etok, rala_core._weight2d(p["phi.weight"], acfg.layout, "phi.weight", c, c),
-                                bias("phi.bias"), pr)
-        elif acfg.gate == "tanh":            # tanh is 1-Lipschitz; its own error ELEMENTARY_FUNCTION_ULPS u |tanh|
-            eg = etok + config.ELEMENTARY_FUNCTION_ULPS * (pr.u * np.abs(np.tanh(tok)) + pr.eta)
-        elif acfg.gate == "identity":
-            eg = etok
-        else:
-            eg = None
-    q, k, v, g = rala._projections(tok, p, acfg)
-    depth = c + 1
-    with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-        if kind == "rala":
-            e_core, dc = rala_bounds._core_error(sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), acfg, hw, pr)
-            if not acfg.rope and acfg.eps >= 0:
-                # Without RoPE the weights alpha_j kappa(Q_i) . kappa(K_j) are >= 0 and the output is their
-                # weighted mean of the V_j, exactly and as computed (non-negative terms: each sum is within
-                # gamma_n of its value): |Y| <= max_j |V_j|, |Y'| <= max_j |V'_j| (1 + gamma_(2(N+d)+4)).  So
-                # |Y' - Y| is capped whatever the input errors (rigorous; where the first-order bound is
-                # larger or infinite, e.g. past the normaliser guard, the cap replaces it).
-                vmax = np.max(np.abs(sp(v)), axis=-2, keepdims=True)
-                evmax = np.max(sp(ev), axis=-2, keepdims=True)
-                cap = vmax + (vmax + evmax) * (1.0 + pr.g(2 * (n + d) + 4))
-                e_core = np.where(np.isnan(e_core), cap, np.minimum(e_core, cap))
-            y = rala_core._merge_heads(rala.rala_core(sp(q), sp(k), sp(v), acfg, hw))
-            ey = rala_core._merge_heads(e_core)
-        else:
-            ang = rala.rope_2d_angles(hw[0], hw[1], d, acfg.rope_base)
-            qh, kh, vh = sp(q), sp(k), sp(v)
-            qr, kr = rala.apply_rope_2d(qh, ang), rala.apply_rope_2d(kh, ang)
-            eqr, ekr = rala_bounds._e_rope(qh, sp(eq), ang, pr), rala_bounds._e_rope(kh, sp(ek), ang, pr)
-            e_core = softmax_attention_error(qr, kr, vh, scale=d ** -0.5, err_q=eqr / pr.u, err_k=ekr / pr.u,
-                                             err_v=sp(ev) / pr.u, dtype=dtype)
-            y = rala_core._merge_heads(softmax_attention(qr, kr, vh, scale=d ** -0.5, max_elements=None))
-            ey = pr.u * rala_core._merge_heads(e_core)
-            dc = 3 + d + n + 2 * config.ELEMENTARY_FUNCTION_ULPS + config.SOFTMAX_EXP_ARG_ROUNDINGS + 4
-        depth += dc
-        if acfg.lepe_kernel:
-            cf = lambda a: rala_core._tokens_to_cf(a, hw[0], hw[1])                           # noqa: E731
-            wl, bl = numerics.as_float(p["lepe.weight"], "lepe.weight"), bias("lepe.bias")
-            lepe = _layout_tok(layers.depthwise_conv2d(cf(v), wl, bl, padding=acfg.lepe_kernel // 2), "channels_first")
-            el = _layout_tok(rala_bounds._e_depthwise(cf(v), cf(ev), wl, bl, pr), "channels_first")
-            ey = rala_bounds._e_sum2(y, ey, lepe, el, pr)
-            y = y + lepe
-            depth = max(depth, acfg.lepe_kernel ** 2 + 1 + c + 1) + 1
-        if g is not None:
-            ey = rala_bounds._e_product(y, ey, g, eg, pr)
-            y = g * y
-            depth += 1
-        if acfg.out_proj:
-            wp = rala_core._weight2d(p["proj.weight"], acfg.layout, "proj.weight", c, c)
-            ey = rala_bounds._e_linear(y, ey, wp, bias("proj.bias"), pr)
-            y = layers.linear(y, wp, bias("proj.bias"))
-            depth += c + 1
-    return Err(y, nets.from_abs(ey, dtype), t.depth + depth)
-
-
-def _e_cpe(t: Err, p: Mapping[str, Any], hw: tuple[int, int]) -> Err:
-    conv = nets.e_dwconv(nets.e_grid(t, hw), p["pos.weight"], p.get("pos.bias"))
-    return common.e_add(t, nets.e_tokens(conv))
-
-
-def _gamma(p: Mapping[str, Any], key: str) -> np.ndarray:
-    g = numerics.as_float(p[key], key)
-    return g.reshape(-1)
-
-
-def _e_ffn(t: Err, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, hw: tuple[int, int]) -> Err:
-    c, hd, layout = bc.attn.dim, bc.hidden, bc.attn.layout
-    h = common.e_gelu(common.e_linear(t, rala_core._weight2d(p["fc1.weight"], layout, "fc1.weight", hd, c), p["fc1.bias"]))
-    if bc.ffn_dwconv:
-        h = common.e_add(h, nets.e_tokens(nets.e_dwconv(nets.e_grid(h, hw), p["dwconv.weight"], p["dwconv.bias"])))
-    return common.e_linear(h, rala_core._weight2d(p["fc2.weight"], layout, "fc2.weight", c, hd), p["fc2.bias"])
-
-
-def _e_block(t: Err, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, hw: tuple[int, int], kind: str,
-             dtype: Any) -> Err:
-    x1 = _e_cpe(t, p, hw) if bc.cpe_kernel else t
-    a = _e_attention(nets.e_layer_norm(x1, p["norm1.weight"], p["norm1.bias"], bc.norm_eps, dtype),
-                     layers.subparams(p, "attn"), bc.attn, hw, kind, dtype)
+        y = _e_ffn(nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, dtype),
+                   layers.subparams(p, "ffn"), bc, hw)
+        key = "gamma_2"
     if bc.layerscale:
-        a = nets.e_scale(a, _gamma(p, "gamma_1"))
-    x2 = common.e_add(x1, a)
-    f = _e_ffn(nets.e_layer_norm(x2, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, dtype),
-               layers.subparams(p, "ffn"), bc, hw)
-    if bc.layerscale:
-        f = nets.e_scale(f, _gamma(p, "gamma_2"))
-    return common.e_add(x2, f)
+        y = nets.e_scale(y, _gamma(p, key))
+    return nets.e_grid(common.e_add(x, y), hw)
 
 
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: RAVLTNetConfig, dtype: Any) -> Err:
@@ -633,17 +596,21 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: RAVLTNetConfig, d
         z = common.e_conv2d(t, params[f"{name}.reduction.weight"], params[f"{name}.reduction.bias"], stride=2,
                             padding=1)
         return nets.e_batch_norm(z, params, f"{name}.norm", cfg.batch_norm_eps)
-    i = int(name.split(".")[1])
-    hw = (t.value.shape[2], t.value.shape[3])
-    out = _e_block(nets.e_tokens(t), layers.subparams(params, name), block_config(cfg, i), hw, cfg.attention(i),
-                   dtype)
-    return nets.e_grid(out, hw)
+    for part in unit_parts(cfg, name):
+        t = _e_part(params, name, part, t, cfg, dtype)
+    return t
 
 
 def unit_bound(params: Mapping[str, Any], name: str, x: Any, cfg: RAVLTNetConfig, *, dtype: Any) -> numerics.Bound:
     """Error bound of :func:`run_unit` computed in precision ``dtype`` from exact (T-rounded) ``x`` and
     parameters (the analysis of :func:`forward_bounds`, restarted at the unit)."""
     return nets.bound_unit(_M, params, name, x, cfg, dtype, label="RAVLT")
+
+
+def unit_part_bound(params: Mapping[str, Any], name: str, part: str, x: Any, cfg: RAVLTNetConfig, *,
+                    dtype: Any) -> numerics.Bound:
+    """Error bound of :func:`run_unit_part` in precision ``dtype`` from exact (T-rounded) ``x`` and parameters."""
+    return nets.bound_part(_M, params, name, part, x, cfg, dtype, label="RAVLT")
 
 
 def forward_bounds(params: Mapping[str, Any], images: Any, cfg: RAVLTNetConfig, *,

@@ -325,7 +325,8 @@ def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping
     and MLP residual branches), teacher-forced as the forward's parts are (refimpl.verify.networks): part i's input
     is the foreign network's value between the parts, located by value among the tensors the unit computed
     (``within``, :func:`refimpl.verify.locate.locate` within part i-1's own bound), and its cotangent the gradient
-    that reached that tensor in the foreign backward (the unit's output cotangent ``gu`` for the last part).  Each
+    that reached the first tensor holding that value in the foreign backward (the unit's output cotangent ``gu``
+    for the last part).  Each
     part's tensors (its input gradient: the foreign gradient at the part's input, ``fdx`` for the first; the
     parameters it alone uses, which no other part or unit shares) are judged with the part's own forward bound as
     rho.  None where the family or the twin has no parts for ``u``; a part whose input is not located, or whose
@@ -350,9 +351,13 @@ def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping
         if found is None or found[2] > config.VERIFY_LOCATE_GATE:
             inputs.append((None, None, f"part {part!r}'s output was not located among the unit's tensors"))
             break
-        label, how = found[1].split(": ", 1)
-        gr = grad_of.get(label)
-        inputs.append((found[0], None if gr is None else _read(gr, rp.shape, how), f"{label} (by value)"))
+        label = found[1].split(": ", 1)[0]
+        # the cotangent is the gradient of the first tensor holding the value: a later one with its values (a
+        # permuted view a channels-first LayerNorm reads, a copy) carries only its own consumers' share of it
+        first, fval = pool[after + found[3]]
+        gr, how = grad_of.get(first), _reading(fval, rp)
+        inputs.append((found[0], None if gr is None or how is None else _read(gr, rp.shape, how),
+                       f"{label} (by value)"))
         after += found[3] + 1
     # the twin's float64 backward of each part whose input and output cotangent are known; a parameter that
     # more than one part (or unit) uses is not compared part-wise (the network's gradient sums over them)

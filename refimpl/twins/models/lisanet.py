@@ -19,7 +19,7 @@ from torch import nn
 
 from refimpl.twins.modules.lisa import ConvOperator, LiSABlock, LocalLiSAAttention, OperatorBlock, SelfAttention, \
     StructureAwareAttention
-from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names
+from refimpl.models.lisanet import LiSANetConfig, block_config, stage_grids, unit_names, unit_parts
 
 CONFIG_TYPES = (LiSANetConfig,)
 
@@ -111,9 +111,11 @@ class LiSANet(nn.Module):
             x = (x.flatten(2).transpose(1, 2) + self.pos_embed).transpose(1, 2).reshape(b, c, h, w)
         return x
 
-    def _block(self, i: int, j: int, x: torch.Tensor) -> torch.Tensor:
+    def _block(self, i: int, j: int, x: torch.Tensor, part: str | None = None) -> torch.Tensor:
         b, c, h, w = x.shape
-        t = self.stages[i][j](x.flatten(2).transpose(1, 2))
+        blk = self.stages[i][j]
+        tok = x.flatten(2).transpose(1, 2)
+        t = blk(tok) if part is None else blk.part(part, tok)
         return t.transpose(1, 2).reshape(b, c, h, w)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,6 +132,15 @@ class LiSANet(nn.Module):
         if parts[0] == "patch_embed":
             return self._embed(int(parts[1]), x)
         return self._block(int(parts[1]), int(parts[2]), x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("attn" or "mlp": refimpl.models.lisanet.unit_parts) of the block unit ``name``
+        ("stages.i.j") on a channels-first grid."""
+        parts = unit_parts(self.cfg, name)
+        if part not in parts:
+            raise ValueError(f"argument 'part': unit {name!r} has parts {parts}, got {part!r}")
+        p = name.split(".")
+        return self._block(int(p[1]), int(p[2]), x, part)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """The reference's ``features``: each stage's output grid, channels-first (B, C_i, H_i, W_i)."""

@@ -17,7 +17,7 @@ from torch import nn
 
 from refimpl.twins.modules.rala import RALAttention, RAVLTFFN, apply_rope_2d, rope_2d_tables
 from refimpl.attention.rala import RALAConfig, RAVLTBlockConfig
-from refimpl.models.ravlt import RAVLTNetConfig, block_config, unit_names
+from refimpl.models.ravlt import RAVLTNetConfig, block_config, unit_names, unit_parts
 
 CONFIG_TYPES = (RAVLTNetConfig,)
 
@@ -104,18 +104,27 @@ class Block(nn.Module):
             self.gamma_1 = nn.Parameter(torch.ones(shape))
             self.gamma_2 = nn.Parameter(torch.ones(shape))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x + CPE(x), then x + gamma_1 attn(norm1 x) and x + gamma_2 ffn(norm2 x) (the gammas with layerscale only), in
-        the block config's layout; returns x's shape."""
-        if self.bc.cpe_kernel:
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One residual step of the block on x in the block config's layout: "cpe" (x + pos(x)), "attn"
+        (x + [gamma_1 *] attn(norm1 x)) or "mlp" (x + [gamma_2 *] ffn(norm2 x)); returns x's shape."""
+        if name == "cpe":
             if self.bc.attn.layout == "channels_first":
-                x = x + self.pos(x)
-            else:
-                x = x + self.pos(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
-        a = self.attn(self.norm1(x))
-        x = x + (self.gamma_1 * a if self.layer_scale else a)
-        f = self.ffn(self.norm2(x))
-        return x + (self.gamma_2 * f if self.layer_scale else f)
+                return x + self.pos(x)
+            return x + self.pos(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        if name == "attn":
+            a = self.attn(self.norm1(x))
+            return x + (self.gamma_1 * a if self.layer_scale else a)
+        if name == "mlp":
+            f = self.ffn(self.norm2(x))
+            return x + (self.gamma_2 * f if self.layer_scale else f)
+        raise ValueError(f"argument 'part': expected 'cpe', 'attn' or 'mlp', got {name!r}")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Its parts in order: x + CPE(x) (with a CPE), then x + gamma_1 attn(norm1 x) and x + gamma_2 ffn(norm2 x)
+        (the gammas with layerscale only), in the block config's layout; returns x's shape."""
+        for name in (("cpe",) if self.bc.cpe_kernel else ()) + ("attn", "mlp"):
+            x = self.part(name, x)
+        return x
 
 
 class PatchEmbed(nn.Module):
@@ -151,11 +160,12 @@ class BasicLayer(nn.Module):
         if i < cfg.num_stages - 1:
             self.downsample = PatchMerging(cfg.dims[i], cfg.dims[i + 1], cfg.batch_norm_eps)
 
-    def block(self, j: int, x: torch.Tensor) -> torch.Tensor:
-        """Block j on a channels-first grid."""
+    def block(self, j: int, x: torch.Tensor, part: str | None = None) -> torch.Tensor:
+        """Block j (or its part ``part``) on a channels-first grid."""
+        run = self.blocks[j] if part is None else (lambda t: self.blocks[j].part(part, t))
         if self.cf:
-            return self.blocks[j](x)
-        return self.blocks[j](x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+            return run(x)
+        return run(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
 class RAVLT(nn.Module):
@@ -203,6 +213,15 @@ class RAVLT(nn.Module):
         if parts[2] == "downsample":
             return layer.downsample(x)
         return layer.block(int(parts[3]), x)
+
+    def run_unit_part(self, name: str, part: str, x: torch.Tensor) -> torch.Tensor:
+        """Part ``part`` ("cpe", "attn" or "mlp": refimpl.models.ravlt.unit_parts) of the block unit ``name``
+        ("layers.i.blocks.j") on a channels-first grid."""
+        parts = unit_parts(self.cfg, name)
+        if part not in parts:
+            raise ValueError(f"argument 'part': unit {name!r} has parts {parts}, got {part!r}")
+        p = name.split(".")
+        return self.layers[int(p[1])].block(int(p[3]), x, part)
 
     def features(self, images: torch.Tensor) -> list[torch.Tensor]:
         """The reference's ``features``: each stage's output before its downsample, channels-first

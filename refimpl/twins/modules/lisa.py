@@ -300,6 +300,15 @@ class SelfAttention(_Projections):
         return self.merge(torch.softmax(logits, dim=-1) @ v)
 
 
+def _block_part(block: nn.Module, name: str, x: torch.Tensor) -> torch.Tensor:
+    """Residual branch ``name`` of a pre-norm block (norm1, attn, norm2, mlp) on x (B, N, C)."""
+    if name == "attn":
+        return x + block.attn(block.norm1(x))
+    if name == "mlp":
+        return x + block.mlp(block.norm2(x))
+    raise ValueError(f"argument 'part': expected 'attn' or 'mlp', got {name!r}")
+
+
 class OperatorBlock(nn.Module):
     """x + attn(LN(x)), then + MLP(LN(.)) with any operator module ``attn`` (LiSA §5.2: the Table 3 ablations
     replace only the operator in the LiSA block)."""
@@ -313,10 +322,13 @@ class OperatorBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One residual branch on x (B, N, C): "attn" (x + attn(LN_1 x)) or "mlp" (x + MLP(LN_2 x))."""
+        return _block_part(self, name, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x + attn(LN_1 x), then + MLP(LN_2 .), on x (B, N, C); returns (B, N, C)."""
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        """x + attn(LN_1 x), then + MLP(LN_2 .), on x (B, N, C) (its parts in order); returns (B, N, C)."""
+        return self.part("mlp", self.part("attn", x))
 
 
 class LiSABlock(nn.Module):
@@ -332,10 +344,14 @@ class LiSABlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=ln_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio))
 
+    def part(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """One residual branch on x (B, N, C): "attn" (x + LiSA(LN_1 x)) or "mlp" (x + MLP(LN_2 x))."""
+        return _block_part(self, name, x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The LiSA block (§5.1, Fig. 3) on x (B, N, C): x + LiSA(LN_1 x), then + MLP(LN_2 .); returns (B, N, C)."""
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        """The LiSA block (§5.1, Fig. 3) on x (B, N, C): x + LiSA(LN_1 x), then + MLP(LN_2 .) (its parts in order);
+        returns (B, N, C)."""
+        return self.part("mlp", self.part("attn", x))
 
 
 def from_config(cfg) -> nn.Module:
