@@ -16,15 +16,14 @@ import dataclasses
 
 import numpy as np
 import pytest
-import torch
 
 import refimpl.models as rm
 import refimpl.twins.models as em
-from equivalence.assertions import load_numpy_state, round_params, to_numpy, to_torch, torch_dtype
-from equivalence.test_models import BATCH, SEED, _check_stage
+from equivalence.assertions import load_numpy_state, round_params, torch_dtype
+from equivalence.test_models import BATCH, SEED
+from equivalence.test_network_parts import check_every_part
 from refimpl import numerics
 from refimpl.models import l2vit
-from refimpl.verdict import INCONCLUSIVE, MATCH
 
 #: width name -> the reduced config's fields changed (none; or the paper's head dim 32).
 WIDTHS = {"reduced": {}, "head_dim_32": {"dims": (64, 128), "num_heads": (2, 4)}}
@@ -43,31 +42,7 @@ def test_every_block_part_matches_teacher_forced(preset, width, device, dtype_na
     twin = em.build(cfg).to(dtype=torch_dtype(dtype_name))
     load_numpy_state(twin, params)
     twin = twin.to(device=device).eval()
-    label = f"l2vit_tiny {width}/{preset}"
-    x, void_units = images, []
-    for unit in l2vit.unit_names(cfg):
-        parts = l2vit.unit_parts(cfg, unit)
-        if parts:
-            whole = _check_stage(f"{label} unit {unit}", x, dtype_name, device,
-                                 reference=lambda v, u=unit: l2vit.run_unit(params, u, v, cfg),
-                                 bound=lambda v, u=unit: l2vit.unit_bound(params, u, v, cfg, dtype=dtype_name),
-                                 twin_fn=lambda v, u=unit: twin.run_unit(u, v))
-            if whole.verdict == INCONCLUSIVE:
-                void_units.append(unit)
-            xp, x_t = x, to_torch(x, dtype_name, device)
-            chain = x_t
-            for part in parts:
-                r = _check_stage(f"{label} unit {unit}, part {part}", xp, dtype_name, device,
-                                 reference=lambda v, q=part, u=unit: l2vit.run_unit_part(params, u, q, v, cfg),
-                                 bound=lambda v, q=part, u=unit: l2vit.unit_part_bound(params, u, q, v, cfg,
-                                                                                       dtype=dtype_name),
-                                 twin_fn=lambda v, q=part, u=unit: twin.run_unit_part(u, q, v))
-                assert r.verdict == MATCH, f"{r}\n(part {part!r} of {unit!r} is not conclusive)"
-                with torch.no_grad():
-                    chain = twin.run_unit_part(unit, part, chain)
-                xp = numerics.round_to(l2vit.run_unit_part(params, unit, part, xp, cfg), dtype_name)
-            with torch.no_grad():
-                np.testing.assert_array_equal(to_numpy(chain), to_numpy(twin.run_unit(unit, x_t)))
-        x = numerics.round_to(l2vit.run_unit(params, unit, x, cfg), dtype_name)
+    void_units = check_every_part(l2vit, cfg, params, images, twin, f"l2vit_tiny {width}/{preset}", dtype_name,
+                                  device, whole=True)
     if width == "head_dim_32" and dtype_name == "float32":
         assert void_units, "no block's own bound is void in float32: the parts were not needed"

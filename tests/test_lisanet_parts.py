@@ -15,6 +15,7 @@ import refimpl.twins.models as em
 from refimpl import verdict
 from refimpl.errors import ArgumentError
 from refimpl.models import lisanet
+from tests.parts_helpers import check_unit_parts
 
 SEED = 5
 CASES = ["lisanet_i_t", "lisanet_h_t", "lisanet_i_t_selfattn_rpe", "lisanet_i_t_sa_eq7", "lisanet_i_t_local3",
@@ -67,22 +68,9 @@ def test_units_are_their_parts_and_parts_match_the_twin_within_their_bounds(name
         if not parts:
             continue
         x = taps[units[k - 1]]
-        xp, xt = x, torch.from_numpy(np.ascontiguousarray(x))
-        chain = xt
-        for part in parts:
-            ref = lisanet.run_unit_part(params, u, part, xp, cfg)
-            with torch.no_grad():
-                got = twin.run_unit_part(u, part, torch.from_numpy(np.ascontiguousarray(xp))).numpy()
-                chain = twin.run_unit_part(u, part, chain)
-            rep = verdict.compare(got, ref, lisanet.unit_part_bound(params, u, part, xp, cfg, dtype="float64"),
-                                  "float64", name=f"{name} {u}/{part}")
-            assert rep.verdict == verdict.MATCH, str(rep)
-            xp = ref
-        np.testing.assert_array_equal(xp, lisanet.run_unit(params, u, x, cfg))
+        xp = check_unit_parts(lisanet, params, cfg, twin, u, x, name)
         np.testing.assert_array_equal(xp, taps[u])
         assert {f"{u}.{t}" for t in ("ln1", "attn", "resid1", "ln2", "mlp", "out")} <= set(taps)
-        with torch.no_grad():
-            np.testing.assert_array_equal(chain.numpy(), twin.run_unit(u, xt).numpy())
 
 
 def test_a_wrong_part_is_outside_its_bound():
