@@ -282,21 +282,18 @@ def linear_attention(q: Any, k: Any, v: Any, *, feature_map: str = "relu", order
     _check_policy(order, eps, eps_policy, clamp_min)
     opts = dict(feature_map_options or {})
 
-    def numpy_path() -> np.ndarray:
-        phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
-        phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
-        return _kernelized_attention(phi_q, phi_k, v, order=order,
-                                     normalize=normalize, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
-                                     taps=taps, max_elements=max_elements, positive=feature_map in _POSITIVE_MAPS,
-                                     log_features=lambda: log_pair(q, k, feature_map, opts, phi_q, phi_k))
-
     if (order == "linear" and normalize and taps is None and not opts and feature_map in FUSED_MAPS
             and feature_map in FEATURE_MAPS):
-        # The configurations the fused kernels implement are operation "linear_attention" (the kernels'
-        # predicates pick the calls they take; the NumPy backend runs the path below, unchanged).
-        return backends.call("linear_attention", q, k, v, feature_map, eps, eps_policy, clamp_min,
-                             otherwise=numpy_path)
-    return numpy_path()
+        # The configurations the fused kernels implement are operation "linear_attention", whose NumPy
+        # definition (_linear_attention_numpy) is this function's own computation for them: the kernels'
+        # predicates pick the calls they take, the NumPy backend runs the definition.
+        return backends.call("linear_attention", q, k, v, feature_map, eps, eps_policy, clamp_min)
+    phi_q = _map_and_error(q, feature_map, opts, want_error=False)[0]
+    phi_k = _map_and_error(k, feature_map, opts, want_error=False)[0]
+    return _kernelized_attention(phi_q, phi_k, v, order=order,
+                                 normalize=normalize, eps=eps, eps_policy=eps_policy, clamp_min=clamp_min,
+                                 taps=taps, max_elements=max_elements, positive=feature_map in _POSITIVE_MAPS,
+                                 log_features=lambda: log_pair(q, k, feature_map, opts, phi_q, phi_k))
 
 
 #: Feature maps of the fused linear-attention kernels (operation "linear_attention" of refimpl.backends).

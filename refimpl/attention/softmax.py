@@ -416,22 +416,18 @@ def window_attention(x: Any, p: Mapping[str, Any], *, num_heads: int, window_siz
                                                mask_padding, mask_value)
     pcs = _window_pieces(x, p, nh, ws, sh, table, mask_padding, mask_value, scale)
     inner: dict | None = {} if taps is not None else None
-
-    def numpy_path() -> np.ndarray:
-        return softmax_attention(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"],
-                                 mask=pcs["mask"], taps=inner)
-
     if taps is None:
         # The per-window core is operation "window_softmax_attention" (the C kernel's predicate picks the calls
-        # it takes; the default NumPy backend runs softmax_attention, unchanged).
+        # it takes; the NumPy backend runs its definition, softmax_attention on the same operands).
         bias = pcs["bias"]
         full = pcs["q"].shape[:2] + pcs["k"].shape[2:3] * 2
         if bias is not None and bias.shape != (1,) + full[1:]:     # additive mask: one bias per window
             bias = np.broadcast_to(bias, full)
         o = backends.call("window_softmax_attention", pcs["q"], pcs["k"], pcs["v"], pcs["scale"], bias,
-                          None if pcs["mask"] is None else pcs["mask"][:, 0], otherwise=numpy_path)
+                          None if pcs["mask"] is None else pcs["mask"][:, 0])
     else:
-        o = numpy_path()
+        o = softmax_attention(pcs["q"], pcs["k"], pcs["v"], scale=pcs["scale"], bias=pcs["bias"], mask=pcs["mask"],
+                              taps=inner)
     bw, _, n, d = o.shape
     o = o.transpose(0, 2, 1, 3).reshape(bw, n, nh * d)
     y = linear(o, p["proj.weight"], p.get("proj.bias"))
