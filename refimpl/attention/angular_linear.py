@@ -195,8 +195,8 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
     eps >= 0, no taps, one float32/float64 working dtype (and M = N for "own") and a selected backend other
     than NumPy (:func:`refimpl.backends.use`), the computation runs as operation "linear_angular_attention"
     (the fused C kernel; its NumPy definition, :func:`_linear_angular_attention_op`, calls
-    :func:`_linear_angular_attention_numpy`, the body of this function).  Everything else, and the default
-    NumPy backend, runs that body directly.
+    :func:`_linear_angular_attention_numpy`, the body of this function; it also answers these calls on the
+    NumPy backend).  Everything else runs that body directly.
 
     References
     ----------
@@ -210,16 +210,14 @@ def linear_angular_attention(q: Any, k: Any, v: Any, *, constant: str = "sum", n
         raise ArgumentError(f"argument 'constant': expected one of {_CONSTANTS}, got {constant!r}")
     if normaliser not in _NORMALISERS:
         raise ArgumentError(f"argument 'normaliser': expected one of {_NORMALISERS}, got {normaliser!r}")
-    def body() -> np.ndarray:
-        return _linear_angular_attention_numpy(q, k, v, constant=constant, normaliser=normaliser, eps=eps,
-                                               policy=policy, arithmetic=arithmetic, taps=taps)
-
     if taps is None and policy == "clamp" and arithmetic == "scaled" and normaliser != "output_l2":
         # Operation "linear_angular_attention" (the paper's configuration); the C kernel's predicate picks the
-        # calls it takes (dtypes, eps, shapes), everything else runs the body.
+        # calls it takes (dtypes, eps, shapes), the others and the NumPy backend run its definition, which is
+        # the body below with these options.
         q, k, v, _ = _check_qkv(q, k, v)
-        return backends.call("linear_angular_attention", q, k, v, constant, normaliser, eps, otherwise=body)
-    return body()
+        return backends.call("linear_angular_attention", q, k, v, constant, normaliser, eps)
+    return _linear_angular_attention_numpy(q, k, v, constant=constant, normaliser=normaliser, eps=eps,
+                                           policy=policy, arithmetic=arithmetic, taps=taps)
 
 
 @_nan_quiet
