@@ -7,6 +7,7 @@ from types import ModuleType
 from typing import Any
 
 import numpy as np
+import pytest
 import torch
 
 from refimpl import verdict
@@ -38,3 +39,18 @@ def check_unit_parts(fam: ModuleType, params: Any, cfg: Any, twin: Any, unit: st
         with torch.no_grad():
             np.testing.assert_array_equal(z_t.numpy(), twin.run_unit(unit, x_t).numpy())
     return y
+
+
+def assert_bad_parts_refused(fam: ModuleType, params: Any, cfg: Any, twin: Any, x: np.ndarray,
+                             cases: tuple[tuple[str, str], ...]) -> None:
+    """Each (unit, part) of ``cases`` (a part the unit does not have) is refused naming 'part': by
+    ``fam.run_unit_part`` and ``fam.unit_part_bound`` (ArgumentError) and by the twin's ``run_unit_part``
+    (ValueError)."""
+    from refimpl.errors import ArgumentError
+    for unit, part in cases:
+        with pytest.raises(ArgumentError, match="'part'"):
+            fam.run_unit_part(params, unit, part, x, cfg)
+        with pytest.raises(ArgumentError, match="'part'"):
+            fam.unit_part_bound(params, unit, part, x, cfg, dtype="float32")
+        with pytest.raises(ValueError, match="'part'"):
+            twin.run_unit_part(unit, part, torch.from_numpy(x))

@@ -15,7 +15,7 @@ import refimpl.twins.models as em
 from refimpl import verdict
 from refimpl.errors import ArgumentError
 from refimpl.models import lisanet
-from tests.parts_helpers import check_unit_parts
+from tests.parts_helpers import assert_bad_parts_refused, check_unit_parts
 
 SEED = 5
 CASES = ["lisanet_i_t", "lisanet_h_t", "lisanet_i_t_selfattn_rpe", "lisanet_i_t_sa_eq7", "lisanet_i_t_local3",
@@ -44,13 +44,7 @@ def test_part_names_follow_the_block():
 def test_bad_part_names_are_refused_naming_part():
     cfg, params, images, twin = _setup("lisanet_i_t")
     x = lisanet.run_unit(params, "patch_embed.0", images, cfg)
-    for unit, part in (("stages.0.0", "ffn"), ("stages.0.0", "cpe"), ("head", "attn")):
-        with pytest.raises(ArgumentError, match="'part'"):
-            lisanet.run_unit_part(params, unit, part, x, cfg)
-        with pytest.raises(ArgumentError, match="'part'"):
-            lisanet.unit_part_bound(params, unit, part, x, cfg, dtype="float32")
-        with pytest.raises(ValueError, match="'part'"):
-            twin.run_unit_part(unit, part, torch.from_numpy(x))
+    assert_bad_parts_refused(lisanet, params, cfg, twin, x, (("stages.0.0", "ffn"), ("stages.0.0", "cpe"), ("head", "attn")))
 
 
 @pytest.mark.parametrize("name", CASES)

@@ -18,7 +18,7 @@ import refimpl.twins.models as em
 from refimpl import verdict
 from refimpl.errors import ArgumentError
 from refimpl.models import ravlt
-from tests.parts_helpers import check_unit_parts
+from tests.parts_helpers import assert_bad_parts_refused, check_unit_parts
 
 SEED = 5
 
@@ -60,13 +60,7 @@ def test_part_names_follow_the_block():
 def test_bad_part_names_are_refused_naming_part():
     cfg, params, images, twin = _setup("official_no_cpe")
     x = ravlt.run_unit(params, "stem", images, cfg)
-    for unit, part in (("layers.0.blocks.0", "ffn"), ("layers.0.blocks.0", "cpe"), ("stem", "attn")):
-        with pytest.raises(ArgumentError, match="'part'"):
-            ravlt.run_unit_part(params, unit, part, x, cfg)
-        with pytest.raises(ArgumentError, match="'part'"):
-            ravlt.unit_part_bound(params, unit, part, x, cfg, dtype="float32")
-        with pytest.raises(ValueError, match="'part'"):
-            twin.run_unit_part(unit, part, torch.from_numpy(x))
+    assert_bad_parts_refused(ravlt, params, cfg, twin, x, (("layers.0.blocks.0", "ffn"), ("layers.0.blocks.0", "cpe"), ("stem", "attn")))
 
 
 @pytest.mark.parametrize("case", CASES)
