@@ -296,6 +296,40 @@ def test_gaussian_identity_eq2(data):
 # Tensor powers, orders, associativity
 # ===================================================================================================
 
+def test_tensor_power_range():
+    """tensor_power forms each product on significands with integer exponents (its docstring): a product whose
+    partial products leave the range is still correctly rounded, and one whose exact value is beyond the range
+    raises.  x = (2^-540, 2^300), p = 3: x_1 x_1 x_2 = 2^-780 (the direct order loses it: 2^-1080 underflows to
+    0 first), x_1^3 = 2^-1620 rounds to 0, x_2^3 = 2^900; x = (2^512, 1), p = 2: x_1^2 = 2^1024 overflows."""
+    got = A.tensor_power(np.array([[2.0 ** -540, 2.0 ** 300]]), 3)[0]
+    exact = [2.0 ** -1620, 2.0 ** -780, 2.0 ** -780, 2.0 ** 60, 2.0 ** -780, 2.0 ** 60, 2.0 ** 60, 2.0 ** 900]
+    np.testing.assert_array_equal(got, np.array(exact))       # every exact product is 0 or a power of two
+    with pytest.raises(FloatingPointError, match=r"tensor_power: .*index \(0, 0\).*not representable"):
+        A.tensor_power(np.array([[2.0 ** 512, 1.0]]), 2)
+    nonfinite = A.tensor_power(np.array([[np.nan, np.inf, 0.0]]), 2)[0]      # as the direct products
+    with np.errstate(invalid="ignore"):
+        direct = np.array([np.nan, np.inf, 0.0])[:, None] * np.array([np.nan, np.inf, 0.0])[None, :]
+    np.testing.assert_array_equal(nonfinite, direct.ravel())
+
+
+@given(data=st.data())
+def test_tensor_power_is_the_direct_product_in_the_normal_range(data):
+    """Where every partial product is normal, the significand form rounds exactly as the direct product
+    x_i1 x_i2 ... x_ip (a power-of-two scaling commutes with rounding): bit for bit, float64 and float32."""
+    d = data.draw(st.integers(1, 4))
+    p = data.draw(st.integers(1, 4))
+    dt = data.draw(st.sampled_from(["float64", "float32"]))
+    x = data.draw(arrays((2, d), kinds=("normal",))).astype(dt)
+    direct = x
+    for _ in range(p - 1):
+        direct = (direct[..., :, None] * x[..., None, :]).reshape(2, -1)
+    tiny = np.finfo(dt).tiny
+    assume(np.all(np.abs(x)[x != 0] >= tiny ** (1.0 / p)) and np.all(np.abs(direct)[direct != 0] >= tiny))
+    with numerics.precision(dt):
+        got = A.tensor_power(x, p)
+    np.testing.assert_array_equal(got, direct)
+
+
 @given(data=st.data())
 def test_tensor_power_inner_product(data):
     """Eq. 8 in linear time: <x^{(x)p}, y^{(x)p}> = (x.y)^p; the computed inner product of d^p products of

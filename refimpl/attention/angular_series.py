@@ -482,6 +482,17 @@ def tensor_power(x: Any, p: int) -> np.ndarray:
     -------
     (..., d**p) working dtype.
 
+    Range: each product of p factors is formed on the factors' significands m in [1/2, 1) (``np.frexp``, exact),
+    renormalised after every multiplication, with the exponents summed as integers, and scaled once at the end
+    (``np.ldexp``).  Where every partial product is a normal number this rounds exactly as the direct product
+    x_i1 x_i2 ... x_ip does (scaling by a power of two commutes with rounding), so ordinary results are bit for
+    bit the direct ones; but no partial product overflows or underflows on the way: x = (2^-540, 2^300), p = 3
+    gives x_1 x_1 x_2 = 2^-780, which the direct order loses to 0 (2^-1080 underflows first), and (2^600,
+    2^-600), p = 3 gives x_1 x_1 x_2 = 2^600 where the direct order overflows (and inf x 0 would be NaN).  The
+    final scaling rounds once (into the subnormal range: eta_T absolute, the direct product's own rounding).
+    Where a product of finite factors exceeds the working dtype's range its exact value is finite but not
+    representable: FloatingPointError naming the index.  NaN and +-inf factors propagate as in the direct product.
+
     References
     ----------
     Castling-ViT Eq. 8; the polynomial-kernel feature map (e.g. Scholkopf & Smola, Learning with Kernels,
@@ -489,9 +500,21 @@ def tensor_power(x: Any, p: int) -> np.ndarray:
     """
     p = numerics.check_positive_int(p, "p")
     x = numerics.as_float(x, "x")
-    out = x
-    for _ in range(p - 1):
-        out = (out[..., :, None] * x[..., None, :]).reshape(*x.shape[:-1], -1)
+    m, e = np.frexp(x)
+    out_m, out_e = m, e.astype(np.int64)
+    with np.errstate(invalid="ignore"):     # inf x 0 where a factor is inf (finite significands cannot give NaN)
+        for _ in range(p - 1):
+            prod = (out_m[..., :, None] * m[..., None, :]).reshape(*x.shape[:-1], -1)    # in [1/4, 1): no range
+            out_m, shift = np.frexp(prod)                                                 # to [1/2, 1), exact
+            out_e = (out_e[..., :, None] + e[..., None, :]).reshape(*x.shape[:-1], -1) + shift
+    with np.errstate(over="ignore", under="ignore"):
+        out = np.ldexp(out_m, np.clip(out_e, -(2 ** 20), 2 ** 20).astype(np.int32))
+    lost = np.isinf(out) & np.isfinite(out_m)
+    if np.any(lost):
+        idx = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise FloatingPointError(f"tensor_power: the product of p = {p} finite factors at index {idx} is about "
+                                 f"2^{int(out_e[idx]) - 1} in magnitude, beyond the range of {out.dtype}: the "
+                                 f"exact value is finite but not representable")
     return out
 
 
