@@ -182,15 +182,20 @@ def _check_stage(label: str, x: np.ndarray, dtype_name: str, device: str, *, ref
 
 
 def _check_parts(fam, twin, params, cfg, unit, x, dtype_name, device, report, label) -> None:
-    """Stage-wise comparison of a unit whose own bound is void: each of its parts (fam.unit_parts) teacher-forced
-    from the reference's input of that part must match, and the twin's unit must be its parts composed, bit for
-    bit.  A unit without parts cannot be made conclusive: that fails with the unit's report."""
+    """Stage-wise comparison of a unit whose own bound is void (:func:`check_unit_parts`).  A unit without parts
+    cannot be made conclusive: that fails with the unit's report."""
     parts = fam.unit_parts(cfg, unit) if hasattr(fam, "unit_parts") else ()
     assert parts and hasattr(twin, "run_unit_part"), f"{report}\n(the unit has no parts to compare stage-wise)"
-    xp = x
-    x_t = to_torch(x, dtype_name, device)
+    check_unit_parts(fam, twin, params, cfg, unit, x, dtype_name, device, label)
+
+
+def check_unit_parts(fam, twin, params, cfg, unit, x, dtype_name, device, label) -> None:
+    """Each part of ``unit`` (fam.unit_parts), teacher-forced from the reference's input of that part rounded to T,
+    must match the reference through the part's own bound (fam.unit_part_bound), and the twin's unit must be its
+    parts composed, bit for bit."""
+    xp, x_t = x, to_torch(x, dtype_name, device)
     chain = x_t
-    for part in parts:
+    for part in fam.unit_parts(cfg, unit):
         r = _check_stage(f"{label} unit {unit}, part {part}", xp, dtype_name, device,
                          reference=lambda v, q=part: fam.run_unit_part(params, unit, q, v, cfg),
                          bound=lambda v, q=part: fam.unit_part_bound(params, unit, q, v, cfg, dtype=dtype_name),

@@ -9,14 +9,11 @@ own float32 bound is void at widths 64 / 128, its parts' are not: tests/test_ver
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-import torch
 
-from equivalence.assertions import to_numpy, to_torch
-from equivalence.test_models import _check_stage, _setup
+from equivalence.test_models import _check_stage, _setup, check_unit_parts
 from refimpl import numerics
-from refimpl.verdict import INCONCLUSIVE, MATCH
+from refimpl.verdict import INCONCLUSIVE
 
 CASES = [("ravlt_t", "paper"), ("ravlt_t", "official"), ("lisanet_i_t", "paper"), ("lisanet_h_t", "paper")]
 
@@ -38,20 +35,7 @@ def check_every_part(fam, cfg, params, images, twin, label: str, dtype_name: str
                                  twin_fn=lambda v, u=unit: twin.run_unit(u, v))
                 if r.verdict == INCONCLUSIVE:
                     void_units.append(unit)
-            xp, x_t = x, to_torch(x, dtype_name, device)
-            chain = x_t
-            for part in parts:
-                r = _check_stage(f"{label} unit {unit}, part {part}", xp, dtype_name, device,
-                                 reference=lambda v, q=part, u=unit: fam.run_unit_part(params, u, q, v, cfg),
-                                 bound=lambda v, q=part, u=unit: fam.unit_part_bound(params, u, q, v, cfg,
-                                                                                      dtype=dtype_name),
-                                 twin_fn=lambda v, q=part, u=unit: twin.run_unit_part(u, q, v))
-                assert r.verdict == MATCH, f"{r}\n(part {part!r} of {unit!r} is not conclusive)"
-                with torch.no_grad():
-                    chain = twin.run_unit_part(unit, part, chain)
-                xp = numerics.round_to(fam.run_unit_part(params, unit, part, xp, cfg), dtype_name)
-            with torch.no_grad():
-                np.testing.assert_array_equal(to_numpy(chain), to_numpy(twin.run_unit(unit, x_t)))
+            check_unit_parts(fam, twin, params, cfg, unit, x, dtype_name, device, label)
         x = numerics.round_to(fam.run_unit(params, unit, x, cfg), dtype_name)
     return void_units
 
