@@ -63,6 +63,7 @@ from .lisa_cores import (RPE_KINDS, SA_FORMS, TRANSFORMS, _check_grid, _convolve
                          _tr_conv, _tr_core, _tr_l2, lisa_core,
                          lisa_core_bound, resample_circular_kernel, resample_toeplitz_kernel, rpe_matrix, sa_core_bound,
                          sa_elements, sa_eq4, sa_eq5, sa_eq6, sa_eq7, sa_eq8_terms)
+from .lisa_grid import GridHeads
 
 __all__ = [
     "LiSAConfig", "SAConfig", "lisa_param_shapes", "sa_param_shapes", "lisa_block_param_shapes",
@@ -85,33 +86,8 @@ def _check_heads(dim: int, num_heads: int) -> None:
         raise ArgumentError(f"argument 'num_heads': dim={dim} is not divisible by num_heads={num_heads}")
 
 
-class _GridHeads:
-    """The derived sizes :class:`LiSAConfig` and :class:`SAConfig` share (a mixin of the frozen configs, no fields;
-    each defines ``kernel_grid``)."""
-
-    @property
-    def head_dim(self) -> int:
-        """c = C / h, the head dimension."""
-        return self.dim // self.num_heads
-
-    @property
-    def num_tokens(self) -> int:
-        """N, the number of tokens of the grid."""
-        return int(np.prod(self.grid))
-
-    @property
-    def ndim(self) -> int:
-        """The number of grid axes (1, 2 or 3)."""
-        return len(self.grid)
-
-    @property
-    def kernel_tokens(self) -> int:
-        """The number of entries of ``kernel_grid`` (the RPE kernels' first axis)."""
-        return int(np.prod(self.kernel_grid))
-
-
 @dataclasses.dataclass(frozen=True)
-class LiSAConfig(_GridHeads):
+class LiSAConfig(GridHeads):
     """LiSA operator / block configuration (LiSA §4.3, §5.1, Fig. 3, Fig. 7).
 
     dim : C.  num_heads : h (c = C / h).  grid : token grid (N,), (H, W) or (T, H, W).
@@ -182,7 +158,7 @@ class LiSAConfig(_GridHeads):
 
 
 @dataclasses.dataclass(frozen=True)
-class SAConfig(_GridHeads):
+class SAConfig(GridHeads):
     """Structure-aware attention computed directly with dense RPE tensors (LiSA §4.1-4.2, Fig. 6).
 
     form : "eq4" (one RPE R, Eq. 4), "eq5" (Ra, Rb, Bb), "eq6" (Hadamard: Ra~ per channel), "eq7" (+ Ba).

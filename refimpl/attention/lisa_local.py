@@ -50,6 +50,7 @@ from .. import backends, config, validation
 from ..errors import ArgumentError
 from ..numerics import Bound, as_float, check_shapes
 from .lisa_cores import _check_grid, _finish, _l2, _tr_add, _tr_einsum, _tr_l2
+from .lisa_grid import GridHeads
 
 __all__ = ["LocalLiSAConfig", "local_param_shapes", "local_convolve", "local_to_toeplitz", "lisa_local_core",
            "lisa_local_core_bound"]
@@ -65,7 +66,7 @@ def _kernel_tuple(kernel: Any, r: int) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class LocalLiSAConfig:
+class LocalLiSAConfig(GridHeads):
     """LiSA with local k x k kernels (Table 3c), the operator of a LiSANet block.
 
     dim : C.  num_heads : h (c = C / h).  grid : token grid (N,), (H, W) or (T, H, W).  latent : D.
@@ -91,24 +92,9 @@ class LocalLiSAConfig:
         validation.check_eps(self.l2_eps, "l2_eps")
 
     @property
-    def head_dim(self) -> int:
-        """c = C / h, the head dimension."""
-        return self.dim // self.num_heads
-
-    @property
-    def num_tokens(self) -> int:
-        """N, the number of tokens of the grid."""
-        return int(np.prod(self.grid))
-
-    @property
     def kernel_grid(self) -> tuple[int, ...]:
-        """The local kernel's extent (k, ..., k), one k per grid axis."""
+        """The local kernel's extent (k, ..., k), one k per grid axis (``kernel_tokens``: its k^r taps)."""
         return (self.kernel,) * len(self.grid)
-
-    @property
-    def kernel_taps(self) -> int:
-        """The number of taps of the local kernel, k^r on an r-axis grid."""
-        return int(np.prod(self.kernel_grid))
 
 
 def local_param_shapes(cfg: LocalLiSAConfig) -> dict[str, tuple[int, ...]]:
@@ -116,7 +102,7 @@ def local_param_shapes(cfg: LocalLiSAConfig) -> dict[str, tuple[int, ...]]:
     proj.weight (C, C), proj.bias (C,): LiSA's layout (refimpl.attention.lisa.lisa_param_shapes) with k^r
     kernel taps instead of N.  References: LiSA Eq. 9, Table 3c."""
     validation.check_config(cfg, LocalLiSAConfig)
-    c, d, p, dim = cfg.head_dim, cfg.latent, cfg.kernel_taps, cfg.dim
+    c, d, p, dim = cfg.head_dim, cfg.latent, cfg.kernel_tokens, cfg.dim
     s: dict[str, tuple[int, ...]] = {"qkv.weight": (3 * dim, dim)}
     if cfg.qkv_bias:
         s["qkv.bias"] = (3 * dim,)
