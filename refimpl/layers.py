@@ -121,18 +121,34 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray
     """LayerNorm over the last dimension (Ba et al., 2016; torch.nn.LayerNorm):
     y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased (1/n) variance, computed in two passes.
     x : (..., C); weight, bias : (C,) or None (no affine part, as in torch.nn.functional.layer_norm);
-    eps finite and >= 0."""
+    eps finite and >= 0.
+
+    The arguments are checked here, then operation "layer_norm" runs (``backends.call``): its definition is
+    :func:`_layer_norm_definition` (the NumPy computation, bit for bit the result under the default backend); the
+    C kernel (float64) performs the same operations with the sums in another order, within
+    :func:`layer_norm_bound`."""
     x = _ln_input(x)
     eps = validation.check_eps(eps)
     c = x.shape[-1]
+    weight = None if weight is None else check_vector(weight, "weight", c)
+    bias = None if bias is None else check_vector(bias, "bias", c)
+    return backends.call("layer_norm", x, weight, bias, eps)
+
+
+@backends.register("layer_norm", "numpy")
+def _layer_norm_definition(x: np.ndarray, weight: np.ndarray | None, bias: np.ndarray | None,
+                           eps: float) -> np.ndarray:
+    """The definition of operation "layer_norm" on checked arguments (:func:`layer_norm`): the mean, the
+    differences, the mean of their squares (NumPy's pairwise sums), the quotient by sqrt(var + eps), then the
+    scale and the shift, each a separately rounded operation."""
     mu = np.mean(x, axis=-1, keepdims=True)
     d = x - mu
     var = np.mean(d * d, axis=-1, keepdims=True)
     y = d / np.sqrt(var + eps)
     if weight is not None:
-        y = y * check_vector(weight, "weight", c)
+        y = y * weight
     if bias is not None:
-        y = y + check_vector(bias, "bias", c)
+        y = y + bias
     return y
 
 

@@ -1,12 +1,15 @@
-"""Element-wise C kernels: the validated wrappers of ``refimpl_gelu_f64`` and ``refimpl_erf_f64``
-(ckernels/gelu.c).
+"""Element-wise and row-wise C kernels: the validated wrappers of ``refimpl_gelu_f64`` and ``refimpl_erf_f64``
+(ckernels/gelu.c) and of ``refimpl_layer_norm_f64`` (ckernels/layernorm.c).
 
 - ``"gelu"``: ``gelu(x, approximate="none", *, out=None, threads=None)``, the C twin of
   ``refimpl.numerics.gelu`` (the definition, registered by ``refimpl.layers``), float64 only, with the
   vectorisable erf of ckernels/erf_vec.h;
 - ``gelu_libm`` (not registered): the same with libm's scalar erf, the plain version kept beside the fast
   one for tests and timing;
-- ``erf(x, impl="vector" | "libm")`` (not registered): the erf alone, for its accuracy tests.
+- ``erf(x, impl="vector" | "libm")`` (not registered): the erf alone, for its accuracy tests;
+- ``"layer_norm"``: ``layer_norm(x, weight=None, bias=None, eps=..., *, threads=None)``, the C twin of
+  ``refimpl.layers.layer_norm`` (the definition), float64; ``layer_norm_plain`` (not registered) its plain
+  version, one thread, sums in the recursive order.
 
 The same steps as every wrapper of refimpl.backends._c: validate (float64 in native byte order, non-empty,
 at least one dimension; a non-contiguous input is copied to C order; ``out`` refused unless usable as is),
@@ -22,8 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import _validate
-from ._c import _check_status, _load, _threads
-from ._registry import register
+from ._c import _check_status, _load, _outside_band, _threads, run_kernel
+from ._registry import definition, register
 from ._validate import empty_aligned
 
 #: approximate= codes of refimpl_gelu_f64 (GELU_ERF / GELU_TANH in ckernels/gelu.c).
@@ -144,3 +147,108 @@ def erf(x: np.ndarray, impl: str = "vector") -> np.ndarray:
                                  ffi.from_buffer("double[]", a), a.size, ERF_IMPLS[impl])
     _check_status(mod, status, "refimpl_erf")
     return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# LayerNorm (ckernels/layernorm.c)
+# ---------------------------------------------------------------------------------------------------
+
+def layer_norm_supported(x: Any, weight: Any = None, bias: Any = None, *_: Any, **__: Any) -> bool:
+    """The ``supports`` predicate of the C LayerNorm: x a float64 ndarray in native byte order with at least one
+    dimension and one element, weight and bias None or float64 ndarrays.  Any layout (the wrapper copies to C
+    order).  Everything else (float32 under numerics.precision, ...) runs on the definition, which also gives
+    the errors for bad arguments."""
+    def vec(a: Any) -> bool:
+        return a is None or (isinstance(a, np.ndarray) and a.dtype == _F64 and a.dtype.isnative)
+    return (isinstance(x, np.ndarray) and x.dtype == _F64 and x.dtype.isnative and x.ndim >= 1 and x.size >= 1
+            and vec(weight) and vec(bias))
+
+
+@register("layer_norm", "c", supports=layer_norm_supported)
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+               eps: float = 1e-5, *, threads: int | None = None) -> np.ndarray:
+    """LayerNorm over the last axis in C: the C twin of ``refimpl.layers.layer_norm`` (float64).
+
+    Per row, the definition's operations in its order (mean, differences, mean of squares, quotient by
+    sqrt(var + eps), scale, shift; ckernels/layernorm.c), the two sums in interleaved partial sums instead of
+    NumPy's pairwise order: within ``refimpl.layers.layer_norm_bound`` of the exact result, as the definition
+    is, not bit for bit.  Where x, weight or bias holds an entry above 2^256 or an infinite one (the kernels'
+    band, refimpl.backends._c), the result is the definition's; a row holding a NaN is NaN, as in the
+    definition.
+
+    Parameters
+    ----------
+    x : float64 array (..., C), non-empty, copied to C order if it is not.  weight, bias : float64 (C,) or None.
+    eps : finite and >= 0.  threads : int >= 1 or None (refimpl.backends._c.default_threads()); speed only,
+        every thread count gives the same bits; calls under 32768 elements use one thread.
+
+    Returns
+    -------
+    A new float64 array of x's shape (C order).
+
+    Raises
+    ------
+    TypeError for a dtype other than float64; ValueError for an empty or 0-d x, a weight / bias of another
+    shape than (C,), an eps that is not finite and >= 0, or bad ``threads``; ImportError if the compiled module
+    is missing.
+
+    References
+    ----------
+    Ba, Kiros & Hinton, "Layer Normalization" (2016), Eq. 4; PyTorch ``torch.nn.LayerNorm``; Higham (2002)
+    eq. 4.4 (the sums' error in any order).
+    """
+    return _layer_norm(x, weight, bias, eps, threads, plain=False)
+
+
+def layer_norm_plain(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+                     eps: float = 1e-5) -> np.ndarray:
+    """The plain C LayerNorm (one thread, both sums in the recursive order): the specification beside
+    ``layer_norm`` (not registered).  Arguments, results and errors as ``layer_norm``."""
+    return _layer_norm(x, weight, bias, eps, 1, plain=True)
+
+
+def _layer_norm(x: Any, weight: Any, bias: Any, eps: Any, threads: Any, plain: bool) -> np.ndarray:
+    nthreads = _threads(threads)
+    a = _validate._array(x, "x", "C")
+    if a.dtype != _F64:
+        raise TypeError(f"argument 'x': the C LayerNorm kernel takes float64, got {a.dtype} (float32 runs on the "
+                        f"NumPy definition: refimpl.layers.layer_norm's predicate sends it there)")
+    if a.ndim < 1 or a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array (..., C), got shape {a.shape}")
+    n = a.shape[-1]
+    vecs = []
+    for name, v in (("weight", weight), ("bias", bias)):
+        if v is not None:
+            v = _validate._array(v, name, "C")
+            if v.dtype != _F64 or v.shape != (n,):
+                raise ValueError(f"argument '{name}': expected a float64 array of shape ({n},), got {v.dtype} "
+                                 f"{v.shape}")
+            v = _validate._contiguous(v)
+        vecs.append(v)
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or \
+            not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"argument 'eps': expected a finite number >= 0, got {eps!r}")
+    a = _validate._contiguous(a)
+    w, b = vecs
+    rows = a.size // n
+
+    def twin() -> np.ndarray:              # the definition, as refimpl.layers registered it
+        return definition("layer_norm")(a, w, b, float(eps))
+
+    result = empty_aligned(a.shape, a.dtype)
+    if plain:
+        return run_kernel("layer_norm_plain", result, a, w, b, rows, n, float(eps), twin=twin, band=(a, w, b))
+    if _outside_band(w, b):
+        return twin()
+    # The fast kernel writes every element of every row it computes (no poison needed: its loops cover the
+    # row) and counts, instead of computing, the rows with an entry above 2^256 or an infinite one (its first
+    # pass finds them: no separate range scan); then the call is the definition's.  Its only non-finite outputs
+    # are the rows holding a NaN, NaN in the definition too (no range fallback needed).
+    mod = _load()
+    ffi = mod.ffi
+    flagged = ffi.new("int64_t[1]")
+    arg = lambda v: ffi.NULL if v is None else ffi.from_buffer("double[]", v)
+    _check_status(mod, mod.lib.refimpl_layer_norm_f64(ffi.from_buffer("double[]", result, require_writable=True),
+                                                      flagged, arg(a), arg(w), arg(b), rows, n, float(eps),
+                                                      nthreads), "refimpl_layer_norm")
+    return twin() if flagged[0] else result

@@ -1,9 +1,10 @@
-"""Timing of GELU (operation "gelu", exact erf form, float64) on each backend against PyTorch CPU eager (not a
-test).
+"""Timing of the element-wise and row-wise operations (float64) on each backend against PyTorch CPU eager (not a
+test): GELU (operation "gelu", exact erf form or tanh) and LayerNorm (operation "layer_norm").
 
-    PYTHONPATH=. python benchmarks/gelu.py [--reps 21] [--approximate none|tanh] [--out benchmarks/results/gelu.json]
+    PYTHONPATH=. python benchmarks/elementwise.py [--op gelu|layer_norm] [--reps 21] [--approximate none|tanh]
+                                                  [--out benchmarks/results/<op>.json]
 
-For each workload (the MLP hidden activations of a 56x56 / 28x28 / 14x14 stage: (1, 3136, 256), (1, 784, 512),
+GELU.  For each workload (the MLP hidden activations of a 56x56 / 28x28 / 14x14 stage: (1, 3136, 256), (1, 784, 512),
 (1, 196, 768)) and each thread count (1, 2), on the same float64 input:
 
 - "numpy": refimpl.numerics.gelu, the definition (scipy.special.erf; single-threaded whatever the count);
@@ -14,6 +15,13 @@ For each workload (the MLP hidden activations of a 56x56 / 28x28 / 14x14 stage: 
   (refimpl.backends._c_elementwise.gelu_libm / _numba_elementwise.gelu_libm: libm's scalar erf, the kernels
   as they were before the vectorisable erf of ckernels/erf_vec.h), with out= and threads= as "c raw";
 - "torch": torch.nn.functional.gelu on a float64 CPU tensor (torch.set_num_threads(count)).
+
+LayerNorm.  For each workload (the LayerNorms of the networks' stages: Swin-T's 56x56 stage (1, 3136, 96),
+PVT's (1, 3136, 64), 28x28 and 14x14 stages (1, 784, 192), (1, 196, 384), DeiT-T's tokens (1, 197, 192), a 7x7
+stage (1, 49, 768)), with weight and bias, eps 1e-5: "numpy" the definition (refimpl.layers._layer_norm_definition);
+"c" refimpl.layers.layer_norm under backends.use("c") (its argument checks, the dispatch, the kernel); "c raw" the
+C wrapper with threads= the count; "c plain" the plain C version (one thread, recursive sums, the range scan
+first); "torch" torch.nn.functional.layer_norm.
 
 The variants are interleaved (one call of each per round, ``--reps`` rounds after two warm-up rounds), so a
 load change on a shared machine hits them alike; the table gives the median and the minimum per call.
@@ -39,8 +47,30 @@ import numpy as np  # noqa: E402
 from refimpl import backends, config, layers, numerics  # noqa: E402
 from refimpl.backends import _c_elementwise, _numba_elementwise  # noqa: E402
 
-SHAPES = ((1, 3136, 256), (1, 784, 512), (1, 196, 768))
+SHAPES = {"gelu": ((1, 3136, 256), (1, 784, 512), (1, 196, 768)),
+          "layer_norm": ((1, 3136, 96), (1, 3136, 64), (1, 784, 192), (1, 196, 384), (1, 197, 192), (1, 49, 768))}
 THREADS = (1, 2)
+
+
+def _layer_norm_variants(x: np.ndarray, threads: int) -> dict:
+    rng = np.random.default_rng(1)
+    w, b = rng.standard_normal(x.shape[-1]), rng.standard_normal(x.shape[-1])
+    definition = backends.definition("layer_norm")
+    v = {"numpy": lambda: definition(x, w, b, 1e-5)}
+    if backends.available()["c"].ok:
+        def disp():
+            with backends.use("c"):
+                return layers.layer_norm(x, w, b, 1e-5)
+        v["c"] = disp
+        v["c raw"] = lambda: _c_elementwise.layer_norm(x, w, b, 1e-5, threads=threads)
+        v["c plain"] = lambda: _c_elementwise.layer_norm_plain(x, w, b, 1e-5)
+    try:
+        import torch
+        tx, tw, tb = (torch.from_numpy(a) for a in (x, w, b))
+        v["torch"] = lambda: torch.nn.functional.layer_norm(tx, (x.shape[-1],), tw, tb, 1e-5)
+    except ImportError:
+        pass
+    return v
 
 
 def _variants(x: np.ndarray, threads: int, approximate: str) -> dict:
@@ -68,7 +98,7 @@ def _variants(x: np.ndarray, threads: int, approximate: str) -> dict:
     return v
 
 
-def run(reps: int, approximate: str) -> dict:
+def run(reps: int, approximate: str, op: str = "gelu") -> dict:
     try:
         import torch
         torch_version = torch.__version__
@@ -78,13 +108,14 @@ def run(reps: int, approximate: str) -> dict:
     rows = []
     saved = config.C_KERNEL_THREADS_MAX
     try:
-        for shape in SHAPES:
+        for shape in SHAPES[op]:
             x = rng.standard_normal(shape)
             for threads in THREADS:
                 config.C_KERNEL_THREADS_MAX = threads
                 if torch is not None:
                     torch.set_num_threads(threads)
-                variants = _variants(x, threads, approximate)
+                variants = (_variants(x, threads, approximate) if op == "gelu" else
+                            _layer_norm_variants(x, threads))
                 times: dict[str, list[float]] = {k: [] for k in variants}
                 for r in range(reps + 2):
                     for name, f in variants.items():
@@ -99,7 +130,7 @@ def run(reps: int, approximate: str) -> dict:
                                  "ns_per_element_median": 1e9 * float(np.median(ts)) / x.size})
     finally:
         config.C_KERNEL_THREADS_MAX = saved
-    return {"benchmark": "gelu", "approximate": approximate, "dtype": "float64", "reps": reps,
+    return {"benchmark": op, "approximate": approximate if op == "gelu" else None, "dtype": "float64", "reps": reps,
             "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "machine": {"cpu": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
                         "load_average_at_start": os.getloadavg()},
@@ -112,7 +143,7 @@ def table(res: dict) -> str:
     impls = list(dict.fromkeys(r["impl"] for r in res["rows"]))
     lines = ["| shape | threads | " + " | ".join(f"{i} median (min) ms" for i in impls) + " | c / torch (median) |",
              "| --- | --- | " + " | ".join("---" for _ in impls) + " | --- |"]
-    for shape in SHAPES:
+    for shape in SHAPES[res["benchmark"]]:
         for threads in THREADS:
             sel = {r["impl"]: r for r in res["rows"] if tuple(r["shape"]) == shape and r["threads"] == threads}
             cells = [f"{sel[i]['median_ms']:.2f} ({sel[i]['min_ms']:.2f})" if i in sel else "-" for i in impls]
@@ -125,11 +156,14 @@ def table(res: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=21)
-    ap.add_argument("--approximate", choices=("none", "tanh"), default="none")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "gelu.json"))
+    ap.add_argument("--op", choices=tuple(SHAPES), default="gelu")
+    ap.add_argument("--approximate", choices=("none", "tanh"), default="none", help="GELU's form")
+    ap.add_argument("--out", default=None, help="default benchmarks/results/<op>.json")
     args = ap.parse_args()
-    res = run(args.reps, args.approximate)
-    print(f"GELU ({args.approximate}), float64, load average at start {res['machine']['load_average_at_start']}")
+    args.out = args.out or str(Path(__file__).parent / "results" / f"{args.op}.json")
+    res = run(args.reps, args.approximate, args.op)
+    what = f"GELU ({args.approximate})" if args.op == "gelu" else "LayerNorm (weight, bias, eps 1e-5)"
+    print(f"{what}, float64, load average at start {res['machine']['load_average_at_start']}")
     print(table(res))
     Path(args.out).write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")
