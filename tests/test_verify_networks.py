@@ -16,7 +16,7 @@ from refimpl import models as rm
 from refimpl import verify as V
 from refimpl.models.convert import released_layout
 from refimpl.verify.networks import network_config
-from tests.verify_gallery.network_twins import twin
+from tests.verify_gallery.network_twins import L2VIT_WIDE, twin
 
 TARGET = "tests.verify_gallery.network_twins:twin"
 #: (network, a block to plant a bug in) of two families with released code: RAVLT renames its blocks' norms
@@ -629,17 +629,9 @@ def test_the_head_wiring_takes_what_the_classifier_receives_as_the_features_with
 
 # --- L2ViT's blocks part by part (refimpl.models.l2vit.unit_parts) --------------------------------------------------
 
-#: The reduced L2ViT-T at the paper's head dim 32 (C 64 / 128): in float32 its LWA blocks' own bounds are void
-#: (relative 1.4 and 3.3, official preset) while each of their residual steps' stays below 1e-2.
-L2VIT_WIDE = {"reduced": True, "dims": [64, 128], "num_heads": [2, 4]}
-
-
 def _l2vit_wide(bug_unit: str | None = None, bug_rel: float = 0.0):
-    import refimpl.twins.models as em
-    module = em.build(network_config("l2vit_tiny", "official", L2VIT_WIDE, None)[0])
-    if bug_unit is not None:
-        dict(module.named_modules())[bug_unit].register_forward_hook(lambda _m, _i, out: out * (1 + bug_rel))
-    return module
+    """The reduced L2ViT-T at head dim 32 (network_twins.L2VIT_WIDE), official preset."""
+    return twin("l2vit_tiny", "official", config=L2VIT_WIDE, bug_unit=bug_unit, bug_rel=bug_rel)
 
 
 def test_l2vit_blocks_whose_own_bound_is_void_are_judged_part_by_part():

@@ -41,7 +41,17 @@ class ConvStem(nn.Module):
                                   nn.Conv2d(hidden, dim, 3, stride=2, padding=1), nn.BatchNorm2d(dim, eps=bn_eps))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.proj(x)
+        """The stem's grid (B, dim, H / 4, W / 4); its gradient is handed to the last BatchNorm's backward contiguous.
+
+        PyTorch 2.13's CPU batch-norm backward returns wrong input, weight and bias gradients (O(1) off; the bias's
+        ~1e-16 instead of its sum of the output gradient) for a batch of one whose gradient is channels-last with a
+        batch stride other than C H W: the layout the LayerNorm over ``x.flatten(2).transpose(1, 2)`` (PatchEmbed)
+        hands back.  Without this every ConvStem parameter's float64 reference gradient was wrong at batch 1 (the
+        verify tool's images)."""
+        y = self.proj(x)
+        if y.requires_grad:
+            y.register_hook(lambda g: g.contiguous())
+        return y
 
 
 class PatchEmbed(nn.Module):
