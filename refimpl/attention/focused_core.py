@@ -306,12 +306,15 @@ _KERNEL_TINY = 2.0 ** -990
 _KERNEL_TINY_ROW = 2.0 ** -960
 
 
-def _kernel_unsafe(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, heads: int | None = None) -> bool:
+def _kernel_unsafe(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, heads: int | None = None,
+                   pre: Any = None) -> bool:
     """Whether a call must skip the fused kernel for the NumPy definition: a head whose smallest query-row
     maximum or key maximum is below 2^-960 (features on the subnormal grid), or whose smallest query-row
     maximum times its key maximum (times its smallest value-column maximum, where below 1) is below 2^-990
     (subnormal products; a group above 2^256 counts as 1: the kernel's wrapper answers there with the
-    definition of operation "linear_attention", which rescales it into [1/2, 1)).  ``heads``: a_q, a_k token-major, split here."""
+    definition of operation "linear_attention", which rescales it into [1/2, 1)).  ``heads``: a_q, a_k token-major, split here.
+    ``pre``: a non-decreasing entrywise map the features start with (ReLU), applied here to the maxima instead of
+    to every entry: max pre(x) = pre(max x), bit for bit (rounding is monotone too; NaN propagates either way)."""
     if heads is not None:
         a_q, a_k = _split_heads(a_q, heads), _split_heads(a_k, heads)
     big = 2.0 ** config.RANGE_RESCALE_EXPONENT
@@ -319,8 +322,11 @@ def _kernel_unsafe(a_q: np.ndarray, a_k: np.ndarray, v: np.ndarray, heads: int |
     def eff(m):      # a group above 2^B is rescaled to [1/2, 1) by the wrapper's fallback (numerics.pow2_exponent)
         return np.where(m > big, 1.0, np.where(m > 0, m, np.inf))
     with np.errstate(invalid="ignore", under="ignore"):
-        qm = np.min(eff(np.max(a_q, axis=-1)), axis=-1)                     # (B, h)
-        km = eff(np.max(a_k, axis=(-2, -1)))
+        mq, mk = np.max(a_q, axis=-1), np.max(a_k, axis=(-2, -1))
+        if pre is not None:
+            mq, mk = pre(mq), pre(mk)
+        qm = np.min(eff(mq), axis=-1)                                         # (B, h)
+        km = eff(mk)
         vm = np.minimum(np.min(eff(np.max(np.abs(v), axis=-2)), axis=-1), 1.0)
         return bool(np.any(qm * km * vm < _KERNEL_TINY) or np.any(np.minimum(qm, km) < _KERNEL_TINY_ROW))
 
@@ -406,7 +412,7 @@ def focused_attention(q: Any, k: Any, v: Any, *, p: float = config.FLATTEN_FOCUS
                        max_elements=max_elements, rng=rng)
 
     if _fused_kernel_applies(order=order, normaliser=normaliser, power_scaling=power_scaling, mask=None, taps=taps) \
-            and not _kernel_unsafe(numerics.relu(q), numerics.relu(k), v):
+            and not _kernel_unsafe(q, k, v, pre=numerics.relu):
         att = _repaired(lambda: backends.call("linear_attention", q, k, v, "focused", eps, "add", None,
                                               _check_p(p), otherwise=numpy_path), numpy_path)
     else:
@@ -648,15 +654,16 @@ def _core(q, k, v, params, cfg, hw_kv, hw_q, mask, order, taps, max_elements):
         return _attend(phi_q, phi_k, vh, normaliser=cfg.normaliser, eps=cfg.eps, order=order, mask=mask,
                        taps=taps, max_elements=max_elements, rng=rng)
 
-    if cfg.norm_scope == "head" and _fused_kernel_applies(order=order, normaliser=cfg.normaliser,
-                                                          power_scaling=cfg.power_scaling, mask=mask, taps=taps) \
-            and not _kernel_unsafe(_pre_features(q, params, cfg), _pre_features(k, params, cfg), vh, cfg.num_heads):
+    fused = cfg.norm_scope == "head" and _fused_kernel_applies(order=order, normaliser=cfg.normaliser,
+                                                               power_scaling=cfg.power_scaling, mask=mask, taps=taps)
+    pq = _pre_features(q, params, cfg) if fused else None      # formed once: the range test and the kernel's input
+    pk = _pre_features(k, params, cfg) if fused else None
+    if fused and not _kernel_unsafe(pq, pk, vh, cfg.num_heads):
         # The fused kernel applies ReLU then f_p per head row: the pre-features (ReLU (+ relu_eps)
         # (/ softplus(scale))) are >= 0 or NaN, on which its ReLU is the identity, so phi_p of the kernel
         # equals _features' focused_function of them (FLatten Eq. 6 per head).
         h = cfg.num_heads
-        aq = _split_heads(_pre_features(q, params, cfg), h)
-        ak = _split_heads(_pre_features(k, params, cfg), h)
+        aq, ak = _split_heads(pq, h), _split_heads(pk, h)
         att = _repaired(lambda: backends.call("linear_attention", aq, ak, vh, "focused", cfg.eps, "add", None,
                                               cfg.p, otherwise=numpy_path), numpy_path)
     else:
