@@ -358,7 +358,7 @@ def test_shadow_mode_locates_a_bug_inside_a_submodule_without_propagation():
     assert all(shadow[n] == "match" for n in ("kv", "dwc", "proj")), str(r)
     assert shadow["phi_q"] == "not shadowed" and "located by value" in r.shadow[names.index("phi_q")].detail
     d = r.as_dict()
-    assert d["schema_version"] == V.SCHEMA_VERSION == 4 and d["shadow"] is True
+    assert d["schema_version"] == V.SCHEMA_VERSION == 5 and d["shadow"] is True
     assert d["shadow_first_divergence"]["stage"] == "norm" and d["stages"][i]["shadow"]["verdict"] == "diverges"
     rw = V.verify(_port("skip_norm"), "flatten.attention", hw=(8, 8), dtype="float32", shadow=True)
     assert rw.first_divergence["stage"] == "kv" and rw.shadow_first_divergence is None, str(rw)

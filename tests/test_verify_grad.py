@@ -164,7 +164,7 @@ def test_cli_grad_exit_codes_and_json(tmp_path, capsys):
     base = ["verify", f"{GRAD_PORT}:GradL2ViT", "--reference", "l2vit.attention", "--hw", "6,6", "--grad"]
     assert cli.main(base + ["--init", json.dumps(init), "--json", "-"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["schema_version"] == V.SCHEMA_VERSION == 4 and rep["verdict"] == "match"
+    assert rep["schema_version"] == V.SCHEMA_VERSION == 5 and rep["verdict"] == "match"
     for t in rep["gradients"]["tensors"]:
         assert set(t) >= {"name", "max_abs_err", "max_rel_err", "bound", "err_over_bound", "ok"} and t["ok"]
     md = tmp_path / "r.md"

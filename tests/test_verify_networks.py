@@ -82,6 +82,28 @@ def test_a_bug_in_one_block_diverges_at_that_unit(name, unit, tmp_path, capsys):
     names = [s["name"] for s in rep["stages"]]
     i = names.index(unit)
     assert all(s["ok"] for s in rep["stages"][:i]) and all(s["ok"] for s in rep["stages"][i + 1:]), rep["stages"]
+    # the diverging block is judged part by part to locate the bug: its output is off, which only its last part
+    # (the MLP residual step, whose output is the block's) shows; the parts before it match
+    parts = [(q["name"], q["verdict"]) for q in rep["stages"][i]["parts"]]
+    assert parts[-1] == ("mlp", "diverges") and all(v == "match" for _, v in parts[:-1]), parts
+    assert rep["first_divergence"]["part"] == "mlp" and "first diverging part 'mlp'" in rep["first_divergence"]["why"]
+
+
+@pytest.mark.parametrize("name,unit", CASES)
+def test_a_bug_in_one_part_of_a_block_is_located_at_that_part(name, unit):
+    """The attention submodule of one block off by 1e-6 relative, in float64 (the block's own bound resolves it):
+    the block diverges as a whole, and judged part by part (each part teacher-forced on the port's own
+    intermediates) its "attn" part diverges while the parts before it match and the MLP part after it, fed the
+    port's (wrong) attention residual, matches: the report's first divergence is the block, part "attn"."""
+    r = V.verify(twin(name, bug_unit=f"{unit}.attn", bug_rel=1e-6), name, config={"reduced": True},
+                 dtype="float64", ensemble=False)
+    assert r.verdict == "diverges" and r.first_divergence["stage"] == unit, str(r)
+    assert r.first_divergence["part"] == "attn" and "first diverging part 'attn'" in r.first_divergence["why"]
+    u = {s.name: s for s in r.stages}
+    verdicts = {q.name: q.verdict for q in u[unit].parts}
+    assert verdicts["attn"] == "diverges" and all(v == "match" for p, v in verdicts.items() if p != "attn"), verdicts
+    assert u[unit].first_divergence() == f"{unit}/attn"
+    assert all(s.verdict == "match" for n, s in u.items() if n != unit), str(r)
 
 
 def test_a_misspelled_checkpoint_key_is_named(tmp_path, capsys):

@@ -42,7 +42,7 @@ def test_a_correct_network_lists_every_unit_and_part_in_the_reference_order():
     r = V.verify(twin(NAME), NAME, **KW)
     assert r.verdict == "match", str(r)
     d = r.as_dict()
-    assert d["schema_version"] == V.SCHEMA_VERSION == 4
+    assert d["schema_version"] == V.SCHEMA_VERSION == 5
     assert [s["name"] for s in d["stages"]] == UNITS
     blk = d["stages"][1]
     assert [q["name"] for q in blk["parts"]] == ["attn", "mlp"] and all(q["ok"] for q in blk["parts"]), blk
@@ -59,8 +59,8 @@ def test_a_correct_network_lists_every_unit_and_part_in_the_reference_order():
         assert rows[s.name][1:] == ["match", f"{s.err_over_bound:.3g}", "-"], (s.name, rows[s.name])
     for q in r.stages[1].parts:
         assert rows[f"blocks.0/{q.name}"] == [q.foreign, "match", f"{q.err_over_bound:.3g}", "-"]
-    assert "units: 4 (4 match); parts of the units judged part by part (their own bound void in float32): 2 " \
-           "(2 match)" in md
+    assert ("units: 4 (4 match); parts of the units judged part by part (their own bound void in float32, or the unit "
+            "diverging): 2 (2 match)") in md
     # the terminal (plain text): all six rows, fewer than config.VERIFY_SUMMARY_ROWS
     text = str(r)
     assert all(f"\n{n} " in text for n in _md_order(md)) and "more units and parts match" not in text, text
@@ -124,8 +124,8 @@ def test_the_shadow_runs_parts_are_listed_after_the_units_own_parts_and_labelled
     # the shadow run's last part is where the unit's submodule, fed the reference's input, gave its output
     assert rows["blocks.0/mlp (shadow)"][0].endswith("(the reference's input)"), rows
     assert rows["blocks.0/attn (shadow)"][0].endswith("(by value)"), rows
-    assert ("parts of the units judged part by part (their own bound void in float32): 2 (2 match); parts in the "
-            "shadow run (each unit fed the reference's own input): 2 (2 match)") in md
+    assert ("parts of the units judged part by part (their own bound void in float32, or the unit diverging): 2 "
+            "(2 match); parts in the shadow run (each unit fed the reference's own input): 2 (2 match)") in md
     assert "Rows marked (shadow): the part in the shadow run" in md
     text = str(r)
     assert "\nblocks.0/attn (shadow) " in text and "\nblocks.0/mlp (shadow) " in text, text

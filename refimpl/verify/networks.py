@@ -336,7 +336,8 @@ def _result(name: str, where: str | None, got: np.ndarray, ref: np.ndarray, boun
 
 def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, xin: np.ndarray, got: np.ndarray,
                  where: str, run: _NetRun, dtype: str, p: float, unit_rep: Any, ne: Any = None) -> StageResult | None:
-    """A unit whose own bound is void, judged part by part (``unit_parts``): each part teacher-forced on the
+    """A unit whose own bound is void (or that diverges: :func:`_located`), judged part by part (``unit_parts``):
+    each part teacher-forced on the
     foreign intermediate (located by value among the tensors the unit's forward computed), with the twin's part on
     it as the ensemble where ``ne`` (:class:`refimpl.verify.ensemble.NetworkEnsemble`) is given (the parts'
     members in the result's ``ensemble["parts"]``).  Every part is judged, also after a diverging one (on the
@@ -392,6 +393,25 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
                        max_rel_err=unit_rep.rel_err, bound=None, err_over_bound=worst,
                        detail=f"stage-wise: {void}; its parts: " + ", ".join(notes),
                        ensemble={"parts": summaries} if ne is not None else None, parts=judged)
+
+
+def _located(unit: StageResult, parts: StageResult | None) -> StageResult:
+    """A diverging unit's own result, its verdict kept, with its parts judged teacher-forced on the foreign
+    intermediates (:func:`_judge_parts`) attached, so that the report names the first diverging part
+    (StageResult.first_divergence): where the bug lives inside the block.  Where every part judged matches, the
+    divergence lies in how the parts compose (the residual additions, a layout between them), and the detail says
+    so.  ``parts`` None (no parts for the unit): the unit's result unchanged."""
+    if parts is None or not parts.parts:
+        return unit
+    unit.parts, unit.ensemble = parts.parts, parts.ensemble
+    bad = next((q for q in parts.parts if q.verdict == _verdict.DIVERGES), None)
+    judged = ", ".join(f"{q.name} {q.verdict}" for q in parts.parts)
+    unit.detail += (f"; part by part (teacher-forced on your intermediates): {judged}; first diverging part "
+                    f"{bad.name!r}" if bad is not None else
+                    f"; part by part (teacher-forced on your intermediates): {judged}: no part diverges on its own, "
+                    f"so the divergence lies in how the parts compose (the residual additions, a layout between "
+                    f"them)")
+    return unit
 
 
 def _source(t: Any, run: _NetRun, units: list[str], skip: str) -> str:
@@ -538,9 +558,11 @@ def _shadow_units(module: Any, fam: Any, params: Mapping[str, np.ndarray], cfg: 
         members = unit_members(ne, u, own_in, r.shape) if ne is not None else None
         rep = _compare(got, r, bound, fn, (params, own_in), dtype, u, p, members)
         res = None
-        if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
+        if rep.verdict in (_verdict.INCONCLUSIVE, _verdict.DIVERGES) and u != "head":
             res = _judge_parts(fam, params, cfg, u, own_in, got, where, _NetRun(out, {}, {}, rec, {}), dtype, p, rep,
                                ne)
+            if rep.verdict == _verdict.DIVERGES:
+                res = _located(_result(u, where, got, r, bound, rep, dtype), res)
         parts = res.ensemble if res is not None else None
         results.append(res or _result(u, where, got, r, bound, rep, dtype))
         if ne is not None:
@@ -688,8 +710,10 @@ def verify_network(module: Any, reference: str, *, preset: str | None = None,
                 members = unit_members(ne, u, xin, r.shape) if ne is not None else None
                 rep = _compare(got, r, bound, fn, (params, xin), dtype, u, p_unit, members)
                 res = None
-                if rep.verdict == _verdict.INCONCLUSIVE and u != "head":
+                if rep.verdict in (_verdict.INCONCLUSIVE, _verdict.DIVERGES) and u != "head":
                     res = _judge_parts(fam, params, cfg, u, xin, got, where, run, dtype, p_unit, rep, ne)
+                    if rep.verdict == _verdict.DIVERGES:
+                        res = _located(_result(u, where, got, r, bound, rep, dtype), res)
                 parts = res.ensemble if res is not None else None
                 results.append(res or _result(u, where, got, r, bound, rep, dtype))
                 if ne is not None:

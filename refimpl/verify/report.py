@@ -17,7 +17,7 @@ from .. import verdict as _verdict
 __all__ = ["SCHEMA_VERSION", "StageResult", "Report"]
 
 #: Version of the JSON report's schema (docs/verify.md).
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 def _f(x: Any) -> Any:
@@ -52,7 +52,8 @@ class StageResult:
     #: the comparison's ensemble (refimpl.verify.ensemble.members_summary): each member's zmax, zrms and status,
     #: the thresholds; None where the stage was not compared
     ensemble: dict[str, Any] | None = None
-    #: a network unit judged part by part (its own bound void): one result per part, in the order the reference
+    #: a network unit judged part by part (its own bound void, or the unit diverging: the parts locate the bug
+    #: inside it): one result per part, in the order the reference
     #: computes them (``foreign``: the tensor located by value; verdict "not judged" where its input was not
     #: located); None where the stage was judged as a whole
     parts: list[StageResult] | None = None
@@ -279,7 +280,8 @@ class Report:
         parts = [r for r in rows if r["part"] and not r["shadow"]]
         shadow = [r for r in rows if r["shadow"]]
         return (f"units: {len(units)} ({count(units)})" + (
-            f"; parts of the units judged part by part (their own bound void in {self.dtype}): {len(parts)} "
+            f"; parts of the units judged part by part (their own bound void in {self.dtype}, or the unit diverging): "
+            f"{len(parts)} "
             f"({count(parts)})" if parts else "") + (
             f"; parts in the shadow run (each unit fed the reference's own input): {len(shadow)} ({count(shadow)})"
             if shadow else ""))

@@ -152,11 +152,13 @@ NOT_SHADOWED = "not shadowed"
 
 
 def _first(results: list[StageResult]) -> dict[str, Any] | None:
-    """The first diverging stage of ``results`` (a first_divergence), or None."""
+    """The first diverging stage of ``results`` (a first_divergence), or None; ``part``: its first diverging part
+    where the stage (a network unit) was judged part by part, else None."""
     first = next((r for r in results if r.verdict == _verdict.DIVERGES), None)
     if first is None:
         return None
-    return {"stage": first.name,
+    part = next((q.name for q in first.parts or () if q.verdict == _verdict.DIVERGES), None)
+    return {"stage": first.name, "part": part,
             "why": first.detail or f"error {first.max_abs_err:.3g} against a bound of {first.bound:.3g}",
             "max_abs_err": _f(first.max_abs_err), "err_over_bound": _f(first.err_over_bound)}
 
