@@ -72,9 +72,12 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
     Two bounds follow, with F_T (moves 2 E: q_T against q^) and F_0 (moves E: q against q^): (a) c = O0,
     E = R_T + 3 W_V + (F_T + F_0)(S + R_0), S >= sum_j p_j |V^_j - O^| (>= sum_j p_j |V^_j - O0| - R_0), W_V =
     max_j E_V,j; (b) c the middle of V^'s range (with 0 where eps > 0), E = R_T + 3 W_V + (min(F_T, 2) + min(F_0,
-    2)) H, H half that range's width; and (c) :func:`_range_bound`, which needs no feature accuracy at all.  E is
-    the smallest.  f is formed from the float64 logs, its upper value with the logs' and the sums' errors; S from
-    the rebalanced features (:func:`_weighted_sums`).
+    2)) H, H half that range's width; (c) :func:`_range_bound`, which needs no feature accuracy at all; (d) (a) key
+    by key, :func:`_per_key`: |p'_j - p_j| <= p_j expm1(U_ij + log Z_up), so that a key far below the row's
+    largest weight may move by a huge factor and still count for nothing.  E is the smallest.  f is formed from
+    the float64 logs, its upper value with the logs' and the sums' errors; S from the rebalanced features
+    (:func:`_weighted_sums`).  G takes the largest moves of the head, so for inputs near 2^60 (E ~ 10^3 on
+    features exp(-10^18)) it overflows and (c) is what remains.
 
     With RoPE the numerator's weights a_ij = (R_i kappa(Q_i)) . (R_j s alpha_j kappa(K_j)) have either sign:
     |a_ij| <= sum_t ||kappa(Q_i)_t|| ||s alpha_j kappa(K_j)_t|| (pair norms over the rotated pairs), a relative
@@ -85,7 +88,8 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
     E = R_T + P.
 
     Then ``e``'s finite value where it has one and is larger (either path may be the tested one, as
-    rala_recomputed._either_path), ``e`` as before where this bound is not finite; NaN is inf."""
+    rala_recomputed._either_path), ``e`` as before where this bound is not finite; NaN is inf.  Cost: without RoPE
+    (B, h, N, N, d) arrays for every row of a head with a recomputed row (a reference for small grids)."""
     if pr.dtype != "float64" or cfg.kernel != "elu1":
         return e
     hit, alpha = recomputed_rows(q, k, cfg)
@@ -115,7 +119,7 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
                 np.exp(2 * delta) * amp * y_of(ev_s)
         else:
             r_0 = np.ldexp(_rows_error(full, hit, q, k, v, alpha, ealpha, cfg, hw, pr), -e_v)
-            out_s = np.ldexp(rala_core(q, k, v, cfg, hw), -e_v)
+            out_s = np.ldexp(rala_core(q, k, v, cfg, hw, taps={}), -e_v)     # taps: the NumPy recomputation
             f_t = np.expm1(_width(q, k, _log_moves(q, 2 * eq), _log_moves(k, 2 * ek), cfg, pr))
             f_0 = np.expm1(_width(q, k, _log_moves(q, eq), _log_moves(k, ek), cfg, pr))
             s = y_of(np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]), np.abs(out_s))
@@ -123,6 +127,11 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
             if cfg.eps:
                 hi, lo = np.maximum(hi, 0.0), np.minimum(lo, 0.0)
             by_mean = r_s + 3 * w + (f_t + f_0) * (s + r_0)
+            dev, dev0 = np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]) + r_0[..., None, :], np.abs(out_s) + r_0
+            by_key = r_s + 3 * w + sum(_per_key(y_of, q, k, alpha, ealpha, cfg, _moves(q, k, _log_moves(q, f * eq),
+                                                                                       _log_moves(k, f * ek), cfg, pr),
+                                                 dev, dev0, pr) for f in (2, 1))
+            by_mean = np.fmin(by_mean, by_key)
             by_range = r_s + 3 * w + (np.minimum(f_t, 2.0) + np.minimum(f_0, 2.0)) * (hi - lo) / 2
             fix = np.fmin(np.fmin(by_mean, by_range), _range_bound(v_s, ev_s, cfg, pr))
         fix = np.ldexp(fix, e_v) + 2 * eta
@@ -138,35 +147,56 @@ def _log_moves(x: np.ndarray, ex: np.ndarray) -> np.ndarray:
         return np.where(x - ex >= 0, np.log1p(ex / (1.0 + x - ex)), ex)
 
 
-def _width(q: np.ndarray, k: np.ndarray, l_q: np.ndarray, l_k: np.ndarray, cfg: RALAConfig,
+def _moves(q: np.ndarray, k: np.ndarray, l_q: np.ndarray, l_k: np.ndarray, cfg: RALAConfig,
            pr: bounds.Precision) -> np.ndarray:
-    """W (B, h, N, 1) of :func:`module_recomputed_error` (no RoPE): 2 max(max_j U_ij, l_Q,ic* where eps > 0), U_ij =
-    log1p(sum_c f_ijc expm1(x_c)).  The channel shares f_ijc = softmax_c(s_ijc), s_ijc = log kappa(Q_i)_c + log
+    """(U (B, h, N, M), l_Q,ic* (B, h, N, 1)) of :func:`module_recomputed_error` (no RoPE): U_ij =
+    log1p(sum_c f_ijc expm1(x_c)) bounds the move |t_j| of key j's log-weight relative to the row's common a_ic*.  The channel shares f_ijc = softmax_c(s_ijc), s_ijc = log kappa(Q_i)_c + log
     kappa(K_j)_c (normaliser_range.log_features, float64), taken at their upper values: each log errs by c u |log|
-    (exact for x <= 0), the sum by u |s|, the difference to the row's largest by u |s - s_max| (and s_max by as much
-    as the others), exp by c u, the normalising sum of d terms by gamma_d, the quotient by u; c eta for an
-    underflowed share."""
-    c, u, eta = float(config.ELEMENTARY_FUNCTION_ULPS), pr.u, pr.eta
+    (exact for x <= 0); formed against the pair's top channel t as s_c - s_t = (lq_c - lq_t) + (lk_c - lk_t), the
+    two differences and their sum rounding by u |.| each: A_c u in all (0 at t, exactly).  In logs (no underflow):
+    log f_c <= (s_c - s_t) + A_c u - log(sum_l exp((s_l - s_t) - A_l u)), the sum taken low by exp's c u, the
+    d-term sum's gamma_d and the log's c u log d, and at least 0 (its top term is 1); u |.| for the addition."""
+    c, u = float(config.ELEMENTARY_FUNCTION_ULPS), pr.u
     lq, lk = log_features(q, cfg.kernel, {}), log_features(k, cfg.kernel, {})
     err_q = np.where(q <= 0, 0.0, c * np.abs(lq))
     err_k = np.where(k <= 0, 0.0, c * np.abs(lk))
-    ls = lq[..., :, None, :] + lk[..., None, :, :]                        # (B, h, N, M, d)
-    arg = err_q[..., :, None, :] + err_k[..., None, :, :] + np.abs(ls)
-    top = np.max(ls, axis=-1, keepdims=True)
-    arg_top = np.take_along_axis(arg, np.argmax(ls, axis=-1)[..., None], axis=-1)
-    z = np.exp(ls - top)
-    share = z / np.sum(z, axis=-1, keepdims=True)
-    share = (share * np.exp(u * (arg + arg_top + np.abs(ls - top))) * (1 + c * u) * (1 + u)
-             / (1 - pr.g(pr.sums(q.shape[-1])) * (1 + c * u)) + c * eta)
+    d = q.shape[-1]
+    lq_i, lk_j = lq[..., :, None, :], lk[..., None, :, :]                 # (B, h, N, 1, d), (B, h, 1, M, d)
+    ct = np.argmax(lq_i + lk_j, axis=-1)[..., None]                        # the top channel of (i, j)
+    shape = np.broadcast_shapes(lq_i.shape, lk_j.shape)
+    at = lambda a: np.take_along_axis(np.broadcast_to(a, shape), ct, axis=-1)
+    dq, dk = lq_i - at(lq_i), lk_j - at(lk_j)
+    dd = dq + dk                                     # s_c - s_ct, 0 at ct exactly
+    eq_i, ek_j = err_q[..., :, None, :], err_k[..., None, :, :]
+    a_l = np.where(np.arange(d) == ct, 0.0, eq_i + ek_j + at(eq_i) + at(ek_j) + np.abs(dq) + np.abs(dk) + np.abs(dd))
+    log_den = np.log(np.sum(np.exp(dd - u * a_l), axis=-1, keepdims=True))
+    log_den = np.maximum(log_den + math.log1p(-c * u) + math.log1p(-pr.g(d)) - c * u * math.log(d), 0.0)
+    log_share = dd + u * a_l - log_den
+    log_share = log_share + u * np.abs(log_share)
     star = np.argmax(lq + np.max(lk, axis=-2, keepdims=True), axis=-1)[..., None]          # (B, h, N, 1)
     lq_star = np.take_along_axis(l_q, star, axis=-1)                                       # (B, h, N, 1)
     x = (l_q + lq_star)[..., :, None, :] + l_k[..., None, :, :]                            # (B, h, N, M, d)
     own = np.take_along_axis(np.broadcast_to(l_k[..., None, :, :], x.shape), np.broadcast_to(
         star[..., None], x.shape[:-1] + (1,)), axis=-1)
-    d = q.shape[-1]
     is_star = np.arange(d) == star[..., None]                                              # (B, h, N, 1, d)
     x = np.where(is_star, own, x)
-    up = np.max(np.log1p(np.sum(share * np.expm1(x), axis=-1)), axis=-1, keepdims=True)  # (B, h, N, 1)
+    terms = log_share + _log_expm1(x)                # U = log(1 + sum_c exp(terms)), formed without overflow
+    top_t = np.max(terms, axis=-1, keepdims=True)
+    top_t = np.where(np.isfinite(top_t), top_t, 0.0)
+    return np.logaddexp(0.0, top_t[..., 0] + np.log(np.sum(np.exp(terms - top_t), axis=-1))), lq_star
+
+
+def _log_expm1(y: np.ndarray) -> np.ndarray:
+    """log(expm1(y)) for y >= 0 (-inf at 0), without overflow for large y."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return np.where(y > 1, y + np.log1p(-np.exp(-np.minimum(y, 1e300))), np.log(np.expm1(np.minimum(y, 1.0))))
+
+
+def _width(q: np.ndarray, k: np.ndarray, l_q: np.ndarray, l_k: np.ndarray, cfg: RALAConfig,
+           pr: bounds.Precision) -> np.ndarray:
+    """W (B, h, N, 1) = 2 max(max_j U_ij, l_Q,ic* where eps > 0) (:func:`_moves`)."""
+    u_ij, lq_star = _moves(q, k, l_q, l_k, cfg, pr)
+    up = np.max(u_ij, axis=-1, keepdims=True)
     if cfg.eps:
         up = np.maximum(up, lq_star)
     return 2 * up
@@ -197,6 +227,15 @@ def _weighted_sums(q: np.ndarray, k: np.ndarray, alpha: np.ndarray, ealpha: np.n
     if ealpha is not None:
         shrink = np.where(alpha > 0, np.maximum(1.0 - ealpha / alpha, 0.0), 0.0)[..., None]
         pk_l = pk_l * shrink
+        # _alpha_terms forms x = exp(lq - r + t), y = exp(la - t), la = log E_alpha + log s + log kappa(K), in the
+        # frame exp(-r) (r = fl(lq* + m*)); against the exact features in the frame exp(-(lq* + m*)): the logs'
+        # errors (c u |.| each), r's rounding u |r|, the sums and differences (u |.| each, |t| <= max |la|), exp's
+        # c u twice and the two contractions' gamma_(M + d + 2): one factor per head, from the largest terms.
+        big = lambda x: np.max(np.where(np.isfinite(x), np.abs(x), 0.0), axis=(-2, -1), keepdims=True)
+        la = np.log(ealpha)[..., None] + log_s + lkk
+        spread_a = ((c + 2) * (big(lq) + big(lkk) + big(np.log(ealpha)[..., None])) + 3 * big(r) + 4 * big(la)
+                    + (c + 1) * abs(log_s))
+        alpha_err = np.exp(u * spread_a) * (1 + c * u) ** 2 * (1 + pr.g(n_k + q.shape[-1] + 2))
     den = np.einsum("bhnd,bhd->bhn", pq_l, np.sum(pk_l, axis=-2))[..., None]
     scale = np.ones(den.shape)
     rho_u = rho_l = np.zeros(den.shape)
@@ -222,14 +261,73 @@ def _weighted_sums(q: np.ndarray, k: np.ndarray, alpha: np.ndarray, ealpha: np.n
             num = pq_u @ (pk_u.swapaxes(-1, -2) @ a)
         if ealpha is not None:
             a_key = a if a.ndim == q.ndim else np.max(a, axis=-3)
-            a_num, a_d = _alpha_terms(lq, lkk, r, log_s, ealpha, a_key, shared)
-            num = num + a_num
+            num = num + _alpha_terms(lq, lkk, r, log_s, ealpha, a_key, shared)[0] * alpha_err
         num = num * scale
         if a0 is not None:
             num = num + rho_u * a0
         return num / low
 
+    y_of.parts = dict(lq=lq, lkk=lkk, lq_t=lq_t, m_t=m_t, arg_q=arg_q, log_s=log_s, scale=scale, low=low,
+                      rho_u=rho_u)
     return y_of
+
+
+def _per_key(y_of, q: np.ndarray, k: np.ndarray, alpha: np.ndarray, ealpha: np.ndarray | None, cfg: RALAConfig,
+             moves: tuple, a: np.ndarray, a0: np.ndarray, pr: bounds.Precision) -> np.ndarray:
+    """K (B, h, N, e) >= sum_(j>=0) |p'_j - p_j| a_ij (no RoPE; :func:`module_recomputed_error`, bound (d)), key
+    by key: with |t_j| <= U_ij (``moves`` = :func:`_moves`' (U, l_Q,ic*); the pseudo-key's l_Q,ic*) and Z =
+    sum_l p_l e^(t_l) <= Z_up = 1 + sum_l p_l expm1(U_l) (and Z >= 1 / Z_up, Jensen), p'_j / p_j lies in
+    [e^-U_j / Z_up, e^U_j Z_up], so |p'_j - p_j| <= p_j expm1(U_j + log Z_up): a key whose weight p_j is far below
+    the row's largest may move by a huge factor and still count for nothing.  p_j at its upper value in logs (no
+    underflow): log p_j <= logsumexp_c(LQ_ic + LK_jc) - log(D_lo + rho_lo) (+ log of the frame's scale), LQ = (lq -
+    lq*) + (m - m*) and LK = log kappa(K_j) + log(alpha^_j + E_alpha_j) + log s - m the rebalanced features' logs
+    (normaliser_range.rebalance_parts' frame, m from alpha^) with their arguments' errors (rala_recomputed._log_args;
+    LK's as it charges lk's, the sum alpha^ + E_alpha one unit more), the sum LQ + LK's rounding, logsumexp's (exp c
+    u, the differences to the largest term u |.|, the d-term sum gamma_d, log c u log d, the addition u |.|) and the
+    final logs' (c u |log| each, u |.|);
+    D_lo + rho_lo from :func:`_weighted_sums`.  The pseudo-key (eps > 0): p_0 <= rho_up / (D_lo + rho_lo).  ``a``
+    (B, h, N, M, e) per row and key, ``a0`` (B, h, N, e) the pseudo-key's."""
+    c, u = float(config.ELEMENTARY_FUNCTION_ULPS), pr.u
+    pt = y_of.parts
+    lq, lkk, lq_t, m_t, log_s = pt["lq"], pt["lkk"], pt["lq_t"], pt["m_t"], pt["log_s"]
+    u_ij, lq_star = moves
+    n_k, d = k.shape[-2], k.shape[-1]
+    log_alpha = np.log(alpha)[..., None]
+    m = np.max(lkk + (log_alpha + log_s), axis=-2, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    lq_err = pt["arg_q"]
+    ax = lambda x: np.where(np.isfinite(x), np.abs(x), 0.0)
+    la_up = np.log(alpha + ealpha)[..., None] if ealpha is not None else log_alpha
+    t1 = la_up + log_s
+    lk_up = lkk + t1
+    lk_err = (np.where(k <= 0, 0.0, c * ax(lkk)) + c * ax(la_up) + (1.0 if ealpha is not None else 0.0)
+              + ((c * abs(log_s) + 1.0) if log_s else 0.0) + np.where((la_up != 0) & (log_s != 0), ax(t1), 0.0)
+              + np.where(t1 != 0, ax(lk_up), 0.0) + ax(lk_up - m))
+    big_lq = (lq - lq_t) + (m - m_t)
+    big_lq = np.where(np.isfinite(big_lq), big_lq, -np.inf)
+    x = big_lq[..., :, None, :] + (lk_up - m)[..., None, :, :]                     # (B, h, N, M, d)
+    x = x + u * (lq_err[..., :, None, :] + lk_err[..., None, :, :] + ax(x))
+    mx = np.max(x, axis=-1, keepdims=True)
+    mx_f = np.where(np.isfinite(mx), mx, 0.0)
+    # x - mx <= 0 rounds by u |x - mx|: exp((x - mx)(1 - u)) is the term's upper value
+    lse = mx_f[..., 0] + np.log(np.sum(np.exp((x - mx_f) * (1 - u)), axis=-1))
+    lse = lse + u * (ax(lse) + c * math.log(d)) + math.log1p(c * u) + math.log1p(pr.g(d))
+    log_low = np.log(pt["low"]) - np.log(pt["scale"])                               # (B, h, N, 1)
+    err_low = u * (c * ax(np.log(pt["low"])) + c * ax(np.log(pt["scale"])) + ax(log_low))
+    log_p = lse - log_low + err_low
+    log_p = log_p + u * ax(log_p)
+    l1 = _log_expm1
+    z_up = 1.0 + np.sum(np.exp(log_p + l1(u_ij)), axis=-1, keepdims=True)
+    if cfg.eps:
+        log_p0 = np.log(pt["rho_u"]) - log_low + err_low + u * c * ax(np.log(pt["rho_u"]))
+        log_p0 = log_p0 + u * ax(log_p0)
+        z_up = z_up + np.exp(log_p0 + l1(lq_star))
+    z_up = z_up * (1 + pr.g(n_k + 2))
+    kap = l1(u_ij + np.log(z_up))
+    out = np.einsum("bhij,bhije->bhie", np.exp(log_p + kap), a)
+    if cfg.eps:
+        out = out + np.exp(log_p0 + l1(lq_star + np.log(z_up))) * a0
+    return out * (1 + pr.g(n_k + 3))
 
 
 def _range_bound(v_s: np.ndarray, ev_s: np.ndarray, cfg: RALAConfig, pr: bounds.Precision) -> np.ndarray:
