@@ -182,3 +182,17 @@ def test_exact_reference_matches_the_layer_on_ordinary_inputs():
         b = rala.rala_attention_bound(x, p, cfg, dtype="float64")
         out = rala.rala_attention(x, p, cfg)
         assert np.all(np.abs(out - _exact(x, p, cfg)) <= _tested_bound(b, out.shape))
+
+
+def test_coarse_path_beyond_the_element_limit_is_safe(monkeypatch):
+    """Beyond config.QUADRATIC_MAX_ELEMENTS the (B, h, N, N, d) forms are skipped (width 2 delta, S by |V| + |O^|):
+    still finite and safe, and no tighter than the full path."""
+    from refimpl import config
+    x, p, cfg = _case("qkv.weight", 20)
+    cfg = dataclasses.replace(cfg, reweight=False)
+    out = rala.rala_attention(x, p, cfg)
+    full = _tested_bound(rala.rala_attention_bound(x, p, cfg, dtype="float64"), out.shape)
+    monkeypatch.setattr(config, "QUADRATIC_MAX_ELEMENTS", 1)
+    coarse = _tested_bound(rala.rala_attention_bound(x, p, cfg, dtype="float64"), out.shape)
+    err = np.abs(out - _exact(x, p, cfg))
+    assert np.all(np.isfinite(coarse)) and np.all(err <= coarse) and np.all(full <= coarse)

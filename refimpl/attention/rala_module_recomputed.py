@@ -89,7 +89,9 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
 
     Then ``e``'s finite value where it has one and is larger (either path may be the tested one, as
     rala_recomputed._either_path), ``e`` as before where this bound is not finite; NaN is inf.  Cost: without RoPE
-    (B, h, N, N, d) arrays for every row of a head with a recomputed row (a reference for small grids)."""
+    (B, h, N, N, d) arrays (the channel shares, (a) per row and key, (d)) up to config.QUADRATIC_MAX_ELEMENTS;
+    beyond it every key's log-weight moves by at most delta_i = max_c l_Q,ic + max_jc l_K,jc (W = 2 delta, no
+    shares), S <= sum_j p_j |V_j| + |O^| (Y(|V|) of :func:`_weighted_sums`), and (d) is not formed."""
     if pr.dtype != "float64" or cfg.kernel != "elu1":
         return e
     hit, alpha = recomputed_rows(q, k, cfg)
@@ -120,18 +122,24 @@ def module_recomputed_error(e: np.ndarray, q: np.ndarray, eq: np.ndarray, k: np.
         else:
             r_0 = np.ldexp(_rows_error(full, hit, q, k, v, alpha, ealpha, cfg, hw, pr), -e_v)
             out_s = np.ldexp(rala_core(q, k, v, cfg, hw, taps={}), -e_v)     # taps: the NumPy recomputation
-            f_t = np.expm1(_width(q, k, _log_moves(q, 2 * eq), _log_moves(k, 2 * ek), cfg, pr))
-            f_0 = np.expm1(_width(q, k, _log_moves(q, eq), _log_moves(k, ek), cfg, pr))
-            s = y_of(np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]), np.abs(out_s))
             hi, lo = np.max(v_s, axis=-2, keepdims=True), np.min(v_s, axis=-2, keepdims=True)
             if cfg.eps:
                 hi, lo = np.maximum(hi, 0.0), np.minimum(lo, 0.0)
-            by_mean = r_s + 3 * w + (f_t + f_0) * (s + r_0)
-            dev, dev0 = np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]) + r_0[..., None, :], np.abs(out_s) + r_0
-            by_key = r_s + 3 * w + sum(_per_key(y_of, q, k, alpha, ealpha, cfg, _moves(q, k, _log_moves(q, f * eq),
-                                                                                       _log_moves(k, f * ek), cfg, pr),
-                                                 dev, dev0, pr) for f in (2, 1))
-            by_mean = np.fmin(by_mean, by_key)
+            if q.size * k.shape[-2] <= config.QUADRATIC_MAX_ELEMENTS:     # the (B, h, N, M, d) forms
+                f_t = np.expm1(_width(q, k, _log_moves(q, 2 * eq), _log_moves(k, 2 * ek), cfg, pr))
+                f_0 = np.expm1(_width(q, k, _log_moves(q, eq), _log_moves(k, ek), cfg, pr))
+                s = y_of(np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]), np.abs(out_s))
+                by_mean = r_s + 3 * w + (f_t + f_0) * (s + r_0)
+                dev = np.abs(v_s[..., None, :, :] - out_s[..., :, None, :]) + r_0[..., None, :]
+                by_key = r_s + 3 * w + sum(_per_key(y_of, q, k, alpha, ealpha, cfg, _moves(
+                    q, k, _log_moves(q, f * eq), _log_moves(k, f * ek), cfg, pr), dev, np.abs(out_s) + r_0, pr)
+                    for f in (2, 1))
+                by_mean = np.fmin(by_mean, by_key)
+            else:       # beyond config.QUADRATIC_MAX_ELEMENTS: no channel shares (width 2 delta), S by |V| + |O^|
+                move = lambda f: (np.max(_log_moves(q, f * eq), axis=-1)
+                                  + np.max(_log_moves(k, f * ek), axis=(-2, -1))[..., None])[..., None]
+                f_t, f_0 = np.expm1(2 * move(2)), np.expm1(2 * move(1))
+                by_mean = r_s + 3 * w + (f_t + f_0) * (y_of(np.abs(v_s)) + np.abs(out_s) + r_0)
             by_range = r_s + 3 * w + (np.minimum(f_t, 2.0) + np.minimum(f_0, 2.0)) * (hi - lo) / 2
             fix = np.fmin(np.fmin(by_mean, by_range), _range_bound(v_s, ev_s, cfg, pr))
         fix = np.ldexp(fix, e_v) + 2 * eta
