@@ -140,13 +140,6 @@ KNOWN_RANDOM_FINDINGS: dict[tuple[str, str, str], tuple[str, str]] = {
     # naming the stage, but where the scaled weight itself rounds to inf it is a non-finite parameter (the check
     # then leaves its inf/NaN alone), which the corruption's classification still counts as finite input
     ("rala.rala_attention", "params", "key_big"): ("non-finite-from-finite-input", R_RANGE),
-    # NOT acceptable, a known gap (issue 15, found 2026-11-29 by a non-CI draw): qkv.weight or qkv.bias times 2^20
-    # .. 2^300 gives an all-inf bound where rala_attention's output is finite (max |O| 6e5 at 2^20).  The module
-    # bound's core error (_core_error -> _attention_error) has no term for the rows rala_core recomputes from
-    # log-features (ELU + 1 key features exp(-2^20 |x|) underflow, so the direct normaliser's b - E_b <= 0);
-    # rala_bounds._e_kappa (0 x inf where E_x > 709) and the uncapped E_alpha add to it.  Remove when fixed.
-    ("rala.rala_attention_bound", "params", "key_big"): ("non-finite-from-finite-input", "issue 15: known gap, "
-                                                          "module bound without the recomputed rows"),
 }
 
 

@@ -89,6 +89,7 @@ from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _rewe
 # Not used here: kept importable as rala._reweighted_linear_attention_numpy for benchmarks/linattn_c.py (its home is
 # rala_core).
 from .rala_core import _reweighted_linear_attention_numpy  # noqa: F401
+from .rala_module_recomputed import module_recomputed_error
 from .rala_range import _check_output_range
 
 __all__ = [
@@ -470,7 +471,7 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
                       f"depth K = {depth:.4g}; l2 coefficient sigma (_attention_sigma)",
                       sigma=_tokens_to_grid(_attention_sigma(tok, params, cfg, (h, w), pr), h, w, cfg.layout),
                       e_ref=e64)
-    return numerics.check_bound_range(bound, "rala_attention_bound", x=x)
+    return numerics.check_bound_range(bound, "rala_attention_bound", x=x, **{key: params[key] for key in params})
 
 
 def _attention_e(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[int, int],
@@ -499,6 +500,8 @@ def _attention_e(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, hw
             eg = None
     sp = lambda a: _split_heads(a, cfg.num_heads)
     e_core, depth = _core_error(sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
+    # the rows rala_core recomputes from log-features: their rounding and the input errors' propagation
+    e_core = module_recomputed_error(e_core, sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
     y = _merge_heads(rala_core(sp(q), sp(k), sp(v), cfg, (h, w)))
     ey = _merge_heads(e_core)
     depth += pr.sums(c) + 1

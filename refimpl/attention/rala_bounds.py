@@ -89,6 +89,10 @@ def _e_kappa(x, ex, kernel: str, pr: _Prec) -> np.ndarray:
     with np.errstate(over="ignore", invalid="ignore"):
         pos = ex + u * (np.abs(x + 1.0) + ex)                  # x' + 1, one rounding
         neg = np.exp(np.minimum(x, 0.0)) * (np.exp(ex) * (1 + c * u) - 1.0) + c * pr.eta
+        # exp(E_x) beyond float64 (E_x > 709) beside exp(x) = 0: the product, at most exp(x + E_x)(1 + c u), is
+        # formed as that (0 x inf would be NaN); unchanged wherever exp(E_x) is finite
+        big = np.exp(np.minimum(x, 0.0) + ex) * (1 + c * u) + c * pr.eta
+        neg = np.where(np.isfinite(np.exp(ex)), neg, big)
         # |x| <= E_x: x' may fall on the other branch; |(x + 1) - exp(x)| <= x^2 / 2 there.
         return np.where(np.abs(x) <= ex, np.maximum(pos, neg) + ex * ex, np.where(x > 0, pos, neg))
 
@@ -179,6 +183,11 @@ def _softmax_alpha_error(s, es, pr: _Prec) -> tuple[np.ndarray, np.ndarray, floa
                / ((1 - c * ua) * (1 - pr.g(pr.sums(n)))))
     alpha = n * p
     ealpha = alpha * (fac - 1.0) + n * (c + 3) * pr.eta * (1.0 + alpha)
+    # Cap: alpha and alpha~ both lie in [0, N fac_0 + N (c + 3) eta_T (1 + N)] (fac at delta = 0: the computed
+    # softmax's own roundings; its underflow terms), so neither differs from the other by more; fmin also
+    # replaces the NaN of 0 x inf (alpha 0 where fac overflowed).  Only where E_alpha exceeded it.
+    fac0 = (1 + c * ua) * (1 + pr.g(3)) / ((1 - c * ua) * (1 - pr.g(pr.sums(n))))
+    ealpha = np.fmin(ealpha, n * fac0 + n * (c + 3) * pr.eta * (1.0 + n))
     return alpha, ealpha, c + pr.sums(n) + 3
 
 

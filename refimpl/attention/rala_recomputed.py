@@ -116,9 +116,11 @@ def _pairs(x: np.ndarray) -> np.ndarray:
 
 def _rows_error(e: np.ndarray, hit: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, alpha: np.ndarray,
                 ealpha: np.ndarray | None, cfg: RALAConfig, hw: tuple[int, int] | None,
-                pr: bounds.Precision) -> np.ndarray:
+                pr: bounds.Precision, spread_of: np.ndarray | None = None) -> np.ndarray:
     """:func:`recomputed_error`: E of the rows ``hit`` as normaliser_range.rebalanced_output computes them
-    (rala_core._finish: with RoPE ``pairs=True`` and ``rotate`` = RoPE of the token's angle).
+    (rala_core._finish: with RoPE ``pairs=True`` and ``rotate`` = RoPE of the token's angle).  ``spread_of``:
+    values (B, h, M, d) whose per-column range stands in for V's in the alpha term's width (default V;
+    rala_module_recomputed passes the interval V may lie in).
 
     The computation.  With lq = log kappa(Q), lk = log kappa(K) + (log alpha + log s) (s = 1/N "mean", 1 "sum"),
     m_c = max_j lk_jc (with RoPE taken per channel pair: both channels of a pair share it, since a rotation mixes
@@ -252,7 +254,8 @@ def _rows_error(e: np.ndarray, hit: np.ndarray, q: np.ndarray, k: np.ndarray, v:
                                 y_up + (np.abs(num) + e_a + a_num) / b_lo)
                 shift = np.where(b_lo > 0, shift, np.inf)
             else:       # both outputs in [lo, hi] (convex combinations of V_j, times D / (D + eps) <= 1)
-                hi, lo = np.max(v_s, axis=-2, keepdims=True), np.min(v_s, axis=-2, keepdims=True)
+                sv = v_s if spread_of is None else np.ldexp(spread_of, -e_v)
+                hi, lo = np.max(sv, axis=-2, keepdims=True), np.min(sv, axis=-2, keepdims=True)
                 if cfg.eps:
                     hi, lo = np.maximum(hi, 0.0), np.minimum(lo, 0.0)
                 spread = np.ldexp(hi - lo, kk[..., None])
