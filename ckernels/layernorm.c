@@ -49,7 +49,7 @@
 
 #define LN_LANES 4   /* the partial sums s0..s3 / q0..q3 of LN_ROW_FN */
 #define LN_BLOCK_ELEMS 16384
-#define LN_PARALLEL_MIN 32768
+#define LN_PARALLEL_MIN 262144   /* about 0.3 ms of work on one thread: below it a thread costs more than it saves */
 /* 2^256 (config.RANGE_RESCALE_EXPONENT): a row with an entry above it (or infinite) is not computed here (the
  * wrapper gives the whole call to the definition); within it n x^2 cannot overflow. */
 #define LN_BAND 1.157920892373162e77

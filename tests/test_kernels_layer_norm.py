@@ -152,7 +152,7 @@ def test_thread_count_changes_no_bit():
     if not kernels():
         return
     rng = np.random.default_rng(11)
-    x = rng.standard_normal((1000, 97)) * 4 + 2             # above the one-thread cut-off, a partial work item
+    x = rng.standard_normal((2900, 97)) * 4 + 2             # above the one-thread cut-off (262144), a partial item
     w, b = rng.standard_normal(97), rng.standard_normal(97)
     one = _c_elementwise.layer_norm(x, w, b, 1e-6, threads=1)
     for t in (2, 3, 5):

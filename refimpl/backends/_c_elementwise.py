@@ -180,7 +180,7 @@ def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray
     ----------
     x : float64 array (..., C), non-empty, copied to C order if it is not.  weight, bias : float64 (C,) or None.
     eps : finite and >= 0.  threads : int >= 1 or None (refimpl.backends._c.default_threads()); speed only,
-        every thread count gives the same bits; calls under 32768 elements use one thread.
+        every thread count gives the same bits; calls under 262144 elements use one thread.
 
     Returns
     -------
