@@ -106,6 +106,9 @@ int refimpl_layer_norm_f64(double *out, int64_t *flagged, const double *x, const
                            const double *bias, int64_t rows, int64_t n, double eps, int64_t nthreads);
 int refimpl_layer_norm_plain_f64(double *out, const double *x, const double *weight, const double *bias,
                                  int64_t rows, int64_t n, double eps);
+int refimpl_l2_normalize_f64(double *out, const double *x, int64_t rows, int64_t d, double eps, int policy,
+                             int64_t nthreads);
+int refimpl_l2_normalize_plain_f64(double *out, const double *x, int64_t rows, int64_t d, double eps, int policy);
 int refimpl_range_scan_f64(double *stats, const double *x, int64_t n);
 int refimpl_range_scan_plain_f64(double *stats, const double *x, int64_t n);
 int refimpl_parallel_selftest(int64_t *runs, int64_t runs_len, const int64_t *items, int64_t nphases,

@@ -26,7 +26,8 @@ from .verdict import accumulation_format
 
 __all__ = [
     "subparams", "linear", "linear_bound", "layer_norm", "layer_norm_bound", "layer_norm_cf",
-    "layer_norm_cf_bound", "batch_norm2d", "batch_norm2d_bound", "gelu", "gelu_bound", "conv2d",
+    "layer_norm_cf_bound", "batch_norm2d", "batch_norm2d_bound", "gelu", "gelu_bound", "l2_normalize",
+    "l2_normalize_bound", "conv2d",
     "conv2d_bound", "conv_padding", "depthwise_conv2d", "depthwise_conv2d_bound", "mlp", "mlp_bound",
     "pad_to_multiple", "window_partition", "window_reverse", "shifted_window_mask",
     "relative_position_index", "relative_position_bias", "cpe", "cpe_bound", "patch_merging",
@@ -260,6 +261,41 @@ def gelu(x: np.ndarray, approximate: str = "none", *, out: np.ndarray | None = N
     if out is None:
         return backends.call("gelu", x, approximate)
     return backends.call("gelu", x, approximate, out=out)
+
+
+#: The definition of operation "l2_normalize" (the last axis) is refimpl.numerics.l2_normalize itself (numerics is
+#: below refimpl.backends and never dispatches), registered here as gelu's is.
+@backends.register("l2_normalize", "numpy")
+def _l2_normalize_definition(x: np.ndarray, eps: float, policy: str = "clamp") -> np.ndarray:
+    """numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy): the definition of operation "l2_normalize"."""
+    return numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy)
+
+
+def l2_normalize(x: Any, eps: float, policy: str = "clamp") -> np.ndarray:
+    """x / ||x|| over the last axis, :func:`refimpl.numerics.l2_normalize` (its eps policies "clamp", "add", "none"
+    and its scaled norm) through the backend switch, ``backends.call("l2_normalize", ...)``: under the default
+    backend numerics.l2_normalize bit for bit; the C kernel (float64) performs its operations with the sum in
+    another order, within :func:`l2_normalize_bound`."""
+    validation.check_eps(eps)
+    validation.check_option(policy, "policy", ("clamp", "add", "none"))
+    x = as_float(x, "x")
+    if x.ndim == 0:
+        raise ArgumentError("argument 'x': expected an array of shape (..., d), got a 0-d scalar")
+    return backends.call("l2_normalize", x, eps, policy)
+
+
+def l2_normalize_bound(x: Any, eps: float, policy: str = "clamp") -> Bound:
+    """The rounding bound of x / ||x|| over the last axis (d entries) in any order of its one sum: |y~ - y| <=
+    gamma_(d+5) |y|.  The maximum m is exact; each scaled square (x_i / m)^2 carries 3 roundings and their sum d - 1
+    more, so the sum is s (1 + theta_(d+2)); the square root halves that and rounds once, the product with m once:
+    the norm (1 + theta_(d/2+3)); eps's addition ("add") once, the quotient once: k = d + 5 covers every policy
+    (Higham 2002, Lemma 3.1, eq. 3.12).  Scale: |y| (the definition's own values, first order)."""
+    validation.check_eps(eps)
+    validation.check_option(policy, "policy", ("clamp", "add", "none"))
+    x = as_float(x, "x")
+    with np.errstate(all="ignore"):
+        y = numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy)
+    return Bound(np.abs(y), x.shape[-1] + 5, f"l2_normalize over d = {x.shape[-1]}: k = d + 5, scale |y|")
 
 
 def gelu_bound(x: np.ndarray, approximate: str = "none") -> Bound:

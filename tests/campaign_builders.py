@@ -120,6 +120,8 @@ BUILDERS = {
                                               running_var=_r(2, pos=True), eps=1e-5),
     "layers.gelu": lambda: dict(x=_r(2, 3), approximate="none"),
     "layers.gelu_bound": lambda: dict(x=_r(2, 3), approximate="none"),
+    "layers.l2_normalize": lambda: dict(x=_r(2, 3, 4), eps=1e-12, policy="clamp"),
+    "layers.l2_normalize_bound": lambda: dict(x=_r(2, 3, 4), eps=1e-12, policy="clamp"),
     "layers.conv2d": lambda: dict(x=_r(1, 2, 4, 4), weight=_r(4, 2, 3, 3), bias=_r(4), stride=1, padding=1,
                                   groups=1, dilation=1),
     "layers.conv2d_bound": lambda: dict(x=_r(1, 2, 4, 4), weight=_r(4, 2, 3, 3), bias=_r(4), stride=1, padding=1,

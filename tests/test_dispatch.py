@@ -271,7 +271,8 @@ def test_linear_angular_attention_on_c_agrees_with_numpy(dtype, c):
 def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch):
     """Default backend: exactly the bits of the NumPy body (angular_linear._linear_angular_attention_numpy).  Under
     use("c"): one kernel call for the paper configuration; none with taps, policy "none", arithmetic
-    "naive" or normaliser "output_l2" (the official options), which return the NumPy body's bits.  Under a
+    "naive" or normaliser "output_l2" (the official options), which return the NumPy body's bits under the same
+    backend (whose unit rows, operation "l2_normalize", dispatch in turn).  Under a
     backend without a kernel for the operation (Numba), the NumPy twin runs and does not dispatch again."""
     q, k, v = _qkv(_case((2, 2, 45, 45, 12, 10), seed=21, q="mixed_scale"))
     assert backends.current() == "numpy"
@@ -280,15 +281,16 @@ def test_linear_angular_dispatch_default_bits_taps_and_no_recursion(monkeypatch)
         np.testing.assert_array_equal(angular.linear_angular_attention(q, k, v, **kw), body(q, k, v, **kw))
     official = dict(constant="own", normaliser="output_l2", eps=0.0, policy="none", arithmetic="naive")
     numpy_only = [dict(policy="none"), dict(arithmetic="naive"), dict(normaliser="output_l2"), official]
-    refs = [body(q, k, v, **kw) for kw in numpy_only]
     calls = _count_calls(monkeypatch, "linear_angular_attention")
     with backends.use("c"):
         got = angular.linear_angular_attention(q, k, v)
         taps: dict = {}
         tapped = angular.linear_angular_attention(q, k, v, taps=taps)
         others = [angular.linear_angular_attention(q, k, v, **kw) for kw in numpy_only]
+        # the NumPy body under the same backend: its own operations (the unit rows' "l2_normalize") dispatch too
+        plain, refs = body(q, k, v), [body(q, k, v, **kw) for kw in numpy_only]
     assert len(calls) == (1 if STATUS["c"].ok else 0)
-    np.testing.assert_array_equal(tapped, body(q, k, v))
+    np.testing.assert_array_equal(tapped, plain)
     assert "kv" in taps
     for o, r in zip(others, refs):
         np.testing.assert_array_equal(o, r)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import backends, bounds, config, numerics, validation
+from .. import backends, bounds, config, layers, numerics, validation
 from ..errors import ArgumentError
 # arcsin_coefficients_exact: Eq. 8's exact c_k, public here (re-exported by angular, its documented home); defined
 # in feature_maps, which the Numba kernel of "angular_series_features" shares.
@@ -326,7 +326,7 @@ def unit_rows(x: Any, *, eps: float = config.CASTLING_QK_NORM_EPS, policy: str =
     validation.check_eps(eps)
     _check_policy(policy)
     if arithmetic == "scaled":
-        return numerics.l2_normalize(x, axis=-1, eps=eps, policy=policy)
+        return layers.l2_normalize(x, eps, policy)
     if arithmetic != "naive":
         raise ArgumentError(f"argument 'arithmetic': expected 'scaled' or 'naive', got {arithmetic!r}")
     x = numerics.as_float(x, "x")

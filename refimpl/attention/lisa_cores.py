@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 import scipy.fft as sfft
 
-from .. import backends, config, numerics, toeplitz as tz, validation
+from .. import backends, config, layers, numerics, toeplitz as tz, validation
 from ..errors import ArgumentError, ArgumentTypeError
 from ..numerics import Bound, as_float, check_positive_int, check_shapes
 
@@ -54,7 +54,7 @@ def _check_grid(grid: Any, name: str = "grid") -> tuple[int, ...]:
 
 def _l2(x: np.ndarray, eps: float) -> np.ndarray:
     """Per-token, per-head L2 normalisation over the c channels (Eq. 4: Q-bar, K-bar)."""
-    return numerics.l2_normalize(x, axis=-1, eps=eps, policy="clamp")
+    return layers.l2_normalize(x, eps, "clamp")
 
 
 def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, int]]:

@@ -9,7 +9,10 @@
 - ``erf(x, impl="vector" | "libm")`` (not registered): the erf alone, for its accuracy tests;
 - ``"layer_norm"``: ``layer_norm(x, weight=None, bias=None, eps=..., *, threads=None)``, the C twin of
   ``refimpl.layers.layer_norm`` (the definition), float64; ``layer_norm_plain`` (not registered) its plain
-  version, one thread, sums in the recursive order.
+  version, one thread, sums in the recursive order;
+- ``"l2_normalize"``: ``l2_normalize(x, eps, policy, *, threads=None)``, the C twin of
+  ``refimpl.numerics.l2_normalize`` over the last axis (ckernels/l2norm.c), float64; ``l2_normalize_plain`` its
+  plain version.
 
 The same steps as every wrapper of refimpl.backends._c: validate (float64 in native byte order, non-empty,
 at least one dimension; a non-contiguous input is copied to C order; ``out`` refused unless usable as is),
@@ -252,3 +255,85 @@ def _layer_norm(x: Any, weight: Any, bias: Any, eps: Any, threads: Any, plain: b
                                                       flagged, arg(a), arg(w), arg(b), rows, n, float(eps),
                                                       nthreads), "refimpl_layer_norm")
     return twin() if flagged[0] else result
+
+
+# ---------------------------------------------------------------------------------------------------
+# L2 normalisation over the last axis (ckernels/l2norm.c)
+# ---------------------------------------------------------------------------------------------------
+
+#: policy codes of refimpl_l2_normalize_f64.
+L2_POLICIES = {"clamp": 0, "add": 1, "none": 2}
+
+
+def l2_normalize_supported(x: Any, eps: Any = None, policy: Any = "clamp", *_: Any, **__: Any) -> bool:
+    """The ``supports`` predicate of the C L2 normalisation: a float64 ndarray in native byte order with at least one
+    dimension and one element, and a known policy; everything else runs on the definition."""
+    return (isinstance(x, np.ndarray) and x.dtype == _F64 and x.dtype.isnative and x.ndim >= 1 and x.size >= 1
+            and isinstance(policy, str) and policy in L2_POLICIES)
+
+
+@register("l2_normalize", "c", supports=l2_normalize_supported)
+def l2_normalize(x: np.ndarray, eps: float, policy: str = "clamp", *, threads: int | None = None) -> np.ndarray:
+    """x / ||x|| over the last axis in C: the C twin of ``refimpl.numerics.l2_normalize(x, -1, eps, policy)``
+    (float64): per row the definition's operations in its order (the maximum, the scaled squares' sum, the
+    scaled norm, the policy's denominator, the quotient; ckernels/l2norm.c), the sum in four interleaved partial
+    sums: within ``refimpl.layers.l2_normalize_bound`` of the exact result, as the definition is, with its special
+    values (a NaN row NaN, an infinite entry's row 0 and NaN, a zero row 0 or NaN by the policy).
+
+    Parameters
+    ----------
+    x : float64 array (..., d), non-empty (copied to C order if it is not).  eps : finite and >= 0.  policy :
+        "clamp" | "add" | "none".  threads : int >= 1 or None (refimpl.backends._c.default_threads()); speed
+        only, every thread count gives the same bits; calls under 262144 elements use one thread.
+
+    Returns
+    -------
+    A new float64 array of x's shape (C order).
+
+    Raises
+    ------
+    TypeError for a dtype other than float64; ValueError for an empty or 0-d x, an eps that is not finite and
+    >= 0, an unknown policy or bad ``threads``; ImportError if the compiled module is missing.
+
+    References
+    ----------
+    Anderson, "Algorithm 978: Safe scaling in the Level 1 BLAS" (2017) (dnrm2's scaling); torch.nn.functional.
+    normalize ("clamp").
+    """
+    return _l2_normalize(x, eps, policy, threads, plain=False)
+
+
+def l2_normalize_plain(x: np.ndarray, eps: float, policy: str = "clamp") -> np.ndarray:
+    """The plain C L2 normalisation (one thread, the sum in the recursive order): the specification beside
+    ``l2_normalize`` (not registered).  Arguments, results and errors as ``l2_normalize``."""
+    return _l2_normalize(x, eps, policy, 1, plain=True)
+
+
+def _l2_normalize(x: Any, eps: Any, policy: Any, threads: Any, plain: bool) -> np.ndarray:
+    nthreads = _threads(threads)
+    if not isinstance(policy, str) or policy not in L2_POLICIES:
+        raise ValueError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or \
+            not (np.isfinite(eps) and eps >= 0):
+        raise ValueError(f"argument 'eps': expected a finite number >= 0, got {eps!r}")
+    a = _validate._array(x, "x", "C")
+    if a.dtype != _F64:
+        raise TypeError(f"argument 'x': the C L2 normalisation takes float64, got {a.dtype} (float32 runs on the "
+                        f"NumPy definition)")
+    if a.ndim < 1 or a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")
+    a = _validate._contiguous(a)
+    d = a.shape[-1]
+    result = empty_aligned(a.shape, a.dtype)
+    # Every row is written by the kernel's loops (no poison needed) and its non-finite outputs are the definition's
+    # (the same operations on the same special values; no range fallback: the scaled norm cannot overflow).
+    mod = _load()
+    ffi = mod.ffi
+    args = (ffi.from_buffer("double[]", result, require_writable=True), ffi.from_buffer("double[]", a),
+            a.size // d, d, float(eps), L2_POLICIES[policy])
+    if plain:
+        status, name = mod.lib.refimpl_l2_normalize_plain_f64(*args), "refimpl_l2_normalize_plain"
+    else:
+        status, name = mod.lib.refimpl_l2_normalize_f64(*args, nthreads), "refimpl_l2_normalize"
+    _check_status(mod, status, name)
+    return result
