@@ -371,6 +371,27 @@ def test_network_backward_bug_in_one_part_located_with_the_float32_member():
     json.loads(bad.to_json())
 
 
+def test_a_diverging_unit_whose_parts_do_not_diverge_says_so_in_the_gradients():
+    """unit_gradients._located on a unit whose gradients diverge as a whole: every part matching sends the
+    divergence to how the parts compose (no part named, no first divergence of a part); a part not judged
+    conclusively is named instead; a diverging part is named with its first divergence."""
+    from refimpl.verify.unit_gradients import _located
+
+    def part(name, verdict, fd=None):
+        return {"part": name, "verdict": verdict, "err_over_bound": 0.5 if verdict == "match" else None,
+                "why": "" if verdict == "match" else "no gradient reached the part's input",
+                "first_divergence": fd}
+    why, fd = _located([part("attn", "match"), part("mlp", "match")], "the unit's why")
+    assert fd is None and why.startswith("the unit's why; part by part") and "every part matches on its own" in why
+    assert "how the parts compose" in why
+    why, fd = _located([part("attn", "match"), part("mlp", "inconclusive")], "w")
+    assert fd is None and "every part matches" not in why and "no part diverges on its own" in why
+    assert "mlp: no gradient reached the part's input" in why
+    div = {"tensor": "input", "why": "out", "max_abs_err": 1.0, "err_over_bound": 3.0}
+    why, fd = _located([part("attn", "diverges", div), part("mlp", "match")], "w")
+    assert fd == dict(div, part="attn") and "first divergence in part 'attn'" in why
+
+
 def test_network_backward_bug_in_one_block_diverges_at_that_unit():
     """Castling-DeiT-T reduced in float32: blocks.1's output carries its gradient times 1 + 1e-3 (forward exact,
     every forward unit matches).  Unit by unit the bug is in blocks.1 alone: its input gradient and its parameters'
