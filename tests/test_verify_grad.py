@@ -335,11 +335,69 @@ def test_network_backward_bug_in_one_part_diverges_at_that_part(monkeypatch):
     json.loads(bad.to_json())                                  # the parts' entries serialise
 
 
+def test_network_backward_bug_in_one_part_located_with_the_float32_member():
+    """As above (blocks.1's MLP branch carrying its gradient times 1 + 1e-2, forward exact), with the float32
+    comparison run on (the twin's members): blocks.1 diverges as a whole by the ensemble, its list of diverging
+    tensors naming the attention's parameters too (right at block level), and is then judged part by part to
+    locate the bug inside it: its verdict stays "diverges", its parts are attached, "mlp" diverges by its own
+    tensors alone (its input gradient, norm2's and the MLP's parameters) while "attn" matches, and the unit's why
+    and the units' first divergence name the part."""
+    name = "castling_deit_t"
+    bad = V.verify(_net(name, bug_block="blocks.1.mlp", factor=1 + 1e-2), name, config={"reduced": True},
+                   dtype="float32", grad=True)
+    g = bad.gradients
+    assert all(s.verdict == "match" for s in bad.stages) and bad.verdict == "diverges", str(bad)
+    u = _units(bad)
+    assert [k for k, e in u.items() if e["verdict"] == "diverges"] == ["blocks.1"], g["units"]
+    unit = u["blocks.1"]
+    assert "blocks.1.attn.qkv.weight" in unit["diverging"] and unit["worst"].startswith("blocks.1."), unit
+    assert "legitimate evaluations" in unit["why"] and unit["err_over_bound"] < 1.0      # by the ensemble
+    attn, mlp = unit["parts"]
+    assert (attn["part"], attn["verdict"], mlp["part"], mlp["verdict"]) == ("attn", "match", "mlp", "diverges"), unit
+    assert attn["diverging"] == [] and mlp["input"].endswith("(by value)")
+    keys = _twin_keys(name)
+    own = {k for k in keys if k.startswith(("blocks.1.mlp.", "blocks.1.norm2."))}
+    assert mlp["diverging"][0] == "input" and set(mlp["diverging"]) == {"input"} | own, mlp["diverging"]
+    assert "first divergence in part 'mlp'" in unit["why"] and "part by part" in unit["why"]
+    fd = g["units_first_divergence"]
+    assert fd["unit"] == "blocks.1" and fd["part"] == "mlp" and fd["tensor"] == "input", fd
+    assert fd["err_over_bound"] == mlp["first_divergence"]["err_over_bound"]
+    assert "unit 'blocks.1', part 'mlp' diverges teacher-forced" in g["why"]
+    assert all("parts" not in e or all(q["verdict"] == "match" for q in e["parts"]) for k, e in u.items()
+               if k != "blocks.1")
+    text = bad.gradients_text()
+    assert "first divergence at unit blocks.1 (part mlp): input" in text
+    assert any(line.split()[:2] == ["blocks.1/attn", "match"] for line in text.splitlines()), text
+    json.loads(bad.to_json())
+
+
+def test_a_diverging_unit_whose_parts_do_not_diverge_says_so_in_the_gradients():
+    """unit_gradients._located on a unit whose gradients diverge as a whole: every part matching sends the
+    divergence to how the parts compose (no part named, no first divergence of a part); a part not judged
+    conclusively is named instead; a diverging part is named with its first divergence."""
+    from refimpl.verify.unit_gradients import _located
+
+    def part(name, verdict, fd=None):
+        return {"part": name, "verdict": verdict, "err_over_bound": 0.5 if verdict == "match" else None,
+                "why": "" if verdict == "match" else "no gradient reached the part's input",
+                "first_divergence": fd}
+    why, fd = _located([part("attn", "match"), part("mlp", "match")], "the unit's why")
+    assert fd is None and why.startswith("the unit's why; part by part") and "every part matches on its own" in why
+    assert "how the parts compose" in why
+    why, fd = _located([part("attn", "match"), part("mlp", "inconclusive")], "w")
+    assert fd is None and "every part matches" not in why and "no part diverges on its own" in why
+    assert "mlp: no gradient reached the part's input" in why
+    div = {"tensor": "input", "why": "out", "max_abs_err": 1.0, "err_over_bound": 3.0}
+    why, fd = _located([part("attn", "diverges", div), part("mlp", "match")], "w")
+    assert fd == dict(div, part="attn") and "first divergence in part 'attn'" in why
+
+
 def test_network_backward_bug_in_one_block_diverges_at_that_unit():
     """Castling-DeiT-T reduced in float32: blocks.1's output carries its gradient times 1 + 1e-3 (forward exact,
     every forward unit matches).  Unit by unit the bug is in blocks.1 alone: its input gradient and its parameters'
     diverge (against the twin's unit in float32 on the same input and cotangent), the units before it (fed the
-    wrong cotangent, but differentiating it correctly) do not; the whole network's ensemble also catches it."""
+    wrong cotangent, but differentiating it correctly) do not; the whole network's ensemble also catches it.  Part
+    by part the bug is located in blocks.1's last part, "mlp", whose output (the residual sum) is the block's."""
     name = "castling_deit_t"
     bad = V.verify(_net(name, bug_block="blocks.1", factor=1 + 1e-3), name, config={"reduced": True},
                    dtype="float32", grad=True)
@@ -352,12 +410,17 @@ def test_network_backward_bug_in_one_block_diverges_at_that_unit():
     assert [k for k, e in u.items() if e["verdict"] == "diverges"] == ["blocks.1"]
     # the text and Markdown reports print the unit rows and the first unit that diverges
     text, md = bad.gradients_text(), bad.gradients_text(markdown=True)
-    assert "unit by unit (teacher-forced): diverges; first divergence at unit blocks.1: input" in text
+    assert "unit by unit (teacher-forced): diverges; first divergence at unit blocks.1 (part mlp): input" in text
     assert any(line.split()[:2] == ["blocks.1", "diverges"] for line in text.splitlines()), text
     assert "| blocks.1 | diverges | " in md and "| unit | verdict | worst gradient |" in md
     assert "input" in u["blocks.1"]["diverging"] and "blocks.1.attn.proj.weight" in u["blocks.1"]["diverging"]
     assert not any(k.startswith(("blocks.0.", "head.", "norm.")) for k in u["blocks.1"]["diverging"])
-    assert "unit 'blocks.1' diverges teacher-forced" in g["why"]
+    # located part by part: the scaled gradient enters at the block's output, the last part's ("mlp": its
+    # residual sum is the block's output), which the part fed the cotangent of the unit's output sees; "attn",
+    # fed the cotangent that reached the located intermediate, matches
+    assert [(q["part"], q["verdict"]) for q in u["blocks.1"]["parts"]] == [("attn", "match"), ("mlp", "diverges")]
+    assert g["units_first_divergence"]["part"] == "mlp"
+    assert "unit 'blocks.1', part 'mlp' diverges teacher-forced" in g["why"]
     # the whole network: every tensor upstream of the block, by its ensemble
     assert g["whole_verdict"] == "diverges" and g["first_divergence"]["tensor"] == "input", str(bad)
     div = {t["name"] for t in g["tensors"] if t["verdict"] == "diverges"}
@@ -526,6 +589,40 @@ def test_network_gradients_part_by_part_in_float32_l2vit(preset, by_parts):
     assert r.verdict in ("match", "inconclusive"), str(r)
 
 
+def test_ravlt_backward_bug_in_one_part_located_with_the_float32_member():
+    """RaViT-T reduced in float32 with layers.0.blocks.0's attention output carrying its gradient times 1 + 1e-2
+    (forward exact: every forward unit matches) and the float32 comparison run on (the twin's members): the whole
+    block diverges by the ensemble (the bug is 1e3 times the twin's own float32 error), its diverging tensors
+    naming the parameters of its correct parts too (the cpe's ``pos.*``: right at block level, not where the bug
+    is).  The block is then judged part by part to locate it: its verdict stays "diverges", "attn" diverges by its
+    own tensors alone (its input gradient, the attention's and norm1's parameters), "cpe" and "mlp" match, and the
+    unit's why and the units' first divergence name the part."""
+    name, block = "ravlt_t", "layers.0.blocks.0"
+    r = V.verify(_net(name, bug_block=block + ".attn", factor=1 + 1e-2), name, config={"reduced": True},
+                 dtype="float32", grad=True)
+    g = r.gradients
+    u = _units(r)
+    assert all(s.verdict == "match" for s in r.stages) and r.first_divergence is None, str(r)
+    assert g["verdict"] == "diverges" and [k for k, e in u.items() if e["verdict"] == "diverges"] == [block], g["units"]
+    unit = u[block]
+    assert "legitimate evaluations" in unit["why"] and unit["forward_relative_bound"] > 0.1, unit
+    assert any(k.startswith(block + ".pos.") for k in unit["diverging"]), unit["diverging"]
+    cpe, attn, mlp = unit["parts"]
+    assert [(q["part"], q["verdict"]) for q in unit["parts"]] == [("cpe", "match"), ("attn", "diverges"),
+                                                                   ("mlp", "match")], unit
+    assert cpe["diverging"] == [] and mlp["diverging"] == [] and attn["input"].endswith("(by value)")
+    keys = _twin_keys(name)
+    own = {k for k in keys if k.startswith((block + ".attn.", block + ".norm1."))}
+    assert attn["diverging"][0] == "input" and set(attn["diverging"]) == {"input"} | own, attn["diverging"]
+    assert "first divergence in part 'attn'" in unit["why"]
+    fd = g["units_first_divergence"]
+    assert fd["unit"] == block and fd["part"] == "attn" and fd["tensor"] == "input", fd
+    assert f"unit '{block}', part 'attn' diverges teacher-forced" in g["why"]
+    text = r.gradients_text()
+    assert f"first divergence at unit {block} (part attn): input" in text
+    assert any(line.split()[:2] == [f"{block}/cpe", "match"] for line in text.splitlines()), text
+
+
 def test_ravlt_backward_bug_in_one_part_diverges_at_that_part(monkeypatch):
     """RaViT-T reduced in float32 (layers.0.blocks.0's own bound void for its gradients, relative 0.13, so it is
     judged part by part: cpe / attn / mlp) with that block's attention output carrying its gradient times 1 + 1e-2
@@ -533,16 +630,9 @@ def test_ravlt_backward_bug_in_one_part_diverges_at_that_part(monkeypatch):
     bound is void): the block diverges in its "attn" part, by the part's input gradient and the gradients of the
     attention's and norm1's parameters (by their state_dict keys) and of nothing else; its "cpe" part, fed the
     wrong cotangent that reached the located intermediate, and its "mlp" part match; every other unit matches (the
-    stem differentiates its wrong cotangent correctly).  With the float32 member the whole block already diverges
-    by the ensemble (the bug is 1e3 times the twin's own float32 error), without parts."""
+    stem differentiates its wrong cotangent correctly)."""
     from refimpl.verify import unit_gradients
     name, block = "ravlt_t", "layers.0.blocks.0"
-    r = V.verify(_net(name, bug_block=block + ".attn", factor=1 + 1e-2), name, config={"reduced": True},
-                 dtype="float32", grad=True)
-    u = _units(r)
-    assert all(s.verdict == "match" for s in r.stages) and r.first_divergence is None, str(r)
-    assert r.gradients["verdict"] == "diverges" and u[block]["verdict"] == "diverges", r.gradients["units"]
-    assert "parts" not in u[block] and "legitimate evaluations" in u[block]["why"], u[block]
 
     def no_member(*_a, **_k):
         raise RuntimeError("no member in this test")

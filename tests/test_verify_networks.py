@@ -89,6 +89,28 @@ def test_a_bug_in_one_block_diverges_at_that_unit(name, unit, tmp_path, capsys):
     assert rep["first_divergence"]["part"] == "mlp" and "first diverging part 'mlp'" in rep["first_divergence"]["why"]
 
 
+def test_a_diverging_unit_whose_parts_do_not_diverge_says_so():
+    """networks._located on a diverging unit: every part matching sends the divergence to how the parts compose;
+    a part not judged (its input not located) is named, not passed over as matching."""
+    from refimpl.verify.networks import _located
+    from refimpl.verify.report import StageResult
+
+    def unit():
+        return StageResult("blocks.1", "blocks.1:output", "diverges", detail="error over the bound")
+
+    def parts(*verdicts):
+        return StageResult("blocks.1", None, "diverges", parts=[StageResult(n, None, v) for n, v in
+                                                                zip(("attn", "mlp"), verdicts)])
+    every = _located(unit(), parts("match", "match"))
+    assert every.verdict == "diverges" and "every part matches on its own" in every.detail
+    assert "how the parts compose" in every.detail and every.first_divergence() == "blocks.1"
+    some = _located(unit(), parts("match", "not judged"))
+    assert some.verdict == "diverges" and "every part matches" not in some.detail
+    assert "no part diverges on its own" in some.detail and "not judged conclusively (mlp)" in some.detail
+    first = _located(unit(), parts("diverges", "match"))
+    assert "first diverging part 'attn'" in first.detail and first.first_divergence() == "blocks.1/attn"
+
+
 @pytest.mark.parametrize("name,unit", CASES)
 def test_a_bug_in_one_part_of_a_block_is_located_at_that_part(name, unit):
     """The attention submodule of one block off by 1e-6 relative, in float64 (the block's own bound resolves it):

@@ -23,7 +23,8 @@ happens (docs/verify.md, "Gradients"), as for a layer reference (:mod:`refimpl.v
 5. unit by unit (:mod:`refimpl.verify.unit_gradients`, where the twin has ``run_unit`` and the family its units):
    each unit's backward teacher-forced on the foreign network's own input to the unit and the cotangent that
    reached its output in the same foreign backward, against the twin's unit with the unit's own forward bound
-   (``units``).  The false-alarm budget is split in half between the whole network and the units; the verdict is
+   (``units``); a unit whose own bound is void for its gradients, or that diverges as a whole, is judged part by
+   part too where the family has parts for it (to locate the bug inside the block).  The false-alarm budget is split in half between the whole network and the units; the verdict is
    "diverges" where either diverges, else the whole network's where conclusive, else the units' (stated).
 """
 
@@ -228,12 +229,14 @@ def _combine(section: dict[str, Any], whole: str, uw: Mapping[str, Any]) -> None
     summary = ", ".join(f"{e['unit']} {e['verdict']}" for e in units)
     if uw["verdict"] == _verdict.DIVERGES:
         section["verdict"] = _verdict.DIVERGES
-        why = (f"unit {fd['unit']!r} diverges teacher-forced (its backward on the network's own input and "
+        at = f"unit {fd['unit']!r}" + (f", part {fd['part']!r}" if fd.get("part") else "")
+        why = (f"{at} diverges teacher-forced (its backward on the network's own input and "
                f"cotangent to it): {fd['tensor']}: {fd['why']}")
         section["why"] = (section["why"] + "; " if section.get("why") else "") + why
         if section.get("first_divergence") is None:
-            section["first_divergence"] = {"tensor": f"{fd['tensor']} (unit {fd['unit']})", "unit": fd["unit"],
-                                           "why": fd["why"], "max_abs_err": fd["max_abs_err"],
+            where = f"unit {fd['unit']}" + (f", part {fd['part']}" if fd.get("part") else "")
+            section["first_divergence"] = {"tensor": f"{fd['tensor']} ({where})", "unit": fd["unit"],
+                                           "part": fd.get("part"), "why": fd["why"], "max_abs_err": fd["max_abs_err"],
                                            "err_over_bound": fd["err_over_bound"]}
     elif whole == _verdict.INCONCLUSIVE and uw["verdict"] == _verdict.MATCH:
         section["verdict"] = _verdict.MATCH

@@ -398,19 +398,23 @@ def _judge_parts(fam: Any, params: Mapping[str, np.ndarray], cfg: Any, u: str, x
 def _located(unit: StageResult, parts: StageResult | None) -> StageResult:
     """A diverging unit's own result, its verdict kept, with its parts judged teacher-forced on the foreign
     intermediates (:func:`_judge_parts`) attached, so that the report names the first diverging part
-    (StageResult.first_divergence): where the bug lives inside the block.  Where every part judged matches, the
+    (StageResult.first_divergence): where the bug lives inside the block.  Where every part matches, the
     divergence lies in how the parts compose (the residual additions, a layout between them), and the detail says
-    so.  ``parts`` None (no parts for the unit): the unit's result unchanged."""
+    so; where none diverges but some part is inconclusive or not judged, the detail names those too.  ``parts`` None (no parts for the unit): the unit's result unchanged."""
     if parts is None or not parts.parts:
         return unit
     unit.parts, unit.ensemble = parts.parts, parts.ensemble
     bad = next((q for q in parts.parts if q.verdict == _verdict.DIVERGES), None)
+    open_ = [q.name for q in parts.parts if q.verdict != _verdict.MATCH]
     judged = ", ".join(f"{q.name} {q.verdict}" for q in parts.parts)
     unit.detail += (f"; part by part (teacher-forced on your intermediates): {judged}; first diverging part "
                     f"{bad.name!r}" if bad is not None else
+                    f"; part by part (teacher-forced on your intermediates): {judged}: every part matches on its "
+                    f"own, so the divergence lies in how the parts compose (the residual additions, a layout "
+                    f"between them)" if not open_ else
                     f"; part by part (teacher-forced on your intermediates): {judged}: no part diverges on its own, "
-                    f"so the divergence lies in how the parts compose (the residual additions, a layout between "
-                    f"them)")
+                    f"so the divergence lies in how the parts compose or in a part not judged conclusively "
+                    f"({', '.join(open_)})")
     return unit
 
 

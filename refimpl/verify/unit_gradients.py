@@ -20,7 +20,11 @@ happens (docs/verify.md, "Gradients"), for each unit u of the family's ``unit_na
    conclusive where the logits' is void at depth); the ensemble is the twin's unit in T on (x_u, g_u);
 4. the unit's verdict is its tensors' (:func:`refimpl.verify.gradients.judge_tensors`, the unit's share of the
    false-alarm budget split evenly between its tensors); the units' budget is split evenly between the units
-   (union bound, as :func:`refimpl.verdict.compare_stages` does).
+   (union bound, as :func:`refimpl.verdict.compare_stages` does);
+5. part by part (``fam.unit_parts``, the twin's ``run_unit_part``): a unit whose own bound is void for its
+   gradients takes its parts' verdict; a unit that diverges as a whole keeps its verdict, and its parts, judged
+   the same way, locate the bug inside it (the first diverging part in its ``why`` and in the first divergence's
+   ``part``; where every part matches, the divergence lies in how the parts compose).
 
 A parameter that more than one unit uses (its foreign gradient sums over them) is not compared unit-wise; the
 foreign parameter gradients are those of the whole run (a unit's parameters receive a gradient only from it).
@@ -262,7 +266,7 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
         div = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.DIVERGES]
         why = ""
         void = [t["name"] for t in sub["tensors"] if t["verdict"] == _verdict.INCONCLUSIVE]
-        parts = None
+        parts = located = None
         if sub["verdict"] == _verdict.INCONCLUSIVE and void:
             rho = config.VERIFY_GRAD_BACKWARD_FACTOR * (rho_t + rho_64)
             why = (f"void bound at {len(void)} of {len(names)} tensor(s) (first {void[0]}): the unit's forward "
@@ -278,7 +282,15 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
         elif sub["verdict"] == _verdict.INCONCLUSIVE:
             why = "no gradient of the unit was compared: " + "; ".join(f"{k}: {v}" for k, v in none.items())
         elif div:
+            # the unit diverges as a whole: its parts (where the family has them) locate the bug inside it, its
+            # own verdict, worst tensor and diverging tensors kept (as the forward's units: networks._located)
             why = sub["first_divergence"]["why"]
+            located = _judge_parts(twin, member_net, fam, cfg, params, source, fgrads, owners, u, xu, fdx, gu,
+                                   bounds[u][4], dtype, p_unit)
+            if located is not None:
+                why, first_part = _located(located, why)
+                if first_part is not None:
+                    sub["first_divergence"] = first_part
         entries.append({"unit": u, "verdict": sub["verdict"], "tensors": len(names),
                         "worst": None if worst is None else worst["name"],
                         "err_over_bound": None if worst is None else worst["err_over_bound"],
@@ -288,13 +300,13 @@ def judge_units(twin: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
             top = max(judged_parts, key=lambda e: e["err_over_bound"], default=None)
             entries[-1].update(parts=parts, worst=None if top is None else f"{top['part']}: {top['worst']}",
                                err_over_bound=None if top is None else top["err_over_bound"])
+        elif div and located is not None:
+            entries[-1]["parts"] = located
         verdicts.append(sub["verdict"])
         if div and first is None:
             fd = sub["first_divergence"]
-            first = {"unit": u, "tensor": fd["tensor"], "why": fd["why"], "max_abs_err": fd["max_abs_err"],
-                     "err_over_bound": fd["err_over_bound"]}
-            if "part" in fd:
-                first["part"] = fd["part"]
+            first = {"unit": u, "part": fd.get("part"), "tensor": fd["tensor"], "why": fd["why"],
+                     "max_abs_err": fd["max_abs_err"], "err_over_bound": fd["err_over_bound"]}
     verdict = (_verdict.DIVERGES if _verdict.DIVERGES in verdicts else
                _verdict.MATCH if verdicts and all(v == _verdict.MATCH for v in verdicts) else _verdict.INCONCLUSIVE)
     return {"verdict": verdict, "units": entries, "first_divergence": first}
@@ -317,11 +329,33 @@ def _parts_verdict(parts: list[dict[str, Any]], void_why: str) -> tuple[str, str
                                                            if e["verdict"] != _verdict.MATCH and e["why"]), None
 
 
+def _located(parts: list[dict[str, Any]], why: str) -> tuple[str, dict[str, Any] | None]:
+    """A unit that diverges as a whole, its parts judged teacher-forced (:func:`_judge_parts`) to locate the bug
+    inside it: (the unit's why, naming its first diverging part; that part's first divergence with ``part``, or
+    None).  Where every part matches on its own, the divergence lies in how the parts compose (the residual
+    additions, a layout between them), and the why says so; where no part diverges but some is not conclusive,
+    it says that too."""
+    notes = ", ".join(f"{e['part']} {e['verdict']}" + (f" (err/bound {e['err_over_bound']:.3g})"
+                                                         if e["err_over_bound"] is not None else "") for e in parts)
+    head = f"{why}; part by part (teacher-forced on your network's intermediates, to locate it): {notes}"
+    for e in parts:
+        if e["verdict"] == _verdict.DIVERGES:
+            return (f"{head}; first divergence in part {e['part']!r}: {e['why']}",
+                    dict(e["first_divergence"] or {}, part=e["part"]))
+    if all(e["verdict"] == _verdict.MATCH for e in parts):
+        return (f"{head}: every part matches on its own, so the divergence lies in how the parts compose (the "
+                f"residual additions, a layout between them)"), None
+    return (f"{head}: no part diverges on its own, so the divergence lies in how the parts compose or in a part "
+            f"not judged conclusively (" + "; ".join(f"{e['part']}: {e['why']}" for e in parts
+                                                      if e["verdict"] != _verdict.MATCH) + ")"), None
+
+
 def _judge_parts(twin: Any, member_net: Any, fam: Any, cfg: Any, params: Mapping[str, np.ndarray],
                  source: Mapping[str, str], fgrads: Mapping[str, np.ndarray], owners: Mapping[str, list[str]],
                  u: str, xu: np.ndarray, fdx: np.ndarray, gu: np.ndarray, within: list, dtype: str,
                  p_unit: float) -> list[dict[str, Any]] | None:
-    """The backward of unit ``u`` (whose own bound is void) part by part (``fam.unit_parts``: a block's attention
+    """The backward of unit ``u`` (whose own bound is void, or that diverges as a whole: :func:`_located`) part by
+    part (``fam.unit_parts``: a block's attention
     and MLP residual branches), teacher-forced as the forward's parts are (refimpl.verify.networks): part i's input
     is the foreign network's value between the parts, located by value among the tensors the unit computed
     (``within``, :func:`refimpl.verify.locate.locate` within part i-1's own bound), and its cotangent the gradient
