@@ -24,7 +24,7 @@ from hypothesis import given, settings, strategies as st
 
 from equivalence.strategies import arrays
 from refimpl import backends, config, layers, numerics
-from refimpl.backends import _c_elementwise
+from refimpl.backends import _c_elementwise, _numba_elementwise
 from tests.kernel_helpers import agree_float64, backend_available
 
 SPECIAL_VALUES = (0.0, -0.0, 5e-324, -1e-310, 1e-300, 1e300, -1e300, np.inf, -np.inf, np.nan)
@@ -32,9 +32,13 @@ POLICIES = ("clamp", "add", "none")
 
 
 def kernels():
-    if not backend_available("c", "l2_normalize"):
-        return []
-    return [("fast", _c_elementwise.l2_normalize), ("plain", _c_elementwise.l2_normalize_plain)]
+    """(name, function) of the kernels to check: the fast and the plain C one, the Numba twin (where available)."""
+    out = []
+    if backend_available("c", "l2_normalize"):
+        out += [("fast", _c_elementwise.l2_normalize), ("plain", _c_elementwise.l2_normalize_plain)]
+    if backend_available("numba", "l2_normalize"):
+        out.append(("numba", _numba_elementwise.l2_normalize))
+    return out
 
 
 def _agree(got, ref, x, eps, policy, name):
@@ -131,3 +135,18 @@ def test_dispatch_registration_and_refusals():
             fn(x, 1e-12, "max")
         with pytest.raises(ValueError, match="threads"):
             fn(x, 1e-12, threads=0)
+
+
+def test_numba_twin_is_the_fast_c_kernel_bit_for_bit():
+    """The Numba twin performs the fast C kernel's operations in its order: the same bits, special values included."""
+    if not (backend_available("c", "l2_normalize") and backend_available("numba", "l2_normalize")):
+        return
+    rng = np.random.default_rng(9)
+    for d in (1, 3, 4, 7, 64, 131):
+        x = rng.standard_normal((6, d)) * 5
+        x[1, 0], x[2, -1], x[3] = np.nan, np.inf, 0.0
+        for policy in POLICIES:
+            for eps in (0.0, 1e-12):
+                with np.errstate(all="ignore"):
+                    np.testing.assert_array_equal(_numba_elementwise.l2_normalize(x, eps, policy),
+                                                  _c_elementwise.l2_normalize(x, eps, policy))

@@ -24,7 +24,7 @@ import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from refimpl import backends, config, layers, numerics
-from refimpl.backends import _c_elementwise
+from refimpl.backends import _c_elementwise, _numba_elementwise
 from equivalence.strategies import arrays
 from tests.kernel_helpers import agree_float64, backend_available
 
@@ -37,10 +37,13 @@ def definition(x, w=None, b=None, eps=1e-5):
 
 
 def kernels():
-    """(name, function) of the C kernels to check: the fast one and the plain one (both need the C backend)."""
-    if not backend_available("c", "layer_norm"):
-        return []
-    return [("fast", _c_elementwise.layer_norm), ("plain", _c_elementwise.layer_norm_plain)]
+    """(name, function) of the kernels to check: the fast and the plain C one, the Numba twin (where available)."""
+    out = []
+    if backend_available("c", "layer_norm"):
+        out += [("fast", _c_elementwise.layer_norm), ("plain", _c_elementwise.layer_norm_plain)]
+    if backend_available("numba", "layer_norm"):
+        out.append(("numba", _numba_elementwise.layer_norm))
+    return out
 
 
 def _bound(x, w, b, eps):
@@ -196,3 +199,19 @@ def test_dispatch_registration_and_refusals():
             fn(x, w, b, threads=0)
         with pytest.raises(ValueError, match="non-empty"):
             fn(np.array(1.0))
+
+
+def test_numba_twin_is_the_fast_c_kernel_bit_for_bit():
+    """The Numba twin performs the fast C kernel's operations in its order (the same four partial sums): the same
+    bits, rows flagged above the band included (both answer with the definition)."""
+    if not (backend_available("c", "layer_norm") and backend_available("numba", "layer_norm")):
+        return
+    rng = np.random.default_rng(9)
+    for n in (1, 3, 4, 7, 96, 131):
+        x = rng.standard_normal((5, n)) * 7 - 2
+        w, b = rng.standard_normal(n), rng.standard_normal(n)
+        for ww, bb in ((w, b), (None, b), (w, None), (None, None)):
+            np.testing.assert_array_equal(_numba_elementwise.layer_norm(x, ww, bb, 1e-5),
+                                          _c_elementwise.layer_norm(x, ww, bb, 1e-5))
+    x[2, 0] = 2.0 ** 300
+    np.testing.assert_array_equal(_numba_elementwise.layer_norm(x, w, b, 1e-5), definition(x, w, b, 1e-5))

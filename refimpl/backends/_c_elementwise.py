@@ -210,29 +210,40 @@ def layer_norm_plain(x: np.ndarray, weight: np.ndarray | None = None, bias: np.n
     return _layer_norm(x, weight, bias, eps, 1, plain=True)
 
 
-def _layer_norm(x: Any, weight: Any, bias: Any, eps: Any, threads: Any, plain: bool) -> np.ndarray:
-    nthreads = _threads(threads)
-    a = _validate._array(x, "x", "C")
+def layer_norm_args(x: Any, weight: Any, bias: Any, eps: Any, backend: str
+                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float]:
+    """Check the arguments of a LayerNorm kernel (C or Numba): (x, weight, bias as C-contiguous float64 arrays or
+    None, eps as a float)."""
+    a = _validate._array(x, "x", backend)
     if a.dtype != _F64:
-        raise TypeError(f"argument 'x': the C LayerNorm kernel takes float64, got {a.dtype} (float32 runs on the "
-                        f"NumPy definition: refimpl.layers.layer_norm's predicate sends it there)")
+        raise TypeError(f"argument 'x': the {backend} LayerNorm kernel takes float64, got {a.dtype} (float32 runs on "
+                        f"the NumPy definition: refimpl.layers.layer_norm's predicate sends it there)")
     if a.ndim < 1 or a.size < 1:
         raise ValueError(f"argument 'x': expected a non-empty array (..., C), got shape {a.shape}")
     n = a.shape[-1]
     vecs = []
     for name, v in (("weight", weight), ("bias", bias)):
         if v is not None:
-            v = _validate._array(v, name, "C")
+            v = _validate._array(v, name, backend)
             if v.dtype != _F64 or v.shape != (n,):
                 raise ValueError(f"argument '{name}': expected a float64 array of shape ({n},), got {v.dtype} "
                                  f"{v.shape}")
             v = _validate._contiguous(v)
         vecs.append(v)
+    return _validate._contiguous(a), vecs[0], vecs[1], _check_eps(eps)
+
+
+def _check_eps(eps: Any) -> float:
     if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or \
             not (np.isfinite(eps) and eps >= 0):
         raise ValueError(f"argument 'eps': expected a finite number >= 0, got {eps!r}")
-    a = _validate._contiguous(a)
-    w, b = vecs
+    return float(eps)
+
+
+def _layer_norm(x: Any, weight: Any, bias: Any, eps: Any, threads: Any, plain: bool) -> np.ndarray:
+    nthreads = _threads(threads)
+    a, w, b, eps = layer_norm_args(x, weight, bias, eps, "C")
+    n = a.shape[-1]
     rows = a.size // n
 
     def twin() -> np.ndarray:              # the definition, as refimpl.layers registered it
@@ -309,20 +320,23 @@ def l2_normalize_plain(x: np.ndarray, eps: float, policy: str = "clamp") -> np.n
     return _l2_normalize(x, eps, policy, 1, plain=True)
 
 
-def _l2_normalize(x: Any, eps: Any, policy: Any, threads: Any, plain: bool) -> np.ndarray:
-    nthreads = _threads(threads)
+def l2_normalize_args(x: Any, eps: Any, policy: Any, backend: str) -> tuple[np.ndarray, float, str]:
+    """Check the arguments of an L2-normalisation kernel (C or Numba): (x C-contiguous float64, eps, policy)."""
     if not isinstance(policy, str) or policy not in L2_POLICIES:
         raise ValueError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer, np.floating)) or \
-            not (np.isfinite(eps) and eps >= 0):
-        raise ValueError(f"argument 'eps': expected a finite number >= 0, got {eps!r}")
-    a = _validate._array(x, "x", "C")
+    eps = _check_eps(eps)
+    a = _validate._array(x, "x", backend)
     if a.dtype != _F64:
-        raise TypeError(f"argument 'x': the C L2 normalisation takes float64, got {a.dtype} (float32 runs on the "
-                        f"NumPy definition)")
+        raise TypeError(f"argument 'x': the {backend} L2 normalisation takes float64, got {a.dtype} (float32 runs on "
+                        f"the NumPy definition)")
     if a.ndim < 1 or a.size < 1:
         raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")
-    a = _validate._contiguous(a)
+    return _validate._contiguous(a), eps, policy
+
+
+def _l2_normalize(x: Any, eps: Any, policy: Any, threads: Any, plain: bool) -> np.ndarray:
+    nthreads = _threads(threads)
+    a, eps, policy = l2_normalize_args(x, eps, policy, "C")
     d = a.shape[-1]
     result = empty_aligned(a.shape, a.dtype)
     # Every row is written by the kernel's loops (no poison needed) and its non-finite outputs are the definition's

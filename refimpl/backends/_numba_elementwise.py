@@ -1,4 +1,5 @@
-"""Element-wise Numba kernels: GELU, and the vectorisable erf it uses.
+"""Element-wise and row-wise Numba kernels: GELU, and the vectorisable erf it uses; LayerNorm and the row-wise L2
+normalisation.
 
 - ``"gelu"``: ``gelu(x, approximate="none", *, out=None, threads=None)``, the Numba twin of
   ``refimpl.numerics.gelu`` (the definition, registered by ``refimpl.layers``), float64 only.
@@ -7,6 +8,9 @@
   (derived by benchmarks/erf_coefficients.py; tests/test_kernels_gelu.py checks the two copies agree).
   Without a branch or a libm call the loop vectorises under LLVM without fastmath, which libm's erf
   (math.erf) does not; ``gelu_libm`` keeps the plain math.erf version for testing and timing.
+- ``"layer_norm"`` and ``"l2_normalize"``: the Numba twins of ckernels/layernorm.c and ckernels/l2norm.c (the
+  definitions' operations per row in their order, the sums in four interleaved partial sums: the same operations
+  as the fast C kernels, so the same bits), one thread.
 
 Compiled on first use with an explicit signature on C-contiguous 1-d arrays, ``cache=True``, ``nogil=True``,
 ``fastmath=config.NUMBA_FASTMATH`` (False) and ``error_model="numpy"`` (refimpl.backends._numba._compile).
@@ -25,9 +29,11 @@ import numpy as np
 
 from .. import config
 from ._c import _threads
-from ._c_elementwise import GELU_FORMS, gelu_args, gelu_supported
+from ._c import _outside_band
+from ._c_elementwise import (GELU_FORMS, L2_POLICIES, gelu_args, gelu_supported, l2_normalize_args,
+                             l2_normalize_supported, layer_norm_args, layer_norm_supported)
 from ._numba import _compile, _import_numba, _run_shared
-from ._registry import register
+from ._registry import definition, register
 from ._validate import empty_aligned
 
 #: The definition's constants: x / sqrt(2.0) (a division, as numerics.gelu) and sqrt(2 / pi) of the tanh form.
@@ -224,3 +230,170 @@ def erf(x: np.ndarray, *, out: np.ndarray | None = None, threads: int | None = N
     """erf(x), element-wise, by the vectorisable erf of the GELU kernel (for the accuracy tests; not
     registered).  float64 arrays as ``gelu`` takes them."""
     return _run(x, "none", out, threads, _MODE_ERF_ONLY, "Numba")
+
+
+# ---------------------------------------------------------------------------------------------------
+# LayerNorm and L2 normalisation (the Numba twins of ckernels/layernorm.c and ckernels/l2norm.c)
+# ---------------------------------------------------------------------------------------------------
+
+#: 2^256 (config.RANGE_RESCALE_EXPONENT): a LayerNorm row with an entry above it is flagged, as in C.
+_LN_BAND = 2.0 ** config.RANGE_RESCALE_EXPONENT
+
+
+def _layer_norm_kernel(out, x, w, b, rows, n, eps, has_w, has_b):
+    """ckernels/layernorm.c's LN_ROW_FN on every row: returns the number of rows flagged (an entry above 2^256
+    or infinite), which are left unwritten."""
+    flagged = 0
+    body = n - n % 4
+    for r in range(rows):
+        o = r * n
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        m0 = 0.0
+        m1 = 0.0
+        m2 = 0.0
+        m3 = 0.0
+        for i in range(0, body, 4):
+            s0 += x[o + i]
+            s1 += x[o + i + 1]
+            s2 += x[o + i + 2]
+            s3 += x[o + i + 3]
+            a = abs(x[o + i])
+            m0 = a if a > m0 else m0
+            a = abs(x[o + i + 1])
+            m1 = a if a > m1 else m1
+            a = abs(x[o + i + 2])
+            m2 = a if a > m2 else m2
+            a = abs(x[o + i + 3])
+            m3 = a if a > m3 else m3
+        s = (s0 + s1) + (s2 + s3)
+        m01 = m1 if m1 > m0 else m0
+        m23 = m3 if m3 > m2 else m2
+        m = m23 if m23 > m01 else m01
+        for i in range(body, n):
+            s += x[o + i]
+            a = abs(x[o + i])
+            m = a if a > m else m
+        if m > _LN_BAND:
+            flagged += 1
+            continue
+        mu = s / n
+        q0 = 0.0
+        q1 = 0.0
+        q2 = 0.0
+        q3 = 0.0
+        for i in range(0, body, 4):
+            d0 = x[o + i] - mu
+            d1 = x[o + i + 1] - mu
+            d2 = x[o + i + 2] - mu
+            d3 = x[o + i + 3] - mu
+            out[o + i] = d0
+            out[o + i + 1] = d1
+            out[o + i + 2] = d2
+            out[o + i + 3] = d3
+            q0 += d0 * d0
+            q1 += d1 * d1
+            q2 += d2 * d2
+            q3 += d3 * d3
+        q = (q0 + q1) + (q2 + q3)
+        for i in range(body, n):
+            d = x[o + i] - mu
+            out[o + i] = d
+            q += d * d
+        sd = math.sqrt(q / n + eps)
+        for i in range(n):
+            y = out[o + i] / sd
+            if has_w:
+                y = y * w[i]
+            if has_b:
+                y = y + b[i]
+            out[o + i] = y
+    return flagged
+
+
+@register("layer_norm", "numba", supports=layer_norm_supported)
+def layer_norm(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndarray | None = None,
+               eps: float = 1e-5, *, threads: int | None = None) -> np.ndarray:
+    """LayerNorm over the last axis in Numba: the twin of the C kernel (refimpl.backends._c_elementwise.
+    layer_norm, ckernels/layernorm.c), the same operations in the same order, so the same bits; within
+    ``refimpl.layers.layer_norm_bound`` of the definition.  Where x, weight or bias holds an entry above 2^256
+    or an infinite one the result is the definition's.  One thread (``threads`` is accepted for the twin's
+    signature and checked).  Arguments, results and errors as the C twin's."""
+    _import_numba()
+    _threads(threads)
+    a, w, b, eps = layer_norm_args(x, weight, bias, eps, "Numba")
+    n = a.shape[-1]
+
+    def twin() -> np.ndarray:
+        return definition("layer_norm")(a, w, b, eps)
+    if _outside_band(w, b):
+        return twin()
+    kern = _compile("layer_norm", _layer_norm_kernel,
+                    "int64(float64[::1], float64[::1], float64[::1], float64[::1], int64, int64, float64, "
+                    "boolean, boolean)")
+    result = empty_aligned(a.shape, a.dtype)
+    empty = np.zeros(1)
+    flagged = kern(result.reshape(-1), a.reshape(-1), empty if w is None else w, empty if b is None else b,
+                   a.size // n, n, eps, w is not None, b is not None)
+    return twin() if flagged else result
+
+
+def _l2_normalize_kernel(out, x, rows, d, eps, policy):
+    """ckernels/l2norm.c's l2_row on every row (policy 0 clamp, 1 add, 2 none)."""
+    body = d - d % 4
+    for r in range(rows):
+        o = r * d
+        m = 0.0
+        for i in range(d):
+            a = abs(x[o + i])
+            if a > m or a != a:
+                m = a
+            if m != m:
+                break
+        safe = m if m > 0.0 else 1.0
+        s0 = 0.0
+        s1 = 0.0
+        s2 = 0.0
+        s3 = 0.0
+        for i in range(0, body, 4):
+            t0 = x[o + i] / safe
+            t1 = x[o + i + 1] / safe
+            t2 = x[o + i + 2] / safe
+            t3 = x[o + i + 3] / safe
+            s0 += t0 * t0
+            s1 += t1 * t1
+            s2 += t2 * t2
+            s3 += t3 * t3
+        s = (s0 + s1) + (s2 + s3)
+        for i in range(body, d):
+            t = x[o + i] / safe
+            s += t * t
+        norm = m * math.sqrt(s)
+        if math.isinf(m):
+            norm = math.inf
+        if policy == 0:
+            den = norm if (norm != norm or norm > eps) else eps
+        elif policy == 1:
+            den = norm + eps
+        else:
+            den = norm
+        for i in range(d):
+            out[o + i] = x[o + i] / den
+
+
+@register("l2_normalize", "numba", supports=l2_normalize_supported)
+def l2_normalize(x: np.ndarray, eps: float, policy: str = "clamp", *, threads: int | None = None) -> np.ndarray:
+    """x / ||x|| over the last axis in Numba: the twin of the C kernel (refimpl.backends._c_elementwise.
+    l2_normalize, ckernels/l2norm.c), the same operations in the same order, so the same bits; within
+    ``refimpl.layers.l2_normalize_bound`` of the definition, with its special values.  One thread.  Arguments,
+    results and errors as the C twin's."""
+    _import_numba()
+    _threads(threads)
+    a, eps, policy = l2_normalize_args(x, eps, policy, "Numba")
+    kern = _compile("l2_normalize", _l2_normalize_kernel, "void(float64[::1], float64[::1], int64, int64, float64, int64)")
+    result = empty_aligned(a.shape, a.dtype)
+    d = a.shape[-1]
+    kern(result.reshape(-1), a.reshape(-1), a.size // d, d, eps, L2_POLICIES[policy])
+    return result
