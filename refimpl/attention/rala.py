@@ -51,7 +51,7 @@ accuracy for x << 0 (see docs/rala.md).  The error bounds (:func:`rala_core_boun
 error, stage by stage, for a computation in the tested precision T; see "Error model" in
 :mod:`refimpl.attention.rala_bounds`.
 
-Contents, in five files (this one, the public API, re-exports the public names of the others, so every name
+Contents, in seven files (this one, the public API, re-exports the public names of the others, so every name
 of ``__all__`` is importable from here, its documented home):
 
 - :mod:`refimpl.attention.rala_core` (Eq. 2-4, 6; the bottom, imports neither of the others): the layer's
@@ -63,10 +63,15 @@ of ``__all__`` is importable from here, its documented home):
 - :mod:`refimpl.attention.rala_bounds` (imports rala_core, rala_recomputed): the error model (``_Prec``, the
   ``_e_*`` rules, the errors of the core's stages), the l2 coefficient sigma (``_core_sigma``,
   ``_attention_sigma``) and :func:`rala_core_bound`;
+- :mod:`refimpl.attention.rala_module_recomputed` (imports rala_core, rala_bounds, rala_recomputed): the layer
+  bound's term for the rows the core recomputes, with the projections' errors (``module_recomputed_error``);
+- :mod:`refimpl.attention.rala_layer_error` (imports rala_core, rala_bounds, rala_module_recomputed): the
+  projections (``_projections``) and the layer's one error path on tokens with an input error
+  (``attention_error``), shared by :func:`rala_attention_bound` and the networks (refimpl.models.ravlt_bounds);
 - :mod:`refimpl.attention.rala_range` (imports rala_core): the range policy of the layer's output
   (``_check_output_range``: FloatingPointError naming the first stage that is not finite from finite inputs);
-- this file (imports rala_core, rala_bounds, rala_range; layer: attention, as its parts): the block's
-  configuration (:class:`RAVLTBlockConfig`); the attention layer; the RAVLT block (FFN, CPE, layerscale);
+- this file (imports rala_core, rala_bounds, rala_layer_error, rala_range; layer: attention, as its parts): the
+  block's configuration (:class:`RAVLTBlockConfig`); the attention layer; the RAVLT block (FFN, CPE, layerscale);
   parameter shapes; the bounds of the layer, the FFN and the residuals; the stage list.
 """
 
@@ -80,8 +85,8 @@ import numpy as np
 
 from .. import config, layers, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
-from .rala_bounds import (_Prec, _as_bound, _attention_parts_error, _attention_sigma, _core_error, _e_depthwise,
-                          _e_kappa, _e_linear, _e_product, _e_sum2, _numerator_denominator, _scores_error,
+from .rala_bounds import (_Prec, _as_bound, _attention_parts_error, _attention_sigma, _e_depthwise,
+                          _e_kappa, _e_linear, _e_sum2, _numerator_denominator, _scores_error,
                           _softmax_alpha_error, rala_core_bound)
 from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _reweighting, _split_heads,
                         _tokens_to_cf, _tokens_to_grid, _weight2d, apply_rope_2d, kappa, kv_buffer, rala_core,
@@ -89,7 +94,7 @@ from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _rewe
 # Not used here: kept importable as rala._reweighted_linear_attention_numpy for benchmarks/linattn_c.py (its home is
 # rala_core).
 from .rala_core import _reweighted_linear_attention_numpy  # noqa: F401
-from .rala_module_recomputed import module_recomputed_error
+from .rala_layer_error import _projections, attention_error
 from .rala_range import _check_output_range
 
 __all__ = [
@@ -248,27 +253,6 @@ def rala_attention(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, taps: 
     if not np.all(np.isfinite(out)):
         _check_output_range(x, params, cfg, t)
     return out
-
-
-def _projections(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig):
-    """Q, K, V (B, N, C) and the gate phi(X) (B, N, C) or None."""
-    c = cfg.dim
-    if cfg.gate_source == "qkvo":
-        wt = _weight2d(_param(params, "qkvo.weight"), cfg.layout, "qkvo.weight", 4 * c, c)
-        p = layers.linear(tok, wt, params.get("qkvo.bias"))
-        return p[..., :c], p[..., c:2 * c], p[..., 2 * c:3 * c], p[..., 3 * c:]
-    wt = _weight2d(_param(params, "qkv.weight"), cfg.layout, "qkv.weight", 3 * c, c)
-    p = layers.linear(tok, wt, params.get("qkv.bias"))
-    if cfg.gate == "linear":
-        g = layers.linear(tok, _weight2d(_param(params, "phi.weight"), cfg.layout, "phi.weight", c, c),
-                          params.get("phi.bias"))
-    elif cfg.gate == "identity":
-        g = tok
-    elif cfg.gate == "tanh":
-        g = np.tanh(tok)
-    else:
-        g = None
-    return p[..., :c], p[..., c:2 * c], p[..., 2 * c:], g
 
 
 # ===================================================================================================
@@ -461,66 +445,18 @@ def rala_attention_bound(x: Any, params: Mapping[str, Any], cfg: RALAConfig, *, 
     _check_params(params, rala_param_shapes(cfg), "rala_attention_bound")
     pr = _Prec.of(dtype)
     tok, h, w = _grid_to_tokens(x, cfg.layout)
-    ey, depth = _attention_e(tok, params, cfg, (h, w), pr)
+    _, ey, depth = attention_error(tok, None, params, cfg, (h, w), pr)
     e = _tokens_to_grid(ey, h, w, cfg.layout)
     e64 = None
     if not (np.all(np.isfinite(e)) and math.isfinite(pr.g(depth))):    # the reference's own error, finite
-        e64 = _tokens_to_grid(_attention_e(tok, params, cfg, (h, w), _Prec.of("float64"))[0], h, w, cfg.layout)
+        e64 = _tokens_to_grid(attention_error(tok, None, params, cfg, (h, w), _Prec.of("float64"))[1], h, w,
+                              cfg.layout)
     bound = _as_bound(e, depth, pr,
                       f"rala_attention: running error bound through projections, core, LePE, gate and projection, "
                       f"depth K = {depth:.4g}; l2 coefficient sigma (_attention_sigma)",
                       sigma=_tokens_to_grid(_attention_sigma(tok, params, cfg, (h, w), pr), h, w, cfg.layout),
                       e_ref=e64)
     return numerics.check_bound_range(bound, "rala_attention_bound", x=x, **{key: params[key] for key in params})
-
-
-def _attention_e(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[int, int],
-                 pr: _Prec) -> tuple[np.ndarray, float]:
-    """(E (tokens (B, N, C), absolute), K) of :func:`rala_attention` in precision pr on exact tokens."""
-    c, (h, w) = cfg.dim, hw
-    q, k, v, g = _projections(tok, params, cfg)
-    zero = np.zeros_like(tok)
-    bias = lambda key: None if params.get(key) is None else numerics.as_float(params[key], key)
-    if cfg.gate_source == "qkvo":
-        wt = _weight2d(params["qkvo.weight"], cfg.layout, "qkvo.weight", 4 * c, c)
-        e_all = _e_linear(tok, zero, wt, bias("qkvo.bias"), pr)
-        eq, ek, ev, eg = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:3 * c], e_all[..., 3 * c:]
-    else:
-        wt = _weight2d(params["qkv.weight"], cfg.layout, "qkv.weight", 3 * c, c)
-        e_all = _e_linear(tok, zero, wt, bias("qkv.bias"), pr)
-        eq, ek, ev = e_all[..., :c], e_all[..., c:2 * c], e_all[..., 2 * c:]
-        if cfg.gate == "linear":
-            eg = _e_linear(tok, zero, _weight2d(params["phi.weight"], cfg.layout, "phi.weight", c, c),
-                           bias("phi.bias"), pr)
-        elif cfg.gate == "tanh":
-            eg = config.ELEMENTARY_FUNCTION_ULPS * (pr.u * np.abs(g) + pr.eta)
-        elif cfg.gate == "identity":
-            eg = zero
-        else:
-            eg = None
-    sp = lambda a: _split_heads(a, cfg.num_heads)
-    e_core, depth = _core_error(sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
-    # the rows rala_core recomputes from log-features: their rounding and the input errors' propagation
-    e_core = module_recomputed_error(e_core, sp(q), sp(eq), sp(k), sp(ek), sp(v), sp(ev), cfg, (h, w), pr)
-    y = _merge_heads(rala_core(sp(q), sp(k), sp(v), cfg, (h, w)))
-    ey = _merge_heads(e_core)
-    depth += pr.sums(c) + 1
-    if cfg.lepe_kernel:
-        to_tok = lambda a: a.reshape(a.shape[0], c, h * w).transpose(0, 2, 1)
-        wl, bl = _param(params, "lepe.weight"), bias("lepe.bias")
-        lepe = to_tok(layers.depthwise_conv2d(_tokens_to_cf(v, h, w), wl, bl, padding=cfg.lepe_kernel // 2))
-        el = to_tok(_e_depthwise(_tokens_to_cf(v, h, w), _tokens_to_cf(ev, h, w), wl, bl, pr))
-        ey = _e_sum2(y, ey, lepe, el, pr)
-        y = y + lepe
-        depth = max(depth, pr.sums(cfg.lepe_kernel ** 2) + 1 + pr.sums(c) + 1) + 1
-    if g is not None:
-        ey = _e_product(y, ey, g, eg, pr)
-        y = g * y
-        depth += 1
-    if cfg.out_proj:
-        ey = _e_linear(y, ey, _weight2d(params["proj.weight"], cfg.layout, "proj.weight", c, c), bias("proj.bias"), pr)
-        depth += pr.sums(c) + 1
-    return ey, depth
 
 
 def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[int, int], *,
