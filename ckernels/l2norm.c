@@ -50,17 +50,24 @@ static double l2_denominator(double norm, double eps, int policy)
     return norm;
 }
 
-/* One row, fast: the maximum (NaN-propagating), the scaled squares in four interleaved partial sums, the quotient. */
-static void l2_row(double *restrict out, const double *restrict x, int64_t d, double eps, int policy)
+/* max_i |x_i|, NaN as soon as an entry is NaN (as np.max: the comparison alone would skip it). */
+static double l2_max_abs(const double *x, int64_t d)
 {
     double m = 0.0;
     for (int64_t i = 0; i < d; ++i) {
         const double a = fabs(x[i]);
-        if (a > m || a != a)
+        if (a != a)
+            return a;
+        if (a > m)
             m = a;
-        if (m != m)
-            break;
     }
+    return m;
+}
+
+/* One row, fast: the maximum (NaN-propagating), the scaled squares in four interleaved partial sums, the quotient. */
+static void l2_row(double *restrict out, const double *restrict x, int64_t d, double eps, int policy)
+{
+    const double m = l2_max_abs(x, d);
     const double safe = (m > 0.0) ? m : 1.0;
     const int64_t body = d - d % 4;
     double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
@@ -148,14 +155,7 @@ int refimpl_l2_normalize_plain_f64(double *out, const double *x, int64_t rows, i
         return st;
     for (int64_t r = 0; r < rows; ++r) {
         const double *xr = x + r * d;
-        double m = 0.0;
-        for (int64_t i = 0; i < d; ++i) {
-            const double a = fabs(xr[i]);
-            if (a > m || a != a)
-                m = a;
-            if (m != m)
-                break;
-        }
+        const double m = l2_max_abs(xr, d);
         const double safe = (m > 0.0) ? m : 1.0;
         double s = 0.0;
         for (int64_t i = 0; i < d; ++i) {
