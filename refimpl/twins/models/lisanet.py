@@ -125,7 +125,7 @@ class LiSANet(nn.Module):
         """The unit ``name`` of refimpl.models.lisanet.unit_names (channels-first grids; images for
         "patch_embed.0")."""
         if name not in unit_names(self.cfg):
-            raise ValueError(f"unknown unit {name!r}")
+            raise ValueError(f"argument 'name': expected a unit of refimpl.models.lisanet.unit_names, got {name!r}")
         if name == "head":
             return self._head(x)
         parts = name.split(".")

@@ -40,7 +40,7 @@ def feature_map(x: torch.Tensor, name: str, options: Mapping[str, Any] | None = 
         base = o.get("base", "relu")
         b = feature_map(x, base, {"negative_slope": o["negative_slope"]} if "negative_slope" in o else None)
         return F.normalize(b, p=1, dim=o.get("axis", -1), eps=o.get("eps", 1e-12))
-    raise ValueError(f"unknown feature map {name!r}")
+    raise ValueError(f"argument 'name': expected a feature map of {sorted(FEATURE_MAPS)}, got {name!r}")
 
 
 class LinearAttention(nn.Module):
@@ -57,9 +57,10 @@ class LinearAttention(nn.Module):
         """Stores the options (no parameters); raises ValueError for a feature map not in FEATURE_MAPS, an order other
         than "linear" / "quadratic" or an eps_policy other than "add" / "clamp"."""
         super().__init__()
-        if feature_map not in FEATURE_MAPS or order not in ("linear", "quadratic") \
-                or eps_policy not in ("add", "clamp"):
-            raise ValueError("LinearAttention: bad option")
+        for arg, value, allowed in (("feature_map", feature_map, tuple(FEATURE_MAPS)),
+                                    ("order", order, ("linear", "quadratic")), ("eps_policy", eps_policy, ("add", "clamp"))):
+            if value not in allowed:
+                raise ValueError(f"argument '{arg}': expected one of {allowed}, got {value!r}")
         self.feature_map, self.order, self.normalize = feature_map, order, normalize
         self.eps, self.eps_policy, self.clamp_min = eps, eps_policy, clamp_min
         self.feature_map_options = dict(feature_map_options or {})

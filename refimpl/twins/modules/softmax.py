@@ -90,7 +90,8 @@ class WindowAttention(nn.Module):
         ws, (wh, ww), (sh, sw) = self.wpair, self.wpair, self.spair
         ph, pw = (wh - h % wh) % wh, (ww - w % ww) % ww
         if (ph or pw) and not self.pad:
-            raise ValueError("grid not a multiple of the window and pad=False")
+            raise ValueError(f"argument 'x': expected a grid (H, W) that is a multiple of the window {tuple(self.wpair)} "
+                             f"with pad=False, got ({h}, {w})")
         x = F.pad(x, (0, 0, 0, pw, 0, ph))
         hp, wp = h + ph, w + pw
         real = torch.zeros(1, hp, wp, 1, device=x.device)
