@@ -214,12 +214,7 @@ def layer_norm_args(x: Any, weight: Any, bias: Any, eps: Any, backend: str
                     ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None, float]:
     """Check the arguments of a LayerNorm kernel (C or Numba): (x, weight, bias as C-contiguous float64 arrays or
     None, eps as a float)."""
-    a = _validate._array(x, "x", backend)
-    if a.dtype != _F64:
-        raise TypeError(f"argument 'x': the {backend} LayerNorm kernel takes float64, got {a.dtype} (float32 runs on "
-                        f"the NumPy definition: refimpl.layers.layer_norm's predicate sends it there)")
-    if a.ndim < 1 or a.size < 1:
-        raise ValueError(f"argument 'x': expected a non-empty array (..., C), got shape {a.shape}")
+    a = _rows(x, backend, "LayerNorm kernel", "C")
     n = a.shape[-1]
     vecs = []
     for name, v in (("weight", weight), ("bias", bias)):
@@ -230,7 +225,20 @@ def layer_norm_args(x: Any, weight: Any, bias: Any, eps: Any, backend: str
                                  f"{v.shape}")
             v = _validate._contiguous(v)
         vecs.append(v)
-    return _validate._contiguous(a), vecs[0], vecs[1], _check_eps(eps)
+    return a, vecs[0], vecs[1], _check_eps(eps)
+
+
+def _rows(x: Any, backend: str, kernel: str, last: str) -> np.ndarray:
+    """``x`` for a row-wise kernel: a non-empty float64 array of at least one dimension (rows along the last axis,
+    of length ``last``), in C order; TypeError / ValueError naming 'x' otherwise (float32 runs on the definition:
+    the kernels' predicates send it there)."""
+    a = _validate._array(x, "x", backend)
+    if a.dtype != _F64:
+        raise TypeError(f"argument 'x': the {backend} {kernel} takes float64, got {a.dtype} (float32 runs on the "
+                        f"NumPy definition: the operation's predicate sends it there)")
+    if a.ndim < 1 or a.size < 1:
+        raise ValueError(f"argument 'x': expected a non-empty array (..., {last}), got shape {a.shape}")
+    return _validate._contiguous(a)
 
 
 def _check_eps(eps: Any) -> float:
@@ -325,13 +333,7 @@ def l2_normalize_args(x: Any, eps: Any, policy: Any, backend: str) -> tuple[np.n
     if not isinstance(policy, str) or policy not in L2_POLICIES:
         raise ValueError(f"argument 'policy': expected 'clamp', 'add' or 'none', got {policy!r}")
     eps = _check_eps(eps)
-    a = _validate._array(x, "x", backend)
-    if a.dtype != _F64:
-        raise TypeError(f"argument 'x': the {backend} L2 normalisation takes float64, got {a.dtype} (float32 runs on "
-                        f"the NumPy definition)")
-    if a.ndim < 1 or a.size < 1:
-        raise ValueError(f"argument 'x': expected a non-empty array (..., d), got shape {a.shape}")
-    return _validate._contiguous(a), eps, policy
+    return _rows(x, backend, "L2 normalisation", "d"), eps, policy
 
 
 def _l2_normalize(x: Any, eps: Any, policy: Any, threads: Any, plain: bool) -> np.ndarray:
