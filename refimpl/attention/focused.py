@@ -70,8 +70,9 @@ from .focused_bounds import (_both, _bound, _err_attend, _err_core, _err_feature
                              _feature_depth, _own, err_layer_norm, err_linear, err_norm_linear_l2,
                              focused_attention_bound, focused_function_bound, focused_function_error,
                              resample_linear_bound)
-from .focused_core import (FocusedConfig, _attend, _check_order, _core, _features, _merge_heads, _p, _resample_plan,
-                           _resample_v, _split_heads, _to_grid, focused_attention, focused_feature_map,
+from .focused_typical import focused_function_typical, pre_feature_count
+from .focused_core import (FocusedConfig, _attend, _check_order, _core, _features, _merge_heads, _p, _pre_features,
+                           _resample_plan, _resample_v, _split_heads, _to_grid, focused_attention, focused_feature_map,
                            focused_function, resample_linear)
 
 __all__ = [
@@ -502,14 +503,22 @@ def _fine_core_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q
     def k_pe(k):
         return k + _p(params, "positional_encoding") if cfg.positional_encoding else k
 
-    def feat_bound(t, e, what, dtype):
+    def feat_bound(t, e, what, dtype, positional=False):
         _, ephi, d = _err_features(t, e, params, cfg, dtype)
-        return _bound(ephi, _feature_depth(cfg.p, d, dtype) + (1 if cfg.positional_encoding else 0), what, dtype)
+        b = _bound(ephi, _feature_depth(cfg.p, d, dtype) + (1 if cfg.positional_encoding else 0), what, dtype)
+        # each entry's own typical error (refimpl.attention.focused_typical): the z unit of the verdict
+        a = _pre_features(t, params, cfg)
+        c_in2 = pre_feature_count(cfg.relu_eps, cfg.learnable_scale, positional, dtype)
+        if cfg.norm_scope == "token":
+            typ = _split_heads(focused_function_typical(a, cfg.p, c_in2, dtype=dtype), h)
+        else:
+            typ = focused_function_typical(_split_heads(a, h), cfg.p, c_in2, dtype=dtype)
+        return dataclasses.replace(b, typical=typ)
 
     def phi_k_bound(*t, dtype=None):
         k = k_pe(split(*t)[1])
         return feat_bound(k, np.abs(k) if cfg.positional_encoding else np.zeros_like(k),
-                          "phi_p(K + APE) on exact K", dtype)
+                          "phi_p(K + APE) on exact K", dtype, positional=cfg.positional_encoding)
 
     def vh_of(*t):
         return _split_heads(split(*t)[2], h)
