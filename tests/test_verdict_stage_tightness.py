@@ -238,7 +238,9 @@ def test_alternatives_join_the_stage_ensemble():
 # --- the stage-wise tightness, pinned at small sizes ------------------------------------------------------
 
 @pytest.mark.parametrize("module,dtype,stages", [
-    ("flatten_pvt", "float32", ("dwc_in",)),
+    ("flatten_pvt_sr8", "float32", ("dwc_in",)),
+    ("flatten_pvt", "float32", ("phi_q", "phi_k")),
+    ("flatten_swin", "float32", ("phi_q", "phi_k")),
     ("lisa", "float32", ("ga", "gb")),
     ("lisa", "bfloat16", ("qn", "kn")),
 ])
