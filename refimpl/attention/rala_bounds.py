@@ -3,7 +3,7 @@
 rules, the errors of the core's stages: kappa, Eq. 4's logits and softmax, RoPE, Eq. 2-3's
 numerator, normaliser and quotient), the l2 coefficient sigma of the same first-order error (``_core_sigma``,
 ``_attention_sigma``), ``_as_bound`` (E and sigma as a :class:`refimpl.numerics.Bound`) and the bound of the core,
-:func:`rala_core_bound`.
+:func:`rala_core_bound`, with its absolute underflow part ``_core_underflow`` (the part that does not scale).
 
 Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025
 (../shared/seeds/002_01b0ccc7f7225e8b.txt), Eq. 2-4 and 6 (the computation bounded; :mod:`.rala_core`);
@@ -673,8 +673,40 @@ def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int]
     return numerics.check_bound_range(bound, "rala_core_bound", q=q, k=k, v=v)
 
 
+def _core_underflow(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | None = None, *,
+                    dtype: Any) -> np.ndarray:
+    """U (B, h, N, d): the part of ``rala_core_bound(q, k, v, cfg, hw, dtype=dtype).array(dtype, shape)`` that
+    does not scale with the data, that array minus A, the array of the same model with eta_T = 0 and without the
+    comparison's K (eta_T + eta_64): U = (f_K + gamma_K(u_64)) (E - E_0) / gamma_K + K (eta_T + eta_64)
+    (:meth:`refimpl.numerics.Bound.array`), E_0 the running bound with every eta_T of the error model 0 (the
+    products', quotients', library functions', RoPE table's and rescaled groups' underflow) and, on the elements
+    rala_core rescales, of the rescaled computation alone (the direct model, which :func:`_rescaled_error`
+    keeps where larger, is the same homogeneous expression but for its eta_T terms and the float64 evaluation
+    of its tiny operands, which underflows: both are in U).  A is homogeneous like the computation (degree 1 in
+    V, 0 in a row of kappa(Q) and, without reweighting, in kappa(K); its float64 evaluation commutes with such
+    power-of-two scalings wherever it stays in the normal range), U >= 0 its absolute underflow part (the
+    model increases with eta_T); inf where the bound is not finite.  Same arguments as :func:`rala_core_bound`
+    (the bound is evaluated twice); used by tests/test_range_bounds.py's homogeneity check for its tolerance."""
+    bound = rala_core_bound(q, k, v, cfg, hw, dtype=dtype)
+    q, k, v = numerics.as_float(q, "q"), numerics.as_float(k, "k"), numerics.as_float(v, "v")
+    hw = None if hw is None else validation.check_grid(hw, q.shape[-2], tokens="q")
+    pr = dataclasses.replace(_Prec.of(dtype), eta=0.0)
+    z = np.zeros_like(q)
+    e0, depth = _core_error(q, z, k, z, v, z, cfg, hw, pr)
+    e0 = _rescaled_error(e0, q, k, v, cfg, hw, pr, keep_direct=False)[0]
+    hit, alpha = recomputed_rows(q, k, cfg)
+    if np.any(hit):
+        e0 = _recomputed(e0, hit, q, k, v, alpha, cfg, hw, pr)
+    eta_k = bound.k * (numerics.underflow_eta(dtype) + numerics.underflow_eta("float64"))
+    free = dataclasses.replace(bound, scale=e0 / pr.g(depth), ref_scale=None, sigma=None)
+    with np.errstate(invalid="ignore", over="ignore"):
+        full = bound.array(dtype, e0.shape)
+        u = full - free.array(dtype, e0.shape) + eta_k    # exact where the arrays are subnormal (T = float64)
+    return np.where(np.isfinite(full), u, np.inf)
+
+
 def _rescaled_error(e: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, cfg: RALAConfig, hw: Any,
-                    pr: _Prec) -> tuple[np.ndarray, np.ndarray]:
+                    pr: _Prec, keep_direct: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(E, scaled): E (B, h, N, d) with the elements that :func:`rala_core` computes on groups rescaled by powers
     of two (``scaled``: e_q of the row, e_k of the head or e_v of the column nonzero, normaliser_range.
     scaling_exponents; T = float64 only, the one format with magnitudes outside the band) given the bound of that
@@ -688,7 +720,7 @@ def _rescaled_error(e: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     subnormal range adds eta_T.  That bound is homogeneous like the computation: on tiny inputs it is the bound
     of the same inputs moved into the normal range, scaled back (up to its eta_T terms).  Where the direct bound
     ``e`` is finite and larger (a direct evaluation, which does not rescale, underflows), it is kept: the
-    bound covers both evaluations."""
+    bound covers both evaluations (``keep_direct`` False: the rescaled computation's bound alone)."""
     kq, kk = kappa(q, cfg.kernel), kappa(k, cfg.kernel)
     e_q, e_k, e_v = scaling_exponents(kq, kk, v)
     scaled = np.broadcast_to((e_q != 0) | (e_k != 0) | (e_v != 0), e.shape)
@@ -721,7 +753,8 @@ def _rescaled_error(e: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray, 
     fix = np.where(np.isnan(fix), np.inf, fix)
     # A direct float64 evaluation (the twins: no rescaling) computes these rows with products that underflow,
     # which the direct bound's eta_T terms cover: the larger of the two where the direct one is finite.
-    fix = np.where(np.isfinite(e), np.maximum(fix, e), fix)
+    if keep_direct:
+        fix = np.where(np.isfinite(e), np.maximum(fix, e), fix)
     return np.where(scaled, fix, e), scaled
 
 
