@@ -66,8 +66,9 @@ of ``__all__`` is importable from here, its documented home):
 - :mod:`refimpl.attention.rala_module_recomputed` (imports rala_core, rala_bounds, rala_recomputed): the layer
   bound's term for the rows the core recomputes, with the projections' errors (``module_recomputed_error``);
 - :mod:`refimpl.attention.rala_layer_error` (imports rala_core, rala_bounds, rala_module_recomputed): the
-  projections (``_projections``) and the layer's one error path on tokens with an input error
-  (``attention_error``), shared by :func:`rala_attention_bound` and the networks (refimpl.models.ravlt_bounds);
+  projections (``_projections``) and the one error paths on tokens with an input error of the layer
+  (``attention_error``) and of the block's FFN (``ffn_error``), shared by :func:`rala_attention_bound` /
+  :func:`ravlt_ffn_bound` and the networks (refimpl.models.ravlt_bounds);
 - :mod:`refimpl.attention.rala_range` (imports rala_core): the range policy of the layer's output
   (``_check_output_range``: FloatingPointError naming the first stage that is not finite from finite inputs);
 - this file (imports rala_core, rala_bounds, rala_layer_error, rala_range; layer: attention, as its parts): the
@@ -85,16 +86,15 @@ import numpy as np
 
 from .. import config, layers, numerics, validation
 from ..errors import ArgumentError, ArgumentTypeError
-from .rala_bounds import (_Prec, _as_bound, _attention_parts_error, _attention_sigma, _e_depthwise,
-                          _e_kappa, _e_linear, _e_sum2, _numerator_denominator, _scores_error,
-                          _softmax_alpha_error, rala_core_bound)
+from .rala_bounds import (_Prec, _as_bound, _attention_parts_error, _attention_sigma, _e_kappa,
+                          _numerator_denominator, _scores_error, _softmax_alpha_error, rala_core_bound)
 from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _reweighting, _split_heads,
                         _tokens_to_cf, _tokens_to_grid, _weight2d, apply_rope_2d, kappa, kv_buffer, rala_core,
                         reweighting_coefficients, rope_2d_angles)
 # Not used here: kept importable as rala._reweighted_linear_attention_numpy for benchmarks/linattn_c.py (its home is
 # rala_core).
 from .rala_core import _reweighted_linear_attention_numpy  # noqa: F401
-from .rala_layer_error import _projections, attention_error
+from .rala_layer_error import _projections, attention_error, ffn_error
 from .rala_range import _check_output_range
 
 __all__ = [
@@ -671,39 +671,20 @@ def _rala_core_stages(cfg: RALAConfig, hw: tuple[int, int], qkv_heads, grid) -> 
 
 
 def ravlt_ffn_bound(x: Any, params: Mapping[str, Any], cfg: RAVLTBlockConfig, *, dtype: Any) -> numerics.Bound:
-    """Error bound of :func:`ravlt_ffn` in precision ``dtype`` (exact x): fc1 (gamma_{C+1}); GELU (error of
-    its input times config.GELU_LIPSCHITZ, plus its own gamma_k |h| of layers.gelu_bound); the depthwise
-    conv residual (gamma_{10} on the convolution of magnitudes, plus the propagated error, plus the sum);
-    fc2 with its input's error.  Returns Bound with x's shape.
+    """Error bound of :func:`ravlt_ffn` in precision ``dtype`` (exact x): the FFN's one error path,
+    :func:`refimpl.attention.rala_layer_error.ffn_error` (fc1 and fc2 by Higham eq. 3.12, GELU's Lipschitz constant
+    config.GELU_LIPSCHITZ and its own rounding, the depthwise conv residual), which the networks' blocks
+    (refimpl.models.ravlt_bounds) share with an input error.  Returns Bound with x's shape.
 
     References: RALA §3.2; Higham (2002) eq. 3.12.
     """
     validation.check_config(cfg, RAVLTBlockConfig)
-    layout, c, hd = cfg.attn.layout, cfg.attn.dim, cfg.hidden
-    x = _check_grid(x, layout, c)
+    x = _check_grid(x, cfg.attn.layout, cfg.attn.dim)
     _check_params(params, _ffn_shapes(cfg), "ravlt_ffn_bound")
     pr = _Prec.of(dtype)
-    tok, h, w = _grid_to_tokens(x, layout)
-    bias = lambda key: None if params.get(key) is None else numerics.as_float(params[key], key)
-    w1 = _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c)
-    pre = layers.linear(tok, w1, bias("fc1.bias"))
-    e1 = _e_linear(tok, np.zeros_like(tok), w1, bias("fc1.bias"), pr)
-    hid = numerics.gelu(pre)
-    gb = layers.gelu_bound(pre)
-    eh = config.GELU_LIPSCHITZ * e1 + pr.g(gb.k) * np.asarray(gb.scale) + gb.k * pr.eta
-    depth = c + 1 + gb.k
-    if cfg.ffn_dwconv:
-        to_tok = lambda a: a.reshape(a.shape[0], hd, h * w).transpose(0, 2, 1)
-        wd, bd = _param(params, "dwconv.weight"), bias("dwconv.bias")
-        conv = to_tok(layers.depthwise_conv2d(_tokens_to_cf(hid, h, w), wd, bd, padding=1))
-        ec = to_tok(_e_depthwise(_tokens_to_cf(hid, h, w), _tokens_to_cf(eh, h, w), wd, bd, pr))
-        eh = _e_sum2(hid, eh, conv, ec, pr)
-        hid = hid + conv
-        depth += 11
-    w2 = _weight2d(_param(params, "fc2.weight"), layout, "fc2.weight", c, hd)
-    e2 = _e_linear(hid, eh, w2, bias("fc2.bias"), pr)
-    depth += hd + 1
-    return _as_bound(_tokens_to_grid(e2, h, w, layout), depth, pr,
+    tok, h, w = _grid_to_tokens(x, cfg.attn.layout)
+    _, e, depth = ffn_error(tok, None, params, cfg, (h, w), pr)
+    return _as_bound(_tokens_to_grid(e, h, w, cfg.attn.layout), depth, pr,
                      f"ravlt_ffn: running error bound (fc1, GELU, {'dwconv, ' if cfg.ffn_dwconv else ''}fc2), "
                      f"depth K = {depth}; GELU's Lipschitz constant config.GELU_LIPSCHITZ")
 

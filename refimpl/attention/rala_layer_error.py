@@ -1,6 +1,7 @@
-"""The running error bound of the RALA layer on input tokens that carry an error: one error path for the layer's
-own bound (:func:`refimpl.attention.rala.rala_attention_bound`, exact tokens: E_X = 0) and for the networks'
-blocks (:mod:`refimpl.models.ravlt_bounds`, :mod:`refimpl.models.rala_variants`: E_X the block's incoming error).
+"""The running error bounds of the RALA layer and of the RAVLT block's FFN on input tokens that carry an error: one
+error path each for the layer's own bound (:func:`refimpl.attention.rala.rala_attention_bound`,
+:func:`refimpl.attention.rala.ravlt_ffn_bound`, exact tokens: E_X = 0) and for the networks' blocks
+(:mod:`refimpl.models.ravlt_bounds`, :mod:`refimpl.models.rala_variants`: E_X the block's incoming error).
 
 The layer, on tokens X (B, N, C) (:func:`refimpl.attention.rala.rala_attention`): the projections Q, K, V and
 the gate phi(X) (one fused linear map, or a separate linear phi, or phi = identity / tanh, Table 9), the core
@@ -21,13 +22,21 @@ Eq. 6 and the output projection (released code).  Every stage follows the error 
 Shared pieces: :func:`projections_error` and :func:`output_error` (LePE, gate, projection) are also the first and
 last stages of the released softmax layer of RAVLT's last stage (:mod:`refimpl.models.ravlt_bounds`).
 
+The FFN (:func:`ffn_error`, RALA §3.2's "classic Transformer block ... FFN", with the released code's depthwise
+conv residual): fc1, GELU, h + DWConv3x3(h), fc2, each by its rule of :mod:`refimpl.bounds` (Higham eq. 3.12 for
+the linear maps and the convolution), in the caller's model: the rigorous one (``Precision.of``) for both callers.
+
 Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025
 (../shared/seeds/002_01b0ccc7f7225e8b.txt), Eq. 2-4 and 6, Table 9; Higham (2002) eq. 2.8, 3.12.
 
-Layer: attention: imports config, layers, numerics, :mod:`.rala_core`, :mod:`.rala_bounds` and
+Layer: attention: imports bounds, config, layers, numerics, :mod:`.rala_core`, :mod:`.rala_bounds` and
 :mod:`.rala_module_recomputed`; imported by :mod:`.rala` and :mod:`refimpl.models.ravlt_bounds`.  Before/after
 the move (issue 12) every bound of rala_attention_bound and of the RAVLT / RALA-DeiT / RALA-Swin networks on
-ordinary inputs is unchanged bit for bit.
+ordinary inputs is unchanged bit for bit.  The FFN's two former formulations (issue 12) differed: the layer's GELU
+step left out the rigorous model's widening gamma_k E_fc1 (its bound 1.4e-7 to 2.9e-7 relative too small in float32,
+0.17% in float16) and charged the conv residual's rounding on |a| + |b|; the networks' was first order, with
+half-precision sums counted as n roundings in T.  :func:`ffn_error` keeps the calculus' rules (bounds.e_gelu, the
+residual's rounding on the sum) in the rigorous model of T for both (tests/test_ravlt_ffn_error.py).
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .. import config, layers, numerics
+from .. import bounds, config, layers, numerics
 from .rala_bounds import _Prec, _core_error, _e_depthwise, _e_linear, _e_product, _e_sum2
 from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _split_heads, _tokens_to_cf, _weight2d,
                         rala_core)
@@ -159,3 +168,48 @@ def attention_error(tok: np.ndarray, etok: np.ndarray | None, params: Mapping[st
             e_core = np.where(np.isnan(e_core), cap, np.minimum(e_core, cap))
         y = _merge_heads(rala_core(sp(q), sp(k), sp(v), cfg, hw))
         return output_error(y, _merge_heads(e_core), v, ev, g, eg, params, cfg, hw, pr, sums(c) + 1 + dc, sums)
+
+
+def ffn_error(tok: np.ndarray, etok: np.ndarray | None, params: Mapping[str, Any], cfg: Any, hw: tuple[int, int],
+              pr: _Prec, *, sums: Callable[[float], float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(Y, E_Y, K): the RAVLT block's FFN (:func:`refimpl.attention.rala.ravlt_ffn`; ``cfg`` a
+    :class:`refimpl.attention.rala.RAVLTBlockConfig`, ``params`` its "fc1.*", "dwconv.*", "fc2.*") on tokens
+    ``tok`` (B, N, C) of the grid ``hw`` (float64 reference values), the running bound E_Y (absolute) of its
+    computation in precision pr from inputs within ``etok`` (absolute; None: exact inputs) of ``tok``, and the depth
+    K of its longest chain of roundings.  One error path for the layer's bound (``sums`` None: ``pr.sums``, a
+    mixed-precision accumulation counted as n u_A / u_T + 1) and the networks' (``sums=float``: an n-term sum
+    counts n in K, refimpl.models.common's convention); ``sums`` changes K only, never E_Y.
+
+    The stages (RALA §3.2; Higham 2002 eq. 3.12 for each linear map, eq. 2.8 for each rounding):
+
+    - fc1 and fc2: :func:`refimpl.bounds.e_linear` (gamma_(sums(n) + 1) (|x| + E_x)|W|^T + E_x |W|^T + n eta);
+    - GELU: :func:`refimpl.bounds.e_gelu`, its input error times config.GELU_LIPSCHITZ plus its own
+      gamma_k (|x| + E_x) + k eta, k = :func:`refimpl.bounds.gelu_roundings` (relative to |x|: 1 + erf cancels);
+    - with ``ffn_dwconv``: the 'same' depthwise conv (:func:`refimpl.bounds.e_depthwise`, every other algorithm
+      the conv may use covered) and the residual h + conv(h), one rounding charged on the sum
+      (:func:`refimpl.bounds.e_sum2` ``on_sum``: fl(a' + b') = (a' + b')(1 + delta), |a' + b'| <= |a + b| + E_a
+      + E_b).
+    """
+    sums = pr.sums if sums is None else sums
+    c, hd, layout = cfg.attn.dim, cfg.hidden, cfg.attn.layout
+    etok = np.zeros_like(tok) if etok is None else etok
+    w1, b1 = _weight2d(_param(params, "fc1.weight"), layout, "fc1.weight", hd, c), _bias(params, "fc1.bias")
+    pre = layers.linear(tok, w1, b1)
+    e = bounds.e_linear(tok, etok, w1, b1, pr, flat=True)
+    depth = sums(c) + (b1 is not None)
+    hid = numerics.gelu(pre)
+    e = bounds.e_gelu(pre, e, pr)
+    depth += bounds.gelu_roundings()
+    if cfg.ffn_dwconv:
+        (h, w), wd, bd = hw, _param(params, "dwconv.weight"), _bias(params, "dwconv.bias")
+        cf = lambda a: _tokens_to_cf(a, h, w)                                     # noqa: E731
+        conv = _grid_to_tokens(layers.depthwise_conv2d(cf(hid), wd, bd, padding=wd.shape[-1] // 2),
+                               "channels_first")[0]
+        ec = _grid_to_tokens(_e_depthwise(cf(hid), cf(e), wd, bd, pr), "channels_first")[0]
+        e = _e_sum2(hid, e, conv, ec, pr, on_sum=True)
+        hid = hid + conv
+        depth += sums(wd.shape[-2] * wd.shape[-1]) + (bd is not None) + 1
+    w2, b2 = _weight2d(_param(params, "fc2.weight"), layout, "fc2.weight", c, hd), _bias(params, "fc2.bias")
+    e = bounds.e_linear(hid, e, w2, b2, pr, flat=True)
+    depth += sums(hd) + (b2 is not None)
+    return layers.linear(hid, w2, b2), e, depth

@@ -570,7 +570,7 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTN
         key = "gamma_1"
     else:
         y = _e_ffn(nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, dtype),
-                   layers.subparams(p, "ffn"), bc, hw)
+                   layers.subparams(p, "ffn"), bc, hw, dtype)
         key = "gamma_2"
     if bc.layerscale:
         y = nets.e_scale(y, _gamma(p, key))

@@ -1,7 +1,8 @@
 """The running error analysis of RAVLT's block stages (refimpl.models.ravlt), on tokens (B, N, C) in the
 common.Err convention: the attention (RALA by the layer's own error path with the input error,
 refimpl.attention.rala_layer_error.attention_error; or the released RoPE softmax layer by the RoPE and softmax
-error models between that path's projection and output stages), the CPE, the layer scale and the FFN.
+error models between that path's projection and output stages), the CPE, the layer scale and the FFN (the FFN's
+own error path with the input error, refimpl.attention.rala_layer_error.ffn_error).
 refimpl.models.ravlt composes them into its blocks' parts (``_e_part``); refimpl.models.rala_variants reuses the
 attention on DeiT / Swin frames.
 
@@ -65,9 +66,10 @@ def _gamma(p: Mapping[str, Any], key: str) -> np.ndarray:
     return g.reshape(-1)
 
 
-def _e_ffn(t: Err, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, hw: tuple[int, int]) -> Err:
-    c, hd, layout = bc.attn.dim, bc.hidden, bc.attn.layout
-    h = common.e_gelu(common.e_linear(t, rala_core._weight2d(p["fc1.weight"], layout, "fc1.weight", hd, c), p["fc1.bias"]))
-    if bc.ffn_dwconv:
-        h = common.e_add(h, nets.e_tokens(nets.e_dwconv(nets.e_grid(h, hw), p["dwconv.weight"], p["dwconv.bias"])))
-    return common.e_linear(h, rala_core._weight2d(p["fc2.weight"], layout, "fc2.weight", c, hd), p["fc2.bias"])
+def _e_ffn(t: Err, p: Mapping[str, Any], bc: rala.RAVLTBlockConfig, hw: tuple[int, int], dtype: Any) -> Err:
+    """The FFN with an input error; t and the result on tokens (B, N, C): rala_layer_error.ffn_error, the FFN's one
+    error path (the layer's own bound, rala.ravlt_ffn_bound, is the same path on exact tokens), in the rigorous
+    model of ``dtype`` with the network's depth convention (an n-term sum counts n)."""
+    pr = rala_bounds._Prec.of(dtype)
+    y, ey, depth = rala_layer_error.ffn_error(t.value, nets.to_abs(t.err, dtype), p, bc, hw, pr, sums=float)
+    return Err(y, nets.from_abs(ey, dtype), t.depth + depth)
