@@ -30,13 +30,9 @@ Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Att
 (../shared/seeds/002_01b0ccc7f7225e8b.txt), Eq. 2-4 and 6, Table 9; Higham (2002) eq. 2.8, 3.12.
 
 Layer: attention: imports bounds, config, layers, numerics, :mod:`.rala_core`, :mod:`.rala_bounds` and
-:mod:`.rala_module_recomputed`; imported by :mod:`.rala` and :mod:`refimpl.models.ravlt_bounds`.  Before/after
-the move (issue 12) every bound of rala_attention_bound and of the RAVLT / RALA-DeiT / RALA-Swin networks on
-ordinary inputs is unchanged bit for bit.  The FFN's two former formulations (issue 12) differed: the layer's GELU
-step left out the rigorous model's widening gamma_k E_fc1 (its bound 1.4e-7 to 2.9e-7 relative too small in float32,
-0.17% in float16) and charged the conv residual's rounding on |a| + |b|; the networks' was first order, with
-half-precision sums counted as n roundings in T.  :func:`ffn_error` keeps the calculus' rules (bounds.e_gelu, the
-residual's rounding on the sum) in the rigorous model of T for both (tests/test_ravlt_ffn_error.py).
+:mod:`.rala_module_recomputed`; imported by :mod:`.rala` and :mod:`refimpl.models.ravlt_bounds`.  Both callers
+share every rule of :mod:`refimpl.bounds` (bounds.e_gelu, the residual's rounding on the sum) in the rigorous model
+of T; tests/test_ravlt_ffn_error.py pins that the layer's bound and the networks' FFN stage agree.
 """
 
 from __future__ import annotations
