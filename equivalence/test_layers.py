@@ -135,7 +135,7 @@ def test_cpe(device, dtype_name, data):
     x = data.draw(adversarial_arrays((b, c, h, w), token_axis=-1))
     out, p, xr, rerun = _run(tl.CPE(c), x, dtype_name, device, seed=data.draw(st.integers(0, 99)))
     args = (xr, p["proj.weight"], p["proj.bias"])
-    assert_matches(out, layers.cpe(*args), layers.cpe_bound(*args), dtype_name,
+    assert_matches(out, layers.cpe(*args), layers.cpe_bound(*args, dtype=dtype_name), dtype_name,
                    naive=naive(layers.cpe, *args, dtype_name=dtype_name), rerun=rerun, higher=rerun.float64)
 
 

@@ -15,6 +15,7 @@ error.
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -203,17 +204,17 @@ def test_ravlt_block_stage_by_stage(device, dtype_name, preset, h, w, seed):
     xc = x if cf else np.moveaxis(x, -1, 1)
     ls = lambda key: params[key] if cfg.layerscale else None
     lsv = lambda key: params[key] if cfg.layerscale else 1.0
-    cpe_b = layers.cpe_bound(xc, params["pos.weight"], params["pos.bias"])
+    cpe_b = layers.cpe_bound(xc, params["pos.weight"], params["pos.bias"], dtype=dtype_name)
     stages = [
         ("cpe", R.ravlt_cpe(x, params, cfg),
-         cpe_b if cf else numerics.Bound(np.moveaxis(np.asarray(cpe_b.scale), 1, -1), cpe_b.k, cpe_b.note)),
+         cpe_b if cf else dataclasses.replace(cpe_b, scale=np.moveaxis(np.asarray(cpe_b.scale), 1, -1))),
         ("norm1", norm(tn["cpe"], *nargs(1)), norm_bound(tn["cpe"], *nargs(1))),
         ("attn", R.rala_attention(tn["norm1"], p_attn, cfg.attn),
          R.rala_attention_bound(tn["norm1"], p_attn, cfg.attn, dtype=dtype_name)),
-        ("res1", tn["cpe"] + lsv("gamma_1") * tn["attn"], R.residual_bound(tn["cpe"], tn["attn"], ls("gamma_1"))),
+        ("res1", tn["cpe"] + lsv("gamma_1") * tn["attn"], R.residual_bound(tn["cpe"], tn["attn"], ls("gamma_1"), dtype=dtype_name)),
         ("norm2", norm(tn["res1"], *nargs(2)), norm_bound(tn["res1"], *nargs(2))),
         ("ffn", R.ravlt_ffn(tn["norm2"], p_ffn, cfg), R.ravlt_ffn_bound(tn["norm2"], p_ffn, cfg, dtype=dtype_name)),
-        ("out", tn["res1"] + lsv("gamma_2") * tn["ffn"], R.residual_bound(tn["res1"], tn["ffn"], ls("gamma_2"))),
+        ("out", tn["res1"] + lsv("gamma_2") * tn["ffn"], R.residual_bound(tn["res1"], tn["ffn"], ls("gamma_2"), dtype=dtype_name)),
     ]
 
     def res(x_, key, y_):  # a residual as RAVLTBlock.forward adds it (layerscale in the official preset)

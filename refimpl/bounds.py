@@ -49,7 +49,8 @@ __all__ = ["Precision", "e_contract", "e_contract3", "e_matmul", "e_product", "e
            "gelu_roundings", "e_gelu", "BATCH_NORM_ROUNDINGS", "batch_norm_scale", "e_batch_norm",
            "LAYER_NORM_ROUNDINGS", "CONV_ALGORITHMS", "conv_algorithms", "covering_conv_algorithms",
            "WINOGRAD_BT", "WINOGRAD_G", "WINOGRAD_AT", "winograd_applies", "winograd_roundings", "winograd_scale",
-           "conv_scale", "conv_min_batch", "fft_tile_roundings", "fft_tile_scale", "other_algorithm_scales"]
+           "conv_scale", "conv_min_batch", "fft_tile_roundings", "fft_tile_scale", "other_algorithm_scales",
+           "rigorous_bound"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,43 @@ class Precision:
     def mag(self, x: Any, ex: Any) -> Any:
         """A bound on the magnitude of the computed operand: |x| + E_x (first order: |x|)."""
         return np.abs(x) if self.first_order else np.abs(x) + ex
+
+
+def rigorous_bound(e: np.ndarray, depth: float, pr: Precision, note: str, sigma: Any = None,
+                   e_ref: Any = None) -> numerics.Bound:
+    """The :class:`refimpl.numerics.Bound` of a rigorous absolute bound E (:meth:`Precision.of`) of depth K:
+    scale = E / gamma_K(u_T) and k = K, so that gamma_K(u_T) scale = E (up to the float64 rounding of the quotient
+    and of the product, a factor within gamma_2(u_64)).  With mixed-precision counts (:meth:`Precision.sums`) every
+    count c is at least c u_A / u_T, so K u_T / u_A bounds the float64 reference's own count (ref_depth).
+    ``sigma``: an l2 coefficient (units of u_T), capped at E / u_T (E bounds the l1 norm of the first-order
+    coefficients, hence their l2 norm); E / u_T stands in where sigma is not finite.  ``e_ref``: the same E
+    evaluated in float64, the reference's own error, used (Bound.ref_scale) where E in T is not finite (there
+    E / gamma_K is no scale for the reference's error).  Where gamma_K is infinite (K u_T >= 1) the scale is
+    inf: no bound of this form exists."""
+    ratio = numerics.accumulation_ratio(pr.dtype)
+    ref_depth = depth / ratio if ratio < 1.0 else None
+    ref_scale = None
+    if e_ref is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            g_t = pr.g(depth)
+            own = e / g_t if math.isfinite(g_t) else np.full_like(e, np.inf)
+            ref_scale = np.where(np.isfinite(own), own,
+                                 e_ref / numerics.gamma(depth if ref_depth is None else ref_depth,
+                                                        numerics.unit_roundoff("float64")))
+    if sigma is not None:
+        cap = np.asarray(e, dtype=np.float64) / pr.u
+        with np.errstate(invalid="ignore"):
+            sigma = np.where(np.isfinite(sigma), np.fmin(sigma, cap), cap)
+    g = pr.g(depth)
+    if not math.isfinite(g):  # K u >= 1: no bound of this form exists (inf, not E / inf = 0 and 0 * inf = NaN)
+        return numerics.Bound(np.full_like(e, np.inf), depth, note + f"; gamma_K is infinite (K = {depth}): no bound",
+                              sigma=sigma, ref_depth=ref_depth, ref_scale=ref_scale)
+    mixed = (f"; sums accumulated in {config.ACCUMULATION_FORMAT[pr.dtype]} and counted as n u_A/u_T + 1"
+             if ratio < 1.0 else "")
+    return numerics.Bound(e / g, depth,
+                          note + mixed + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
+                                         "libm accuracy assumption)",
+                          ref_depth=ref_depth, sigma=sigma, ref_scale=ref_scale)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ depth k derived in its note).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -685,11 +685,50 @@ def _cpe_weight(weight: Any) -> np.ndarray:
     return weight
 
 
-def cpe_bound(x, weight, bias=None) -> Bound:
-    """The depthwise-conv bound on |x| plus one rounding for the residual addition on |x|."""
+def cpe_error(x: Any, ex: Any, weight: Any, bias: Any, pr: bounds.Precision, *,
+              sums: Callable[[float], float] | None = None) -> tuple[np.ndarray, np.ndarray, float]:
+    """(Y, E_Y, K): the CPE y = x + DWConv_kxk(x) (:func:`cpe`; Chu et al. 2021; RALA §3.2) of x (B, C, H, W)
+    (float64 reference values), the bound E_Y (absolute) of its computation in the precision ``pr`` from inputs
+    within ``ex`` (absolute, x's shape; None: exact inputs) of x, and the depth K of its longest chain of
+    roundings.  The one error path of the CPE: :func:`cpe_bound` (exact x, ``sums`` None: ``pr.sums``, a
+    mixed-precision accumulation counted as n u_A / u_T + 1) and the networks' CPE stage
+    (refimpl.models.ravlt_bounds, an input error, ``sums=float``: an n-term sum counts n in K); ``sums`` changes K
+    only, never E_Y.  Not in ``__all__``: the public bound is :func:`cpe_bound` (exact inputs, argument checks).
+
+    The stages, in the rigorous model of ``pr`` (:meth:`refimpl.bounds.Precision.of`; Higham 2002 eq. 2.8 for
+    each rounding, eq. 3.12 for the convolution):
+
+    - c = DWConv(x), 'same' zero padding: :func:`refimpl.bounds.e_depthwise`,
+      E_c = gamma_(sums(k^2) + [bias]) conv(|x| + E_x, |W|, |b|) + conv(E_x, |W|) + k^2 eta, and the larger
+      bound of every other algorithm the convolution may use (:func:`refimpl.bounds.conv_algorithms`);
+    - the residual x + c, one rounding charged on the sum (:func:`refimpl.bounds.e_sum2` ``on_sum``:
+      fl(x' + c') = (x' + c')(1 + delta), |x' + c'| <= |x + c| + E_x + E_c; additions are exact in the
+      subnormal range): E_Y = E_x + E_c + u (|x + c| + E_x + E_c).  This never exceeds the rounding charged on
+      |x| + |c'|, and it holds whatever the signs.
+    """
+    x = as_float(x, "x")
     weight = _cpe_weight(weight)
-    b = depthwise_conv2d_bound(x, weight, bias, padding=weight.shape[-1] // 2)
-    return Bound(np.asarray(b.scale) + np.abs(as_float(x, "x")), b.k + 1, b.note + " + residual")
+    sums = pr.sums if sums is None else sums
+    pad = weight.shape[-1] // 2
+    ex = np.zeros_like(x) if ex is None else ex
+    conv = lambda z, w, b: depthwise_conv2d(z, w, b, padding=pad)               # noqa: E731
+    c = conv(x, weight, bias)
+    ec = bounds.e_depthwise(x, ex, weight, bias, pr, conv, padding=pad)
+    depth = sums(weight.shape[-2] * weight.shape[-1]) + (bias is not None) + 1
+    return x + c, bounds.e_sum2(x, ex, c, ec, pr, on_sum=True), depth
+
+
+def cpe_bound(x, weight, bias=None, *, dtype: Any) -> Bound:
+    """Error bound of :func:`cpe` computed in precision ``dtype`` on the same (T-exact) x: the CPE's one error
+    path :func:`cpe_error` on exact inputs (the depthwise conv by Higham eq. 3.12, the residual's rounding on the
+    sum; rigorous), as Bound(E / gamma_K, K) (:func:`refimpl.bounds.rigorous_bound`).  Returns Bound with x's
+    shape."""
+    weight = _cpe_weight(weight)
+    x, weight, bias, _, _, _ = _validate_depthwise(x, weight, bias, 1, weight.shape[-1] // 2, 1)
+    pr = bounds.Precision.of(dtype)
+    _, e, depth = cpe_error(x, None, weight, bias, pr)
+    return bounds.rigorous_bound(e, depth, pr, f"cpe: x + DWConv (Higham eq. 3.12) + one rounding on the sum, "
+                                               f"depth K = {depth:.4g}")
 
 
 def patch_merging(x: np.ndarray, p: Mapping[str, np.ndarray], eps: float = config.LAYER_NORM_EPS) -> np.ndarray:

@@ -140,7 +140,7 @@ BUILDERS = {
     "layers.relative_position_index": lambda: dict(wh=2, ww=3),
     "layers.relative_position_bias": lambda: dict(table=_r(9, 2), index=layers.relative_position_index(2)),
     "layers.cpe": lambda: dict(x=_r(1, 2, 3, 3), weight=_r(2, 1, 3, 3), bias=_r(2)),
-    "layers.cpe_bound": lambda: dict(x=_r(1, 2, 3, 3), weight=_r(2, 1, 3, 3), bias=_r(2)),
+    "layers.cpe_bound": lambda: dict(x=_r(1, 2, 3, 3), weight=_r(2, 1, 3, 3), bias=_r(2), dtype=F32),
     "layers.patch_merging": lambda: dict(x=_r(1, 4, 4, 4), p=_merge_p(), eps=1e-5),
     # --- refimpl.numerics (array functions) ---
     "numerics.softmax": lambda: dict(x=_r(2, 5), axis=-1),
@@ -361,7 +361,7 @@ BUILDERS = {
     "rala.ravlt_ffn_bound": lambda: dict(x=_r(1, 3, 3, 8), params=_bn_params(
         {k[len("ffn."):]: s for k, s in rala.ravlt_block_param_shapes(_bcfg()).items() if k.startswith("ffn.")}),
         cfg=_bcfg(), dtype=F32),
-    "rala.residual_bound": lambda: dict(a=_r(2, 3), b=_r(2, 3, seed=1), gamma=_r(3)),
+    "rala.residual_bound": lambda: dict(a=_r(2, 3), b=_r(2, 3, seed=1), gamma=_r(3), dtype=F32),
     "rala.ravlt_cpe": lambda: dict(x=_r(1, 3, 3, 8), params=_rand_params(
         {k: s for k, s in rala.ravlt_block_param_shapes(_bcfg()).items() if k.startswith("pos.")}),
         cfg=_bcfg()),

@@ -67,8 +67,9 @@ of ``__all__`` is importable from here, its documented home):
   bound's term for the rows the core recomputes, with the projections' errors (``module_recomputed_error``);
 - :mod:`refimpl.attention.rala_layer_error` (imports rala_core, rala_bounds, rala_module_recomputed): the
   projections (``_projections``) and the one error paths on tokens with an input error of the layer
-  (``attention_error``) and of the block's FFN (``ffn_error``), shared by :func:`rala_attention_bound` /
-  :func:`ravlt_ffn_bound` and the networks (refimpl.models.ravlt_bounds);
+  (``attention_error``), of the block's FFN (``ffn_error``) and of its residuals (``residual_error``), shared by
+  :func:`rala_attention_bound` / :func:`ravlt_ffn_bound` / :func:`residual_bound` and the networks
+  (refimpl.models.ravlt_bounds; the CPE's path is refimpl.layers.cpe_error);
 - :mod:`refimpl.attention.rala_range` (imports rala_core): the range policy of the layer's output
   (``_check_output_range``: FloatingPointError naming the first stage that is not finite from finite inputs);
 - this file (imports rala_core, rala_bounds, rala_layer_error, rala_range; layer: attention, as its parts): the
@@ -94,7 +95,7 @@ from .rala_core import (RALAConfig, _grid_to_tokens, _merge_heads, _param, _rewe
 # Not used here: kept importable as rala._reweighted_linear_attention_numpy for benchmarks/linattn_c.py (its home is
 # rala_core).
 from .rala_core import _reweighted_linear_attention_numpy  # noqa: F401
-from .rala_layer_error import _projections, attention_error, ffn_error
+from .rala_layer_error import _projections, attention_error, ffn_error, residual_error
 from .rala_range import _check_output_range
 
 __all__ = [
@@ -696,16 +697,20 @@ def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
         return False
 
 
-def residual_bound(a: Any, b: Any, gamma: Any = None) -> numerics.Bound:
-    """a + b, or a + gamma (.) b (layerscale), of exact operands: one or two roundings on |a| + |gamma||b|
-    (|fl(a + fl(g b)) - (a + g b)| <= gamma_2 (|a| + |g b|))."""
+def residual_bound(a: Any, b: Any, gamma: Any = None, *, dtype: Any) -> numerics.Bound:
+    """Error bound of the residual a + b, or a + gamma (.) b (layerscale), computed in precision ``dtype`` on
+    exact operands (T-exact): the residuals' one error path
+    :func:`refimpl.attention.rala_layer_error.residual_error` (the product's rounding, then one rounding charged
+    on the sum; Higham 2002 eq. 2.8; rigorous), which the networks' blocks share with input errors.  Returns
+    Bound with a's shape (RALA §3.2, Fig. 6)."""
     a, b = numerics.as_float(a, "a"), numerics.as_float(b, "b")
     if a.shape != b.shape:
         raise ArgumentError(f"arguments 'a', 'b': expected the same shape, got {a.shape} and {b.shape}")
     if gamma is not None and not _broadcasts_to(numerics.as_float(gamma, "gamma").shape, b.shape):
         raise ArgumentError(f"argument 'gamma': expected a shape that broadcasts against b {b.shape} (per-channel "
                             f"layerscale), got {np.shape(gamma)}")
-    if gamma is None:
-        return numerics.Bound(np.abs(a) + np.abs(b), 1, "residual addition: one rounding")
-    return numerics.Bound(np.abs(a) + np.abs(numerics.as_float(gamma, "gamma") * b), 2,
-                          "layerscale product and residual addition: two roundings")
+    g = None if gamma is None else numerics.as_float(gamma, "gamma")
+    pr = _Prec.of(dtype)
+    _, e, ks = residual_error(a, None, b, None, g, pr)
+    return _as_bound(e, max(ks), pr, "residual addition, one rounding on the sum" if g is None else
+                     "layerscale product and residual addition, one rounding on the sum")

@@ -590,36 +590,8 @@ def _attention_sigma(tok: np.ndarray, params: Mapping[str, Any], cfg: RALAConfig
 
 def _as_bound(e: np.ndarray, depth: float, pr: _Prec, note: str, sigma: Any = None,
               e_ref: Any = None) -> numerics.Bound:
-    """Bound(E / gamma_K, K): gamma_K(u_T) scale = E.  With mixed-precision counts (:meth:`_Prec.sums`) every
-    count c is at least c u_A / u_T, so K u_T / u_A bounds the float64 reference's own count (ref_depth).
-    ``sigma``: the l2 coefficient (units of u_T; :func:`_core_sigma`), capped at E / u_T (E bounds the l1 norm
-    of the first-order coefficients, hence their l2 norm); E / u_T stands in where sigma is not finite.
-    ``e_ref``: the same E evaluated in float64, the reference's own error, used (Bound.ref_scale) where E in T is
-    not finite (there E / gamma_K is no scale for the reference's error)."""
-    ratio = numerics.accumulation_ratio(pr.dtype)
-    ref_depth = depth / ratio if ratio < 1.0 else None
-    ref_scale = None
-    if e_ref is not None:
-        with np.errstate(invalid="ignore", over="ignore"):
-            g_t = pr.g(depth)
-            own = e / g_t if math.isfinite(g_t) else np.full_like(e, np.inf)
-            ref_scale = np.where(np.isfinite(own), own,
-                                 e_ref / numerics.gamma(depth if ref_depth is None else ref_depth,
-                                                        numerics.unit_roundoff("float64")))
-    if sigma is not None:
-        cap = np.asarray(e, dtype=np.float64) / pr.u
-        with np.errstate(invalid="ignore"):
-            sigma = np.where(np.isfinite(sigma), np.fmin(sigma, cap), cap)
-    g = pr.g(depth)
-    if not math.isfinite(g):  # K u >= 1: no bound of this form exists (inf, not E / inf = 0 and 0 * inf = NaN)
-        return numerics.Bound(np.full_like(e, np.inf), depth, note + f"; gamma_K is infinite (K = {depth}): no bound",
-                              sigma=sigma, ref_depth=ref_depth, ref_scale=ref_scale)
-    mixed = (f"; sums accumulated in {config.ACCUMULATION_FORMAT[pr.dtype]} and counted as n u_A/u_T + 1"
-             if ratio < 1.0 else "")
-    return numerics.Bound(e / g, depth,
-                          note + mixed + "; scale = E / gamma_K so that gamma_K * scale = E (rigorous up to the "
-                                         "libm accuracy assumption)",
-                          ref_depth=ref_depth, sigma=sigma, ref_scale=ref_scale)
+    """:func:`refimpl.bounds.rigorous_bound`: Bound(E / gamma_K, K) with gamma_K(u_T) scale = E."""
+    return bounds.rigorous_bound(e, depth, pr, note, sigma=sigma, e_ref=e_ref)
 
 
 def rala_core_bound(q: Any, k: Any, v: Any, cfg: RALAConfig, hw: tuple[int, int] | None = None, *,

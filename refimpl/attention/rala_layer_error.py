@@ -26,13 +26,19 @@ The FFN (:func:`ffn_error`, RALA §3.2's "classic Transformer block ... FFN", wi
 conv residual): fc1, GELU, h + DWConv3x3(h), fc2, each by its rule of :mod:`refimpl.bounds` (Higham eq. 3.12 for
 the linear maps and the convolution), in the caller's model: the rigorous one (``Precision.of``) for both callers.
 
+The block's residuals (:func:`residual_error`, RALA §3.2, Fig. 6, with the released code's layer scale):
+x + f or x + gamma (.) f, shared by :func:`refimpl.attention.rala.residual_bound` (exact operands) and the
+networks' block parts (refimpl.models.ravlt).  The CPE x + DWConv3x3(x) has its one path in
+:func:`refimpl.layers.cpe_error` (its home is the layers, below this module).
+
 Reference: Q. Fan, H. Huang, R. He, "Breaking the Low-Rank Dilemma of Linear Attention", CVPR 2025
 (../shared/seeds/002_01b0ccc7f7225e8b.txt), Eq. 2-4 and 6, Table 9; Higham (2002) eq. 2.8, 3.12.
 
 Layer: attention: imports bounds, config, layers, numerics, :mod:`.rala_core`, :mod:`.rala_bounds` and
 :mod:`.rala_module_recomputed`; imported by :mod:`.rala` and :mod:`refimpl.models.ravlt_bounds`.  Both callers
 share every rule of :mod:`refimpl.bounds` (bounds.e_gelu, the residual's rounding on the sum) in the rigorous model
-of T; tests/test_ravlt_ffn_error.py pins that the layer's bound and the networks' FFN stage agree.
+of T; tests/test_ravlt_ffn_error.py pins that the layer's bound and the networks' FFN stage agree, and
+tests/test_ravlt_cpe_residual_error.py the same for the CPE and the residuals.
 """
 
 from __future__ import annotations
@@ -209,3 +215,30 @@ def ffn_error(tok: np.ndarray, etok: np.ndarray | None, params: Mapping[str, Any
     e = bounds.e_linear(hid, e, w2, b2, pr, flat=True)
     depth += sums(hd) + (b2 is not None)
     return layers.linear(hid, w2, b2), e, depth
+
+
+def residual_error(a: np.ndarray, ea: np.ndarray | None, b: np.ndarray, eb: np.ndarray | None, gamma: Any,
+                   pr: _Prec) -> tuple[np.ndarray, np.ndarray, tuple[int, int]]:
+    """(Y, E_Y, (k_a, k_b)): the residual y = a + b, or a + gamma (.) b with a per-channel layer scale gamma
+    (broadcasting against b; None: no scale), of operands a, b (float64 reference values) within ``ea``, ``eb``
+    (absolute; None: exact) of them, computed in the precision ``pr``; k_a, k_b the roundings on a's and on b's
+    path (1 and 1, or 1 and 2 with gamma).  The one error path of the RAVLT block's residuals (RALA §3.2,
+    Fig. 6): :func:`refimpl.attention.rala.residual_bound` and the networks' block parts.
+
+    In the rigorous model of ``pr`` (Higham 2002 eq. 2.8 for each rounding):
+
+    - p = gamma (.) b: :func:`refimpl.bounds.e_elementwise` with Lipschitz constant |gamma|, one rounding:
+      E_p = |gamma| E_b + gamma_1 (|gamma b| + |gamma| E_b) + eta;
+    - a + p, one rounding charged on the sum (:func:`refimpl.bounds.e_sum2` ``on_sum``: fl(a' + p') =
+      (a' + p')(1 + delta), |a' + p'| <= |a + p| + E_a + E_p; additions are exact in the subnormal range):
+      E_Y = E_a + E_p + u (|a + p| + E_a + E_p), never more than the rounding charged on |a| + |p|.
+    """
+    ea = np.zeros_like(a) if ea is None else ea
+    eb = np.zeros_like(b) if eb is None else eb
+    if gamma is None:
+        p, ep, kb = b, eb, 1
+    else:
+        g = np.asarray(gamma, dtype=np.float64)
+        p = g * b
+        ep, kb = bounds.e_elementwise(p, eb, np.abs(g), 1, pr), 2
+    return a + p, bounds.e_sum2(a, ea, p, ep, pr, on_sum=True), (1, kb)

@@ -62,7 +62,7 @@ from .. import config, layers, numerics, validation
 from ..attention import rala
 from ..attention.softmax import softmax_attention
 from . import _netparts as nets, common, counting
-from .ravlt_bounds import _e_attention, _e_cpe, _e_ffn, _gamma
+from .ravlt_bounds import _e_attention, _e_cpe, _e_ffn, _e_residual, _gamma
 from .registry import register
 from .common import Err
 
@@ -553,7 +553,7 @@ def forward(params: Mapping[str, np.ndarray], images: Any, cfg: RAVLTNetConfig, 
 # ===================================================================================================
 #
 # The blocks are propagated on tokens (B, N, C) whatever the block layout (refimpl.models.ravlt_bounds: the
-# attention, CPE and FFN stages with their input errors), part by part as they run.
+# attention, FFN and residual stages with their input errors; the CPE on the grid), part by part as they run.
 
 def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTNetConfig, dtype: Any) -> Err:
     """:func:`_part` with the running error analysis: the channels-first grid t as tokens, the part's stages
@@ -561,9 +561,9 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTN
     i = int(name.split(".")[1])
     bc, p = block_config(cfg, i), layers.subparams(params, name)
     hw = (t.value.shape[2], t.value.shape[3])
-    x = nets.e_tokens(t)
     if part == "cpe":
-        return nets.e_grid(_e_cpe(x, p, hw), hw)
+        return _e_cpe(t, p, dtype)
+    x = nets.e_tokens(t)
     if part == "attn":
         y = _e_attention(nets.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.norm_eps, dtype),
                          layers.subparams(p, "attn"), bc.attn, hw, cfg.attention(i), dtype)
@@ -572,9 +572,7 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTN
         y = _e_ffn(nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, dtype),
                    layers.subparams(p, "ffn"), bc, hw, dtype)
         key = "gamma_2"
-    if bc.layerscale:
-        y = nets.e_scale(y, _gamma(p, key))
-    return nets.e_grid(common.e_add(x, y), hw)
+    return nets.e_grid(_e_residual(x, y, _gamma(p, key) if bc.layerscale else None, dtype), hw)
 
 
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: RAVLTNetConfig, dtype: Any) -> Err:

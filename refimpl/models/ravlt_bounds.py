@@ -1,8 +1,9 @@
 """The running error analysis of RAVLT's block stages (refimpl.models.ravlt), on tokens (B, N, C) in the
 common.Err convention: the attention (RALA by the layer's own error path with the input error,
 refimpl.attention.rala_layer_error.attention_error; or the released RoPE softmax layer by the RoPE and softmax
-error models between that path's projection and output stages), the CPE, the layer scale and the FFN (the FFN's
-own error path with the input error, refimpl.attention.rala_layer_error.ffn_error).
+error models between that path's projection and output stages), the CPE (its one error path with the input
+error, refimpl.layers.cpe_error), the residuals with the layer scale (refimpl.attention.rala_layer_error.
+residual_error) and the FFN (the FFN's own error path with the input error, rala_layer_error.ffn_error).
 refimpl.models.ravlt composes them into its blocks' parts (``_e_part``); refimpl.models.rala_variants reuses the
 attention on DeiT / Swin frames.
 
@@ -15,10 +16,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics
+from .. import config, layers, numerics
 from ..attention import rala, rala_bounds, rala_core, rala_layer_error
 from ..attention.softmax import softmax_attention, softmax_attention_error
-from . import _netparts as nets, common
+from . import _netparts as nets
 from .common import Err
 
 __all__: list[str] = []
@@ -56,9 +57,24 @@ def _e_attention(t: Err, p: Mapping[str, Any], acfg: rala.RALAConfig, hw: tuple[
     return Err(y, nets.from_abs(ey, dtype), t.depth + depth)
 
 
-def _e_cpe(t: Err, p: Mapping[str, Any], hw: tuple[int, int]) -> Err:
-    conv = nets.e_dwconv(nets.e_grid(t, hw), p["pos.weight"], p.get("pos.bias"))
-    return common.e_add(t, nets.e_tokens(conv))
+def _e_cpe(t: Err, p: Mapping[str, Any], dtype: Any) -> Err:
+    """The CPE x + DWConv3x3(x) with an input error; t and the result on the grid (B, C, H, W):
+    layers.cpe_error, the CPE's one error path (the layer's own bound, layers.cpe_bound, is the same path on exact
+    inputs), in the rigorous model of ``dtype`` with the network's depth convention (an n-term sum counts n)."""
+    pr = rala_bounds._Prec.of(dtype)
+    y, ey, depth = layers.cpe_error(t.value, nets.to_abs(t.err, dtype), p["pos.weight"], p.get("pos.bias"), pr,
+                                    sums=float)
+    return Err(y, nets.from_abs(ey, dtype), t.depth + depth)
+
+
+def _e_residual(a: Err, b: Err, gamma: Any, dtype: Any) -> Err:
+    """The residual a + b, or a + gamma (.) b with the layer scale, of two operands with their errors:
+    rala_layer_error.residual_error, the residuals' one error path (the layer's own bound, rala.residual_bound,
+    is the same path on exact operands), in the rigorous model of ``dtype``."""
+    pr = rala_bounds._Prec.of(dtype)
+    y, ey, (ka, kb) = rala_layer_error.residual_error(a.value, nets.to_abs(a.err, dtype), b.value,
+                                                      nets.to_abs(b.err, dtype), gamma, pr)
+    return Err(y, nets.from_abs(ey, dtype), max(a.depth + ka, b.depth + kb))
 
 
 def _gamma(p: Mapping[str, Any], key: str) -> np.ndarray:
