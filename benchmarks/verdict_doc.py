@@ -94,7 +94,7 @@ def _findings(result: dict) -> list[str]:
                    f"{g(min(th))} - {g(max(th))} x the largest legitimate error: it is set by the ensemble "
                    f"(F_max Z w_i), not by the bound, which alone is {g(min(pb)) if pb else '-'} - "
                    f"{g(max(pb)) if pb else '-'} x that error where it is finite ({n_inf} of these cases have an "
-                   f"infinite bound somewhere; the ensemble criterion, measured in units of S + eta_T, still sets a "
+                   f"infinite bound somewhere; the ensemble criterion, measured in units of its weights w_i, still sets a "
                    f"finite threshold there).  Where the bound is NaN, (a) is undefined.")
     caught_half = [(r, s) for r in half for s in r["sets"][hl]["sensitivity"].values()
                    if s.get("status") == "caught" and r["sets"][hl]["report"]["verdict"] == verdict.INCONCLUSIVE]
@@ -151,7 +151,7 @@ def markdown(result: dict) -> str:
         f"{', '.join(f'{x:.1f}' for x in m.get('load_average', []))} - the machine was shared)"
         + (" - **quick smoke run: reduced grids, not the real stage sizes**" if result["quick"] else "") + ".",
         "",
-        "Regenerate: `python benchmarks/verdict.py` (full run, about 15 minutes on 2 cores; writes "
+        "Regenerate: `python benchmarks/verdict.py` (full run, about 45 minutes on a quiet 2-core machine; writes "
         "`benchmarks/results/verdict.json` and this file); `python benchmarks/verdict.py --markdown "
         "benchmarks/results/verdict.json` (this file only); `python benchmarks/verdict.py --quick` (smoke run on "
         "reduced grids, about a minute; prints only, unless `--out` / `--doc` are given).  `--modules` and "
