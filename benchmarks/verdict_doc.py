@@ -8,7 +8,7 @@ import json
 import math
 
 from benchmarks.common import RESULTS
-from benchmarks.verdict_calibration import HEADLINE, MARGIN, SET_LABELS
+from benchmarks.verdict_calibration import HEADLINE, MARGIN, SET_LABELS, SETS
 from benchmarks.verdict_measure import _num
 from benchmarks.verdict_tables import (_fs, md_table, table_calibration, table_counts, table_half, table_sensitivity,
                                        table_stage_targets, table_stagewise, table_tightness, table_verdicts)
@@ -377,7 +377,7 @@ def markdown(result: dict) -> str:
               "a_stage": "(a) stage-wise tightness (the loosest stage's threshold / its largest legitimate error <= 10)",
               "b_stage": "(b) stage-wise sensitivity (the stage-wise verdict catches the bug at <= 10 x the ensemble's "
                          "largest relative error and <= 30 u_T)"}
-    for key in (HEADLINE, "all_members", "current"):
+    for key in (HEADLINE,) + tuple(k for k in SETS if k != HEADLINE):   # the headline first, then the others
         chk = checks(result, key)            # recomputed, so that --markdown uses this file's wording
         head = f"With F {_fs(result, key)} ({SET_LABELS[key]})"
         if key == HEADLINE:
