@@ -55,9 +55,7 @@ def focused_function_typical(x: Any, p: float, c_in2: float, *, axis: int = -1, 
     with np.errstate(invalid="ignore", divide="ignore", under="ignore", over="ignore"):
         m = np.max(x, axis=axis, keepdims=True)
         r = x / np.where(m > 0, m, 1.0)                 # f_p is homogeneous: s and r from x / max x, no overflow
-        sq, rp = r * r, r ** (2.0 * p)
-        s = sq / np.where(np.sum(sq, axis=axis, keepdims=True) > 0, np.sum(sq, axis=axis, keepdims=True), 1.0)
-        rr = rp / np.where(np.sum(rp, axis=axis, keepdims=True) > 0, np.sum(rp, axis=axis, keepdims=True), 1.0)
+        s, rr = _shares(r * r, axis), _shares(r ** (2.0 * p), axis)
         q = np.sum((s - p * rr) ** 2, axis=axis, keepdims=True)
         jac = q + p * p + 2.0 * p * (s - p * rr)
         pw = 1.0 - 2.0 * rr + np.sum(rr * rr, axis=axis, keepdims=True)
@@ -69,6 +67,13 @@ def focused_function_typical(x: Any, p: float, c_in2: float, *, axis: int = -1, 
     nx = np.sqrt(np.sum(x * x, axis=axis, keepdims=True))
     under = math.sqrt(p + c + 4.0) * nx * eta_in_u(dtype)
     return np.where(m > 0, np.hypot(np.abs(phi) * np.sqrt(np.maximum(var, 0.0)), under), 0.0)
+
+
+def _shares(t: np.ndarray, axis: int) -> np.ndarray:
+    """t_j / sum_j t_j along ``axis`` (t >= 0 of a max-scaled row, whose largest entry is 1, so the sum is >= 1;
+    an all-zero row gives zeros)."""
+    total = np.sum(t, axis=axis, keepdims=True)
+    return t / np.where(total > 0, total, 1.0)
 
 
 def elementary_count(dtype: Any = None, functions: int = 1) -> float:
