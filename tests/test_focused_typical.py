@@ -104,8 +104,9 @@ def test_half_precision_counts_one_rounding_per_elementwise_operation():
     softplus count about 1, not c^2 = 16 (float32 evaluates them in T: c^2 each)."""
     c = float(config.ELEMENTARY_FUNCTION_ULPS)
     assert elementary_count("float32") == c * c
-    assert 1.0 < elementary_count("float16") < 1.0 + 1e-5
-    assert 1.0 < elementary_count("bfloat16", 2) < 1.0 + 1e-3
+    for dt, n in (("float16", 1), ("bfloat16", 2)):
+        r = numerics.unit_roundoff("float32") / numerics.unit_roundoff(dt)
+        assert elementary_count(dt, n) == n * (c * r) ** 2 + 1.0
     assert pre_feature_count(True, True, True, "float32") == 3.0 + 2.0 * c * c + 2.0
     assert pre_feature_count(False, False, False) == 1.0
 
