@@ -32,7 +32,7 @@ float16, bfloat16:
    verdict's ensemble, stays among the others).  Every case is then judged under three factor sets: the
    current config, and the two calibrated ones (``SETS``; the torch-members one is the recommendation);
 4. tightness (a): the threshold the verdict applies to element i is min(b_i, F_max Z w_i) (b_i the bound,
-   w_i the verdict's z units - ``refimpl.verdict._weights``, S_i + eta_T, or sigma_i + eta_T where S_i is not finite -, Z the largest zmax of the usable
+   w_i the verdict's z units - ``refimpl.verdict._weights``, S_i + eta_T / u_T, or sigma_i + eta_T / u_T where S_i is not finite -, Z the largest zmax of the usable
    members); reported as max_i threshold_i over the largest error of any legitimate evaluation at any element,
    and the same for the plain bound;
 5. sensitivity (b): planted-bug versions of each twin (wrappers, hooks and patched module globals defined in

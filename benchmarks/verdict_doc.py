@@ -202,7 +202,7 @@ def markdown(result: dict) -> str:
         "from a union bound with "
         f"false-alarm probability {cur['VERDICT_FALSE_ALARM']:g}), the verdict compares the tested output with an "
         "ensemble of legitimate evaluations.  For an evaluation x, err_i = |x_i - ref_i| and z_i = err_i / w_i "
-        f"(this run: z_i = {result.get('z_units', 'err_i / b_i')}; w_i = S_i + eta_T is the magnitude element "
+        f"(this run: z_i = {result.get('z_units', 'err_i / b_i')}; w_i = S_i + eta_T / u_T is the magnitude element "
         "i's rounding errors scale with, so that small elements count as much as large ones; where S_i is not "
         "finite (a depth K whose gamma_K(u_T) is void: rala in bfloat16) the bound's l2 coefficient sigma_i stands "
         "in, the magnitude its probabilistic part lam u_T sigma_i scales with, and max(|ref_i|, rms(ref)) where "

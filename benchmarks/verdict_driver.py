@@ -167,7 +167,9 @@ def run_all(args: argparse.Namespace) -> dict:
         "machine": machine(), "batch": BATCH, "seed": SEED, "variants": list(variants), "bisection_steps": steps,
         "config": {"VERDICT_MAX_FACTOR": cur[0], "VERDICT_RMS_FACTOR": cur[1],
                    "VERDICT_FALSE_ALARM": config.VERDICT_FALSE_ALARM},
-        "z_units": "err_i / (S_i + eta_T), sigma_i + eta_T where S_i is not finite (refimpl.verdict._weights)" if hasattr(verdict, "_weights")
+        "z_units": "err_i / (S_i + eta_T / u_T), sigma_i + eta_T / u_T where S_i is not finite, typical_i + eta_T / u_T"
+                   " where the bound knows each element's typical error (refimpl.verdict._weights)"
+                   if hasattr(verdict, "_weights")
         else "err_i / b_i",
         "targets": {"tightness": TIGHTNESS_TARGET, "sens_ensemble_factor": SENS_ENSEMBLE_FACTOR,
                     "sens_u_factor": SENS_U_FACTOR, "margin": MARGIN},

@@ -102,7 +102,7 @@ class Case:
 
 def weights(case: "Case") -> np.ndarray:
     """The per-element units w_i of the verdict's z statistics.  refimpl.verdict.compare measures
-    z_i = err_i / w_i with w_i = S_i + eta_T (``verdict._weights``; S the bound's scale, the l2 coefficient sigma_i
+    z_i = err_i / w_i with w_i = S_i + eta_T / u_T (``verdict._weights``; S the bound's scale, the l2 coefficient sigma_i
     where S_i is not finite); an older verdict used
     the bound b_i itself, which is the fallback when ``_weights`` is absent."""
     fin = np.isfinite(case.ref)

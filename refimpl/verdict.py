@@ -65,8 +65,9 @@ single samples of rounding error and failed legitimate algorithms (cuDNN/oneDNN 
 blockings) by 2-4x.  An *ensemble* of legitimate evaluations of the same computation in the same precision
 (the NumPy definition run in T, and other summation orders, convolution algorithms, thread counts and library
 settings: :mod:`refimpl.ensemble` builds them for torch code) gives the errors a correct implementation
-actually makes.  With ``z_i = |x_i - ref_i| / w_i``, ``w_i = S_i + eta_T`` (error in units of the element's
-magnitude, the quantity its rounding errors scale with, so that small elements count as much as large ones;
+actually makes.  With ``z_i = |x_i - ref_i| / w_i``, ``w_i = S_i + eta_T / u_T`` (error in units of the element's
+magnitude, the quantity its rounding errors scale with, so that small elements count as much as large ones; a
+rounding errs by ``u_T (|x| + eta_T / u_T)``, so below T's normal range the floor ``eta_T / u_T`` is that magnitude;
 where S_i is not finite the bound's l2 coefficient sigma_i stands in, and where that is absent or not finite
 ``max(|ref_i|, rms(ref))``: finite even where the bound is not) and for each evaluation x the two statistics
 
@@ -88,7 +89,7 @@ NumPy naive run; members equal to each other bit for bit count once), the random
 accumulated error
 ``sqrt(k) u_T S_i`` (the typical size of the bound's own worst case ``k u_T S_i``; S carries the
 conditioning, |ref_i| would not; where the bound knows the l2 coefficient of each element's roundings,
-:attr:`Bound.typical`, ``u_T typical_i`` instead, and the z units are ``typical_i + eta_T``) joins too, as it does when the ensemble holds fewer than
+:attr:`Bound.typical`, ``u_T typical_i`` instead, and the z units are ``typical_i + eta_T / u_T``) joins too, as it does when the ensemble holds fewer than
 ``config.VERDICT_RMS_MIN_ELEMENTS`` compared errors in all (elements times members: a two-element output): one
 sample of another algorithm's error on a handful of elements is no measure of a third algorithm's.  The two
 factors are calibrated in ``benchmarks/verdict.py`` (docs/verdict.md: the largest ratio of one legitimate
@@ -248,7 +249,9 @@ def _rms(a: np.ndarray) -> float:
 
 
 def _weights(bound: Bound, ref: np.ndarray, finite: np.ndarray, dtype_name: str) -> np.ndarray:
-    """w_i = S_i + eta_T: the magnitude each element's rounding errors scale with.  Where S is not finite (a
+    """w_i = S_i + eta_T / u_T: the magnitude each element's rounding errors scale with (in units of u_T, as S: a
+    rounding errs by u_T |x| + eta_T = u_T (|x| + eta_T / u_T), Higham eq. 2.8, so below T's normal range the
+    floor eta_T / u_T, of the order of T's smallest normal number, is what an element's error scales with).  Where S is not finite (a
     coefficient that overflowed, or a depth K whose gamma_K(u_T) is void), the bound's l2 coefficient sigma_i
     stands in where it is finite (the magnitude the probabilistic bound lam u_T sigma_i itself scales with), and
     the size of the quantity max(|ref_i|, rms(ref)) where neither is.  A bound that knows each element's typical
@@ -266,7 +269,7 @@ def _weights(bound: Bound, ref: np.ndarray, finite: np.ndarray, dtype_name: str)
         with np.errstate(invalid="ignore"):
             size = np.where(np.isfinite(sig), sig, size)
     with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(s), np.abs(s), size) + underflow_eta(dtype_name)
+        return np.where(np.isfinite(s), np.abs(s), size) + underflow_eta(dtype_name) / unit_roundoff(dtype_name)
 
 
 def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any = None,
@@ -362,7 +365,7 @@ def compare(actual: Any, reference: Any, bound: Bound, dtype: Any, *, naive: Any
     max_rel_b = float(rel_b.max(initial=0.0))
     void = int(np.count_nonzero(rel_b >= 1.0))
 
-    # The ensemble criterion, in units of each element's magnitude w_i = S_i + eta_T (sigma_i + eta_T where S_i is
+    # The ensemble criterion, in units of each element's magnitude w_i = S_i + eta_T / u_T (sigma_i + eta_T / u_T where S_i is
     # not finite; finite even where the bound is not: _weights).  Members are compared where they, the tested output and the reference are finite.
     w = _weights(bound, ref, finite, dname)
     zmax, zrms = _z_stats(err, w, finite)

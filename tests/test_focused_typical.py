@@ -132,4 +132,4 @@ def test_phi_stages_carry_the_typical():
         assert np.all(typ <= b.k * np.broadcast_to(b.scale, ref.shape))
         w = verdict._weights(b, ref, np.isfinite(ref), "float32")
         live = typ > 0
-        assert np.array_equal(w[live], typ[live] + numerics.underflow_eta("float32"))
+        assert np.array_equal(w[live], typ[live] + numerics.underflow_eta("float32") / numerics.unit_roundoff("float32"))

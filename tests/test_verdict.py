@@ -307,7 +307,9 @@ def test_final_rounding_member_includes_the_subnormal_quantum():
     one_quantum = ref.copy()
     one_quantum[-1] = ref[-1] + eta
     r = verdict.compare(one_quantum, ref, b, "float64", ensemble=members)
-    assert r.verdict == MATCH and r.ensemble["final rounding"][0] >= eta / (3e-308 + eta), str(r)
+    # z units there: S + eta / u (a rounding errs by u (|x| + eta / u), verdict._weights)
+    w_last = 3e-308 + eta / verdict.unit_roundoff("float64")
+    assert r.verdict == MATCH and r.ensemble["final rounding"][0] >= eta / w_last, str(r)
     far = ref.copy()
     far[-1] = ref[-1] + 1000 * eta
     assert verdict.compare(far, ref, b, "float64", ensemble=members).verdict == DIVERGES
@@ -374,3 +376,18 @@ def test_where_the_worst_case_scale_is_void_the_l2_coefficient_weighs_the_errors
     z_bad = abs(bad[i] - ref[i]) / w_plain[i]
     z_legit = max(np.max(np.abs(m - ref) / w_plain) for m in members.values())
     assert z_bad < config.VERDICT_MAX_FACTOR * z_legit
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_subnormal_rounding_weighs_as_much_as_a_normal_one(dtype):
+    """z units w_i = S_i + eta_T / u_T: a rounding errs by u_T |x| + eta_T = u_T (|x| + eta_T / u_T) (Higham
+    eq. 2.8), so one subnormal quantum at an element of magnitude 0 has z = u_T, as one rounding of a normal
+    number of magnitude S has z = u_T S / (S + eta_T / u_T) -> u_T; with the floor eta_T alone the quantum would
+    count 1 / u_T times more (lisa's float16 qn stage: entries of 1e-6, below float16's normal range, set the
+    stage's threshold at 20 times its normal entries' z)."""
+    u, eta = verdict.unit_roundoff(dtype), verdict.underflow_eta(dtype)
+    ref = np.array([0.0, 1.0, 1.0e3])
+    w = verdict._weights(Bound(np.abs(ref), 1, accumulation=True), ref, np.isfinite(ref), dtype)
+    z = np.array([eta, u * 1.0, u * 1.0e3]) / w
+    assert z[0] == u
+    assert np.all(z[1:] <= u) and np.all(z[1:] >= u / (1.0 + eta / u))

@@ -70,7 +70,7 @@ from .focused_bounds import (_both, _bound, _err_attend, _err_core, _err_feature
                              _feature_depth, _own, err_layer_norm, err_linear, err_norm_linear_l2,
                              focused_attention_bound, focused_function_bound, focused_function_error,
                              resample_linear_bound)
-from .focused_typical import focused_function_typical, pre_feature_count
+from .focused_typical import attention_typical, focused_function_typical, pre_feature_count
 from .focused_core import (FocusedConfig, _attend, _check_order, _core, _features, _merge_heads, _p, _pre_features,
                            _resample_plan, _resample_v, _split_heads, _to_grid, focused_attention, focused_feature_map,
                            focused_function, resample_linear)
@@ -531,7 +531,10 @@ def _fine_core_stages(params: Mapping[str, Any], cfg: FocusedConfig, hw_kv, hw_q
         vh = vh_of(*t)
         z = np.zeros_like
         e, k = _err_attend(phi_q, phi_k, vh, z(phi_q), z(phi_k), z(vh), cfg, mask, dtype)
-        return _bound(e, k, "normalised attention on exact features and V", dtype)
+        b = _bound(e, k, "normalised attention on exact features and V", dtype)
+        # each entry's own typical error (refimpl.attention.focused_typical): the z unit of the verdict
+        return dataclasses.replace(b, typical=attention_typical(phi_q, phi_k, vh, normaliser=cfg.normaliser,
+                                                                 eps=cfg.eps, mask=mask, dtype=dtype))
 
     def to_conv(vr):            # (B, h, N, d) on the query grid -> the depthwise conv's input layout
         b, _, _, e = vr.shape
