@@ -432,9 +432,9 @@ def layer_norm_cap(x, weight, bias, eps: float, dtype: Any) -> np.ndarray:
     |xh_i| <= sqrt(C), and the computed xh' obeys the same up to its own rounding (gamma_{C+8}) when its variance
     is the mean of its own computed centred squares (the two-pass evaluation, :func:`layer_norm_parts`' model);
     hence |y' - y| <= |w| (|xh| + sqrt(C)(1 + gamma_{C+8})) + 2 u (|w| sqrt(C) + |b|), returned divided by u_T.
-    A one-pass or Welford-type variance (PyTorch's CPU kernel) escapes it where the mean's error reaches the
-    standard deviation (rho = (C + 1) u mean|x| / s >= 1): there the computed variance can lose all its digits
-    (tests/test_layer_norm_error.py)."""
+    A Welford-type variance (PyTorch's CPU kernel) can escape it where the mean's error bound exceeds the standard
+    deviation many times (rho = (C + 1) u mean|x| / s >> 1; measured from rho ~ 40, up to 8e3 times the cap): there
+    the computed variance can lose all its digits (tests/test_layer_norm_error.py)."""
     c = x.shape[-1]
     u = numerics.unit_roundoff(dtype)
     mu = np.mean(x, axis=-1, keepdims=True)
