@@ -395,18 +395,30 @@ def _layer_norm_s(x, weight, bias, eps: float) -> tuple[np.ndarray, np.ndarray, 
     return scale, d, s
 
 
-def e_layer_norm(x, ex, weight, bias, eps: float, pr: Precision, axis: int = -1) -> tuple[np.ndarray, float]:
+def e_layer_norm(x, ex, weight, bias, eps: float, pr: Precision, axis: int = -1, *,
+                 cap: Any = None) -> tuple[np.ndarray, float]:
     """(E_y, k) of LayerNorm over ``axis`` (-1: channels last; 1: channels first, (B, C, H, W)), x carrying E_x:
-    E = k S + P (:func:`layer_norm_parts`).  First order only (``pr`` from :meth:`Precision.coefficients`): the
-    Jacobian bound is a linearisation (:func:`layer_norm_cap` is a rigorous cap)."""
+    E = k S + P (:func:`layer_norm_parts`), the one LayerNorm error rule: refimpl.layers.layer_norm_bound is its
+    own rounding on exact inputs (E = k S), and the networks (refimpl.models.common.e_layer_norm), FLatten / L2ViT
+    (refimpl.attention.focused_bounds.err_layer_norm) and LiSA's block carry their input errors through it.
+    First order only (``pr`` from :meth:`Precision.coefficients`): the Jacobian bound is a linearisation.
+
+    ``cap``: a precision T; then E is replaced, where smaller (and where it is NaN), by :func:`layer_norm_cap`
+    in T (a bound whatever the input's error, under the two-pass evaluation model), which keeps a running bound
+    finite once the propagated input error exceeds the LayerNorm's output range."""
     if not pr.first_order:
         raise numerics.ArgumentError("argument 'pr': the LayerNorm rule is first order; expected "
                                      "Precision.coefficients(dtype), got the rigorous model Precision.of")
-    if axis not in (-1, x.ndim - 1):
+    last = axis in (-1, x.ndim - 1)
+    if not last:
         x, ex = np.moveaxis(x, axis, -1), np.moveaxis(ex, axis, -1)
     scale, prop, k = layer_norm_parts(x, ex, weight, bias, eps, pr)
     e = pr.g(k) * scale + prop
-    return (e if axis in (-1, x.ndim - 1) else np.moveaxis(e, -1, axis)), k
+    if cap is not None:
+        c = layer_norm_cap(x, weight, bias, eps, cap)
+        with np.errstate(invalid="ignore"):
+            e = np.where(np.isnan(e), c, np.minimum(e, c))
+    return (e if last else np.moveaxis(e, -1, axis)), k
 
 
 #: LayerNorm's roundings besides its n-term sum (the k = sums(n) + 8 of :func:`layer_norm_parts`: n + 1 for the
@@ -415,15 +427,20 @@ LAYER_NORM_ROUNDINGS = 8
 
 
 def layer_norm_cap(x, weight, bias, eps: float, dtype: Any) -> np.ndarray:
-    """A bound, in units of u_T, on the error of LayerNorm over the last axis whatever its input's error:
-    xh = (x - mean) / sqrt(var + eps) has sum_i xh_i^2 <= C, so |xh_i| <= sqrt(C), and the computed xh' obeys
-    the same up to its own rounding (gamma_{C+8}), hence |y' - y| <= |w| (|xh| + sqrt(C)(1 + gamma_{C+8}))
-    + 2 u (|w| sqrt(C) + |b|), rigorous; returned divided by u_T."""
+    """A bound, in units of u_T, on the error of LayerNorm over the last axis whatever its input's error
+    (weight, bias None: 1 and 0).  xh = (x - mean) / sqrt(var + eps) has sum_i xh_i^2 <= C, so
+    |xh_i| <= sqrt(C), and the computed xh' obeys the same up to its own rounding (gamma_{C+8}) when its variance
+    is the mean of its own computed centred squares (the two-pass evaluation, :func:`layer_norm_parts`' model);
+    hence |y' - y| <= |w| (|xh| + sqrt(C)(1 + gamma_{C+8})) + 2 u (|w| sqrt(C) + |b|), returned divided by u_T.
+    A Welford-type variance (PyTorch's CPU kernel) can escape it where the mean's error bound exceeds the standard
+    deviation many times (rho = (C + 1) u mean|x| / s >> 1; measured from rho ~ 40, up to 8e3 times the cap): there
+    the computed variance can lose all its digits (tests/test_layer_norm_error.py)."""
     c = x.shape[-1]
     u = numerics.unit_roundoff(dtype)
     mu = np.mean(x, axis=-1, keepdims=True)
     xh = np.abs(x - mu) / np.sqrt(np.mean((x - mu) ** 2, axis=-1, keepdims=True) + eps)
-    w, b = np.abs(weight), np.abs(bias)
+    w = 1.0 if weight is None else np.abs(weight)
+    b = 0.0 if bias is None else np.abs(bias)
     root = math.sqrt(c)
     return (w * (xh + root * (1.0 + numerics.gamma(c + LAYER_NORM_ROUNDINGS, u))) + 2 * u * (w * root + b)) / u
 

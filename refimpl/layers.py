@@ -181,7 +181,8 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None = None, bias: np.n
     d = 0 and y = b exactly: only the bias term remains.  With a mixed-precision ``dtype``
     (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
     stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8.
-    The scale and k are :func:`refimpl.bounds.layer_norm_scale` (the calculus's LayerNorm rule)."""
+    The scale and k are :func:`refimpl.bounds.layer_norm_scale`, the own rounding of the calculus's one LayerNorm
+    rule :func:`refimpl.bounds.e_layer_norm` (k S there on an exact input, bit for bit)."""
     validation.check_eps(eps)
     x = _ln_input(x)
     n = x.shape[-1]
@@ -200,13 +201,15 @@ def layer_norm_cf(x: np.ndarray, weight: np.ndarray | None = None, bias: np.ndar
     return np.moveaxis(layer_norm(np.moveaxis(x, 1, -1), weight, bias, eps), -1, 1)
 
 
-def layer_norm_cf_bound(x: np.ndarray, weight=None, bias=None, eps: float = config.LAYER_NORM_EPS) -> Bound:
-    """:func:`layer_norm_bound` of LayerNorm over the channels of a channels-first x (B, C, H, W)."""
+def layer_norm_cf_bound(x: np.ndarray, weight=None, bias=None, eps: float = config.LAYER_NORM_EPS,
+                        dtype: Any = None) -> Bound:
+    """:func:`layer_norm_bound` of LayerNorm over the channels of a channels-first x (B, C, H, W), in the same
+    precision model (``dtype``: the channel sums accumulated in config.ACCUMULATION_FORMAT)."""
     validation.check_eps(eps)
     x = as_float(x, "x")
     check_shapes(x=(x, "B C H W"))
-    b = layer_norm_bound(np.moveaxis(x, 1, -1), weight, bias, eps)
-    return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)")
+    b = layer_norm_bound(np.moveaxis(x, 1, -1), weight, bias, eps, dtype)
+    return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)", ref_depth=b.ref_depth)
 
 
 def batch_norm2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, running_mean: np.ndarray,

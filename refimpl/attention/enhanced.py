@@ -52,10 +52,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import config, numerics, validation
+from .. import bounds, config, numerics, validation
 from ..errors import ArgumentError, ParameterKeyError
-from ..layers import (batch_norm2d, cpe, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear, linear_bound, mlp,
-                      pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
+from ..layers import (batch_norm2d, cpe, cpe_error, depthwise_conv2d, gelu, gelu_bound, layer_norm, linear,
+                      linear_bound, mlp, pad_to_multiple, relative_position_bias, relative_position_index, shifted_window_mask,
                       subparams, window_partition, window_reverse)
 from .enhanced_core import (L2ViTConfig, _bound, _err_core, enhanced_linear_attention,
                             enhanced_linear_attention_bound)
@@ -506,10 +506,11 @@ def lcm_bound(x: Any, params: Mapping[str, Any], hw: tuple[int, int], *,
 
 
 def _err_cpe(x, e_x, params, prefix, hw):
-    w, b = _p(params, prefix + ".proj.weight"), _opt(params, prefix + ".proj.bias")
-    y, ey, k = err_dwconv(_grid(x, hw), _grid(e_x, hw), w, b)
-    out = x + _tokens(y)
-    return out, e_x + _tokens(ey) + np.abs(x) + np.abs(_tokens(y)), k + 1
+    """The CPE x + DWConv3x3(x) on tokens (B, N, C) carrying E_x (units of u_T): layers.cpe_error, the CPE's one
+    error path, in the first-order model with every sum charged at u_T.  Returns (y, E_y, k) on tokens."""
+    y, ey, k = cpe_error(_grid(x, hw), _grid(e_x, hw), _p(params, prefix + ".proj.weight"),
+                         _opt(params, prefix + ".proj.bias"), bounds.Precision.coefficients())
+    return np.ascontiguousarray(_tokens(y)), np.ascontiguousarray(_tokens(ey)), k
 
 
 def _err_ln(x, e_x, params, name, cfg):

@@ -25,8 +25,7 @@ import numpy as np
 
 from .. import config, layers, numerics
 from ..attention.angular import CastlingConfig, castling_core, castling_core_bound
-from . import _netparts as nets
-from . import counting
+from . import common, counting
 from .common import Err
 
 __all__ = ["merge_heads", "kept", "embed_rows", "pool_conv", "pool_q", "core_args", "pooled_core", "e_core",
@@ -102,13 +101,13 @@ def e_pooled_core(qf: Err, q: Err, k: Err, v: Err, acfg: CastlingConfig, p: Mapp
 
 def e_pool_q(q: Err, p: Mapping[str, Any], hw: tuple[int, int], stride: int, eps: float, dtype: Any) -> Err:
     """Query pooling with its error: the conv as _netparts.e_dwconv's rule (E = conv(E_q, |w|) + 9 conv(|q|, |w|),
-    9 taps, no bias), then LayerNorm over d (_netparts.e_layer_norm)."""
+    9 taps, no bias), then LayerNorm over d (common.e_layer_norm, capped)."""
     w = numerics.as_float(p["attn.pool_q.weight"], "pool_q.weight")
     y = pool_conv(q.value, w, hw, stride)
     e = pool_conv(q.err, np.abs(w), hw, stride) + POOL_KERNEL * POOL_KERNEL * pool_conv(np.abs(q.value), np.abs(w),
                                                                                           hw, stride)
-    return nets.e_layer_norm(Err(y, e, q.depth + POOL_KERNEL * POOL_KERNEL), p["attn.norm_q.weight"],
-                             p["attn.norm_q.bias"], eps, dtype)
+    return common.e_layer_norm(Err(y, e, q.depth + POOL_KERNEL * POOL_KERNEL), p["attn.norm_q.weight"],
+                             p["attn.norm_q.bias"], eps, cap=dtype)
 
 
 def core_macs(acfg: CastlingConfig, n_q: int, n_k: int, sparse: bool) -> dict[str, int]:

@@ -18,7 +18,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import layers, numerics
-from . import _netparts as nets
 from . import common
 from .common import Err
 
@@ -119,14 +118,12 @@ def e_deit_stem(params: Mapping[str, Any], t: Err, cfg: Any, *, cls_token: bool)
 def e_deit_head(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, cls_token: bool,
                 capped: bool = True) -> Err:
     """:func:`deit_head` with the running error analysis; the final LayerNorm's error through
-    :func:`refimpl.models._netparts.e_layer_norm` (with its output cap) or, ``capped=False``,
-    :func:`refimpl.models.common.e_layer_norm` (the first-order propagation alone)."""
+    :func:`refimpl.models.common.e_layer_norm` with its output cap in ``dtype`` or, ``capped=False``, the
+    first-order propagation alone."""
     eps = cfg.layer_norm_eps
 
     def norm(a: Err) -> Err:
-        if capped:
-            return nets.e_layer_norm(a, params["norm.weight"], params["norm.bias"], eps, dtype)
-        return common.e_layer_norm(a, params["norm.weight"], params["norm.bias"], eps)
+        return common.e_layer_norm(a, params["norm.weight"], params["norm.bias"], eps, cap=dtype if capped else None)
 
     if cls_token:
         y = norm(Err(t.value[:, 0], t.err[:, 0], t.depth))

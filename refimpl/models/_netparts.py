@@ -1,10 +1,10 @@
 """The network framework and the pieces the hierarchical networks share, on top of
 :mod:`refimpl.models.common`: layout changes, bottom/right padding, image checks for any resolution, random
 initialisation with BatchNorm statistics, and the running-error stages that common.py does not have
-(BatchNorm, ReLU, Swish, depthwise conv, per-channel scale, channels-first LayerNorm) plus adapters to the
-attention modules' own error propagation; and the interpreter of the networks declared as units: the family
-declares unit_names, run_unit, _e_unit, its unit inputs and feature maps (and its units' parts), and
-:func:`run_stages`, :func:`bound_network`, :func:`bound_unit`, :func:`run_part`, :func:`bound_part` give it
+(BatchNorm, ReLU, Swish, depthwise conv, per-channel scale; the LayerNorm stage, capped or not, is
+common.e_layer_norm) plus adapters to the attention modules' own error propagation; and the interpreter of the
+networks declared as units: the family declares unit_names, run_unit, _e_unit, its unit inputs and feature
+maps (and its units' parts), and :func:`run_stages`, :func:`bound_network`, :func:`bound_unit`, :func:`run_part`, :func:`bound_part` give it
 its run, forward_bounds, unit_bound, run_unit_part and unit_part_bound: every network (RAVLT, L2ViT,
 FLatten-PVT, FLatten-CSwin, LiSANet, Castling-LeViT, Castling-MViTv2, and the DeiT and Swin networks on
 models._deit's and flatten.py's frames: Castling-DeiT, L2ViT-DeiT, RALA-DeiT / -Swin, FLatten-DeiT / -Swin).
@@ -32,8 +32,8 @@ from . import common
 from .common import Err
 
 __all__ = ["init_params_from_shapes", "tokens_to_grid", "grid_to_tokens", "pad_bottom_right", "check_images",
-           "check_grid_input", "e_batch_norm", "e_relu", "e_swish", "e_dwconv", "e_scale", "e_layer_norm",
-           "e_layer_norm_cf", "e_tokens", "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound",
+           "check_grid_input", "e_batch_norm", "e_relu", "e_swish", "e_dwconv", "e_scale",
+           "e_tokens", "e_grid", "e_pad", "swish", "to_abs", "from_abs", "to_bound",
            "stage_end_units", "stage_feature_map",
            "check_unit", "check_part", "run_stages", "bound_stages", "bound_network", "bound_unit", "run_part",
            "bound_part"]
@@ -158,31 +158,6 @@ def e_scale(t: Err, gamma: Any) -> Err:
     g = numerics.as_float(gamma, "gamma")
     y = g * t.value
     return Err(y, bounds.e_elementwise(y, t.err, np.abs(g), 1, bounds.Precision.coefficients()), t.depth + 1)
-
-
-def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, dtype: Any) -> Err:
-    """LayerNorm over the last axis (:func:`refimpl.models.common.e_layer_norm`) with its output cap.
-
-    A LayerNorm output is bounded whatever its input: xh = (x - mean) / sqrt(var + eps) has
-    sum_i xh_i^2 <= C, so |xh_i| <= sqrt(C), and the computed xh' obeys the same up to its own rounding
-    (gamma_(C+8), layers.layer_norm_bound's depth).  Hence |y' - y| <= |w| (|xh| + sqrt(C)(1 + gamma_(C+8)))
-    + 2 u (|w| sqrt(C) + |b|) for ANY input error, rigorous (no first-order assumption).  The propagated
-    coefficient is replaced by this cap (divided by u_T) where it is smaller: it keeps a network's running
-    bound finite once the propagated input error exceeds the LayerNorm's output range (where the
-    first-order propagation through 1 / std is void anyway; :func:`refimpl.bounds.layer_norm_cap`)."""
-    r = common.e_layer_norm(t, weight, bias, eps)
-    cap = bounds.layer_norm_cap(t.value, numerics.as_float(weight, "weight"), numerics.as_float(bias, "bias"), eps,
-                                dtype)
-    with np.errstate(invalid="ignore"):
-        err = np.where(np.isnan(r.err), cap, np.minimum(r.err, cap))
-    return Err(r.value, err, r.depth)
-
-
-def e_layer_norm_cf(t: Err, weight: Any, bias: Any, eps: float, dtype: Any) -> Err:
-    """LayerNorm over the channel axis of (B, C, H, W): :func:`e_layer_norm` on the channels-last view."""
-    m = Err(np.moveaxis(t.value, 1, -1), np.moveaxis(t.err, 1, -1), t.depth)
-    r = e_layer_norm(m, weight, bias, eps, dtype)
-    return Err(np.moveaxis(r.value, -1, 1), np.moveaxis(r.err, -1, 1), r.depth)
 
 
 def to_abs(e: np.ndarray, dtype: Any) -> np.ndarray:

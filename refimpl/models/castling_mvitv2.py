@@ -467,9 +467,9 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Castli
     b = _spec(cfg, name)
     p = layers.subparams(params, b.name)
     if part == "mlp":
-        h = nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], cfg.ln_eps, dtype)
+        h = common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], cfg.ln_eps, cap=dtype)
         return common.e_add(t, common.e_mlp(h, layers.subparams(p, "mlp")))
-    xn = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], cfg.ln_eps, dtype)
+    xn = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], cfg.ln_eps, cap=dtype)
     q, k, v = _e_heads(common.e_linear(xn, p["attn.qkv.weight"], p.get("attn.qkv.bias")), b.heads)
     qp = pq.e_pool_q(q, p, b.hw_in, b.stride, cfg.ln_eps, dtype)
     acfg = cfg.attention_config(b.stage)
@@ -495,7 +495,7 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: CastlingMViTv2Con
                             padding=config.MVITV2_PATCH_PADDING)
         return nets.e_tokens(y)
     if name == "head":
-        y = nets.e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, dtype)
+        y = common.e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, cap=dtype)
         return common.e_linear(common.e_mean(y, 1), params["head.projection.weight"], params["head.projection.bias"])
     return _e_part(params, name, "mlp", _e_part(params, name, "attn", t, cfg, dtype), cfg, dtype)
 

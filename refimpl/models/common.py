@@ -255,11 +255,18 @@ def e_linear(t: Err, weight: Any, bias: Any = None) -> Err:
     return Err(y.reshape(lead + (-1,)), e.reshape(lead + (-1,)), t.depth + k)
 
 
-def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float) -> Err:
-    """LayerNorm over the last axis: E_x through the Jacobian bound |w|/s (e + mean e + |xh| mean(|xh| e))
-    plus layers.layer_norm_bound's own rounding (k = C + 8)."""
-    y, e, k = _focused_bounds.err_layer_norm(t.value, t.err, numerics.as_float(weight, "norm.weight"),
-                                      numerics.as_float(bias, "norm.bias"), eps)
+def e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, cap: Any = None, axis: int = -1) -> Err:
+    """LayerNorm over the last axis (``axis=1``: over the channels of (B, C, H, W)), the networks' LayerNorm
+    stage: :func:`refimpl.bounds.e_layer_norm` in the first-order model with every sum charged at u_T
+    (E_x through the Jacobian bound |w|/s (e + mean e + |xh| mean(|xh| e)) plus layers.layer_norm_bound's own
+    rounding, k = C + 8).  ``cap``: the precision T of the output cap :func:`refimpl.bounds.layer_norm_cap`
+    (None: the first-order propagation alone)."""
+    w, b = numerics.as_float(weight, "norm.weight"), numerics.as_float(bias, "norm.bias")
+    if axis in (-1, t.value.ndim - 1):
+        y = layers.layer_norm(t.value, w, b, eps)
+    else:
+        y = np.moveaxis(layers.layer_norm(np.moveaxis(t.value, axis, -1), w, b, eps), -1, axis)
+    e, k = bounds.e_layer_norm(t.value, t.err, w, b, eps, bounds.Precision.coefficients(), axis, cap=cap)
     return Err(y, e, t.depth + k)
 
 

@@ -429,14 +429,12 @@ def _swin_head(params: Mapping[str, Any], x: np.ndarray, cfg: Any) -> np.ndarray
 
 
 def _e_layer_norm(t: Err, weight: Any, bias: Any, eps: float, dtype: Any, capped: bool) -> Err:
-    if capped:
-        return nets.e_layer_norm(t, weight, bias, eps, dtype)
-    return common.e_layer_norm(t, weight, bias, eps)
+    return common.e_layer_norm(t, weight, bias, eps, cap=dtype if capped else None)
 
 
 def _e_swin_stem(params: Mapping[str, Any], t: Err, cfg: Any, dtype: Any, *, capped: bool) -> Err:
     """:func:`_swin_stem` with the running error analysis (the LayerNorm capped as
-    :func:`refimpl.models._netparts.e_layer_norm` or, ``capped=False``, first order alone)."""
+    :func:`refimpl.models.common.e_layer_norm` with its ``cap`` or, ``capped=False``, first order alone)."""
     images = common.check_images(t.value, cfg.in_chans, cfg.img_size)
     y = common.e_conv2d(Err(images, t.err, t.depth), params["patch_embed.proj.weight"],
                         params["patch_embed.proj.bias"], stride=cfg.patch_size)

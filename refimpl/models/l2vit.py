@@ -486,7 +486,7 @@ def _e_enhanced_attention(t: Err, p: Mapping[str, Any], bc: enhanced.L2ViTConfig
 
 def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTNetConfig, dtype: Any) -> Err:
     """:func:`_part` with an input error (common.Err convention), on the grid's tokens: the CPE by
-    enhanced.py's ``_err_cpe``, LayerNorms capped by their range (_netparts.e_layer_norm), LWA's window attention
+    enhanced.py's ``_err_cpe``, LayerNorms capped by their range (common.e_layer_norm with ``cap``), LWA's window attention
     by common.e_window_attention, LGA's by :func:`_e_enhanced_attention`, the LCM by enhanced.py's ``_err_lcm``,
     the MLP by common.e_mlp and each residual sum by common.e_add (the stages enhanced.lwa_block_bound /
     lga_block_bound chain, whose public forms take exact inputs only)."""
@@ -499,13 +499,13 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTN
         v, e, k = enhanced._err_cpe(x.value, x.err, p, "cpe.0" if part == "cpe" else "cpe.1", hw)
         return nets.e_grid(Err(v, e, x.depth + k), hw)
     if part == "lcm":
-        y = nets.e_layer_norm(x, p["norm3.weight"], p["norm3.bias"], bc.layer_norm_eps, dtype)
+        y = common.e_layer_norm(x, p["norm3.weight"], p["norm3.bias"], bc.layer_norm_eps, cap=dtype)
         v, e, k = enhanced._err_lcm(y.value, y.err, layers.subparams(p, "local_mp"), hw, bc.batch_norm_eps)
         return nets.e_grid(common.e_add(x, Err(v, e, y.depth + k)), hw)
     if part == "mlp":
-        y = nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.layer_norm_eps, dtype)
+        y = common.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.layer_norm_eps, cap=dtype)
         return nets.e_grid(common.e_add(x, common.e_mlp(y, layers.subparams(p, "mlp"))), hw)
-    y = nets.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.layer_norm_eps, dtype)
+    y = common.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.layer_norm_eps, cap=dtype)
     if _block_kind(j) == "lwa":
         shape4 = (y.value.shape[0], hw[0], hw[1], bc.dim)
         a = common.e_window_attention(Err(y.value.reshape(shape4), y.err.reshape(shape4), y.depth),
@@ -532,15 +532,16 @@ def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: L2ViTNetConfig, d
         t = common.e_conv2d(t, params[f"{pre}.proj.proj.3.weight"], params[f"{pre}.proj.proj.3.bias"], stride=2,
                             padding=1)
         t = nets.e_batch_norm(t, params, f"{pre}.proj.proj.4", cfg.batch_norm_eps)
-        return nets.e_layer_norm_cf(t, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"], cfg.layer_norm_eps,
-                                    dtype)
+        return common.e_layer_norm(t, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"],
+                                   cfg.layer_norm_eps, cap=dtype, axis=1)
     if name == "head":
-        y = nets.e_layer_norm_cf(t, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps, dtype)
+        y = common.e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.layer_norm_eps,
+                                cap=dtype, axis=1)
         return common.e_linear(common.e_mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
     if name.startswith("downsample_layers."):
         pre = name
-        y = nets.e_layer_norm_cf(t, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"], cfg.layer_norm_eps,
-                                 dtype)
+        y = common.e_layer_norm(t, params[f"{pre}.norm.weight"], params[f"{pre}.norm.bias"],
+                                   cfg.layer_norm_eps, cap=dtype, axis=1)
         return common.e_conv2d(nets.e_pad(y, 2), params[f"{pre}.proj.weight"], params[f"{pre}.proj.bias"], stride=2)
     for part in unit_parts(cfg, name):
         t = _e_part(params, name, part, t, cfg, dtype)
@@ -567,7 +568,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: L2ViTNetConfig, 
     convs and BNs, LayerNorms, the blocks' CPE, attention, LCM and MLP, the downsampling convs, the mean
     and the head).  Returns (feature bounds, logits bound).  Valid to first order but exponentially loose
     in the depth (each layer multiplies the coefficient by its absolute Jacobian); LayerNorm outputs are
-    capped by their range (_netparts.e_layer_norm) and the clamped normaliser by C_min, so it stays finite
+    capped by their range (common.e_layer_norm with ``cap``) and the clamped normaliser by C_min, so it stays finite
     (and void past a few blocks).  :func:`unit_bound` restarts the analysis at each unit (the meaningful
     comparison points)."""
     return nets.bound_network(_M, params, images, cfg, dtype, label="L2ViT")

@@ -359,19 +359,19 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: L2ViTD
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
-        y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps, dtype)
+        y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps, cap=dtype)
         ap = layers.subparams(p, "attn")
         if _kind(name, cfg) == "E":
             return common.e_add(t, _e_enhanced_attention(y, ap, cfg.block_config(), cfg.order, dtype))
         return common.e_add(t, _e_softmax_attention(y, ap, cfg.num_heads))
     if part == "lcm":
-        y = nets.e_layer_norm(t, p["norm3.weight"], p["norm3.bias"], eps, dtype)
+        y = common.e_layer_norm(t, p["norm3.weight"], p["norm3.bias"], eps, cap=dtype)
         v, e, k = enhanced._err_lcm(y.value[:, 1:], y.err[:, 1:], layers.subparams(p, "local_mp"), cfg.grid,
                                     cfg.batch_norm_eps)
         s = common.e_add(Err(t.value[:, 1:], t.err[:, 1:], t.depth), Err(v, e, y.depth + k))
         return Err(np.concatenate([t.value[:, :1], s.value], axis=1), np.concatenate([t.err[:, :1], s.err], axis=1),
                    s.depth)
-    return common.e_add(t, common.e_mlp(nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps, dtype),
+    return common.e_add(t, common.e_mlp(common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps, cap=dtype),
                                         layers.subparams(p, "mlp")))
 
 

@@ -484,15 +484,15 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: LiSANe
 def _e_unit(params: Mapping[str, Any], name: str, t: Err, cfg: LiSANetConfig, dtype: Any) -> Err:
     """:func:`run_unit` with an input error (common.Err convention)."""
     if name == "head":
-        y = nets.e_layer_norm_cf(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, dtype)
+        y = common.e_layer_norm(t, params["norm.weight"], params["norm.bias"], cfg.ln_eps, cap=dtype, axis=1)
         return common.e_linear(common.e_mean(y, axis=(2, 3)), params["head.weight"], params["head.bias"])
     if name.startswith("patch_embed."):
         i = int(name.split(".")[1])
         _, stride, pad = _embed_geometry(cfg, i)
         g = common.e_conv2d(t, params[f"{name}.proj.weight"], params[f"{name}.proj.bias"], stride=stride, padding=pad)
         if cfg.kind == "hierarchical":
-            return nets.e_layer_norm_cf(g, params[f"{name}.norm.weight"], params[f"{name}.norm.bias"], cfg.ln_eps,
-                                        dtype)
+            return common.e_layer_norm(g, params[f"{name}.norm.weight"], params[f"{name}.norm.bias"], cfg.ln_eps,
+                                       cap=dtype, axis=1)
         if cfg.pos_embed:
             hw = (g.value.shape[2], g.value.shape[3])
             return nets.e_grid(common.e_add(nets.e_tokens(g), common.e_exact(params["pos_embed"])), hw)
@@ -521,7 +521,7 @@ def forward_bounds(params: Mapping[str, Any], images: Any, cfg: LiSANetConfig, *
     their LayerNorms or the position-embedding sum, every LiSA block (FFT convolutions by refimpl.toeplitz's
     FFT error model - heuristic in the FFT depth, see lisa.py), the final norm, the mean and the head.
     Returns (feature bounds, logits bound); exponentially loose in the depth (LayerNorm outputs capped by
-    their range, _netparts.e_layer_norm).  :func:`unit_bound` restarts the analysis at each unit."""
+    their range, common.e_layer_norm with ``cap``).  :func:`unit_bound` restarts the analysis at each unit."""
     images = nets.check_images(images, cfg.in_chans)
     _check_grids(cfg, images)
     return nets.bound_network(_M, params, images, cfg, dtype, label="LiSANet")

@@ -232,13 +232,13 @@ def e_operator(t: Err, p: Mapping[str, Any], op: str, sc: lisa.SAConfig) -> Err:
 
 
 def e_block_part(t: Err, p: Mapping[str, Any], op: str, part: str, sc: Any, bc: lisa.LiSAConfig, dtype: Any) -> Err:
-    """:func:`block_part` with an input error: LN (nets.e_layer_norm), the operator (LiSA by lisa.py's stage
+    """:func:`block_part` with an input error: LN (common.e_layer_norm, capped), the operator (LiSA by lisa.py's stage
     analysis ``_tr_attention``, private: its public bounds take exact inputs only; same E convention; else
     :func:`e_operator`) or the MLP (common.e_mlp), the residual sum."""
     if part == "mlp":
-        y = nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, dtype)
+        y = common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], bc.ln_eps, cap=dtype)
         return common.e_add(t, common.e_mlp(y, layers.subparams(p, "mlp")))
-    y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], bc.ln_eps, dtype)
+    y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], bc.ln_eps, cap=dtype)
     if op != "lisa":
         return common.e_add(t, e_operator(y, layers.subparams(p, "attn"), op, sc))
     with np.errstate(invalid="ignore", over="ignore", divide="ignore"):

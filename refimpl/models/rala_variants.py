@@ -351,9 +351,9 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: Any, d
     eps = cfg.layer_norm_eps
     p = layers.subparams(params, name)
     if part == "attn":
-        y = nets.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps, dtype)
+        y = common.e_layer_norm(t, p["norm1.weight"], p["norm1.bias"], eps, cap=dtype)
         return common.e_add(t, _e_attention(y, layers.subparams(p, "attn"), name, cfg, dtype))
-    return common.e_add(t, common.e_mlp(nets.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps, dtype),
+    return common.e_add(t, common.e_mlp(common.e_layer_norm(t, p["norm2.weight"], p["norm2.bias"], eps, cap=dtype),
                                         layers.subparams(p, "mlp")))
 
 

@@ -565,11 +565,11 @@ def _e_part(params: Mapping[str, Any], name: str, part: str, t: Err, cfg: RAVLTN
         return _e_cpe(t, p, dtype)
     x = nets.e_tokens(t)
     if part == "attn":
-        y = _e_attention(nets.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.norm_eps, dtype),
+        y = _e_attention(common.e_layer_norm(x, p["norm1.weight"], p["norm1.bias"], bc.norm_eps, cap=dtype),
                          layers.subparams(p, "attn"), bc.attn, hw, cfg.attention(i), dtype)
         key = "gamma_1"
     else:
-        y = _e_ffn(nets.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, dtype),
+        y = _e_ffn(common.e_layer_norm(x, p["norm2.weight"], p["norm2.bias"], bc.norm_eps, cap=dtype),
                    layers.subparams(p, "ffn"), bc, hw, dtype)
         key = "gamma_2"
     return nets.e_grid(_e_residual(x, y, _gamma(p, key) if bc.layerscale else None, dtype), hw)
