@@ -182,7 +182,8 @@ def layer_norm_bound(x: np.ndarray, weight: np.ndarray | None = None, bias: np.n
     (config.ACCUMULATION_FORMAT) the two length-n sums count numerics.sum_depth(n) and the 8 other roundings
     stay in T (an implementation may store every intermediate in T): k = sum_depth(n) + 8.
     The scale and k are :func:`refimpl.bounds.layer_norm_scale`, the own rounding of the calculus's one LayerNorm
-    rule :func:`refimpl.bounds.e_layer_norm` (k S there on an exact input, bit for bit)."""
+    rule :func:`refimpl.bounds.e_layer_norm` (k S there on an exact input, bit for bit); with ``dtype`` the scale
+    is inf on the rows outside the first-order model's domain (:func:`refimpl.bounds.layer_norm_outside`)."""
     validation.check_eps(eps)
     x = _ln_input(x)
     n = x.shape[-1]
