@@ -17,12 +17,32 @@ from refimpl import cli, config
 from refimpl import verify as V
 from refimpl.verify import gradients as G
 from refimpl.verify.networks import network_config
+from tests.test_bound_tightness import TIGHTNESS_MARGIN
 from tests.verify_gallery.castling_port import PortCastling
 from tests.verify_gallery.grad_port import GradCastling, GradL2ViT
 from tests.verify_gallery.l2vit_port import PortL2ViTAttention
 
 GRAD_PORT = os.path.join(os.path.dirname(__file__), "verify_gallery", "grad_port.py")
 HW = (6, 6)
+
+#: The correct ports' largest err/bound over their gradient tensors, measured with the calls below (docs/verify.md
+#: "Gradients", seed 0, dim 16, 2 heads): a measurement, not a tolerance.  Checked as test_bound_tightness checks
+#: the error calculus: safe (each ratio within TIGHTNESS_MARGIN of its measured value from above: a port that got
+#: worse, or a bound that got tighter than its errors, fails) and as tight as measured (the largest ratio at least
+#: the measured one / TIGHTNESS_MARGIN: a gradient bound loosened tenfold fails).  Castling-ViT in float64 is 0:
+#: its float64 gradients equal the twin's bit for bit.
+GRAD_MEASURED = {("l2vit", "float32"): 2.48e-3, ("l2vit", "float64"): 3.62e-4,
+                 ("castling", "float32"): 3.36e-4, ("castling", "float64"): 0.0,
+                 ("rala", "float32"): 3.56e-4, ("flatten", "float32"): 8.73e-5, ("lisa", "float32"): 2.43e-4}
+
+
+def _as_measured(tensors, case) -> None:
+    """Every tensor's err/bound at most TIGHTNESS_MARGIN x the case's measured largest, and the largest at least
+    the measured / TIGHTNESS_MARGIN (GRAD_MEASURED)."""
+    want = GRAD_MEASURED[case]
+    worst = max(t["err_over_bound"] for t in tensors)
+    assert worst <= TIGHTNESS_MARGIN * want, (case, worst, want)
+    assert worst >= want / TIGHTNESS_MARGIN, (case, worst, want)
 
 
 def _grads(r):
@@ -43,8 +63,9 @@ def test_correct_ports_match_with_gradients(make, reference, keys, dtype):
     assert g["twin_forward"]["verdict"] == "match" and g["verdict"] == "match", str(r)
     assert set(_grads(r)) == keys                     # the input and every reference parameter, by reference key
     for t in g["tensors"]:
-        assert t["ok"] and 0.0 <= t["err_over_bound"] < 0.1, t      # measured <= 3e-3 (docs/verify.md)
+        assert t["ok"] and 0.0 <= t["err_over_bound"] <= 1.0, t
         assert 0.0 < t["bound"] < float("inf")
+    _as_measured(g["tensors"], (reference.split(".")[0], dtype))
     assert g["first_divergence"] is None and g["backward_factor"] == config.VERIFY_GRAD_BACKWARD_FACTOR
 
 
@@ -60,7 +81,7 @@ def test_the_other_layer_references_match_with_gradients_in_float32(name):
                              "lisa": (PortLiSA(16, 2), "lisa.attention", None)}[name]
     r = V.verify(module, reference, hw=hw, dtype="float32", grad=True)
     assert r.verdict == "match" and r.gradients["verdict"] == "match", str(r)
-    assert all(t["err_over_bound"] < 0.1 for t in r.gradients["tensors"]), str(r)
+    _as_measured(r.gradients["tensors"], (name, "float32"))
 
 
 def test_gradient_names_are_the_reference_keys_read_through_the_mapping():
