@@ -59,7 +59,11 @@ def test_near_zero_elements_are_measured_against_the_tensor_not_themselves():
     ref = np.array([1.0, -1.0, 1e-30, 2.0])
     b = Bound(np.full(4, 2.0), 2)
     r = verdict.compare(ref, ref, b, "float32")
-    assert r.verdict == MATCH and r.max_relative_bound < 1e-6, str(r)
+    # the largest b_i / max(|ref_i|, rms(ref)) is the 1e-30 element's, b_i / rms(ref) (rms = sqrt(6 / 4)); the
+    # quotient, the square root and the mean of squares round (gamma_4 covers them and b_i's product)
+    want = float(np.max(b.array("float32", ref.shape))) / math.sqrt(6.0 / 4.0)
+    assert r.verdict == MATCH, str(r)
+    assert abs(r.max_relative_bound - want) <= verdict.gamma(4, verdict.unit_roundoff("float64")) * want, (r, want)
 
 
 def test_an_element_outside_the_bound_diverges_even_if_elsewhere_void():
