@@ -604,8 +604,11 @@ def test_near_zero_rows_are_scale_invariant():
     tiny = q.copy()
     tiny[..., 1, :] *= 1e-20  # below eps: the paper mode maps the row to q / eps, nearly 0, so Sim ~ 1/2
     taps = {}
-    A.castling_core(tiny, k, v, core_cfg(1, 4), taps=taps)
-    assert np.linalg.norm(taps["q_hat"][0, 0, 1]) < 1e-7
+    paper = core_cfg(1, 4)
+    assert np.linalg.norm(tiny[0, 0, 1]) < paper.qk_norm_eps
+    A.castling_core(tiny, k, v, paper, taps=taps)
+    # q / max(||q||, eps) with ||q|| < eps is the one division q / eps, correctly rounded on both sides
+    np.testing.assert_array_equal(taps["q_hat"][0, 0, 1], tiny[0, 0, 1] / paper.qk_norm_eps)
 
 
 def test_presets_and_param_keys():

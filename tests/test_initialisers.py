@@ -175,7 +175,9 @@ def test_ravlt_init():
     else by common.init_from_shapes' law with BatchNorm running variances U(0.5, 2)."""
     params = _check_network("ravlt_t", _ravlt_law, preset="official", layer_scale_init=(1.0, 1.0, 1e-6, 1e-6))
     g = params["layers.3.blocks.0.gamma_1"]
-    assert g.shape == (1, 512, 1, 1) and float(np.max(np.abs(g))) < 1e-5        # the 1e-6 scale is applied
+    # the 1e-6 scale is applied: _check_network tested these draws against v (1 + N(0, s^2)) with v = 1e-6 (the
+    # standardised x / v - 1 of draws without it would be ~1e6 standard errors off)
+    assert g.shape == (1, 512, 1, 1)
 
 
 def _lisanet_law(key, shape, cfg):

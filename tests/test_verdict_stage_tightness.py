@@ -208,8 +208,10 @@ def test_typical_is_the_z_unit_and_the_rounding_member():
     sharp = verdict.Bound(np.abs(ref), 16.0, typical=typ)
     r0 = verdict.compare(act, ref, plain, "float32")
     r1 = verdict.compare(act, ref, sharp, "float32")
-    assert r0.ensemble["rounding model"][0] == pytest.approx(4.0 * U32, rel=1e-6)
-    assert r1.ensemble["rounding model"][0] == pytest.approx(U32, rel=1e-6)
+    # z = u m_i / (S_i + eta_32), m_i = sqrt(16) S_i or typical_i / 1.5 = S_i: exactly 4 u and u here, eta_32 being
+    # below half an ulp of every S_i = |ref_i| of these data, and the scalings powers of two
+    assert r0.ensemble["rounding model"][0] == 4.0 * U32
+    assert r1.ensemble["rounding model"][0] == U32
     assert r1.zmax_threshold < r0.zmax_threshold
     assert r1.verdict == verdict.MATCH
 
