@@ -359,6 +359,18 @@ def markdown(result: dict) -> str:
         "sparing a forced re-run per step.  The relative error of the module output blended the same way is "
         "given in u_T, with the stage that diverges and whether (b) is met.",
         "",
+        "The z units of a stage whose bound knows each element's typical error (Bound.typical: FLatten's phi_q, "
+        "phi_k and attention, refimpl.attention.focused_typical; LiSA's qn, kn, ga and gb) are that typical error, "
+        "the expected l2 coefficient of the element's roundings, plus eta_T / u_T below T's normal range; with it z "
+        "is flat across elements whose errors differ by decades (flatten_swin bfloat16, stage attention, full "
+        "size: the twin's RMS z in each decile of w between 0.00144 and 0.00148, where the l1 unit S_i spread "
+        "S_i / |ref_i| over 1.4 - 261: the sums cancel, and in half precision the error follows the one rounding "
+        "into T, not S).  The stage-wise tightness compares the threshold at the element with the largest typical "
+        "error with the largest error anywhere.  Where the typical errors spread over a decade or more and few "
+        "elements carry the largest, those few reach a z well below the ensemble's largest Z, and the ratio is "
+        "about F_max Z / z_top (F_max = 4): above 10 in the rows marked, although each element's threshold is F_max "
+        "times the largest z any legitimate evaluation reached, the verdict's tightness in its own statistic.",
+        "",
         md_table(*table_stage_targets(result)), "",
         "## (c) Void and inconclusive verdicts",
         "",

@@ -96,6 +96,10 @@ def _as_measured(tensors, case) -> None:
     the measured / TIGHTNESS_MARGIN (GRAD_MEASURED)."""
     want = GRAD_MEASURED[case]
     worst = max(t["err_over_bound"] for t in tensors)
+    if want == 0.0:
+        # bit for bit the twin's gradients here; another float64 GEMM (MKL, other blockings) rounds otherwise,
+        # legitimately: only the bound (checked by the caller) applies
+        return
     assert worst <= TIGHTNESS_MARGIN * want, (case, worst, want)
     assert worst >= want / TIGHTNESS_MARGIN, (case, worst, want)
 
