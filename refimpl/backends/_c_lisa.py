@@ -8,9 +8,11 @@ ckernels/lisa.c (``refimpl_lisa_spectral_f64``, ``refimpl_lisa_contract_f64``), 
 
 1. Kb and V transposed to (B h, c, *grid) rows, Wa to (c, D, *L), Wb to (D, *L); rfftn over the grid axes
    (zero-padded to the FFT lengths L when given: linear convolutions with the periodised Toeplitz kernels);
-2. the products Kf Waf and Vf Wbf (C; the textbook complex product, each operation rounded once: the
+2. a block of heads at a time (about config.LISA_FUSED_BLOCK_BYTES of spectra, so that the block stays in
+   cache): the products Kf Waf and Vf Wbf (C; the textbook complex product, each operation rounded once: the
    definition's ``xf * kf`` within a rounding of each term), irfftn back to (B h, c, D, *L), cropped to the grid;
-3. S = sum_c Qb (Ga + Ba), Y = sum_d S (Gb + Bb) (C; token-last, vectorised over tokens, one head per work item).
+3. the block's S = sum_c Qb (Ga + Ba), Y = sum_d S (Gb + Bb) (C; token-last, vectorised over tokens, one head
+   per work item).
 
 No range fallback: every step is the definition's operation on the same values (no rescaling on either side),
 so a non-finite value arises where the definition's does.  This module imports nothing from refimpl.attention,
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import config
 from ._c import _check_status, _load
 from ._numba import lisa_threads
 from ._registry import register
@@ -177,23 +180,31 @@ def _core(qb, kb, v, weight_a, weight_b, bias_a, bias_b, grid, lengths, threads,
     half = sig.shape[2:]
     nf = math.prod(half)
     sig = sig.reshape((2, m, nc) + half)
-    # 2. the products (C) into one buffer (2, M, c, D, *half), one inverse transform call, cropped to the grid
-    prod = _scratch("prod", (2, m, nc, nd) + half, np.complex128)
-    for i, (kern, shared) in enumerate(((waf, 0), (wbf, 1))):
-        _run("lisa_spectral", plain, nthreads, _flat(prod[i]), _flat(sig[i]), _flat(kern), m, nc, nd, nf, shared)
-    g = c2r(prod, list(range(4, 4 + r)), lens[-1], _scratch("g", (2, m, nc, nd) + lens, np.float64), nthreads)
-    if lens != grid:
-        crop = _scratch("crop", (2, m, nc, nd) + grid, np.float64)
-        np.copyto(crop, g[(slice(None),) * 4 + tuple(slice(0, n) for n in grid)])
-        g = crop
-    g = g.reshape(2, -1)
-    # 3. the contraction (C), token-last
     qt = _scratch("qt", (m, nc, ntok), np.float64)
     np.copyto(qt, qb.reshape(m, ntok, nc).transpose(0, 2, 1))
     st = empty_aligned((b, h, nd, ntok), np.float64)
     yt = empty_aligned((b, h, nc, ntok), np.float64)
-    _run("lisa_contract", plain, nthreads, st.reshape(-1), yt.reshape(-1), qt.reshape(-1), g[0], g[1], _flat(ba),
-         _flat(bb), m, ntok, nc, nd)
+    st3, yt3 = st.reshape(m, nd, ntok), yt.reshape(m, nc, ntok)
+    ba_, bb_ = _flat(ba), _flat(bb)
+    # 2.-3. blocks of heads with about config.LISA_FUSED_BLOCK_BYTES of product spectra (cache-resident):
+    # the products (C) into one buffer (2, j, c, D, *half), one inverse transform call, cropped to the grid,
+    # then the block's contraction (C), token-last
+    hb = int(max(1, min(m, config.LISA_FUSED_BLOCK_BYTES // (2 * nc * nd * nf * 16))))
+    axes = list(range(4, 4 + r))
+    for h0 in range(0, m, hb):
+        j = min(hb, m - h0)
+        prod = _scratch("prod", (2, j, nc, nd) + half, np.complex128)
+        for i, (kern, shared) in enumerate(((waf, 0), (wbf, 1))):
+            _run("lisa_spectral", plain, nthreads, _flat(prod[i]), _flat(sig[i, h0:h0 + j]), _flat(kern), j, nc, nd, nf,
+                 shared)
+        g = c2r(prod, axes, lens[-1], _scratch("g", (2, j, nc, nd) + lens, np.float64), nthreads)
+        if lens != grid:
+            crop = _scratch("crop", (2, j, nc, nd) + grid, np.float64)
+            np.copyto(crop, g[(slice(None),) * 4 + tuple(slice(0, n) for n in grid)])
+            g = crop
+        g = g.reshape(2, -1)
+        _run("lisa_contract", plain, nthreads, st3[h0:h0 + j].reshape(-1), yt3[h0:h0 + j].reshape(-1),
+             qt[h0:h0 + j].reshape(-1), g[0], g[1], ba_, bb_, j, ntok, nc, nd)
     return st.transpose(0, 1, 3, 2), yt.transpose(0, 1, 3, 2)
 
 
