@@ -62,7 +62,8 @@ every thread count returns the same bits.
 Plain versions
 --------------
 ckernels/linattn_plain.c (linear attention, Castling's linear-angular attention and the ELU + 1 and focused
-feature maps), rala_plain.c, winattn_plain.c and dwconv2d_plain.c (the depthwise convolution) hold the plain
+feature maps), rala_plain.c, winattn_plain.c, dwconv2d_plain.c (the depthwise convolution) and lisa_plain.c (LiSA's
+spectral product and contraction; checked by tests/test_kernels_lisa_c.py) hold the plain
 scalar versions of the fast kernels (one thread, no vector types, no instruction-set dispatch, libm),
 compiled with the same flags (so also without fast-math and without FMA contraction) into the same module
 and declared in the same header (the CFFI-CDEF block); they are the fast kernels' specification, checked

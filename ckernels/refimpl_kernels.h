@@ -161,6 +161,17 @@ int refimpl_dwconv2d_plain_f32(float *out, const float *x, const float *weight, 
                                int64_t stride_h, int64_t stride_w, int64_t pad_top, int64_t pad_left,
                                int64_t B, int64_t C, int64_t H, int64_t W, int64_t KH, int64_t KW,
                                int64_t OH, int64_t OW);
+/* ckernels/lisa.c: LiSA's spectral product and contraction (the C parts of "lisa_fft_core"); lisa_plain.c: their
+ * plain versions. */
+int refimpl_lisa_spectral_f64(double *out, const double *xf, const double *kf, int64_t M, int64_t C, int64_t D,
+                              int64_t F, int shared, int64_t nthreads);
+int refimpl_lisa_contract_f64(double *st, double *yt, const double *qt, const double *ga, const double *gb,
+                              const double *ba, const double *bb, int64_t M, int64_t N, int64_t C, int64_t D,
+                              int64_t nthreads);
+int refimpl_lisa_spectral_plain_f64(double *out, const double *xf, const double *kf, int64_t M, int64_t C,
+                                    int64_t D, int64_t F, int shared);
+int refimpl_lisa_contract_plain_f64(double *st, double *yt, const double *qt, const double *ga, const double *gb,
+                                    const double *ba, const double *bb, int64_t M, int64_t N, int64_t C, int64_t D);
 /* CFFI-CDEF-END */
 
 #endif /* REFIMPL_KERNELS_H */

@@ -367,7 +367,8 @@ LISA_MLP_RATIO = 4.0
 #: Standard deviation of the random weights used by tests and benchmarks (timm's trunc_normal_ std).
 LISA_INIT_STD = 0.02
 #: Accelerated LiSA core (refimpl.backends._numba.lisa_fft_core): bytes of spectra per block of channels
-#: (block = this / (D * F * complex itemsize) channels, at least 1).  Large enough that the per-block
+#: (block = this / (D * F * complex itemsize) channels, at least 1); the C one (refimpl.backends._c_lisa) takes
+#: blocks of heads of about this many bytes of product spectra.  Large enough that the per-block
 #: Python and scipy.fft call overhead is small (14x14: all 32 channels of a head in one block), small
 #: enough to keep a block's spectra and its inverse transforms cache-resident at 56x56 and above.
 LISA_FUSED_BLOCK_BYTES = 1 << 20

@@ -1,6 +1,7 @@
 """The accelerated LiSA core against its NumPy definition, through the error model.
 
-Operation ``lisa_fft_core`` (registered in refimpl.backends on "numpy" and "numba"): after the L2
+Operation ``lisa_fft_core`` (registered in refimpl.backends on "numpy", "numba" and "c"; the C kernel's tests
+are tests/test_kernels_lisa_c.py): after the L2
 normalisation, Ga = Kb (*) Wa and Gb = V (*) Wb by FFT (LiSA Eq. 10; zero-padded linear convolutions with
 exact_toeplitz, Eq. 9), then S = sum_c Qb (Ga + Ba) and Y = sum_d S (Gb + Bb).  The definition is
 refimpl.attention.lisa_cores._lisa_fft_core_numpy (the very calls lisa_core makes); the Numba twin
@@ -200,7 +201,7 @@ def _recording(monkeypatch, ops):
     calls: list[str] = []
     for op in ops:
         impls = backends._REGISTRY[op]
-        for b in ("numpy", "numba"):
+        for b in ("numpy", "numba", "c"):
             if b in impls:
                 fn = impls[b]
 
@@ -342,9 +343,9 @@ def test_bad_arguments_are_refused(case_id, exc, word, mutate):
 
 
 def test_registered_on_numpy_and_numba():
-    """lisa_fft_core has its NumPy definition and its Numba kernel; get(op, "numba") returns the kernel
-    when Numba is available and otherwise falls back to the definition."""
-    assert backends.kernels()["lisa_fft_core"] == ("numpy", "numba")
+    """lisa_fft_core has its NumPy definition, its Numba kernel and its C kernel (tests/test_kernels_lisa_c.py);
+    get(op, "numba") returns the kernel when Numba is available and otherwise falls back to the definition."""
+    assert backends.kernels()["lisa_fft_core"] == ("numpy", "numba", "c")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         got = backends.get("lisa_fft_core", "numba")

@@ -65,8 +65,8 @@ def _check_qkv(q, k, v) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, i
 
 def _grid_for(n_tok: int, grid: Any) -> tuple[int, ...]:
     g = _check_grid(grid)
-    if int(np.prod(g)) != n_tok:
-        raise ArgumentError(f"argument 'grid': {g} has {int(np.prod(g))} tokens, the inputs have N = {n_tok}")
+    if math.prod(g) != n_tok:
+        raise ArgumentError(f"argument 'grid': {g} has {math.prod(g)} tokens, the inputs have N = {n_tok}")
     return g
 
 
@@ -198,7 +198,7 @@ def _convolve_dispatched(x: np.ndarray, kernel: np.ndarray, grid: tuple[int, ...
 def _check_lisa_weights(sz, weight_a, weight_b, bias_a, bias_b, grid, exact_toeplitz):
     wa, wb = as_float(weight_a, "weight_a"), as_float(weight_b, "weight_b")
     ba, bb = as_float(bias_a, "bias_a"), as_float(bias_b, "bias_b")
-    p = int(np.prod([2 * n - 1 for n in grid])) if exact_toeplitz else int(np.prod(grid))
+    p = math.prod(2 * n - 1 for n in grid) if exact_toeplitz else math.prod(grid)
     sz = check_shapes(dict(sz, P=p), weight_a=(wa, "P c D"), weight_b=(wb, "P D"), bias_a=(ba, "c D"),
                       bias_b=(bb, "c D"))
     return wa, wb, ba, bb, sz

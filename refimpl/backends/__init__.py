@@ -317,5 +317,5 @@ def call(op: str, /, *args: Any, otherwise: Callable[[], Any] | None = None, **k
 # Register the accelerated kernels (cheap: neither imports Numba nor loads the compiled module).
 from . import _c, _numba  # noqa: E402,F401
 from . import _c_elementwise, _numba_elementwise  # noqa: E402,F401 (GELU: ckernels/gelu.c and its Numba twin)
-from . import _c_depthwise, _c_linear, _c_softmax  # noqa: E402,F401 (the C kernel families)
+from . import _c_depthwise, _c_linear, _c_lisa, _c_softmax  # noqa: E402,F401 (the C kernel families)
 from . import _numba_depthwise, _numba_lisa, _numba_lisa_local  # noqa: E402,F401 (the Numba kernel families)

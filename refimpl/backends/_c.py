@@ -19,7 +19,9 @@ range-checked kernels (:func:`range_stats`, the one-pass C scan of ckernels/scan
 live in per-family modules next to it, each kernel registered with its predicate there:
 ``_c_depthwise.py`` (depthwise conv2d), ``_c_linear.py`` (the fused kernelized linear attention and the
 kernels built on it: RALA, ELU + 1, the focused map, Castling-ViT's linear-angular attention),
-``_c_softmax.py`` (windowed softmax attention), ``_c_elementwise.py`` (GELU); ``_c_plain.py`` holds the plain
+``_c_softmax.py`` (windowed softmax attention), ``_c_elementwise.py`` (GELU), ``_c_lisa.py`` (LiSA's FFT core,
+``"lisa_fft_core"``: scipy.fft's transforms, ckernels/lisa.c's spectral products and contraction, and beside them
+its plain path ``lisa_fft_core_plain``); ``_c_plain.py`` holds the plain
 scalar versions of the attention, feature-map and depthwise kernels (their specification, checked by
 tests/test_kernels_plain.py; not registered).
 
