@@ -31,7 +31,7 @@ from .. import config
 from ._c import _check_status, _load
 from ._numba import lisa_threads
 from ._registry import register
-from ._validate import empty_aligned
+from ._validate import check_lisa_core_shapes, empty_aligned
 
 
 def _f64(a: Any, name: str) -> np.ndarray:
@@ -53,26 +53,9 @@ def lisa_fft_core_args(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, b
     qb, kb, v = _f64(qb, "qb"), _f64(kb, "kb"), _f64(v, "v")
     wa, wb = _f64(weight_a, "weight_a"), _f64(weight_b, "weight_b")
     ba, bb = _f64(bias_a, "bias_a"), _f64(bias_b, "bias_b")
-    grid = tuple(int(n) for n in grid)
-    lens = grid if lengths is None else tuple(int(n) for n in lengths)
-    r = len(grid)
-    if qb.ndim != 4 or min(qb.shape) < 1:
-        raise ValueError(f"argument 'qb': expected a non-empty array of shape (B, h, N, c), got {qb.shape}")
-    nc = qb.shape[3]
-    if not 1 <= r <= 3 or math.prod(grid) != qb.shape[2] or len(lens) != r or \
-            any(L < n for L, n in zip(lens, grid)) or min(grid) < 1:
-        raise ValueError(f"argument 'grid' / 'lengths': grid {grid} (N = {qb.shape[2]}) and lengths {lens} do not fit")
-    for name, a in (("kb", kb), ("v", v)):
-        if a.shape != qb.shape:
-            raise ValueError(f"argument '{name}': expected shape {qb.shape} (the shape of 'qb'), got {a.shape}")
-    if wa.ndim != r + 2 or wa.shape[:r] != lens or wa.shape[r] != nc or wa.shape[r + 1] < 1:
-        raise ValueError(f"argument 'weight_a': expected shape {lens + (nc, 'D')}, got {wa.shape}")
-    nd = wa.shape[-1]
-    if wb.shape != lens + (nd,):
-        raise ValueError(f"argument 'weight_b': expected shape {lens + (nd,)}, got {wb.shape}")
-    for name, a in (("bias_a", ba), ("bias_b", bb)):
-        if a.shape != (nc, nd):
-            raise ValueError(f"argument '{name}': expected shape {(nc, nd)}, got {a.shape}")
+    grid, lens = check_lisa_core_shapes(qb, kb, v, wa, wb, ba, bb, grid, lengths)
+    if not 1 <= len(grid) <= 3 or min(grid) < 1:
+        raise ValueError(f"argument 'grid': expected 1 to 3 positive sizes, got {grid}")
     return qb, kb, v, wa, wb, ba, bb, grid, lens
 
 

@@ -19,6 +19,7 @@ from .. import config
 from ._numba import (_compile, _float_array, _import_numba, _kernel_input, _output, _run_shared, _scratch,
                      lisa_threads)
 from ._registry import register
+from ._validate import check_lisa_core_shapes
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -473,25 +474,9 @@ def lisa_fft_core(qb: Any, kb: Any, v: Any, weight_a: Any, weight_b: Any, bias_a
     kb, v = _float_array(kb, "kb", dt), _float_array(v, "v", dt)
     wa, wb = _float_array(weight_a, "weight_a", dt), _float_array(weight_b, "weight_b", dt)
     ba, bb = _float_array(bias_a, "bias_a", dt), _float_array(bias_b, "bias_b", dt)
-    grid = tuple(int(n) for n in grid)
-    lens = grid if lengths is None else tuple(int(n) for n in lengths)
-    r = len(grid)
-    if qb.ndim != 4 or min(qb.shape) < 1:
-        raise ValueError(f"argument 'qb': expected a non-empty array of shape (B, h, N, c), got {qb.shape}")
+    grid, lens = check_lisa_core_shapes(qb, kb, v, wa, wb, ba, bb, grid, lengths)
     nb, nh, ntok, nc = qb.shape
-    if int(np.prod(grid)) != ntok or len(lens) != r or any(L < n for L, n in zip(lens, grid)):
-        raise ValueError(f"argument 'grid' / 'lengths': grid {grid} (N = {ntok}) and lengths {lens} do not fit")
-    for name, a in (("kb", kb), ("v", v)):
-        if a.shape != qb.shape:
-            raise ValueError(f"argument '{name}': expected shape {qb.shape} (the shape of 'qb'), got {a.shape}")
-    if wa.ndim != r + 2 or wa.shape[:r] != lens or wa.shape[r] != nc or wa.shape[r + 1] < 1:
-        raise ValueError(f"argument 'weight_a': expected shape {lens + (nc, 'D')}, got {wa.shape}")
     nd = wa.shape[-1]
-    if wb.shape != lens + (nd,):
-        raise ValueError(f"argument 'weight_b': expected shape {lens + (nd,)}, got {wb.shape}")
-    for name, a in (("bias_a", ba), ("bias_b", bb)):
-        if a.shape != (nc, nd):
-            raise ValueError(f"argument '{name}': expected shape {(nc, nd)}, got {a.shape}")
     ins = (("qb", qb), ("kb", kb), ("v", v))
     res = _output(out, qb.shape, dt, "out", ins)
     s = _output(s_out, (nb, nh, ntok, nd), dt, "s_out", ins + (("out", res),))

@@ -418,3 +418,30 @@ def window_bias_mask(bias: Any, mask: Any, sizes: Any, dt: Any) -> tuple[Any, in
         mask_c = np.ascontiguousarray(mk).view(np.uint8)
         mask_count = mk.shape[0]
     return bias_c, bias_count, mask_c, mask_count
+
+
+def check_lisa_core_shapes(qb: Any, kb: Any, v: Any, wa: Any, wb: Any, ba: Any, bb: Any, grid: Any,
+                           lengths: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The shapes of operation "lisa_fft_core"'s arguments (the Numba and C kernels'): qb, kb, v (B, h, N, c)
+    with N = prod(grid), weight_a (*L, c, D), weight_b (*L, D), the biases (c, D), the FFT lengths L >= grid.
+    Returns (grid, lengths); ValueError naming the argument."""
+    grid = tuple(int(n) for n in grid)
+    lens = grid if lengths is None else tuple(int(n) for n in lengths)
+    r = len(grid)
+    if qb.ndim != 4 or min(qb.shape) < 1:
+        raise ValueError(f"argument 'qb': expected a non-empty array of shape (B, h, N, c), got {qb.shape}")
+    nc = qb.shape[3]
+    if math.prod(grid) != qb.shape[2] or len(lens) != r or any(L < n for L, n in zip(lens, grid)):
+        raise ValueError(f"argument 'grid' / 'lengths': grid {grid} (N = {qb.shape[2]}) and lengths {lens} do not fit")
+    for name, a in (("kb", kb), ("v", v)):
+        if a.shape != qb.shape:
+            raise ValueError(f"argument '{name}': expected shape {qb.shape} (the shape of 'qb'), got {a.shape}")
+    if wa.ndim != r + 2 or wa.shape[:r] != lens or wa.shape[r] != nc or wa.shape[r + 1] < 1:
+        raise ValueError(f"argument 'weight_a': expected shape {lens + (nc, 'D')}, got {wa.shape}")
+    nd = wa.shape[-1]
+    if wb.shape != lens + (nd,):
+        raise ValueError(f"argument 'weight_b': expected shape {lens + (nd,)}, got {wb.shape}")
+    for name, a in (("bias_a", ba), ("bias_b", bb)):
+        if a.shape != (nc, nd):
+            raise ValueError(f"argument '{name}': expected shape {(nc, nd)}, got {a.shape}")
+    return grid, lens
