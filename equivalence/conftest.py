@@ -7,7 +7,8 @@ deterministic algorithms are required, so a CUDA run is reproducible and its flo
 
 Other legitimate algorithms, for running the whole suite as another machine would (the verdict must accept
 them all): ``REFIMPL_TORCH_ONEDNN=0`` switches oneDNN (mkldnn) off, ``REFIMPL_TORCH_THREADS=N`` sets torch's
-intra-op thread count.
+intra-op thread count, and ``REFIMPL_EMULATE_CUDA_CONV=1`` gives a CPU run the convolution bounds of a CUDA run
+(below), so that what CUDA's algorithm choice does to the verdicts can be checked without a GPU.
 
 The convolution algorithms the bounds cover (refimpl.bounds.covering_conv_algorithms): with oneDNN off PyTorch's
 CPU convolution takes NNPACK for float32 inputs of batch >= 16 (config.NNPACK_MIN_BATCH), whose Winograd
@@ -61,7 +62,8 @@ def dtype_name(request) -> str:
 @pytest.fixture(autouse=True)
 def conv_algorithms_of_this_run(request):
     """Every test's bounds cover the convolution algorithms its torch run may take (module docstring)."""
-    cuda = "device" in request.fixturenames and request.getfixturevalue("device") == "cuda"
+    cuda = "device" in request.fixturenames and request.getfixturevalue("device") == "cuda" \
+        or os.environ.get("REFIMPL_EMULATE_CUDA_CONV", "0") == "1"
     dtype = request.getfixturevalue("dtype_name") if "dtype_name" in request.fixturenames else None
     if cuda:
         algorithms, min_batch = ("winograd", "fft"), 1

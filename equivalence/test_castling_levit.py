@@ -49,3 +49,24 @@ def test_castling_levit_options_match_reference(over, device, dtype_name):
         x = numerics.round_to(L.run_unit(params, unit, x, cfg), dtype_name)
     with torch.no_grad():
         np.testing.assert_array_equal(to_numpy(chain), to_numpy(twin(img_t)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16])
+def test_twin_hardswish_is_the_cpu_kernel_on_every_device(dtype, device):
+    """The twin's Hardswish (refimpl.twins.models.castling_levit.hardswish_t) equals torch's CPU kernel bit for
+    bit, wherever it runs; in float64 it is within the reference's own 4 roundings
+    (castling_levit._HARDSWISH_ROUNDINGS), while the CUDA kernel's product with 1/6 rounded to float32 (its
+    formula, emulated here) errs by 2^-25 relative, 2.7e8 float64 units: the divergence this twin avoids."""
+    from refimpl.twins.models.castling_levit import hardswish_t
+    x = torch.linspace(-5.0, 5.0, 2001, dtype=torch.float64).to(dtype)
+    cpu = torch.nn.functional.hardswish(x)
+    assert torch.equal(hardswish_t(x.to(device)).cpu(), cpu)
+    if dtype != torch.float64:
+        return
+    ref = L.hardswish(x.numpy())
+    u = numerics.unit_roundoff("float64")
+    ok = np.abs(to_numpy(hardswish_t(x.to(device))) - ref) <= numerics.gamma(L._HARDSWISH_ROUNDINGS, u) * np.abs(ref)
+    assert ok.all()
+    cuda_formula = (x * (x + 3).clamp(0, 6) * float(np.float32(1.0 / 6.0))).numpy()
+    rel = np.abs(cuda_formula - ref)[ref != 0] / np.abs(ref[ref != 0])
+    assert rel.max() > 1e6 * numerics.gamma(L._HARDSWISH_ROUNDINGS, u)

@@ -316,22 +316,25 @@ def e_depthwise(x, ex, weight, bias, pr: Precision, conv: Callable[..., np.ndarr
     the layers.  ``padding`` (top, bottom, left, right, or one int), given where ``conv`` has stride and dilation 1:
     the larger of that and the bound gamma_k S + P of every other algorithm :func:`conv_algorithms` covers
     (:func:`other_algorithm_scales`; the input errors propagate through the same linear map, so P is
-    unchanged)."""
+    unchanged).  In a mixed-precision T those algorithms' own roundings are the accumulation format's
+    (sums(k_a) - 1 in units of u_T: the transforms run in A, as cuDNN's half-precision convolutions do) and the
+    result's rounding to T is on the output, whose magnitude the direct S bounds."""
     kk = weight.shape[2] * weight.shape[3]
     aw = np.abs(weight)
     ab = None if bias is None else np.abs(bias)
     mag = pr.mag(x, ex)
     prop = conv(ex, aw, None)
-    e = e_accumulate(conv(mag, aw, ab), prop, kk, bias is not None, pr)
+    s = conv(mag, aw, ab)
+    e = e_accumulate(s, prop, kk, bias is not None, pr)
     if padding is not None:
         for s_alg, k_alg in other_algorithm_scales(mag, aw, ab, padding, 1, 1, groups=weight.shape[0]):
-            e = np.maximum(e, pr.g(pr.sums(k_alg)) * s_alg + prop + k_alg * pr.eta)
+            e = np.maximum(e, pr.g(pr.sums(k_alg) - 1) * s_alg + pr.g(1) * s + prop + k_alg * pr.eta)
     return e
 
 
 def conv_parts(x, weight, bias, conv: Callable[..., np.ndarray], padding: Any, stride: Any = 1,
-               dilation: Any = 1, groups: int = 1) -> tuple[np.ndarray, int, bool]:
-    """(S, k, covered) of a convolution's own rounding on exact operands, x (B, C, H, W), weight (O, C / groups,
+               dilation: Any = 1, groups: int = 1) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """(S, k, S_store) of a convolution's own rounding on exact operands, x (B, C, H, W), weight (O, C / groups,
     KH, KW), bias (O,) or None: |fl(y) - y| <= gamma_k S + k eta elementwise (refimpl.layers.conv2d_bound and
     depthwise_conv2d_bound; the :class:`refimpl.numerics.Bound` of scale S and depth k, an accumulation bound).
 
@@ -345,12 +348,14 @@ def conv_parts(x, weight, bias, conv: Callable[..., np.ndarray], padding: Any, s
     factor).  ``conv(x, w, b)`` is the caller's convolution with its stride, padding, dilation and groups
     (the calculus sits below the layers); ``padding`` (top, bottom, left, right, or one int), ``stride``,
     ``dilation`` and ``groups`` are the same convolution's, for the other algorithms :func:`conv_algorithms`
-    covers (:func:`conv_scale`: S = max(S, S_a k_a / k) where one applies; ``covered`` says whether one did)."""
+    covers (:func:`conv_scale`: S = max(S, S_a k_a / k) where one applies).  S_store: None where none applies,
+    else the direct S, the magnitude of the output that the roundings to a mixed-precision T apply to (the other
+    algorithms' transforms run in the accumulation format; :attr:`refimpl.numerics.Bound.store_scale`)."""
     aw = np.abs(weight)
     s = conv(np.abs(x), aw, None if bias is None else np.abs(bias))
     k = int(np.prod(np.shape(weight)[1:])) + (1 if bias is not None else 0)
     s2 = conv_scale(s, k, x, aw, bias, padding, stride, dilation, groups)
-    return s2, k, s2 is not s
+    return s2, k, (None if s2 is s else s)
 
 
 def layer_norm_parts(x, ex, weight, bias, eps: float, pr: Precision) -> tuple[np.ndarray, np.ndarray, float]:

@@ -418,15 +418,17 @@ def conv2d_bound(x, weight, bias=None, stride=1, padding=0, groups=1, dilation=1
     :func:`refimpl.bounds.conv_parts` through :func:`conv2d`."""
     x, weight, _, groups, stride, dilation, pads = _validate_conv(x, weight, stride, padding, dilation, groups)
     bias = None if bias is None else as_float(bias, "bias")
-    s, k, covered = bounds.conv_parts(x, weight, bias,
-                                      lambda z, w, b: conv2d(z, w, b, stride, padding, groups, dilation),
-                                      pads, stride, dilation, groups)
+    s, k, store = bounds.conv_parts(x, weight, bias,
+                                    lambda z, w, b: conv2d(z, w, b, stride, padding, groups, dilation),
+                                    pads, stride, dilation, groups)
     n = k - (1 if bias is not None else 0)
-    return Bound(s, k, f"conv2d: gamma_(n+1), n = {n}" + _winograd_note(covered), accumulation=True)
+    return Bound(s, k, f"conv2d: gamma_(n+1), n = {n}" + _winograd_note(store is not None), accumulation=True,
+                 store_scale=store)
 
 
 def _winograd_note(covered: bool) -> str:
-    return "; or Winograd F(6x6, 3x3): S = max(S, S_w kw / k) (refimpl.bounds.conv_scale)" if covered else ""
+    return ("; or Winograd F(6x6, 3x3) / tiled FFT: S = max(S, S_a k_a / k), their transforms in the accumulation "
+            "format (refimpl.bounds.conv_scale)") if covered else ""
 
 
 def depthwise_conv2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None, stride=1,
@@ -495,12 +497,12 @@ def depthwise_conv2d_bound(x, weight, bias=None, stride=1, padding=0, dilation=1
     """gamma_{KH KW + 1} on the depthwise convolution of absolute values (Higham 3.12;
     :func:`refimpl.bounds.conv_parts` through the NumPy definition)."""
     x, weight, bias, stride, pads, dilation = _validate_depthwise(x, weight, bias, stride, padding, dilation)
-    s, k, covered = bounds.conv_parts(x, weight, bias,
-                                      lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation),
-                                      pads, stride, dilation, groups=weight.shape[0])
+    s, k, store = bounds.conv_parts(x, weight, bias,
+                                    lambda z, w, b: _depthwise_conv2d_numpy(z, w, b, stride, pads, dilation),
+                                    pads, stride, dilation, groups=weight.shape[0])
     n = k - (1 if bias is not None else 0)
-    return Bound(s, k, f"depthwise conv: gamma_(n+1), n = KH KW = {n}" + _winograd_note(covered),
-                 accumulation=True)
+    return Bound(s, k, f"depthwise conv: gamma_(n+1), n = KH KW = {n}" + _winograd_note(store is not None),
+                 accumulation=True, store_scale=store)
 
 
 # ===================================================================================================

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -197,6 +197,13 @@ class Bound:
             differ (a resampling's products of lambda x_j; a normalisation whose d-term norm enters every element
             once) the l2 sum of the actual coefficients is several times smaller.  Not a bound: the bound is
             ``scale`` and ``k`` (and ``sigma``, which a rigorous l2 coefficient may also give).
+    store_scale : for an accumulation bound in a mixed-precision T, the magnitude its roundings to T apply to,
+            where it is smaller than ``scale``, or None (``scale``).  A convolution bound that also covers other
+            algorithms (refimpl.bounds.conv_parts: Winograd, tiled FFT) has a scale as wide as their transforms'
+            magnitudes, but those transforms run in the accumulation format A (cuDNN computes half-precision
+            convolutions in float32, PyTorch's "pseudo-half"); only the result is rounded to T, and it is a
+            value of size |y| <= the direct convolution of absolute values.  Without it a float16 depthwise
+            conv's bound is u_T times the FFT tile's magnitude, hundreds of times the output itself.
     """
 
     scale: np.ndarray
@@ -207,6 +214,7 @@ class Bound:
     sigma: Any = None
     ref_scale: Any = None
     typical: Any = None
+    store_scale: Any = None
 
     def factor(self, dtype: Any, lam: float | None = None) -> float:
         """The accumulation factor in T: gamma_k(u_T); with ``lam`` and an accumulation bound,
@@ -217,17 +225,33 @@ class Bound:
         g_A + 2 u_T (1 + g_A) with g_A = gamma_k(u_A) (or min(gamma_k, gamma~_k(lam)) in u_A): the sum's
         rounding to T, and one more for a bias added in T after it (x @ W.T + b as two operations).
         Rigorous, as |s| <= S for a sum whose scale is the sum of the terms' magnitudes."""
+        g_a, store = self._factors(dtype, lam)
+        return g_a + store * (1.0 + g_a)
+
+    def _factors(self, dtype: Any, lam: float | None) -> tuple[float, float]:
+        """(g, r): the factor of the accumulation (on ``scale``) and of the roundings to T (on the stored
+        value, at most (1 + g) ``store_scale``); r = 0 where the accumulation is in T itself (its k counts
+        them)."""
         u = unit_roundoff(dtype)
         u_acc = unit_roundoff(accumulation_format(dtype))
         if self.accumulation and u_acc < u:
             g_a = gamma(self.k, u_acc)
             if lam is not None:
                 g_a = min(g_a, probabilistic_gamma(self.k, u_acc, lam))
-            return g_a + 2.0 * u * (1.0 + g_a)
+            return g_a, 2.0 * u
         g = gamma(self.k, u)
         if lam is None or not self.accumulation:
-            return g
-        return min(g, probabilistic_gamma(self.k, u, lam))
+            return g, 0.0
+        return min(g, probabilistic_gamma(self.k, u, lam)), 0.0
+
+    def _tested(self, dtype: Any, s: np.ndarray, shape: tuple[int, ...], lam: float | None) -> np.ndarray:
+        """The tested code's own error bound f_k S (:meth:`factor`), the roundings to T taken on
+        ``store_scale`` where one is given: g S + r (1 + g) S_store (g, r: :meth:`_factors`)."""
+        if self.store_scale is None:
+            return self.factor(dtype, lam) * s
+        g, r = self._factors(dtype, lam)
+        store = np.broadcast_to(np.asarray(self.store_scale, dtype=np.float64), shape)
+        return g * s + r * (1.0 + g) * store
 
     def array(self, dtype: Any, shape: tuple[int, ...], lam: float | None = None) -> np.ndarray:
         """The element-wise bound on |tested - reference|: the tested code's error in T plus the float64
@@ -242,11 +266,19 @@ class Bound:
         with np.errstate(over="ignore", invalid="ignore"):
             if lam is not None and self.sigma is not None:
                 sig = np.broadcast_to(np.asarray(self.sigma, dtype=np.float64), shape)
-                tested = np.fmin(self.factor(dtype, lam) * s, lam * unit_roundoff(dtype) * sig)
+                tested = np.fmin(self._tested(dtype, s, shape, lam), lam * unit_roundoff(dtype) * sig)
                 return tested + g_ref * s_ref + self.k * eta
-            if self.ref_scale is None:
+            if self.ref_scale is None and self.store_scale is None:
                 return (self.factor(dtype, lam) + g_ref) * s + self.k * eta
-            return self.factor(dtype, lam) * s + g_ref * s_ref + self.k * eta
+            return self._tested(dtype, s, shape, lam) + g_ref * s_ref + self.k * eta
+
+    def relayout(self, fn: Callable[[np.ndarray], np.ndarray], note: str | None = None) -> "Bound":
+        """The same bound for a rearranged output (a transpose, a head merge, a token grid): ``fn`` applied to
+        every per-element field present (scale, store_scale, sigma, ref_scale, typical), the rest kept."""
+        m = lambda a: None if a is None else fn(np.asarray(a))      # noqa: E731
+        return dataclasses.replace(self, scale=fn(np.asarray(self.scale)), store_scale=m(self.store_scale),
+                                   sigma=m(self.sigma), ref_scale=m(self.ref_scale), typical=m(self.typical),
+                                   note=self.note if note is None else note)
 
     def chain(self, other: "Bound") -> "Bound":
         """Combine with a later stage that adds its own k on the same scale (depths add; the result is

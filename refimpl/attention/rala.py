@@ -497,8 +497,7 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[
         wt, bt = _weight2d(_param(params, wkey + ".weight"), lay, wkey + ".weight", out, c), bias(wkey + ".bias")
 
         def bound(t, dtype=None):
-            b = layers.linear_bound(tokens(t), wt, bt)
-            return numerics.Bound(grid(np.asarray(b.scale)), b.k, b.note, accumulation=True)
+            return layers.linear_bound(tokens(t), wt, bt).relayout(grid)
 
         return numerics.Stage(name, (source,), lambda t: grid(layers.linear(tokens(t), wt, bt)), bound,
                               f"RALA: the {wkey} projection (1 x 1 conv channels-first)")
@@ -535,8 +534,7 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[
             return grid(t.reshape(t.shape[0], c, h * w).transpose(0, 2, 1))
 
         def lepe_bound(p, dtype=None):
-            b = layers.depthwise_conv2d_bound(v_grid(p), wl, bl, padding=pad)
-            return numerics.Bound(from_cf(np.asarray(b.scale)), b.k, b.note, accumulation=True)
+            return layers.depthwise_conv2d_bound(v_grid(p), wl, bl, padding=pad).relayout(from_cf)
 
         stages.append(numerics.Stage("lepe", ("proj_in",),
                                      lambda p: from_cf(layers.depthwise_conv2d(v_grid(p), wl, bl, padding=pad)),

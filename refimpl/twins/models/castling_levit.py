@@ -10,6 +10,12 @@ queries only (the constant over all N keys, Q^ (K^^T V) with N' rows, the token 
 positions).  The reference evaluates the core at full resolution
 and subsamples its rows instead, so the two sides agree only because the core is row-wise in Q.
 state_dict keys equal refimpl.models.castling_levit.param_shapes; unit values are tokens (B, N, C).
+
+Hardswish is :func:`hardswish_t`, not ``F.hardswish``: PyTorch's CUDA kernel multiplies by 1/6 rounded to float32
+(its constant is built from ``1.0f / 6.0f`` in every dtype), so in float64 every output carries a relative error
+of 2^-25 = 3.0e-8, hundreds of millions of float64 units (found on an H200 by ``pytest equivalence/``:
+Castling-LeViT's stem diverged by 5.1e-8 in float64).  The CPU kernel divides by 6 in the op-math type, as
+hardswish_t does on every device, bit for bit the same as ``F.hardswish`` on CPU.
 """
 
 from __future__ import annotations
@@ -26,7 +32,19 @@ from refimpl.models.castling_levit import CastlingLeViTConfig, stage_grids, unit
 
 CONFIG_TYPES = (CastlingLeViTConfig,)
 
-__all__ = ["CONFIG_TYPES", "build", "CastlingLeViT", "pooled_castling_core_t", "castling_dconv", "TokenStagesNet"]
+__all__ = ["CONFIG_TYPES", "build", "hardswish_t", "CastlingLeViT", "pooled_castling_core_t", "castling_dconv", "TokenStagesNet"]
+
+
+def hardswish_t(x: torch.Tensor) -> torch.Tensor:
+    """x min(max(x + 3, 0), 6) / 6 in the op-math type (float32 for float16 / bfloat16), rounded once to x's dtype:
+    torch's CPU kernel on every device (module docstring)."""
+    y = x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+    return (y * (y + 3.0).clamp(0.0, 6.0) / 6.0).to(x.dtype)
+
+
+class Hardswish(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hardswish_t(x)
 
 
 class ConvBN(nn.Module):
@@ -142,7 +160,7 @@ class StageAttention(nn.Module):
                               hw=self.hw)
         if self.residual:
             out = out + q
-        return self.proj(F.hardswish(out.transpose(1, 2).reshape(b, n, self.h * self.dv)))
+        return self.proj(hardswish_t(out.transpose(1, 2).reshape(b, n, self.h * self.dv)))
 
 
 class DownsampleAttention(nn.Module):
@@ -176,14 +194,14 @@ class DownsampleAttention(nn.Module):
                                      training=self.training)
         if self.residual:
             out = out + q
-        return self.proj(F.hardswish(out.transpose(1, 2).reshape(b, q.shape[2], self.h * self.dv)))
+        return self.proj(hardswish_t(out.transpose(1, 2).reshape(b, q.shape[2], self.h * self.dv)))
 
 
 class Mlp(nn.Module):
     def __init__(self, c: int, hidden: int, eps: float):
         super().__init__()
         self.fc1 = LinearBN(c, hidden, eps)
-        self.act = nn.Hardswish()
+        self.act = Hardswish()
         self.fc2 = LinearBN(hidden, c, eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -274,7 +292,7 @@ class CastlingLeViT(TokenStagesNet):
         for i, m in enumerate(self.stem):
             x = m(x)
             if i < 3:
-                x = F.hardswish(x)
+                x = hardswish_t(x)
         return x.flatten(2).transpose(1, 2)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
