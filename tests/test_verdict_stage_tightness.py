@@ -104,7 +104,10 @@ def test_flatten_dwc_in_stage_bound_uses_exact_weights():
         b = st.bound(q, kv, dtype="float32")
         ref = st.reference(q, kv)
         assert (b.k == 3) is exact and (b.typical is not None) is exact
-        assert np.all(np.asarray(b.typical) <= np.asarray(b.scale) * b.k * (1 + 1e-12))  # l2 <= l1
+        # l2 <= l1, with room: per pass sqrt(p1^2 + p2^2 + y^2) <= sqrt(2) (p1 + p2) (|y| <= p1 + p2) against
+        # E's 3 (p1 + p2), and the interpolation and hypot keep sigma <= (sqrt(2) / 3) E; that gap of 53% is far
+        # beyond the few tens of u_64 in which E, sigma and scale k are evaluated, so no tolerance is needed
+        assert np.all(np.asarray(b.typical) <= np.asarray(b.scale) * b.k)
         assert np.isfinite(b.array("float32", ref.shape, 5.0)).all()
 
 
