@@ -141,7 +141,10 @@ def test_proposition_1_same_argmax_raises_similarity(seed, d):
     some p > 1 gives <phi_p(x), phi_p(y)> > <x, y> (found among p = 2^j, j <= 24; the stable evaluation
     reaches the limit ||x|| ||y|| of Eq. 25 exactly once r**p underflows)."""
     x, y = _prop1_pair(seed, d, same=True)
-    assume(np.dot(x, y) < _norm(x) * _norm(y) * (1 - 1e-12))
+    # no margin: at p = 2^24 (r**p underflows below the largest entry, 1.001 times the next) the features are
+    # ||x|| e_m, ||y|| e_m with the norms evaluated as _norm does (feature_maps.norm_scaled), so their computed
+    # dot product is fl(_norm(x) _norm(y)) exactly, and exceeds <x, y> as computed whenever this holds
+    assume(np.dot(x, y) < _norm(x) * _norm(y))
     p = _first_p(x, y, lambda a, b: a > b)
     assert p is not None and p > 1
 
