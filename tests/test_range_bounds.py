@@ -138,9 +138,11 @@ def test_recomputed_rows_bound_holds_and_counts_eps(eps, policy, clamp_min):
     kk = q.shape[-1] + k.shape[-2] + 2
     # direct <= first up to the two scales' float64 evaluation: their features are computed two ways (direct map:
     # c roundings; from log-features: e + c), differing by at most A + 3c roundings over a query and a key, which
-    # move each of the degree-0 ratios S_num / den and |O| S_D / den by twice that (4 (A + 3c)); each scale is
-    # evaluated in k roundings (2k) and eps, clamp_min times fl(e^700) are two roundings off (2)
-    n_cmp = 4.0 * (big_a + 3 * c) + 2 * kk + 2
+    # move each of the degree-0 ratios S_num / den and |O| S_D / den by twice that (4 (A + 3c)); each scale's own
+    # float64 evaluation has on any one path two sums over d and M (S_num or S_D, then den or |O|: 2 (d + M)) and
+    # at most 8 products, additions and quotients assembling them (2 (2k + 4) for the two scales); eps and
+    # clamp_min times fl(e^700) are two roundings off (2)
+    n_cmp = 4.0 * (big_a + 3 * c) + 2 * (2 * kk + 4) + 2
     tol = np.array([numerics.gamma(n, numerics.unit_roundoff("float64")) for n in n_cmp.ravel()])
     assert np.all(direct[:, :, :2] <= first[:, :, :2] * (1 + tol.reshape(n_cmp.shape))[..., None, None]), \
         (first, direct)
