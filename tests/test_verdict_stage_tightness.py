@@ -29,6 +29,18 @@ from refimpl.attention.focused_core import _resample_plan
 from refimpl.attention.lisa_cores import _convolve, _fft_product_typical, _kernel_on_lengths
 
 U32 = 2.0 ** -24
+#: The stated probability that a mean-square assertion fails although the model holds (a design choice, as
+#: tests/test_l2_running_bound.py's ALPHA)
+ALPHA = 1e-9
+
+
+def _mean_square_limit(mean: float, b: float, n: int) -> float:
+    """The largest sample mean of n independent X_k in [0, b] with E X_k <= ``mean`` that Bernstein's inequality
+    admits at level ALPHA: P(mean(X) - E mean(X) >= t) <= exp(-n t^2 / (2 v + 2 b t / 3)), v <= b mean the
+    average variance (Var X <= E X^2 <= b E X); solved for t."""
+    lg = math.log(1.0 / ALPHA)
+    c = b * lg / (3.0 * n)
+    return mean + c + math.sqrt(c * c + 2.0 * b * mean * lg / n)
 
 
 def _ldexp_uniform(rng, shape, u):
@@ -72,7 +84,7 @@ def _simulate_blend(x, size, u, trials, rng, signs=None):
 
 def test_exact_weight_sigma_random_rounding():
     """The l2 coefficient sigma of the exact-weight blend against a random-rounding simulation: the mean square
-    error <= (u sigma)^2 / 3 (uniform roundings, with 20% for sampling), the tail P(|err| > lam u sigma) <= 2
+    error <= (u sigma)^2 / 3 (uniform roundings, with Bernstein's allowance for sampling), the tail P(|err| > lam u sigma) <= 2
     exp(-lam^2 / 2) at lam = 2 and 2.5, and the worst-case signs within sqrt(3) u sigma."""
     rng = np.random.default_rng(1)
     u = 2.0 ** -20
@@ -81,7 +93,10 @@ def test_exact_weight_sigma_random_rounding():
     z = np.zeros_like(x)
     _, _, s = r_foc._resample_exact_pass(x, z, z, 3136, -1)
     r = (ys - y0) / (u * s)
-    assert np.mean(r * r) <= 1.2 / 3.0
+    # every element's three roundings are its own: r.size independent draws, each of mean square <= 1/3 (plus
+    # the second-order and float64 terms, below u) and r^2 <= 3 (1 + u)^2 (Cauchy-Schwarz over three roundings,
+    # the second-order term <= sqrt(2) u)
+    assert np.mean(r * r) <= _mean_square_limit(1.0 / 3.0 + u, 3.0 * (1.0 + u) ** 2, r.size)
     for lam in (2.0, 2.5):
         assert np.mean(np.abs(r) > lam) <= 2.0 * math.exp(-lam * lam / 2.0)
     signs = np.array([np.broadcast_to(np.array(sg, dtype=float)[:, None, None], (3,) + y0.shape)
@@ -104,7 +119,10 @@ def test_flatten_dwc_in_stage_bound_uses_exact_weights():
         b = st.bound(q, kv, dtype="float32")
         ref = st.reference(q, kv)
         assert (b.k == 3) is exact and (b.typical is not None) is exact
-        assert np.all(np.asarray(b.typical) <= np.asarray(b.scale) * b.k * (1 + 1e-12))  # l2 <= l1
+        # l2 <= l1, with room: per pass sqrt(p1^2 + p2^2 + y^2) <= sqrt(2) (p1 + p2) (|y| <= p1 + p2) against
+        # E's 3 (p1 + p2), and the interpolation and hypot keep sigma <= (sqrt(2) / 3) E; that gap of 53% is far
+        # beyond the few tens of u_64 in which E, sigma and scale k are evaluated, so no tolerance is needed
+        assert np.all(np.asarray(b.typical) <= np.asarray(b.scale) * b.k)
         assert np.isfinite(b.array("float32", ref.shape, 5.0)).all()
 
 
