@@ -210,7 +210,7 @@ def layer_norm_cf_bound(x: np.ndarray, weight=None, bias=None, eps: float = conf
     x = as_float(x, "x")
     check_shapes(x=(x, "B C H W"))
     b = layer_norm_bound(np.moveaxis(x, 1, -1), weight, bias, eps, dtype)
-    return Bound(np.moveaxis(np.asarray(b.scale), -1, 1), b.k, b.note + " (channels-first)", ref_depth=b.ref_depth)
+    return b.relayout(lambda a: np.moveaxis(a, -1, 1), note=b.note + " (channels-first)")
 
 
 def batch_norm2d(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, running_mean: np.ndarray,

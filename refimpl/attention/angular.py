@@ -625,7 +625,7 @@ def castling_attention_stages(params: Mapping[str, Any], cfg: CastlingConfig, *,
     def core_bound(qkv, dtype=None):
         b = castling_core_bound(*_split_heads(qkv, cfg.num_heads), cfg, dtype=dtype, conv_weight=conv_w,
                                 conv_bias=conv_b, training=training, hw=hw)
-        return Bound(merge(np.asarray(b.scale)), b.k, b.note, ref_depth=b.ref_depth)
+        return b.relayout(merge)
 
     def lin(name, source, key):
         w, bias = params[key + ".weight"], params.get(key + ".bias")

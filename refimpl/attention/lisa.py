@@ -636,7 +636,7 @@ def lisa_attention_stages(params: Mapping[str, Any], cfg: LiSAConfig, *, fine: b
     def core_bound(qkv, dtype=None):
         b = lisa_core_bound(*heads(qkv), w["weight_a"], w["weight_b"], w["bias_a"], w["bias_b"], cfg.grid,
                             dtype=dtype, **opts)
-        return Bound(merge(np.asarray(b.scale)), b.k, b.note)
+        return b.relayout(merge)
 
     def lin(name, source, key, bias):
         wt, bt = _param(params, key + ".weight", where), (_param(params, key + ".bias", where) if bias else None)

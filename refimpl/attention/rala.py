@@ -511,9 +511,7 @@ def rala_attention_stages(params: Mapping[str, Any], cfg: RALAConfig, hw: tuple[
 
     def core_bound(p, dtype=None):
         b = rala_core_bound(*qkv_heads(p), cfg, hw, dtype=dtype)
-        return numerics.Bound(grid(_merge_heads(np.asarray(b.scale))), b.k, b.note, ref_depth=b.ref_depth,
-                              sigma=grid(_merge_heads(np.asarray(b.sigma))),
-                              ref_scale=None if b.ref_scale is None else grid(_merge_heads(np.asarray(b.ref_scale))))
+        return b.relayout(lambda a: grid(_merge_heads(a)))
 
     stages = [lin_stage("proj_in", "x", key, rows)]
     if key == "qkv" and cfg.gate == "linear":

@@ -533,7 +533,7 @@ def window_attention_stages(p: Mapping[str, Any], hw: tuple[int, int], *, num_he
     def core_bound(qkv, dtype=None):
         g = geometry(qkv.shape[0])
         b = softmax_attention_bound(*heads(qkv), scale=g["scale"], bias=g["bias"], mask=g["mask"], dtype=dtype)
-        return numerics.Bound(merge(np.asarray(b.scale)), b.k, b.note, ref_depth=b.ref_depth)
+        return b.relayout(merge)
 
     def lin(name, source, key):
         w, bias = p[key + ".weight"], p.get(key + ".bias")
